@@ -1,0 +1,54 @@
+"""The ``stallfree`` command: one entry point, one subcommand per module in ``stallfree/commands``.
+
+Each command module exposes ``register(subparsers)``, which adds its parser and sets ``func`` to a callable
+taking the parsed namespace and returning the exit code. Errors a user can fix are :class:`CliError` (or a
+``ValueError``/``FileNotFoundError`` from the library) and end as one readable line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+__all__ = ["CliError", "main"]
+
+# Subcommand modules under stallfree.commands, in the order `stallfree --help` lists them.
+COMMANDS = ("demo", "bench")
+
+
+class CliError(Exception):
+    """An error the user can fix; printed as one line, exit code 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every subcommand registered."""
+    parser = argparse.ArgumentParser(
+        prog="stallfree",
+        description="Training input pipelines that never stall the step.",
+        epilog="examples:\n  stallfree demo\n  stallfree bench loader ./data/train\n"
+        "Run `stallfree COMMAND --help` for each command's options.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMANDS:
+        importlib.import_module(f"stallfree.commands.{name}").register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the process exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (CliError, ValueError, FileNotFoundError, NotADirectoryError) as err:
+        print(f"stallfree {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"stallfree {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""``stallfree bench``: comparisons against the tools users would pick instead, same data, one run."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+__all__ = ["register"]
+
+# Each name is a module stallfree.bench.<name> exposing `add_arguments(parser)` and `run(args) -> int`.
+BENCHMARKS = ("loader",)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``stallfree bench`` and one sub-command per benchmark."""
+    parser = sub.add_parser(
+        "bench",
+        help="benchmark stallfree against the alternatives on the same data",
+        description="Benchmarks that report medians and ratios against the alternative measured in the same run.",
+        epilog="examples:\n  stallfree bench loader ./imagenet-subset/train --batches 30",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    which = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
+    for name in BENCHMARKS:
+        module = importlib.import_module(f"stallfree.bench.{name}")
+        bench_parser = which.add_parser(
+            name,
+            help=module.__doc__.splitlines()[0] if module.__doc__ else name,
+            description=module.__doc__,
+            epilog=getattr(module, "EXAMPLES", None),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        module.add_arguments(bench_parser)
+        bench_parser.set_defaults(func=module.run)
