@@ -1,3 +1,19 @@
 """The augmentation spec (torchvision names) and its compilation to DALI operators."""
 
-__all__: list[str] = []
+from stallfree.transforms.spec import (
+    CenterCrop,
+    Normalize,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    Resize,
+    Transform,
+)
+
+__all__ = [
+    "CenterCrop",
+    "Normalize",
+    "RandomHorizontalFlip",
+    "RandomResizedCrop",
+    "Resize",
+    "Transform",
+]

@@ -1,0 +1,160 @@
+"""Compile a transform spec into DALI operators plus the host-side drawing of their per-sample parameters.
+
+    host (per batch)                          DALI graph (per batch, on the CPU or the GPU)
+    ----------------                          ---------------------------------------------
+    sizes from headers ──► draw() per step    encoded bytes ─► decode (only the crop window, if the
+    (seed, epoch, sample)  ──► params ──────►                   first step is RandomResizedCrop)
+                                              ─► step 1 ─► step 2 ─► ... ─► output (dtype, layout)
+
+Two fusions keep the graph as short as a hand-written DALI pipeline: a ``RandomResizedCrop`` first step becomes a
+region-of-interest decode plus a resize, and a trailing ``[RandomHorizontalFlip,] Normalize`` and the output cast
+and transpose become one ``crop_mirror_normalize``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+from stallfree.transforms.random import SampleRandom
+from stallfree.transforms.spec import GraphState, Normalize, RandomHorizontalFlip, RandomResizedCrop, Size, Transform
+
+__all__ = ["DTYPES", "LAYOUTS", "CompiledTransforms"]
+
+DTYPES = ("float32", "float16", "bfloat16", "uint8")
+LAYOUTS = ("NCHW", "NHWC", "channels_last")
+Dtype = Literal["float32", "float16", "bfloat16", "uint8"]
+Layout = Literal["NCHW", "NHWC", "channels_last"]
+
+
+class CompiledTransforms:
+    """A checked spec: the parameter inputs the graph needs, how to draw them, and how to build the graph.
+
+    Args:
+        steps: the transforms, in order.
+        dtype: output element type. ``bfloat16`` leaves DALI as float32 and is cast by the hand-off to torch.
+        layout: ``NCHW``; ``NHWC``; or ``channels_last`` (NCHW shape in NHWC memory, as torch names it).
+
+    Raises:
+        TypeError: a step that is not a :class:`Transform`.
+        ValueError: an unknown dtype or layout, ``uint8`` output after ``Normalize``, or a spec whose output size
+            differs between samples (batches need one size: end with a crop or a fixed-size ``Resize``).
+    """
+
+    def __init__(self, steps: Sequence[Transform], *, dtype: Dtype = "float32", layout: Layout = "NCHW"):
+        steps = list(steps)
+        for i, step in enumerate(steps):
+            if not isinstance(step, Transform):
+                raise TypeError(
+                    f"transform[{i}] is {step!r}, not a stallfree transform; use the classes in stallfree.transforms "
+                    "(torchvision transform objects cannot run inside the DALI graph)"
+                )
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        if dtype == "uint8" and any(isinstance(s, Normalize) for s in steps):
+            raise ValueError("dtype='uint8' cannot follow Normalize (its output is float); drop one of them")
+        self.steps = steps
+        self.dtype: Dtype = dtype
+        self.layout: Layout = layout
+        self.output_size = self._output_size()
+        self.param_inputs: dict[str, type] = {
+            f"{i}.{name}": kind for i, step in enumerate(steps) for name, kind in step.params.items()
+        }
+
+    def _output_size(self) -> Size:
+        size: Size | None = None
+        for step in self.steps:
+            fixed = step.fixed_size()
+            if fixed is not None:
+                size = fixed
+            elif step.changes_size:
+                size = None
+        if size is None:
+            raise ValueError(
+                "the transforms must give every sample the same size so that they batch; end with CenterCrop(...) "
+                f"or RandomResizedCrop(...) or Resize((h, w)); got {self.steps!r}"
+            )
+        return size
+
+    @property
+    def roi_decode(self) -> bool:
+        """Whether the first step's window is decoded directly (region-of-interest decoding)."""
+        return bool(self.steps) and isinstance(self.steps[0], RandomResizedCrop)
+
+    def draw(self, randoms: Sequence[SampleRandom], sizes: Sequence[Size]) -> dict[str, list[np.ndarray]]:
+        """Per-sample parameters of a batch, keyed by graph input name, from each sample's stream and size."""
+        batch: dict[str, list[np.ndarray]] = {name: [] for name in self.param_inputs}
+        for rng, size in zip(randoms, sizes, strict=True):
+            for i, step in enumerate(self.steps):
+                params, size = step.draw(rng, size)
+                for name, value in params.items():
+                    batch[f"{i}.{name}"].append(np.asarray(value, self.param_inputs[f"{i}.{name}"]))
+        return batch
+
+    def build(self, source: Any, params: dict[str, Any], *, device: Literal["cpu", "gpu"], encoded: bool) -> Any:
+        """The graph from ``source`` (encoded bytes if ``encoded``, else HWC uint8 pixels) to the output batch."""
+        import nvidia.dali.fn as fn
+        import nvidia.dali.types as types
+
+        state = GraphState(device)
+        steps = list(enumerate(self.steps))
+        image = source
+        if encoded:
+            decoder_device = "mixed" if device == "gpu" else "cpu"
+            if self.roi_decode:
+                window = params["0.window"]
+                image = fn.decoders.image_slice(
+                    source,
+                    window[0:2],
+                    window[2:4],
+                    axis_names="HW",
+                    normalized_anchor=False,
+                    normalized_shape=False,
+                    output_type=types.RGB,
+                    device=decoder_device,
+                )
+                image, state = self.steps[0].build_decoded_window(image, state)  # type: ignore[attr-defined]
+                steps = steps[1:]
+            else:
+                image = fn.decoders.image(source, output_type=types.RGB, device=decoder_device)
+        elif device == "gpu":
+            image = image.gpu()
+
+        # A trailing [flip,] Normalize folds into the output operator, as does a trailing flip.
+        tail_normalize: Normalize | None = None
+        if steps and isinstance(steps[-1][1], Normalize):
+            tail_normalize = steps.pop()[1]  # type: ignore[assignment]
+        mirror: Any = 0
+        if steps and isinstance(steps[-1][1], RandomHorizontalFlip):
+            i, _ = steps.pop()
+            mirror = params[f"{i}.flip"]
+        for i, step in steps:
+            prefix = f"{i}."
+            own = {name[len(prefix) :]: node for name, node in params.items() if name.startswith(prefix)}
+            image, state = step.build(image, own, state)
+        return self._output(image, state, tail_normalize, mirror)
+
+    def _output(self, image: Any, state: GraphState, normalize: Normalize | None, mirror: Any) -> Any:
+        import nvidia.dali.fn as fn
+        import nvidia.dali.types as types
+
+        if normalize is not None:
+            scale = 255.0 if state.dtype == "uint8" else 1.0
+            mean, std = [m * scale for m in normalize.mean], [s * scale for s in normalize.std]
+        elif state.dtype == "uint8" and self.dtype != "uint8":
+            mean, std = [0.0] * 3, [255.0] * 3  # float output without Normalize is scaled to [0, 1], as ToTensor
+        else:
+            mean, std = [0.0] * 3, [1.0] * 3
+        out_type = {"uint8": types.UINT8, "float16": types.FLOAT16}.get(self.dtype, types.FLOAT)
+        return fn.crop_mirror_normalize(
+            image,
+            mean=mean,
+            std=std,
+            mirror=mirror,
+            dtype=out_type,
+            output_layout="CHW" if self.layout == "NCHW" else "HWC",
+            device=state.device,
+        )

@@ -1,0 +1,306 @@
+"""The augmentation spec: torchvision's names and semantics, each step able to put itself into a DALI graph.
+
+A step does two things. On the host, :meth:`Transform.draw` turns one sample's random stream and its current
+``(height, width)`` into explicit per-sample parameters (a crop window, a flip bit), exactly as torchvision
+draws them. In the graph, :meth:`Transform.build` applies those parameters with DALI operators, which receive
+them as per-sample inputs. Randomness therefore never lives inside DALI, and a sample's augmentation depends on
+``(seed, epoch, sample)`` alone (DESIGN.md, "Augmentation randomness is keyed by sample").
+
+Images flow through the graph as HWC; uint8 until :class:`Normalize`, float32 after it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+from stallfree.transforms.random import SampleRandom
+
+__all__ = [
+    "CenterCrop",
+    "GraphState",
+    "Normalize",
+    "RandomHorizontalFlip",
+    "RandomResizedCrop",
+    "Resize",
+    "Transform",
+]
+
+Size = tuple[int, int]  # (height, width), as torchvision orders sizes
+
+
+def _size_pair(name: str, size: int | Sequence[int]) -> Size:
+    if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
+        pair: tuple[int, ...] = (int(size), int(size))
+    elif isinstance(size, Sequence) and len(size) in (1, 2) and all(isinstance(s, (int, np.integer)) for s in size):
+        pair = (int(size[0]), int(size[-1]))
+    else:
+        raise ValueError(f"{name}: size must be an int or a (height, width) pair of ints, got {size!r}")
+    if min(pair) <= 0:
+        raise ValueError(f"{name}: size must be positive, got {size!r}")
+    return pair[0], pair[1]
+
+
+def _range_pair(name: str, arg: str, value: Sequence[float], low: float = 0.0) -> tuple[float, float]:
+    if not isinstance(value, Sequence) or len(value) != 2:
+        raise ValueError(f"{name}: {arg} must be a (min, max) pair, got {value!r}")
+    a, b = float(value[0]), float(value[1])
+    if not (low <= a <= b) or not math.isfinite(b):
+        raise ValueError(f"{name}: {arg} must satisfy {low} <= min <= max, got {value!r}")
+    return a, b
+
+
+@dataclass(frozen=True)
+class GraphState:
+    """What the graph compiler knows about the image between steps."""
+
+    device: Literal["cpu", "gpu"]
+    dtype: Literal["uint8", "float32"] = "uint8"
+
+
+class Transform:
+    """One step of the spec. Subclasses are frozen dataclasses that check their arguments in ``__post_init__``."""
+
+    #: Names of the per-sample parameters :meth:`draw` returns and :meth:`build` reads, with their NumPy dtypes.
+    params: Mapping[str, type] = {}
+    #: Whether the step can change the image size (then :meth:`fixed_size` says whether it fixes it).
+    changes_size: bool = False
+
+    def draw(self, rng: SampleRandom, size: Size) -> tuple[dict[str, Any], Size]:
+        """This sample's parameters, given its current ``(height, width)``, and its ``(height, width)`` after."""
+        return {}, size
+
+    def build(self, image: Any, params: Mapping[str, Any], state: GraphState) -> tuple[Any, GraphState]:
+        """Apply the step to a DALI node, with ``params`` as DALI nodes of per-sample values."""
+        raise NotImplementedError
+
+    def fixed_size(self) -> Size | None:
+        """The output ``(height, width)`` if this step makes every sample the same size, else ``None``."""
+        return None
+
+
+@dataclass(frozen=True)
+class RandomResizedCrop(Transform):
+    """Crop a random window of random area and aspect ratio, then resize it to ``size`` (torchvision's algorithm).
+
+    The window is drawn as ``torchvision.transforms.RandomResizedCrop.get_params`` draws it: ten attempts at a
+    window with area in ``scale`` of the image and log-uniform aspect ratio in ``ratio``, falling back to a
+    centre crop clamped to ``ratio``. As the first step over encoded images, only the window is decoded.
+    """
+
+    size: int | Sequence[int]
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    antialias: bool = True
+    params = {"window": np.float32}  # (top, left, height, width) in pixels
+    changes_size = True
+
+    def __post_init__(self) -> None:
+        _size_pair("RandomResizedCrop", self.size)
+        a, b = _range_pair("RandomResizedCrop", "scale", self.scale)
+        if b <= 0 or b > 1:
+            raise ValueError(f"RandomResizedCrop: scale must lie in (0, 1], got {self.scale!r}")
+        _range_pair("RandomResizedCrop", "ratio", self.ratio, low=1e-6)
+
+    def fixed_size(self) -> Size:
+        return _size_pair("RandomResizedCrop", self.size)
+
+    def window(self, rng: SampleRandom, height: int, width: int) -> tuple[int, int, int, int]:
+        """``(top, left, height, width)`` of the crop window, torchvision's ``get_params``."""
+        area = height * width
+        for _ in range(10):
+            target_area = area * rng.uniform(self.scale[0], self.scale[1])
+            aspect = rng.log_uniform(self.ratio[0], self.ratio[1])
+            w = int(round(math.sqrt(target_area * aspect)))
+            h = int(round(math.sqrt(target_area / aspect)))
+            if 0 < w <= width and 0 < h <= height:
+                top = rng.integers(0, height - h + 1)
+                left = rng.integers(0, width - w + 1)
+                return top, left, h, w
+        in_ratio = width / height
+        if in_ratio < min(self.ratio):
+            w, h = width, int(round(width / min(self.ratio)))
+        elif in_ratio > max(self.ratio):
+            h, w = height, int(round(height * max(self.ratio)))
+        else:
+            w, h = width, height
+        return (height - h) // 2, (width - w) // 2, h, w
+
+    def draw(self, rng: SampleRandom, size: Size) -> tuple[dict[str, Any], Size]:
+        window = np.array(self.window(rng, *size), np.float32)
+        return {"window": window}, self.fixed_size()
+
+    def build(self, image: Any, params: Mapping[str, Any], state: GraphState) -> tuple[Any, GraphState]:
+        import nvidia.dali.fn as fn
+        import nvidia.dali.types as types
+
+        window = params["window"]
+        start = window[0:2]
+        return (
+            fn.resize(
+                image,
+                size=list(self.fixed_size()),
+                roi_start=start,
+                roi_end=start + window[2:4],
+                roi_relative=False,
+                interp_type=types.INTERP_LINEAR,
+                antialias=self.antialias,
+                device=state.device,
+            ),
+            state,
+        )
+
+    def build_decoded_window(self, image: Any, state: GraphState) -> tuple[Any, GraphState]:
+        """Resize an image that was decoded to the window already (region-of-interest decoding)."""
+        import nvidia.dali.fn as fn
+        import nvidia.dali.types as types
+
+        resized = fn.resize(
+            image,
+            size=list(self.fixed_size()),
+            interp_type=types.INTERP_LINEAR,
+            antialias=self.antialias,
+            device=state.device,
+        )
+        return resized, state
+
+
+@dataclass(frozen=True)
+class Resize(Transform):
+    """Resize to ``size``: an int sets the shorter side (the longer keeps the aspect ratio, as torchvision)."""
+
+    size: int | Sequence[int]
+    antialias: bool = True
+    max_size: int | None = None
+    params = {"shape": np.float32}  # (height, width) after resizing
+    changes_size = True
+
+    def __post_init__(self) -> None:
+        _size_pair("Resize", self.size)
+        if self.max_size is not None:
+            if not isinstance(self.size, int):
+                raise ValueError(f"Resize: max_size needs an int size, got size={self.size!r}")
+            if self.max_size <= self.size:
+                raise ValueError(f"Resize: max_size ({self.max_size}) must exceed size ({self.size})")
+
+    def fixed_size(self) -> Size | None:
+        return None if isinstance(self.size, int) else _size_pair("Resize", self.size)
+
+    def output_size(self, height: int, width: int) -> Size:
+        """Torchvision's ``_compute_resized_output_size``."""
+        if not isinstance(self.size, int):
+            return _size_pair("Resize", self.size)
+        short, long = (height, width) if height <= width else (width, height)
+        new_short, new_long = self.size, int(self.size * long / short)
+        if self.max_size is not None and new_long > self.max_size:
+            new_short, new_long = int(self.max_size * new_short / new_long), self.max_size
+        return (new_short, new_long) if height <= width else (new_long, new_short)
+
+    def draw(self, rng: SampleRandom, size: Size) -> tuple[dict[str, Any], Size]:
+        out = self.output_size(*size)
+        return {"shape": np.array(out, np.float32)}, out
+
+    def build(self, image: Any, params: Mapping[str, Any], state: GraphState) -> tuple[Any, GraphState]:
+        import nvidia.dali.fn as fn
+        import nvidia.dali.types as types
+
+        resized = fn.resize(
+            image, size=params["shape"], interp_type=types.INTERP_LINEAR, antialias=self.antialias, device=state.device
+        )
+        return resized, state
+
+
+@dataclass(frozen=True)
+class CenterCrop(Transform):
+    """Crop the centre ``size`` window, padding with zeros where the image is smaller (as torchvision)."""
+
+    size: int | Sequence[int]
+    params = {"anchor": np.float32}  # (top, left); negative where torchvision pads
+    changes_size = True
+
+    def __post_init__(self) -> None:
+        _size_pair("CenterCrop", self.size)
+
+    def fixed_size(self) -> Size:
+        return _size_pair("CenterCrop", self.size)
+
+    def anchor(self, height: int, width: int) -> tuple[int, int]:
+        """Top-left corner of the crop in the unpadded image (torchvision's rounding and padding)."""
+        crop_h, crop_w = self.fixed_size()
+        top = -((crop_h - height) // 2) if crop_h > height else int(round((height - crop_h) / 2.0))
+        left = -((crop_w - width) // 2) if crop_w > width else int(round((width - crop_w) / 2.0))
+        return top, left
+
+    def draw(self, rng: SampleRandom, size: Size) -> tuple[dict[str, Any], Size]:
+        return {"anchor": np.array(self.anchor(*size), np.float32)}, self.fixed_size()
+
+    def build(self, image: Any, params: Mapping[str, Any], state: GraphState) -> tuple[Any, GraphState]:
+        import nvidia.dali.fn as fn
+
+        cropped = fn.slice(
+            image,
+            params["anchor"],
+            list(self.fixed_size()),
+            axis_names="HW",
+            normalized_anchor=False,
+            normalized_shape=False,
+            out_of_bounds_policy="pad",
+            fill_values=0,
+            device=state.device,
+        )
+        return cropped, state
+
+
+@dataclass(frozen=True)
+class RandomHorizontalFlip(Transform):
+    """Mirror left to right with probability ``p``."""
+
+    p: float = 0.5
+    params = {"flip": np.int32}
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.p <= 1.0:
+            raise ValueError(f"RandomHorizontalFlip: p must be in [0, 1], got {self.p}")
+
+    def draw(self, rng: SampleRandom, size: Size) -> tuple[dict[str, Any], Size]:
+        return {"flip": np.array(rng.random() < self.p, np.int32)}, size
+
+    def build(self, image: Any, params: Mapping[str, Any], state: GraphState) -> tuple[Any, GraphState]:
+        import nvidia.dali.fn as fn
+
+        return fn.flip(image, horizontal=params["flip"], vertical=0, device=state.device), state
+
+
+@dataclass(frozen=True)
+class Normalize(Transform):
+    """``(x / 255 - mean) / std`` per channel: torchvision's ``ToTensor()`` then ``Normalize(mean, std)``.
+
+    ``mean`` and ``std`` are on torchvision's [0, 1] scale. The output is float32 (or the Loader's ``dtype``).
+    """
+
+    mean: Sequence[float] = field(default=(0.485, 0.456, 0.406))
+    std: Sequence[float] = field(default=(0.229, 0.224, 0.225))
+
+    def __post_init__(self) -> None:
+        if len(self.mean) != 3 or len(self.std) != 3:
+            raise ValueError(f"Normalize: mean and std need 3 values, got mean={self.mean!r} std={self.std!r}")
+        if any(s <= 0 for s in self.std):
+            raise ValueError(f"Normalize: std must be positive, got {self.std!r}")
+
+    def build(self, image: Any, params: Mapping[str, Any], state: GraphState) -> tuple[Any, GraphState]:
+        import nvidia.dali.fn as fn
+        import nvidia.dali.types as types
+
+        scale = 255.0 if state.dtype == "uint8" else 1.0
+        normalized = fn.crop_mirror_normalize(
+            image,
+            mean=[m * scale for m in self.mean],
+            std=[s * scale for s in self.std],
+            dtype=types.FLOAT,
+            output_layout="HWC",
+            device=state.device,
+        )
+        return normalized, GraphState(state.device, "float32")
