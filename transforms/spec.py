@@ -218,7 +218,7 @@ class CenterCrop(Transform):
     """Crop the centre ``size`` window, padding with zeros where the image is smaller (as torchvision)."""
 
     size: int | Sequence[int]
-    params = {"anchor": np.float32}  # (top, left); negative where torchvision pads
+    params = {"anchor": np.int32}  # (top, left); negative where torchvision pads
     changes_size = True
 
     def __post_init__(self) -> None:
@@ -235,18 +235,16 @@ class CenterCrop(Transform):
         return top, left
 
     def draw(self, rng: SampleRandom, size: Size) -> tuple[dict[str, Any], Size]:
-        return {"anchor": np.array(self.anchor(*size), np.float32)}, self.fixed_size()
+        return {"anchor": np.array(self.anchor(*size), np.int32)}, self.fixed_size()
 
     def build(self, image: Any, params: Mapping[str, Any], state: GraphState) -> tuple[Any, GraphState]:
         import nvidia.dali.fn as fn
 
         cropped = fn.slice(
             image,
-            params["anchor"],
-            list(self.fixed_size()),
+            start=params["anchor"],
+            shape=list(self.fixed_size()),
             axis_names="HW",
-            normalized_anchor=False,
-            normalized_shape=False,
             out_of_bounds_policy="pad",
             fill_values=0,
             device=state.device,

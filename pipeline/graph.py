@@ -1,0 +1,130 @@
+"""The DALI graph's assembly and the hand-off of its output to torch.
+
+External sources feed the images and each per-sample parameter; the compiled transforms make the rest of the
+graph; each output batch becomes a torch tensor through DLPack, without a copy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from stallfree.transforms.compile import CompiledTransforms
+
+__all__ = ["Graph", "GraphError"]
+
+
+class GraphError(RuntimeError):
+    """The DALI graph failed on a batch; ``bad`` lists the positions in the batch that fail on their own."""
+
+    def __init__(self, message: str, bad: list[int]):
+        super().__init__(message)
+        self.bad = bad
+
+
+_BOILERPLATE = ("Critical error in pipeline", "Current pipeline object is no longer valid", "C++ context", "Error in")
+
+
+def _reason(err: BaseException) -> str:
+    """The informative lines of a DALI error (it wraps them in a traceback of the pipeline definition)."""
+    lines = [line.strip() for line in str(err).splitlines()]
+    kept = [line for line in lines if line and not line.startswith(_BOILERPLATE) and not line.startswith("File ")]
+    return " ".join(kept[-2:]) if kept else repr(err)
+
+
+class Graph:
+    """A built DALI pipeline for one compiled spec; :meth:`run` takes one batch of host inputs.
+
+    Args:
+        compiled: the checked transform spec.
+        batch_size: the largest batch :meth:`run` will be given.
+        num_threads: DALI's CPU worker threads.
+        device_id: ``None`` for DALI's CPU operators, else the CUDA device that decodes (nvJPEG) and transforms.
+        encoded: inputs are encoded images (else HWC uint8 pixels).
+    """
+
+    def __init__(
+        self,
+        compiled: CompiledTransforms,
+        *,
+        batch_size: int,
+        num_threads: int,
+        device_id: int | None,
+        encoded: bool,
+    ):
+        self.compiled, self.batch_size, self.num_threads = compiled, batch_size, num_threads
+        self.device_id, self.encoded = device_id, encoded
+        self._pipe = self._build(batch_size)
+        self._probe: Any = None
+
+    def _build(self, batch_size: int) -> Any:
+        import nvidia.dali.fn as fn
+        import nvidia.dali.types as types
+        from nvidia.dali import pipeline_def
+
+        compiled, encoded = self.compiled, self.encoded
+        device = "cpu" if self.device_id is None else "gpu"
+        dali_types = {np.float32: types.FLOAT, np.int32: types.INT32}
+
+        @pipeline_def(
+            batch_size=batch_size,
+            num_threads=self.num_threads,
+            device_id=self.device_id,
+            exec_dynamic=True,  # outputs stay valid while torch holds them, so DLPack needs no copy
+            prefetch_queue_depth=1,  # the Loader's own threads prefetch; DALI runs one batch at a time
+        )
+        def pipeline() -> Any:
+            source = fn.external_source(name="images", dtype=types.UINT8, layout=None if encoded else "HWC")
+            params = {
+                name: fn.external_source(name=name, dtype=dali_types[kind])
+                for name, kind in compiled.param_inputs.items()
+            }
+            return compiled.build(source, params, device=device, encoded=encoded)
+
+        pipe = pipeline()
+        pipe.build()
+        return pipe
+
+    def _run_on(self, pipe: Any, images: list[np.ndarray], params: dict[str, list[np.ndarray]]) -> Any:
+        pipe.feed_input("images", images)
+        for name, values in params.items():
+            pipe.feed_input(name, values)
+        (out,) = pipe.run()
+        return out
+
+    def run(self, images: list[np.ndarray], params: dict[str, list[np.ndarray]]) -> torch.Tensor:
+        """The transformed batch as a torch tensor on the graph's device, in the spec's dtype and layout.
+
+        Raises:
+            GraphError: DALI failed; the graph is rebuilt and each sample retried alone to name the bad ones.
+        """
+        try:
+            out = self._run_on(self._pipe, images, params)
+        except RuntimeError as err:
+            self._pipe = self._build(self.batch_size)  # a failed DALI pipeline is not reused
+            bad = self._find_bad(images, params)
+            if len(images) > 1 and len(bad) == len(images):
+                raise RuntimeError(f"the DALI graph fails on every sample: {_reason(err)}") from err
+            raise GraphError(_reason(err), bad) from err
+        return self._to_torch(out)
+
+    def _find_bad(self, images: list[np.ndarray], params: dict[str, list[np.ndarray]]) -> list[int]:
+        bad = []
+        for i in range(len(images)):
+            if self._probe is None:
+                self._probe = self._build(1)
+            try:
+                self._run_on(self._probe, [images[i]], {name: [values[i]] for name, values in params.items()})
+            except RuntimeError:
+                bad.append(i)
+                self._probe = None
+        return bad
+
+    def _to_torch(self, out: Any) -> torch.Tensor:
+        tensor = torch.from_dlpack(out.as_tensor())
+        if self.compiled.dtype == "bfloat16":
+            tensor = tensor.to(torch.bfloat16)
+        if self.compiled.layout == "channels_last":
+            tensor = tensor.permute(0, 3, 1, 2)  # NCHW shape over NHWC memory: torch.channels_last
+        return tensor
