@@ -1,0 +1,55 @@
+"""Shared fixtures: a fixed seed for every test, the `gpu` marker's skip, and small generated datasets."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def write_indexed_list(root: Path, count: int, size: tuple[int, int] = (20, 24), fmt: str = "PNG") -> Path:
+    """`count` images whose label is their row index, listed in root/list.csv; returns the list's path."""
+    rng = np.random.default_rng(count)
+    root.mkdir(parents=True, exist_ok=True)
+    lines = ["path,label"]
+    for i in range(count):
+        pixels = rng.integers(0, 256, (*size, 3), dtype=np.uint8)
+        name = f"img{i:04d}.{fmt.lower()}"
+        Image.fromarray(pixels).save(root / name, fmt)
+        lines.append(f"{name},{i}")
+    (root / "list.csv").write_text("\n".join(lines) + "\n")
+    return root / "list.csv"
+
+
+@pytest.fixture(scope="session")
+def indexed_list(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """37 PNGs (a prime count), label = row index, so a batch's labels say which samples it holds."""
+    return write_indexed_list(tmp_path_factory.mktemp("indexed"), 37)
+
+
+@pytest.fixture(scope="session")
+def image_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from stallfree.ingest.synthetic import make_image_folder
+
+    return make_image_folder(tmp_path_factory.mktemp("folder"), num_classes=3, per_class=8, size=(40, 48),
+                             vary_size=True)
