@@ -6,10 +6,12 @@ graph; each output batch becomes a torch tensor through DLPack, without a copy.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
 import torch
+
 from stallfree.transforms.compile import CompiledTransforms
 
 __all__ = ["Graph", "GraphError"]
@@ -23,14 +25,19 @@ class GraphError(RuntimeError):
         self.bad = bad
 
 
-_BOILERPLATE = ("Critical error in pipeline", "Current pipeline object is no longer valid", "C++ context", "Error in")
-
-
 def _reason(err: BaseException) -> str:
-    """The informative lines of a DALI error (it wraps them in a traceback of the pipeline definition)."""
-    lines = [line.strip() for line in str(err).splitlines()]
-    kept = [line for line in lines if line and not line.startswith(_BOILERPLATE) and not line.startswith("File ")]
-    return " ".join(kept[-2:]) if kept else repr(err)
+    """The informative part of a DALI error, which wraps it in the pipeline definition's traceback."""
+    text = str(err)
+    operator = re.search(r"operator `([^`]+)`", text)
+    detail = text.split("encountered:", 1)[-1]
+    lines = [line.strip() for line in detail.splitlines()]
+    kept = [
+        line
+        for line in lines
+        if line and not line.startswith(("Critical error", "Current pipeline object", "C++ context", "File "))
+    ]
+    message = " ".join(kept).rstrip(" :") or repr(err)
+    return f"{operator.group(1)}: {message}" if operator else message
 
 
 class Graph:

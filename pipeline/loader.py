@@ -25,6 +25,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
+
 from stallfree.pipeline.graph import Graph, GraphError
 from stallfree.pipeline.headers import DEFAULT_MAX_PIXELS, BadImage, read_header
 from stallfree.pipeline.readers import Reader, open_source
@@ -76,7 +77,10 @@ _DONE = object()
 
 
 def _device(device: str | torch.device) -> torch.device:
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except RuntimeError as err:
+        raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {str(device)!r}") from err
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device={str(device)!r} but torch sees no CUDA device; use device='cpu'")
@@ -286,10 +290,12 @@ class Loader:
         k = self.echo if self.echo_mode == "batch" else 1
         try:
             for batch in run:
-                assert batch.output is not None
-                labels = torch.from_numpy(self.labels[batch.rows]).to(self.device)
                 self._epoch_skipped.extend(batch.skipped)
                 self.skipped.extend(batch.skipped)
+                if batch.output is None:  # every sample of the batch failed to decode and was skipped
+                    self._delivered = (batch.end, 0, delivered)
+                    continue
+                labels = torch.from_numpy(self.labels[batch.rows]).to(self.device)
                 for r in range(repeat, k):
                     delivered += 1
                     last = r == k - 1
@@ -429,14 +435,14 @@ class _EpochRun:
             start_time = time.perf_counter()
             item.output = self._run_graph(item)
             self._record("augment", "busy", start_time, item.number)
-            if item.output.device != loader.device:
+            if item.output is not None and item.output.device != loader.device:
                 start_time = time.perf_counter()
                 item.output = item.output.pin_memory().to(loader.device, non_blocking=True)
                 self._record("h2d", "busy", start_time, item.number)
             if not self._put(self._out_q, item):
                 return
 
-    def _run_graph(self, batch: _Batch) -> torch.Tensor:
+    def _run_graph(self, batch: _Batch) -> torch.Tensor | None:
         """Run the graph; if DALI fails, raise naming the sample, or drop the samples that fail alone and rerun."""
         loader = self.loader
         try:
@@ -455,7 +461,7 @@ class _EpochRun:
         batch.images = [batch.images[i] for i in keep]
         batch.params = {name: [values[i] for i in keep] for name, values in batch.params.items()}
         batch.rows = batch.rows[keep]
-        return self.graph.run(batch.images, batch.params)
+        return self.graph.run(batch.images, batch.params) if keep else None
 
     def __iter__(self) -> Iterator[_Batch]:
         clock = self.loader.clock

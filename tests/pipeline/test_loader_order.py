@@ -81,7 +81,8 @@ def test_thread_count_does_not_change_augmentation(indexed_list: Path) -> None:
 
 
 def test_same_sample_same_augmentation_on_any_rank(indexed_list: Path) -> None:
-    whole = {int(l): img for images, labels in make(indexed_list, batch_size=37) for img, l in zip(images, labels)}
+    ((images, labels),) = list(make(indexed_list, batch_size=37))
+    whole = {int(label): img for img, label in zip(images, labels, strict=True)}
     for images, labels in make(indexed_list, rank=1, world_size=3):
         for img, label in zip(images, labels, strict=True):
             assert torch.equal(img, whole[int(label)])
