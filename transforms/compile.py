@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
+
 from stallfree.transforms.random import SampleRandom
 from stallfree.transforms.spec import GraphState, Normalize, RandomHorizontalFlip, RandomResizedCrop, Size, Transform
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
+
 from stallfree.transforms.random import SampleRandom
 
 __all__ = [

@@ -1,0 +1,197 @@
+"""Images per second of stallfree's Loader beside torch's DataLoader and a plain DALI pipeline, same data, one run.
+
+All three run the standard ImageNet train augmentation: RandomResizedCrop(224), horizontal flip, normalize,
+float32 NCHW, batch 64. torch's DataLoader decodes with PIL and augments as torchvision does on PIL images, with
+``num_workers`` = the cores this process may use. The plain DALI pipeline is ``fn.readers.file`` +
+``fn.decoders.image`` + ``fn.random_resized_crop`` + ``fn.crop_mirror_normalize``. A decode-only DALI pipeline
+gives the ceiling: no loader that decodes whole JPEGs on these cores can beat it.
+
+Each contender runs ``--repeats`` timed passes of ``--batches`` batches after one warm-up pass over the same
+files (so the page cache is warm for everyone); the table shows the median and its ratio to torch's DataLoader.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["add_arguments", "run"]
+
+EXAMPLES = """examples:
+  stallfree bench loader ./bench-data --synthetic 2000     # make 2,000 ImageNet-sized JPEGs there first
+  stallfree bench loader ~/imagenet/train --batches 50 --repeats 5 --json result.json
+"""
+
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The benchmark's options."""
+    parser.add_argument("data", type=Path, help="an ImageFolder tree of JPEGs")
+    parser.add_argument("--synthetic", type=int, metavar="N", default=0,
+                        help="first write N synthetic ImageNet-sized JPEGs (about 0.19 MP) into DATA if it is empty")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batches", type=int, default=20, help="batches per timed pass")
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes per contender (the median is shown)")
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
+                        help="threads or workers for every contender (default: the cores this process may use)")
+    parser.add_argument("--only", nargs="+", choices=CONTENDERS, help="run only these contenders")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+
+
+def _files(data: Path) -> list[tuple[str, int]]:
+    from stallfree.pipeline.readers import FolderReader
+
+    reader = FolderReader(data)
+    return [(str(p), int(label)) for p, label in zip(reader.paths, reader.labels(), strict=True)]
+
+
+def _stallfree(args: argparse.Namespace) -> Iterable[Any]:
+    from stallfree import Loader
+    from stallfree.transforms import Normalize, RandomHorizontalFlip, RandomResizedCrop
+
+    loader = Loader(args.data, args.batch_size, transform=[RandomResizedCrop(224), RandomHorizontalFlip(),
+                    Normalize(MEAN, STD)], num_threads=args.threads, drop_last=True)
+    while True:
+        yield from loader
+
+
+class _TorchvisionStyle:
+    """torchvision's ImageNet train transform on PIL images, written out (torchvision is not a dependency)."""
+
+    def __init__(self) -> None:
+        from stallfree.transforms import RandomResizedCrop
+
+        self.rrc = RandomResizedCrop(224)
+
+    def __call__(self, path: str, rng: Any) -> Any:
+        import torch
+        from PIL import Image
+
+        from stallfree.transforms.random import SampleRandom
+
+        with Image.open(path) as img:
+            img = img.convert("RGB")
+            top, left, h, w = self.rrc.window(SampleRandom(0, 0, int(rng.integers(1 << 62))), img.height, img.width)
+            img = img.resize((224, 224), Image.BILINEAR, box=(left, top, left + w, top + h))
+        if rng.random() < 0.5:
+            img = img.transpose(Image.FLIP_LEFT_RIGHT)
+        tensor = torch.from_numpy(np.asarray(img, np.uint8).copy()).permute(2, 0, 1).float().div_(255)
+        return tensor.sub_(torch.tensor(MEAN)[:, None, None]).div_(torch.tensor(STD)[:, None, None])
+
+
+class _FileDataset:
+    def __init__(self, files: list[tuple[str, int]]):
+        self.files, self.transform = files, _TorchvisionStyle()
+        self.rng = np.random.default_rng()
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> Any:
+        path, label = self.files[index]
+        return self.transform(path, self.rng), label
+
+
+def _torch(args: argparse.Namespace) -> Iterable[Any]:
+    import torch
+
+    dataset = _FileDataset(_files(args.data))
+    loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch_size, shuffle=True, drop_last=True,
+                                         num_workers=args.threads, persistent_workers=True, prefetch_factor=2)
+    while True:
+        yield from loader
+
+
+def _dali(args: argparse.Namespace, decode_only: bool) -> Iterable[Any]:
+    import nvidia.dali.fn as fn
+    import nvidia.dali.types as types
+    from nvidia.dali import pipeline_def
+
+    files, labels = zip(*_files(args.data), strict=True)
+
+    @pipeline_def(batch_size=args.batch_size, num_threads=args.threads, device_id=None)
+    def pipeline() -> Any:
+        jpegs, label = fn.readers.file(files=list(files), labels=list(labels), random_shuffle=True, name="reader")
+        images = fn.decoders.image(jpegs, output_type=types.RGB, device="cpu")
+        if decode_only:
+            return images, label
+        images = fn.random_resized_crop(images, size=[224, 224])
+        images = fn.crop_mirror_normalize(images, mirror=fn.random.coin_flip(), dtype=types.FLOAT, output_layout="CHW",
+                                          mean=[m * 255 for m in MEAN], std=[s * 255 for s in STD])
+        return images, label
+
+    pipe = pipeline()
+    pipe.build()
+    while True:
+        yield pipe.run()
+
+
+CONTENDERS: dict[str, Callable[[argparse.Namespace], Iterable[Any]]] = {
+    "stallfree": _stallfree,
+    "torch DataLoader": _torch,
+    "plain DALI": lambda args: _dali(args, decode_only=False),
+    "decode only (DALI)": lambda args: _dali(args, decode_only=True),
+}
+
+
+def _measure(name: str, args: argparse.Namespace) -> list[float]:
+    from tqdm import tqdm
+
+    batches = iter(CONTENDERS[name](args))
+    rates = []
+    with tqdm(total=args.batches * (args.repeats + 1), desc=f"{name:>20}", unit="batch", file=sys.stderr,
+              leave=False, mininterval=1.0) as bar:
+        for timed in [False] + [True] * args.repeats:
+            start = time.perf_counter()
+            for _ in range(args.batches):
+                next(batches)
+                bar.update()
+            if timed:
+                rates.append(args.batches * args.batch_size / (time.perf_counter() - start))
+    close = getattr(batches, "close", None)
+    if close is not None:
+        close()
+    return rates
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark and print its table; returns the exit code."""
+    if args.synthetic and not (args.data.exists() and any(args.data.iterdir())):
+        from stallfree.ingest.synthetic import make_image_folder
+
+        per_class = math.ceil(args.synthetic / 8)
+        print(f"writing {per_class * 8} synthetic JPEGs to {args.data} ...", file=sys.stderr)
+        make_image_folder(args.data, num_classes=8, per_class=per_class, size=(375, 500), vary_size=True)
+    if args.batches < 1 or args.repeats < 1 or args.batch_size < 1:
+        raise ValueError("--batches, --repeats and --batch-size must be positive")
+    files = _files(args.data)
+    if len(files) < args.batch_size:
+        raise ValueError(f"{args.data} has {len(files)} images, fewer than one batch of {args.batch_size}")
+    names = args.only or list(CONTENDERS)
+    results = {name: _measure(name, args) for name in names}
+    medians = {name: statistics.median(rates) for name, rates in results.items()}
+    base = medians.get("torch DataLoader")
+    print(f"{len(files)} images in {args.data}, batch {args.batch_size}, {args.threads} threads, "
+          f"median of {args.repeats} x {args.batches} batches")
+    print(f"| {'loader':<20} | {'img/s (median)':>14} | {'runs':<24} | {'vs torch DataLoader':>19} |")
+    print(f"|{'-' * 22}|{'-' * 16}:|{'-' * 26}|{'-' * 20}:|")
+    for name, median in medians.items():
+        ratio = f"{median / base:.2f}x" if base else "-"
+        runs = ", ".join(f"{r:.0f}" for r in results[name])
+        print(f"| {name:<20} | {median:>14.0f} | {runs:<24} | {ratio:>19} |")
+    if args.json:
+        args.json.write_text(json.dumps({"images": len(files), "batch_size": args.batch_size, "threads": args.threads,
+                                         "runs": results, "median": medians}, indent=2))
+    return 0
