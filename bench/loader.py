@@ -6,8 +6,9 @@ float32 NCHW, batch 64. torch's DataLoader decodes with PIL and augments as torc
 ``fn.decoders.image`` + ``fn.random_resized_crop`` + ``fn.crop_mirror_normalize``. A decode-only DALI pipeline
 gives the ceiling: no loader that decodes whole JPEGs on these cores can beat it.
 
-Each contender runs ``--repeats`` timed passes of ``--batches`` batches after one warm-up pass over the same
-files (so the page cache is warm for everyone); the table shows the median and its ratio to torch's DataLoader.
+Each contender runs one warm-up pass (so the page cache is warm for everyone), then ``--repeats`` timed passes of
+``--batches`` batches, taken in turns with the others so that drift on a shared machine hits all of them alike;
+the table shows the median and its ratio to torch's DataLoader.
 """
 
 from __future__ import annotations
@@ -146,23 +147,26 @@ CONTENDERS: dict[str, Callable[[argparse.Namespace], Iterable[Any]]] = {
 }
 
 
-def _measure(name: str, args: argparse.Namespace) -> list[float]:
+def _measure(names: list[str], args: argparse.Namespace) -> dict[str, list[float]]:
+    """Warm every contender up, then time them in turns, so that drift on a shared machine hits all alike."""
     from tqdm import tqdm
 
-    batches = iter(CONTENDERS[name](args))
-    rates = []
-    with tqdm(total=args.batches * (args.repeats + 1), desc=f"{name:>20}", unit="batch", file=sys.stderr,
-              leave=False, mininterval=1.0) as bar:
-        for timed in [False] + [True] * args.repeats:
+    streams = {name: iter(CONTENDERS[name](args)) for name in names}
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    passes = [(name, False) for name in names] + [(name, True) for _ in range(args.repeats) for name in names]
+    with tqdm(total=len(passes) * args.batches, unit="batch", file=sys.stderr, mininterval=1.0) as bar:
+        for name, timed in passes:
+            bar.set_description(f"{name}{'' if timed else ' (warm-up)'}")
             start = time.perf_counter()
             for _ in range(args.batches):
-                next(batches)
+                next(streams[name])
                 bar.update()
             if timed:
-                rates.append(args.batches * args.batch_size / (time.perf_counter() - start))
-    close = getattr(batches, "close", None)
-    if close is not None:
-        close()
+                rates[name].append(args.batches * args.batch_size / (time.perf_counter() - start))
+    for stream in streams.values():
+        close = getattr(stream, "close", None)
+        if close is not None:
+            close()
     return rates
 
 
@@ -180,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
     if len(files) < args.batch_size:
         raise ValueError(f"{args.data} has {len(files)} images, fewer than one batch of {args.batch_size}")
     names = args.only or list(CONTENDERS)
-    results = {name: _measure(name, args) for name in names}
+    results = _measure(names, args)
     medians = {name: statistics.median(rates) for name, rates in results.items()}
     base = medians.get("torch DataLoader")
     print(f"{len(files)} images in {args.data}, batch {args.batch_size}, {args.threads} threads, "
