@@ -1,5 +1,6 @@
 """The augmentation spec (torchvision names) and its compilation to DALI operators."""
 
+from stallfree.transforms.color import ColorJitter
 from stallfree.transforms.spec import (
     CenterCrop,
     Normalize,
@@ -10,6 +11,7 @@ from stallfree.transforms.spec import (
 )
 
 __all__ = [
+    "ColorJitter",
     "CenterCrop",
     "Normalize",
     "RandomHorizontalFlip",

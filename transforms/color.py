@@ -1,0 +1,312 @@
+"""``ColorJitter`` with torchvision's semantics, as one Numba kernel inside the DALI graph.
+
+torchvision (``transforms.ColorJitter`` over ``_functional_tensor``) draws a random order of the four adjustments
+and one factor for each enabled one, then applies them in that order, each a ``_blend`` that clamps to the
+image's range and, for uint8 images, truncates back to uint8 after every step:
+
+    brightness   blend(img, 0, f)
+    contrast     blend(img, mean(gray(img)), f)          gray = uint8(0.2989 r + 0.587 g + 0.114 b)
+    saturation   blend(img, gray(img), f)
+    hue          hsv = rgb2hsv(img / 255); h = (h + f) mod 1; uint8(hsv2rgb(hsv) * 255.999)
+
+The order and the factors are drawn on the host from the sample's stream; the kernel does the pixel work in
+float32 as torch does. Contrast needs the mean of the image *as it is when contrast comes*, so the kernel makes
+two passes: one that applies the steps before contrast to every pixel and sums their grey values, and one that
+applies every step. On the GPU the two passes run in one block per sample (a shared-memory reduction in between).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numba import cuda as _numba_cuda
+from numba import float64
+from numba.extending import register_jitable
+
+from stallfree.transforms.kernels import _forwarder, compile_cpu, numba_node
+from stallfree.transforms.random import SampleRandom
+from stallfree.transforms.spec import GraphState, Size, Transform
+
+__all__ = ["ColorJitter", "jitter_cuda_function", "jitter_function"]
+
+_F0, _F1 = np.float32(0.0), np.float32(1.0)
+_WR, _WG, _WB = np.float32(0.2989), np.float32(0.587), np.float32(0.114)
+_F2, _F4, _F6 = np.float32(2.0), np.float32(4.0), np.float32(6.0)
+_U8_SCALE = np.float32(255.0)
+_U8_BACK = np.float32(255.0 + 1.0 - 1e-3)  # convert_image_dtype's float -> uint8 rule
+BRIGHTNESS, CONTRAST, SATURATION, HUE = 0, 1, 2, 3
+cuda: Any = _numba_cuda  # a module global, so that the CUDA simulator can stand in for it
+GPU_THREADS = 256  # one block per sample; the reduction's shared array has this many slots
+
+
+def _check_input(
+    value: float | Sequence[float], name: str, center: float = 1.0, bound: tuple[float, float] = (0, math.inf),
+    clip_first_on_zero: bool = True,
+) -> tuple[float, float] | None:
+    """Torchvision's ``ColorJitter._check_input``: a range, or ``None`` where the adjustment does nothing."""
+    if isinstance(value, numbers.Number) and not isinstance(value, bool):
+        v = float(value)  # type: ignore[arg-type]
+        if v < 0:
+            raise ValueError(f"ColorJitter: if {name} is a single number, it must be non negative, got {value}")
+        lo, hi = center - v, center + v
+        if clip_first_on_zero:
+            lo = max(lo, 0.0)
+    elif isinstance(value, (tuple, list)) and len(value) == 2:
+        lo, hi = float(value[0]), float(value[1])
+    else:
+        raise TypeError(f"ColorJitter: {name} should be a single number or a list/tuple with length 2, got {value!r}")
+    if not bound[0] <= lo <= hi <= bound[1]:
+        raise ValueError(f"ColorJitter: {name} values should be between {bound}, but got {[lo, hi]}")
+    return None if lo == hi == center else (lo, hi)
+
+
+# --- the pixel steps, float32 as torch computes them; callable from njit and numba.cuda code -------------------
+
+
+@register_jitable
+def _finish(v: Any, bound: Any, integral: bool) -> Any:
+    v = min(max(v, _F0), bound)
+    return np.float32(math.floor(v)) if integral else v
+
+
+@register_jitable
+def _gray(r: Any, g: Any, b: Any, integral: bool) -> Any:
+    v = _WR * r + _WG * g + _WB * b
+    return np.float32(math.floor(v)) if integral else v
+
+
+@register_jitable
+def _blend(v: Any, other: Any, f: Any, bound: Any, integral: bool) -> Any:
+    return _finish(f * v + (_F1 - f) * other, bound, integral)
+
+
+@register_jitable
+def _hue(r: Any, g: Any, b: Any, f: Any, integral: bool) -> tuple[Any, Any, Any]:
+    if integral:
+        r, g, b = r / _U8_SCALE, g / _U8_SCALE, b / _U8_SCALE
+    maxc = max(r, max(g, b))
+    minc = min(r, min(g, b))
+    eqc = maxc == minc
+    cr = maxc - minc
+    s = cr / (_F1 if eqc else maxc)
+    div = _F1 if eqc else cr
+    rc, gc, bc = (maxc - r) / div, (maxc - g) / div, (maxc - b) / div
+    if maxc == r:
+        h = bc - gc
+    elif maxc == g:
+        h = _F2 + rc - bc
+    else:
+        h = _F4 + gc - rc
+    h = h / _F6 + _F1
+    h = h - np.float32(math.floor(h))  # torch.fmod(h, 1.0) of a positive h
+    h = h + f
+    h = h - np.float32(math.floor(h))  # torch's remainder(h, 1.0)
+    v = maxc
+    i6 = np.float32(math.floor(h * _F6))
+    fr = h * _F6 - i6
+    i = int(i6) % 6
+    p = min(max(v * (_F1 - s), _F0), _F1)
+    q = min(max(v * (_F1 - s * fr), _F0), _F1)
+    t = min(max(v * (_F1 - s * (_F1 - fr)), _F0), _F1)
+    if i == 0:
+        r, g, b = v, t, p
+    elif i == 1:
+        r, g, b = q, v, p
+    elif i == 2:
+        r, g, b = p, v, t
+    elif i == 3:
+        r, g, b = p, q, v
+    elif i == 4:
+        r, g, b = t, p, v
+    else:
+        r, g, b = v, p, q
+    if integral:
+        r = np.float32(math.floor(r * _U8_BACK))
+        g = np.float32(math.floor(g * _U8_BACK))
+        b = np.float32(math.floor(b * _U8_BACK))
+    return r, g, b
+
+
+@register_jitable
+def _apply(r: Any, g: Any, b: Any, order: Any, factors: Any, upto: int, mean: Any, bound: Any, integral: bool) -> Any:
+    """Steps ``order[0:upto]`` on one pixel; disabled steps are ``-1`` in ``order``."""
+    for k in range(upto):
+        op = order[k]
+        f = factors[op] if op >= 0 else _F0
+        if op == BRIGHTNESS:
+            r, g, b = _blend(r, _F0, f, bound, integral), _blend(g, _F0, f, bound, integral), _blend(
+                b, _F0, f, bound, integral
+            )
+        elif op == CONTRAST:
+            r, g, b = _blend(r, mean, f, bound, integral), _blend(g, mean, f, bound, integral), _blend(
+                b, mean, f, bound, integral
+            )
+        elif op == SATURATION:
+            gray = _gray(r, g, b, integral)
+            r, g, b = _blend(r, gray, f, bound, integral), _blend(g, gray, f, bound, integral), _blend(
+                b, gray, f, bound, integral
+            )
+        elif op == HUE:
+            r, g, b = _hue(r, g, b, f, integral)
+    return r, g, b
+
+
+@register_jitable
+def _contrast_at(order: Any) -> int:
+    for k in range(4):
+        if order[k] == CONTRAST:
+            return k
+    return -1
+
+
+def jitter_function(integral: bool) -> Any:
+    """The per-sample CPU run function ``run(out, image, order, factors)`` (uint8 images if ``integral``)."""
+    bound = np.float32(255.0 if integral else 1.0)
+
+    def run(out: Any, image: Any, order: Any, factors: Any) -> None:
+        height, width = image.shape[0], image.shape[1]
+        kc = _contrast_at(order)
+        mean = _F0
+        if kc >= 0:
+            total = 0.0
+            for y in range(height):
+                for x in range(width):
+                    r, g, b = _apply(
+                        np.float32(image[y, x, 0]), np.float32(image[y, x, 1]), np.float32(image[y, x, 2]),
+                        order, factors, kc, _F0, bound, integral,
+                    )
+                    total += _gray(r, g, b, integral)
+            mean = np.float32(total / (height * width))
+        for y in range(height):
+            for x in range(width):
+                r, g, b = _apply(
+                    np.float32(image[y, x, 0]), np.float32(image[y, x, 1]), np.float32(image[y, x, 2]),
+                    order, factors, 4, mean, bound, integral,
+                )
+                out[y, x, 0], out[y, x, 1], out[y, x, 2] = r, g, b
+
+    return run
+
+
+def jitter_cuda_function(integral: bool) -> Any:
+    """The CUDA run function: one block of :data:`GPU_THREADS` threads per sample, two passes around a reduction."""
+    bound = np.float32(255.0 if integral else 1.0)
+
+    def run(out: Any, image: Any, order: Any, factors: Any) -> None:
+        tid = cuda.threadIdx.x
+        nthreads = cuda.blockDim.x
+        height, width = image.shape[0], image.shape[1]
+        n = height * width
+        kc = _contrast_at(order)
+        partial = cuda.shared.array(GPU_THREADS, float64)
+        total = 0.0
+        if kc >= 0:
+            for idx in range(tid, n, nthreads):
+                y, x = idx // width, idx % width
+                r, g, b = _apply(
+                    np.float32(image[y, x, 0]), np.float32(image[y, x, 1]), np.float32(image[y, x, 2]),
+                    order, factors, kc, _F0, bound, integral,
+                )
+                total += _gray(r, g, b, integral)
+        partial[tid] = total
+        cuda.syncthreads()
+        stride = nthreads // 2
+        while stride > 0:
+            if tid < stride:
+                partial[tid] += partial[tid + stride]
+            cuda.syncthreads()
+            stride //= 2
+        mean = np.float32(partial[0] / n)
+        for idx in range(tid, n, nthreads):
+            y, x = idx // width, idx % width
+            r, g, b = _apply(
+                np.float32(image[y, x, 0]), np.float32(image[y, x, 1]), np.float32(image[y, x, 2]),
+                order, factors, 4, mean, bound, integral,
+            )
+            out[y, x, 0], out[y, x, 1], out[y, x, 2] = r, g, b
+
+    return run
+
+
+_COMPILED: dict[bool, Any] = {}
+
+
+def _compiled(integral: bool) -> Any:
+    if integral not in _COMPILED:
+        image_dtype = np.uint8 if integral else np.float32
+        _COMPILED[integral] = compile_cpu("ColorJitter", jitter_function(integral), image_dtype, [np.int32, np.float32])
+    return _COMPILED[integral]
+
+
+@dataclass(frozen=True)
+class ColorJitter(Transform):
+    """Randomly change brightness, contrast, saturation and hue, in a random order (torchvision's ColorJitter).
+
+    Args:
+        brightness: ``b`` or ``(min, max)``; a number means ``[max(0, 1 - b), 1 + b]``. 0 disables it.
+        contrast: as ``brightness``.
+        saturation: as ``brightness``.
+        hue: ``h`` in [0, 0.5] meaning ``[-h, h]``, or ``(min, max)`` within [-0.5, 0.5].
+
+    Raises:
+        ValueError: a negative number, or a range outside its bounds (torchvision's messages).
+        TypeError: an argument that is neither a number nor a pair.
+    """
+
+    brightness: float | Sequence[float] = 0
+    contrast: float | Sequence[float] = 0
+    saturation: float | Sequence[float] = 0
+    hue: float | Sequence[float] = 0
+    params = {"order": np.int32, "factors": np.float32}  # order: 4 step ids (-1: disabled); factors: b, c, s, h
+
+    def __post_init__(self) -> None:
+        self.ranges()
+
+    def ranges(self) -> tuple[tuple[float, float] | None, ...]:
+        """The checked ``(min, max)`` of brightness, contrast, saturation and hue (``None``: disabled)."""
+        return (
+            _check_input(self.brightness, "brightness"),
+            _check_input(self.contrast, "contrast"),
+            _check_input(self.saturation, "saturation"),
+            _check_input(self.hue, "hue", center=0, bound=(-0.5, 0.5), clip_first_on_zero=False),
+        )
+
+    def draw(self, rng: SampleRandom, size: Size) -> tuple[dict[str, Any], Size]:
+        ranges = self.ranges()
+        order = rng.permutation(4)  # torch.randperm(4), then the factors in b, c, s, h order
+        factors = [0.0 if r is None else rng.uniform(r[0], r[1]) for r in ranges]
+        ids = [i if ranges[i] is not None else -1 for i in order]
+        return {"order": np.array(ids, np.int32), "factors": np.array(factors, np.float32)}, size
+
+    def build(self, image: Any, params: Mapping[str, Any], state: GraphState) -> tuple[Any, GraphState]:
+        if all(r is None for r in self.ranges()):
+            return image, state
+        integral = state.dtype == "uint8"
+        compiled = _compiled(integral)  # compile now: a Numba failure surfaces when the graph is built
+        image_dtype = np.uint8 if integral else np.float32
+        if state.device == "gpu":
+            node = numba_node(
+                jitter_cuda_function(integral), image, [params["order"], params["factors"]],
+                image_dtype=image_dtype, param_dtypes=[np.int32, np.float32], device="gpu",
+                blocks=(1, 1, 1), threads_per_block=(GPU_THREADS, 1, 1),
+            )
+        else:
+            node = numba_node(
+                _forwarder(compiled, 2), image, [params["order"], params["factors"]],
+                image_dtype=image_dtype, param_dtypes=[np.int32, np.float32], device="cpu",
+            )
+        return node, state
+
+    def apply(self, image: np.ndarray, order: np.ndarray, factors: np.ndarray) -> np.ndarray:
+        """Run the CPU kernel outside DALI on one HWC image with explicit parameters (as :meth:`draw` makes them)."""
+        image = np.ascontiguousarray(image)
+        if image.ndim != 3 or image.shape[2] != 3 or image.dtype not in (np.uint8, np.float32):
+            raise ValueError(f"ColorJitter: needs an HWC RGB uint8 or float32 image, got {image.dtype} {image.shape}")
+        out = np.empty_like(image)
+        _compiled(image.dtype == np.uint8)(out, image, np.asarray(order, np.int32), np.asarray(factors, np.float32))
+        return out
