@@ -47,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per contender (the median is shown)")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                         help="threads or workers for every contender (default: the cores this process may use)")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu, or cuda[:N]: stallfree and DALI decode with nvJPEG and augment on that GPU; "
+                        "torch's DataLoader pins its batches and copies them there")
     parser.add_argument("--only", nargs="+", choices=CONTENDERS, help="run only these contenders")
     parser.add_argument("--json", type=Path, help="also write the results here")
 
@@ -63,7 +66,7 @@ def _stallfree(args: argparse.Namespace) -> Iterable[Any]:
     from stallfree.transforms import Normalize, RandomHorizontalFlip, RandomResizedCrop
 
     loader = Loader(args.data, args.batch_size, transform=[RandomResizedCrop(224), RandomHorizontalFlip(),
-                    Normalize(MEAN, STD)], num_threads=args.threads, drop_last=True)
+                    Normalize(MEAN, STD)], num_threads=args.threads, drop_last=True, device=args.device)
     while True:
         yield from loader
 
@@ -109,23 +112,29 @@ def _torch(args: argparse.Namespace) -> Iterable[Any]:
     import torch
 
     dataset = _FileDataset(_files(args.data))
+    device = torch.device(args.device)
     loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch_size, shuffle=True, drop_last=True,
-                                         num_workers=args.threads, persistent_workers=True, prefetch_factor=2)
+                                         num_workers=args.threads, persistent_workers=True, prefetch_factor=2,
+                                         pin_memory=device.type == "cuda")
     while True:
-        yield from loader
+        for images, labels in loader:
+            yield images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
 
 
 def _dali(args: argparse.Namespace, decode_only: bool) -> Iterable[Any]:
     import nvidia.dali.fn as fn
     import nvidia.dali.types as types
+    import torch
     from nvidia.dali import pipeline_def
 
     files, labels = zip(*_files(args.data), strict=True)
+    device = torch.device(args.device)
+    device_id = None if device.type == "cpu" else (device.index or 0)
 
-    @pipeline_def(batch_size=args.batch_size, num_threads=args.threads, device_id=None)
+    @pipeline_def(batch_size=args.batch_size, num_threads=args.threads, device_id=device_id)
     def pipeline() -> Any:
         jpegs, label = fn.readers.file(files=list(files), labels=list(labels), random_shuffle=True, name="reader")
-        images = fn.decoders.image(jpegs, output_type=types.RGB, device="cpu")
+        images = fn.decoders.image(jpegs, output_type=types.RGB, device="cpu" if device_id is None else "mixed")
         if decode_only:
             return images, label
         images = fn.random_resized_crop(images, size=[224, 224])
@@ -187,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
     results = _measure(names, args)
     medians = {name: statistics.median(rates) for name, rates in results.items()}
     base = medians.get("torch DataLoader")
-    print(f"{len(files)} images in {args.data}, batch {args.batch_size}, {args.threads} threads, "
+    print(f"{len(files)} images in {args.data}, batch {args.batch_size}, {args.threads} threads, {args.device}, "
           f"median of {args.repeats} x {args.batches} batches")
     print(f"| {'loader':<20} | {'img/s (median)':>14} | {'runs':<24} | {'vs torch DataLoader':>19} |")
     print(f"|{'-' * 22}|{'-' * 16}:|{'-' * 26}|{'-' * 20}:|")
@@ -197,5 +206,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"| {name:<20} | {median:>14.0f} | {runs:<24} | {ratio:>19} |")
     if args.json:
         args.json.write_text(json.dumps({"images": len(files), "batch_size": args.batch_size, "threads": args.threads,
-                                         "runs": results, "median": medians}, indent=2))
+                                         "device": args.device, "runs": results, "median": medians}, indent=2))
     return 0
