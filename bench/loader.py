@@ -7,8 +7,7 @@ float32 NCHW, batch 64. torch's DataLoader decodes with PIL and augments as torc
 gives the ceiling: no loader that decodes whole JPEGs on these cores can beat it.
 
 Each contender runs one warm-up pass (so the page cache is warm for everyone), then ``--repeats`` timed passes of
-``--batches`` batches, taken in turns with the others so that drift on a shared machine hits all of them alike;
-the table shows the median and its ratio to torch's DataLoader.
+``--batches`` batches; the table shows the median and its ratio to torch's DataLoader.
 """
 
 from __future__ import annotations
@@ -156,26 +155,28 @@ CONTENDERS: dict[str, Callable[[argparse.Namespace], Iterable[Any]]] = {
 }
 
 
-def _measure(names: list[str], args: argparse.Namespace) -> dict[str, list[float]]:
-    """Warm every contender up, then time them in turns, so that drift on a shared machine hits all alike."""
+def _measure(name: str, args: argparse.Namespace) -> list[float]:
+    """One warm-up pass, then the timed passes back to back; the contender is shut down before the next starts.
+
+    Contenders are timed one after another, never in turns: every loader here prefetches, and one left idle
+    while another is timed would fill its queues for free.
+    """
     from tqdm import tqdm
 
-    streams = {name: iter(CONTENDERS[name](args)) for name in names}
-    rates: dict[str, list[float]] = {name: [] for name in names}
-    passes = [(name, False) for name in names] + [(name, True) for _ in range(args.repeats) for name in names]
-    with tqdm(total=len(passes) * args.batches, unit="batch", file=sys.stderr, mininterval=1.0) as bar:
-        for name, timed in passes:
-            bar.set_description(f"{name}{'' if timed else ' (warm-up)'}")
+    stream = iter(CONTENDERS[name](args))
+    rates = []
+    with tqdm(total=args.batches * (args.repeats + 1), desc=name, unit="batch", file=sys.stderr, mininterval=1.0,
+              leave=False) as bar:
+        for timed in [False] + [True] * args.repeats:
             start = time.perf_counter()
             for _ in range(args.batches):
-                next(streams[name])
+                next(stream)
                 bar.update()
             if timed:
-                rates[name].append(args.batches * args.batch_size / (time.perf_counter() - start))
-    for stream in streams.values():
-        close = getattr(stream, "close", None)
-        if close is not None:
-            close()
+                rates.append(args.batches * args.batch_size / (time.perf_counter() - start))
+    close = getattr(stream, "close", None)
+    if close is not None:
+        close()
     return rates
 
 
@@ -193,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
     if len(files) < args.batch_size:
         raise ValueError(f"{args.data} has {len(files)} images, fewer than one batch of {args.batch_size}")
     names = args.only or list(CONTENDERS)
-    results = _measure(names, args)
+    results = {name: _measure(name, args) for name in names}
     medians = {name: statistics.median(rates) for name, rates in results.items()}
     base = medians.get("torch DataLoader")
     print(f"{len(files)} images in {args.data}, batch {args.batch_size}, {args.threads} threads, {args.device}, "
