@@ -1,6 +1,17 @@
 """The augmentation spec (torchvision names) and its compilation to DALI operators."""
 
+from stallfree.transforms.bundled import (
+    Cutout,
+    GaussianNoise,
+    Posterize,
+    RandomErasing,
+    RandomGrayscale,
+    RandomPosterize,
+    RandomSolarize,
+    Solarize,
+)
 from stallfree.transforms.color import ColorJitter
+from stallfree.transforms.kernels import Kernel, KernelError, KernelTransform, kernel, normal_at, uniform_at
 from stallfree.transforms.spec import (
     CenterCrop,
     Normalize,
@@ -11,11 +22,25 @@ from stallfree.transforms.spec import (
 )
 
 __all__ = [
-    "ColorJitter",
     "CenterCrop",
+    "ColorJitter",
+    "Cutout",
+    "GaussianNoise",
+    "Kernel",
+    "KernelError",
+    "KernelTransform",
     "Normalize",
+    "Posterize",
+    "RandomErasing",
+    "RandomGrayscale",
     "RandomHorizontalFlip",
+    "RandomPosterize",
     "RandomResizedCrop",
+    "RandomSolarize",
     "Resize",
+    "Solarize",
     "Transform",
+    "kernel",
+    "normal_at",
+    "uniform_at",
 ]

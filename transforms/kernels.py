@@ -358,14 +358,40 @@ class KernelTransform(Transform):
             raise KeyError(f"{type(self).__name__}.sample() did not return {sorted(missing)}")
         return {n: np.atleast_1d(np.asarray(values[n], kind)) for n, kind in self.params.items()}, size
 
+    def kernel_for(self, state: GraphState) -> Kernel:
+        """The kernel for an image in ``state`` (override to pick a uint8 or a float variant)."""
+        return type(self).kernel
+
     def build(self, image: Any, params: Mapping[str, Any], state: GraphState) -> tuple[Any, GraphState]:
         self.check(state)
-        kern = type(self).kernel
+        kern = self.kernel_for(state)
+        names = self._names(kern)
+        return kern.node(image, [params[n] for n in names], [self.params[n] for n in names], state), state
+
+    def _names(self, kern: Kernel) -> tuple[str, ...]:
         if set(kern.param_names) != set(self.params):
             raise KernelError(
                 f"{type(self).__name__}.params names {sorted(self.params)} but kernel {kern.name!r} takes "
                 f"{list(kern.param_names)}"
             )
-        names = kern.param_names
-        return kern.node(image, [params[n] for n in names], [self.params[n] for n in names], state), state
+        return kern.param_names
 
+    def _outside(self, image: np.ndarray, params: Mapping[str, Any]) -> tuple[Kernel, np.ndarray, list[np.ndarray]]:
+        image = np.ascontiguousarray(image)
+        if image.dtype not in (np.uint8, np.float32) or image.ndim != 3:
+            name = type(self).__name__
+            raise ValueError(f"{name}: needs an HWC uint8 or float32 image, got {image.dtype} {image.shape}")
+        state = GraphState("cpu", "uint8" if image.dtype == np.uint8 else "float32")
+        self.check(state)
+        kern = self.kernel_for(state)
+        return kern, image, [np.asarray(params[n], self.params[n]) for n in self._names(kern)]
+
+    def apply(self, image: np.ndarray, params: Mapping[str, Any]) -> np.ndarray:
+        """Run the step's CPU kernel outside DALI on one HWC image, with parameters as :meth:`draw` returns them."""
+        kern, image, arrays = self._outside(image, params)
+        return kern(image, *arrays)
+
+    def apply_cuda(self, image: np.ndarray, params: Mapping[str, Any], **launch: Sequence[int]) -> np.ndarray:
+        """As :meth:`apply`, with the ``numba.cuda`` kernel (a GPU, or ``NUMBA_ENABLE_CUDASIM=1``)."""
+        kern, image, arrays = self._outside(image, params)
+        return kern.run_cuda(image, *arrays, **launch)
