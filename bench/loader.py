@@ -87,9 +87,9 @@ class _TorchvisionStyle:
         with Image.open(path) as img:
             img = img.convert("RGB")
             top, left, h, w = self.rrc.window(SampleRandom(0, 0, int(rng.integers(1 << 62))), img.height, img.width)
-            img = img.resize((224, 224), Image.BILINEAR, box=(left, top, left + w, top + h))
+            img = img.resize((224, 224), Image.Resampling.BILINEAR, box=(left, top, left + w, top + h))
         if rng.random() < 0.5:
-            img = img.transpose(Image.FLIP_LEFT_RIGHT)
+            img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         tensor = torch.from_numpy(np.asarray(img, np.uint8).copy()).permute(2, 0, 1).float().div_(255)
         return tensor.sub_(torch.tensor(MEAN)[:, None, None]).div_(torch.tensor(STD)[:, None, None])
 
@@ -112,7 +112,9 @@ def _torch(args: argparse.Namespace) -> Iterable[Any]:
 
     dataset = _FileDataset(_files(args.data))
     device = torch.device(args.device)
-    loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch_size, shuffle=True, drop_last=True,
+    loader: torch.utils.data.DataLoader[Any] = torch.utils.data.DataLoader(
+        dataset,  # type: ignore[arg-type]  # a map-style dataset by protocol (__len__, __getitem__)
+        batch_size=args.batch_size, shuffle=True, drop_last=True,
                                          num_workers=args.threads, persistent_workers=True, prefetch_factor=2,
                                          pin_memory=device.type == "cuda")
     while True:

@@ -117,7 +117,7 @@ class CompiledTransforms:
                     output_type=types.RGB,
                     device=decoder_device,
                 )
-                image, state = self.steps[0].build_decoded_window(image, state)  # type: ignore[attr-defined]
+                image, state = self.steps[0].build_decoded_window(image, state)
                 steps = steps[1:]
             else:
                 image = fn.decoders.image(source, output_type=types.RGB, device=decoder_device)
@@ -127,7 +127,7 @@ class CompiledTransforms:
         # A trailing [flip,] Normalize folds into the output operator, as does a trailing flip.
         tail_normalize: Normalize | None = None
         if steps and isinstance(steps[-1][1], Normalize):
-            tail_normalize = steps.pop()[1]  # type: ignore[assignment]
+            tail_normalize = steps.pop()[1]
         mirror: Any = 0
         if steps and isinstance(steps[-1][1], RandomHorizontalFlip):
             i, _ = steps.pop()

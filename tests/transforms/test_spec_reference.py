@@ -88,7 +88,7 @@ def test_resize_shorter_side_matches_pil_bilinear(pngs) -> None:
     for img, label in zip(images, labels, strict=True):
         src = originals[int(label)]
         oh, ow = resize.output_size(*src.shape[:2])
-        ref = np.asarray(Image.fromarray(src).resize((ow, oh), Image.BILINEAR), np.int16)
+        ref = np.asarray(Image.fromarray(src).resize((ow, oh), Image.Resampling.BILINEAR), np.int16)
         top, left = int(round((oh - 12) / 2.0)), int(round((ow - 12) / 2.0))
         diff = np.abs(img.numpy().astype(np.int16) - ref[top : top + 12, left : left + 12])
         assert diff.mean() < 2.0 and diff.max() <= 12
@@ -112,7 +112,7 @@ def test_random_resized_crop_window_and_pixels(pngs) -> None:
         top, left, h, w = rrc.window(SampleRandom(11, 0, int(label)), *src.shape[:2])
         assert 0 <= top and top + h <= src.shape[0] and 0 <= left and left + w <= src.shape[1]
         crop = Image.fromarray(src[top : top + h, left : left + w])
-        ref = np.asarray(crop.resize((10, 10), Image.BILINEAR), np.int16)
+        ref = np.asarray(crop.resize((10, 10), Image.Resampling.BILINEAR), np.int16)
         diff = np.abs(img.numpy().astype(np.int16) - ref)
         assert diff.mean() < 3.0, f"sample {int(label)} window {(top, left, h, w)}"
 
