@@ -1,5 +1,6 @@
 """The augmentation spec (torchvision names) and its compilation to DALI operators."""
 
+from stallfree.transforms.batch import CutMix, MixUp
 from stallfree.transforms.bundled import (
     Cutout,
     GaussianNoise,
@@ -24,11 +25,13 @@ from stallfree.transforms.spec import (
 __all__ = [
     "CenterCrop",
     "ColorJitter",
+    "CutMix",
     "Cutout",
     "GaussianNoise",
     "Kernel",
     "KernelError",
     "KernelTransform",
+    "MixUp",
     "Normalize",
     "Posterize",
     "RandomErasing",
