@@ -68,7 +68,7 @@ class _BatchMix:
     def _check(self, images: torch.Tensor, labels: torch.Tensor) -> None:
         name = type(self).__name__
         if images.ndim != 4:
-            raise ValueError(f"{name}: images must be a (batch, channels, height, width) tensor, got {tuple(images.shape)}")
+            raise ValueError(f"{name}: images must be a 4-D (batch, ...) image tensor, got shape {tuple(images.shape)}")
         if labels.ndim != 1 or labels.shape[0] != images.shape[0] or labels.dtype != torch.int64:
             raise ValueError(
                 f"{name}: labels must be int64 of shape ({images.shape[0]},), got {labels.dtype} {tuple(labels.shape)}"

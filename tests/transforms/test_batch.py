@@ -11,7 +11,7 @@ import torch
 from stallfree.transforms import CutMix, MixUp
 
 
-def batch_of(n: int = 6, shape: tuple[int, int, int] = (3, 8, 10), classes: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
+def batch_of(n: int = 6, shape: tuple[int, ...] = (3, 8, 10), classes: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(n)
     return torch.rand((n, *shape), generator=g), torch.randint(0, classes, (n,), generator=g)
 
