@@ -49,7 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu",
                         help="cpu, or cuda[:N]: stallfree and DALI decode with nvJPEG and augment on that GPU; "
                         "torch's DataLoader pins its batches and copies them there")
-    parser.add_argument("--only", nargs="+", choices=CONTENDERS, help="run only these contenders")
+    parser.add_argument("--only", nargs="+", choices=CONTENDERS,
+                        help="run only these: stallfree, torch (DataLoader), dali (plain pipeline), decode (DALI)")
     parser.add_argument("--json", type=Path, help="also write the results here")
 
 
@@ -151,10 +152,11 @@ def _dali(args: argparse.Namespace, decode_only: bool) -> Iterable[Any]:
 
 CONTENDERS: dict[str, Callable[[argparse.Namespace], Iterable[Any]]] = {
     "stallfree": _stallfree,
-    "torch DataLoader": _torch,
-    "plain DALI": lambda args: _dali(args, decode_only=False),
-    "decode only (DALI)": lambda args: _dali(args, decode_only=True),
+    "torch": _torch,
+    "dali": lambda args: _dali(args, decode_only=False),
+    "decode": lambda args: _dali(args, decode_only=True),
 }
+LABELS = {"stallfree": "stallfree", "torch": "torch DataLoader", "dali": "plain DALI", "decode": "decode only (DALI)"}
 
 
 def _measure(name: str, args: argparse.Namespace) -> list[float]:
@@ -167,8 +169,8 @@ def _measure(name: str, args: argparse.Namespace) -> list[float]:
 
     stream = iter(CONTENDERS[name](args))
     rates = []
-    with tqdm(total=args.batches * (args.repeats + 1), desc=name, unit="batch", file=sys.stderr, mininterval=1.0,
-              leave=False) as bar:
+    total = args.batches * (args.repeats + 1)
+    with tqdm(total=total, desc=LABELS[name], unit="batch", file=sys.stderr, mininterval=1.0, leave=False) as bar:
         for timed in [False] + [True] * args.repeats:
             start = time.perf_counter()
             for _ in range(args.batches):
@@ -198,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
     names = args.only or list(CONTENDERS)
     results = {name: _measure(name, args) for name in names}
     medians = {name: statistics.median(rates) for name, rates in results.items()}
-    base = medians.get("torch DataLoader")
+    base = medians.get("torch")
     print(f"{len(files)} images in {args.data}, batch {args.batch_size}, {args.threads} threads, {args.device}, "
           f"median of {args.repeats} x {args.batches} batches")
     print(f"| {'loader':<20} | {'img/s (median)':>14} | {'runs':<24} | {'vs torch DataLoader':>19} |")
@@ -206,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
     for name, median in medians.items():
         ratio = f"{median / base:.2f}x" if base else "-"
         runs = ", ".join(f"{r:.0f}" for r in results[name])
-        print(f"| {name:<20} | {median:>14.0f} | {runs:<24} | {ratio:>19} |")
+        print(f"| {LABELS[name]:<20} | {median:>14.0f} | {runs:<24} | {ratio:>19} |")
     if args.json:
         args.json.write_text(json.dumps({"images": len(files), "batch_size": args.batch_size, "threads": args.threads,
                                          "device": args.device, "runs": results, "median": medians}, indent=2))
