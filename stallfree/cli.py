@@ -15,7 +15,7 @@ from collections.abc import Sequence
 __all__ = ["CliError", "main"]
 
 # Subcommand modules under stallfree.commands, in the order `stallfree --help` lists them.
-COMMANDS = ("demo", "bench")
+COMMANDS = ("demo", "ingest", "bench", "profile")
 
 
 class CliError(Exception):

@@ -1,0 +1,85 @@
+"""The manifest of an ingested dataset: ``manifest.json`` beside its ``shard-NNNNN.arrow`` files.
+
+It is the only thing a reader needs besides the shards: format version, schema, rows and a SHA-256 per shard, class
+names and counts, the source and the ingest options. It is written last, through a temporary name, so a folder with
+a ``manifest.json`` is a complete dataset. JSON only (nothing is ever unpickled). It holds no time stamps and no
+output path, so an interrupted and resumed ingest writes the same bytes as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "FORMAT",
+    "MANIFEST",
+    "VERSION",
+    "atomic_write",
+    "file_sha256",
+    "read_manifest",
+    "shard_name",
+    "write_manifest",
+]
+
+FORMAT = "stallfree-shards"
+VERSION = 1
+MANIFEST = "manifest.json"
+
+
+def shard_name(index: int) -> str:
+    """The file name of shard ``index``."""
+    return f"shard-{index:05d}.arrow"
+
+
+def file_sha256(path: str | os.PathLike[str], chunk: int = 1 << 22) -> str:
+    """The hex SHA-256 of a file, read in 4 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary name, so that ``path`` is either absent or complete."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
+    """Write a manifest (sorted keys, indented, newline-terminated) atomically."""
+    atomic_write(path, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
+
+
+def read_manifest(folder: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read and check ``folder/manifest.json``.
+
+    Raises:
+        FileNotFoundError: there is no manifest (the ingest has not finished, or this is not an ingested folder).
+        ValueError: it is not valid JSON, not a stallfree manifest, or of a newer format version.
+    """
+    path = Path(folder) / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} does not exist: not an ingested dataset, or its ingest has not finished (run it again to resume)"
+        )
+    try:
+        manifest = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON: {err}") from err
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a {FORMAT} manifest")
+    if not isinstance(manifest.get("version"), int) or manifest["version"] > VERSION:
+        raise ValueError(f"{path} has format version {manifest.get('version')!r}; this stallfree reads <= {VERSION}")
+    for key in ("shards", "classes", "schema", "image", "rows"):
+        if key not in manifest:
+            raise ValueError(f"{path} lacks the {key!r} entry")
+    return manifest

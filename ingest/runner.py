@@ -1,0 +1,273 @@
+"""``stallfree ingest``: list a source, cut it into shards, write them in parallel, then the manifest.
+
+The cut is decided from the listing alone (sample sizes from the file system, the tar index or Parquet metadata),
+so every run, resumed or split with ``--part i/N``, numbers the same samples into the same shards::
+
+    plan_source(SRC) ─► cut into shards by size ─► shards i, i+N, i+2N... (this part) ─► workers write them
+      └ .ingest/plan.json (digest)                  skip shards whose record exists   ─► manifest.json, last
+
+A rerun after a crash or ``kill -9`` skips every shard whose record exists and writes the rest; a part writes
+``manifest.part-I-of-N.json`` and :func:`merge` joins the parts into ``manifest.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+from stallfree.ingest.manifest import (
+    FORMAT,
+    MANIFEST,
+    VERSION,
+    atomic_write,
+    read_manifest,
+    shard_name,
+    write_manifest,
+)
+from stallfree.ingest.sources import Item, Plan, plan_source
+from stallfree.ingest.writer import RECORDS, IngestOptions, _schema, record_path, write_shard
+
+__all__ = ["REJECTED", "ingest", "merge", "parse_part"]
+
+REJECTED = "rejected.jsonl"
+
+
+def parse_part(text: str) -> tuple[int, int]:
+    """``"i/N"`` as ``(i, N)``, with ``0 <= i < N``."""
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    if not match or not int(match[1]) < int(match[2]):
+        raise ValueError(f"--part must be i/N with 0 <= i < N (e.g. 0/4), got {text!r}")
+    return int(match[1]), int(match[2])
+
+
+def _cut(items: list[Item], options: IngestOptions) -> list[tuple[int, int]]:
+    """Shard boundaries ``[(start, end), ...]`` over ``items``, each about ``shard_mb`` of (estimated) bytes."""
+    target = options.shard_mb * 1e6
+    per_raw = options.raw[0] * options.raw[1] * 3 if options.raw else None
+    bounds, start, size = [], 0, 0.0
+    for i, item in enumerate(items):
+        size += per_raw if per_raw is not None else item.size
+        if size >= target:
+            bounds.append((start, i + 1))
+            start, size = i + 1, 0.0
+    if start < len(items) or not bounds:
+        bounds.append((start, len(items)))
+    return bounds
+
+
+def _digest(plan: Plan, bounds: list[tuple[int, int]], options: IngestOptions) -> str:
+    digest = hashlib.sha256()
+    digest.update(json.dumps([plan.kind, plan.path, plan.classes, plan.extra_columns, options.to_json(), bounds,
+                              plan.rejected]).encode())
+    for item in plan.items:
+        digest.update(f"\0{item.key}\0{item.label}\0{item.size}".encode())
+    return digest.hexdigest()
+
+
+def _check_plan(out: Path, digest: str) -> None:
+    path = out / RECORDS / "plan.json"
+    if path.is_file():
+        previous = json.loads(path.read_text()).get("digest")
+        if previous != digest:
+            raise ValueError(
+                f"{out} holds an unfinished ingest of a different source or options (plan {previous[:12]} != "
+                f"{digest[:12]}); pass an empty OUT folder, or delete {out} to start over"
+            )
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps({"digest": digest}).encode())
+
+
+def _done(out: Path, index: int) -> dict[str, Any] | None:
+    """Shard ``index``'s record if the shard is complete, else None (it is written again)."""
+    path = record_path(out, index)
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    shard = out / shard_name(index)
+    return record if shard.is_file() and shard.stat().st_size == record["bytes"] else None
+
+
+def _progress(total: int, enabled: bool) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="img", file=sys.stderr, disable=not enabled, dynamic_ncols=True,
+                desc="ingest", smoothing=0.1)
+
+
+def _manifest(plan: Plan, options: IngestOptions, digest: str, total_shards: int,
+              records: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    schema = _schema(plan.extra_columns, options)
+    counts = [0] * len(plan.classes)
+    for record in records.values():
+        for label, count in record["class_counts"].items():
+            counts[int(label)] += count
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "plan": {"digest": digest, "shards": total_shards},
+        "schema": [{"name": f.name, "type": str(f.type)} for f in schema],
+        "image": {"kind": "raw", "shape": [*options.raw, 3]} if options.raw else {"kind": "encoded", "shape": None},
+        "shards": [
+            {k: records[i][k] for k in ("file", "rows", "bytes", "sha256")} for i in sorted(records)
+        ],
+        "rows": sum(r["rows"] for r in records.values()),
+        "classes": plan.classes,
+        "class_counts": counts,
+        "source": {"kind": plan.kind, "path": plan.path},
+        "options": options.to_json(),
+        "source_bytes": sum(r["source_bytes"] for r in records.values()),
+        "rejected": len(plan.rejected) + sum(len(r["rejected"]) for r in records.values()),
+    }
+
+
+def _write_rejected(out: Path, name: str, rejected: list[dict[str, str]]) -> None:
+    atomic_write(out / name, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rejected).encode())
+
+
+def ingest(
+    source: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    options: IngestOptions = IngestOptions(),  # noqa: B008 - frozen, so a shared default is safe
+    *,
+    workers: int = 1,
+    part: tuple[int, int] = (0, 1),
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Ingest ``source`` into shards in ``out``; returns a summary (counts, sizes, rates).
+
+    Args:
+        source: an ImageFolder tree, a CSV/Parquet file list, a Parquet file of image bytes, a ``.tar`` or a folder
+            of WebDataset ``.tar`` shards.
+        out: the output folder (created); a folder holding an unfinished ingest of the same plan is resumed.
+        options: what to check and convert.
+        workers: processes writing shards (1: in this process).
+        part: ``(i, N)``: write only shards ``i, i+N, ...`` and ``manifest.part-i-of-N.json``.
+        progress: a progress bar on stderr.
+
+    Raises:
+        ValueError: bad arguments, an unknown source, or ``out`` holding a different unfinished ingest.
+    """
+    if workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {workers}")
+    index, count = part
+    if not 0 <= index < count:
+        raise ValueError(f"--part must be i/N with 0 <= i < N, got {index}/{count}")
+    out = Path(out)
+    started = time.perf_counter()
+    plan = plan_source(source)
+    bounds = _cut(plan.items, options)
+    digest = _digest(plan, bounds, options)
+    out.mkdir(parents=True, exist_ok=True)
+    _check_plan(out, digest)
+    mine = [i for i in range(len(bounds)) if i % count == index]
+    records: dict[int, dict[str, Any]] = {}
+    todo = []
+    for i in mine:
+        record = _done(out, i)
+        if record is None:
+            todo.append(i)
+        else:
+            records[i] = record
+    bar = _progress(sum(bounds[i][1] - bounds[i][0] for i in mine), progress)
+    bar.update(sum(bounds[i][1] - bounds[i][0] for i in records))
+    source_bytes = 0
+
+    def finished(i: int, record: dict[str, Any]) -> None:
+        nonlocal source_bytes
+        records[i] = record
+        source_bytes += record["source_bytes"]
+        elapsed = max(time.perf_counter() - started, 1e-9)
+        bar.set_postfix_str(f"{source_bytes / 1e6 / elapsed:.1f} MB/s, {len(records)}/{len(mine)} shards")
+        bar.update(bounds[i][1] - bounds[i][0])
+
+    try:
+        if workers == 1 or len(todo) <= 1:
+            for i in todo:
+                finished(i, write_shard(out, i, plan.items[slice(*bounds[i])], options, plan.extra_columns))
+        else:
+            import multiprocessing
+
+            # fork where there is one: a spawned child re-imports stallfree, torch and DALI first (seconds each).
+            # The children touch only PIL, pyarrow (fork-safe thread pools) and files, never the parent's threads.
+            methods = multiprocessing.get_all_start_methods()
+            context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+            import pyarrow as pa
+
+            pa.array([0])  # its first call imports pandas (most of a second): once here, not in every child
+            with ProcessPoolExecutor(min(workers, len(todo)), mp_context=context) as pool:
+                futures = {
+                    pool.submit(write_shard, out, i, plan.items[slice(*bounds[i])], options, plan.extra_columns): i
+                    for i in todo
+                }
+                for future in as_completed(futures):
+                    finished(futures[future], future.result())
+    finally:
+        bar.close()
+    manifest = _manifest(plan, options, digest, len(bounds), records)
+    rejected = plan.rejected if index == 0 else []
+    rejected = rejected + [r for i in sorted(records) for r in records[i]["rejected"]]
+    if count == 1:
+        _write_rejected(out, REJECTED, rejected)
+        write_manifest(out / MANIFEST, manifest)
+    else:
+        manifest["part"] = [index, count]
+        manifest["rejected_samples"] = rejected
+        manifest["rejected"] = len(rejected)
+        write_manifest(out / f"manifest.part-{index}-of-{count}.json", manifest)
+    seconds = time.perf_counter() - started
+    written = sum(records[i]["rows"] for i in todo)
+    return {
+        "images": manifest["rows"],
+        "rejected": len(rejected),
+        "shards": len(records),
+        "written_shards": len(todo),
+        "resumed_shards": len(records) - len(todo),
+        "source_mb": manifest["source_bytes"] / 1e6,
+        "shard_mb": sum(r["bytes"] for r in records.values()) / 1e6,
+        "seconds": seconds,
+        "images_per_s": written / seconds if seconds else 0.0,
+        "mb_per_s": source_bytes / 1e6 / seconds if seconds else 0.0,
+        "part": f"{index}/{count}",
+    }
+
+
+def merge(out: str | os.PathLike[str]) -> dict[str, Any]:
+    """Join ``out``'s ``manifest.part-I-of-N.json`` files (every part's shards copied into ``out``) into one.
+
+    Raises:
+        ValueError: parts are missing, come from different plans, or a part's shard file is absent.
+    """
+    out = Path(out)
+    parts = sorted(out.glob("manifest.part-*-of-*.json"))
+    if not parts:
+        raise FileNotFoundError(f"no manifest.part-I-of-N.json in {out}: run `stallfree ingest ... --part i/N` first")
+    manifests = [json.loads(p.read_text()) for p in parts]
+    count = manifests[0]["part"][1]
+    found = sorted(m["part"][0] for m in manifests)
+    if any(m["part"][1] != count for m in manifests) or found != list(range(count)):
+        raise ValueError(f"{out}: expected parts 0..{count - 1} of {count}, found {[p.name for p in parts]}")
+    digests = {m["plan"]["digest"] for m in manifests}
+    if len(digests) != 1:
+        raise ValueError(f"{out}: the parts come from different sources or options (plans {sorted(digests)})")
+    merged = {k: v for k, v in manifests[0].items() if k not in ("part", "rejected_samples")}
+    merged["shards"] = sorted((s for m in manifests for s in m["shards"]), key=lambda s: s["file"])
+    for shard in merged["shards"]:
+        if not (out / shard["file"]).is_file():
+            raise ValueError(f"{out}: {shard['file']} is listed by a part but missing; copy every part's shards here")
+    for key in ("rows", "source_bytes"):
+        merged[key] = sum(m[key] for m in manifests)
+    merged["class_counts"] = [sum(c) for c in zip(*(m["class_counts"] for m in manifests), strict=True)]
+    rejected = [r for m in sorted(manifests, key=lambda m: m["part"][0]) for r in m["rejected_samples"]]
+    merged["rejected"] = len(rejected)
+    _write_rejected(out, REJECTED, rejected)
+    write_manifest(out / MANIFEST, merged)
+    read_manifest(out)
+    return {"images": merged["rows"], "rejected": len(rejected), "shards": len(merged["shards"]), "parts": count}

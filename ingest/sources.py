@@ -1,0 +1,324 @@
+"""Sources ingest reads: an ImageFolder tree, a CSV/Parquet file list, Parquet holding image bytes, WebDataset tars.
+
+Listing a source gives a :class:`Plan`: every sample in a fixed order, with its label, extra column values, where
+its bytes are (a :data:`Locator`) and their size, plus the samples refused before any byte is read (paths that
+escape the source root). The plan is computed the same way on every run and every ``--part``, which is what makes
+resumed and split ingests produce the same shards. Bytes are fetched later, in the workers, by :func:`fetch`.
+"""
+
+from __future__ import annotations
+
+import os
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["IMAGE_EXTENSIONS", "Item", "Plan", "fetch_many", "plan_source"]
+
+#: File suffixes an ImageFolder scan keeps (torchvision's ``IMG_EXTENSIONS``; the Loader's folder reader's too).
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+_TAR_IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+
+#: Where a sample's bytes are: ("file", path) | ("tar", tar path, offset, size) | ("parquet", path, row).
+Locator = tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Item:
+    """One sample of a source: ``key`` names it in errors and in the shard's ``key`` column."""
+
+    key: str
+    label: int
+    locator: Locator
+    size: int
+    extras: tuple[Any, ...] = ()
+
+
+@dataclass
+class Plan:
+    """A listed source: ``items`` in order, ``rejected`` as ``{"path", "reason"}`` records, and what it is."""
+
+    kind: str
+    path: str
+    classes: list[str]
+    items: list[Item] = field(default_factory=list)
+    rejected: list[dict[str, str]] = field(default_factory=list)
+    extra_columns: list[tuple[str, str]] = field(default_factory=list)  # (name, Arrow type string)
+
+
+def _inside(root: Path, candidate: str) -> tuple[Path | None, str | None]:
+    """``root/candidate`` if it stays inside ``root`` once links are resolved, else the reason it does not."""
+    if not candidate:
+        return None, "empty path"
+    if os.path.isabs(candidate) or candidate.startswith(("/", "\\")):
+        return None, "absolute path (paths must be relative to the source root)"
+    if ".." in Path(candidate).parts:
+        return None, "path escapes the source root ('..')"
+    path = root / candidate
+    real, real_root = os.path.realpath(path), os.path.realpath(root)
+    if os.path.commonpath([real, real_root]) != real_root:
+        return None, "path escapes the source root through a link"
+    return path, None
+
+
+def _folder(root: Path) -> Plan:
+    classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
+    if not classes:
+        raise ValueError(f"image folder {root} has no class sub-folders (expected root/<class>/<image>)")
+    plan = Plan("folder", str(root.resolve()), classes)
+    for label, name in enumerate(classes):
+        for dirpath, dirs, files in os.walk(root / name, followlinks=True):
+            dirs.sort()
+            for file in sorted(files):
+                if not file.lower().endswith(IMAGE_EXTENSIONS):
+                    continue
+                key = os.path.relpath(os.path.join(dirpath, file), root)
+                path, problem = _inside(root, key)
+                if path is None:
+                    plan.rejected.append({"path": key, "reason": problem or ""})
+                    continue
+                plan.items.append(Item(key, label, ("file", str(path)), os.path.getsize(path)))
+    if not plan.items and not plan.rejected:
+        raise ValueError(f"image folder {root} has class folders {classes[:5]} but no images {IMAGE_EXTENSIONS}")
+    return plan
+
+
+def _labels(column: list[Any], where: str) -> tuple[list[int], list[str]]:
+    if any(v is None for v in column):
+        raise ValueError(f"{where} has empty label cells (row {column.index(None)})")
+    if all(isinstance(v, str) for v in column):
+        classes = sorted(set(column))
+        index = {name: i for i, name in enumerate(classes)}
+        return [index[v] for v in column], classes
+    labels = [int(v) for v in column]
+    if labels and min(labels) < 0:
+        raise ValueError(f"{where} row {labels.index(min(labels))}: negative label {min(labels)}")
+    return labels, [str(i) for i in range(max(labels, default=-1) + 1)]
+
+
+def _image_column(table: Any) -> str | None:
+    """The column holding image bytes: an ``image`` struct with ``bytes``, or a binary column."""
+    import pyarrow as pa
+
+    for name in table.schema.names:
+        kind = table.schema.field(name).type
+        if pa.types.is_struct(kind) and kind.get_field_index("bytes") >= 0:
+            return name
+    binary = [n for n in table.schema.names if pa.types.is_binary(table.schema.field(n).type)
+              or pa.types.is_large_binary(table.schema.field(n).type)]
+    for preferred in ("image", "bytes", "jpg", "png"):
+        if preferred in binary:
+            return preferred
+    return binary[0] if binary else None
+
+
+def _table(path: Path) -> Any:
+    if path.suffix.lower() == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path)
+    import pyarrow.csv as pacsv
+
+    return pacsv.read_csv(path)
+
+
+def _extras(table: Any, skip: set[str]) -> tuple[list[tuple[str, str]], list[tuple[Any, ...]]]:
+    names = [n for n in table.schema.names if n not in skip]
+    columns = [table.column(n).to_pylist() for n in names]
+    kinds = [(n, str(table.schema.field(n).type)) for n in names]
+    return kinds, list(zip(*columns, strict=True)) if columns else [() for _ in range(table.num_rows)]
+
+
+def _table_source(path: Path) -> Plan:
+    import pyarrow as pa
+
+    if path.suffix.lower() == ".parquet":
+        import pyarrow.parquet as pq
+
+        schema = pq.read_schema(path)
+        probe = pa.table({n: pa.array([], schema.field(n).type) for n in schema.names})
+        image_column = _image_column(probe)
+    else:
+        image_column = None
+    if image_column is not None:
+        table = _table(path)
+        return _bytes_table(path, table, image_column)
+    table = _table(path)
+    missing = {"path", "label"} - set(table.column_names)
+    if missing:
+        raise ValueError(f"file list {path} lacks column(s) {sorted(missing)}; it has {table.column_names}")
+    if table.num_rows == 0:
+        raise ValueError(f"file list {path} has no rows")
+    labels, classes = _labels(table.column("label").to_pylist(), f"file list {path}")
+    kinds, extras = _extras(table, {"path", "label"})
+    plan = Plan("file_list", str(path.resolve()), classes, extra_columns=kinds)
+    root = path.parent
+    for key, label, extra in zip(table.column("path").to_pylist(), labels, extras, strict=True):
+        key = "" if key is None else str(key)
+        file, problem = _inside(root, key)
+        if file is None:
+            plan.rejected.append({"path": key, "reason": problem or ""})
+        elif not file.is_file():
+            plan.rejected.append({"path": key, "reason": "missing file"})
+        else:
+            plan.items.append(Item(key, label, ("file", str(file)), file.stat().st_size, extra))
+    return plan
+
+
+def _bytes_table(path: Path, table: Any, image_column: str) -> Plan:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if "label" not in table.column_names:
+        raise ValueError(f"Parquet {path} holds images in {image_column!r} but has no 'label' column")
+    labels, classes = _labels(table.column("label").to_pylist(), f"Parquet {path}")
+    column = table.column(image_column)
+    names: list[Any] = [None] * table.num_rows
+    if pa.types.is_struct(column.type):
+        if column.type.get_field_index("path") >= 0:
+            names = pc.struct_field(column, "path").to_pylist()
+        column = pc.struct_field(column, "bytes")
+    sizes = pc.fill_null(pc.binary_length(column), 0).to_pylist()
+    kinds, extras = _extras(table, {image_column, "label"})
+    plan = Plan("parquet_bytes", str(path.resolve()), classes, extra_columns=kinds)
+    for row, (name, label, size, extra) in enumerate(zip(names, labels, sizes, extras, strict=True)):
+        key = f"{path.name}:{row}" if name is None else f"{path.name}:{row}:{name}"
+        plan.items.append(Item(key, label, ("parquet", str(path.resolve()), row, image_column), int(size), extra))
+    return plan
+
+
+def _tars(source: Path) -> list[Path]:
+    tars = [source] if source.is_file() else sorted(source.glob("*.tar"))
+    for tar in tars:
+        with open(tar, "rb") as f:
+            magic = f.read(3)
+        if magic[:2] == b"\x1f\x8b" or magic == b"BZh" or magic[:3] == b"\xfd7z":
+            raise ValueError(f"{tar} is compressed; WebDataset ingest needs uncompressed .tar shards (random access)")
+    return tars
+
+
+def _webdataset(source: Path) -> Plan:
+    plan = Plan("webdataset", str(source.resolve()), [])
+    found: list[tuple[str, str, int, int, int]] = []  # key, tar, offset, size, label
+    for tar_path in _tars(source):
+        samples: dict[str, dict[str, Any]] = {}
+        order: list[str] = []
+        with tarfile.open(tar_path, "r:") as tar:
+            for member in tar:  # headers only: nothing is extracted to disk
+                name = member.name
+                where = f"{tar_path.name}:{name}"
+                if name.startswith("/") or os.path.isabs(name):
+                    plan.rejected.append({"path": where, "reason": "absolute path in tar"})
+                    continue
+                if ".." in Path(name).parts:
+                    plan.rejected.append({"path": where, "reason": "tar member escapes the root ('..')"})
+                    continue
+                if member.issym() or member.islnk():
+                    plan.rejected.append({"path": where, "reason": "link in tar (links are not followed)"})
+                    continue
+                if not member.isfile():
+                    continue
+                directory, base = os.path.split(name)
+                stem, _, ext = base.partition(".")
+                key = os.path.join(directory, stem)
+                if key not in samples:
+                    samples[key] = {}
+                    order.append(key)
+                samples[key][ext.lower()] = member
+            for key in order:
+                parts = samples[key]
+                image = next((parts[e] for e in _TAR_IMAGE_EXTENSIONS if e in parts), None)
+                where = f"{tar_path.name}:{key}"
+                if image is None or "cls" not in parts:
+                    plan.rejected.append({"path": where, "reason": "sample lacks an image (.jpg/.png) or a .cls"})
+                    continue
+                cls = parts["cls"]
+                handle = tar.extractfile(cls)
+                text = handle.read(64).decode("utf-8", "replace").strip() if handle else ""
+                if not text.isdigit():
+                    plan.rejected.append({"path": where, "reason": f".cls is not a non-negative integer: {text!r}"})
+                    continue
+                found.append((where, str(tar_path.resolve()), image.offset_data, image.size, int(text)))
+    if not found and not plan.rejected:
+        raise ValueError(f"no WebDataset samples (.jpg/.png + .cls) in {source}")
+    plan.classes = [str(i) for i in range(max((f[4] for f in found), default=-1) + 1)]
+    plan.items = [Item(key, label, ("tar", tar, offset, size), size) for key, tar, offset, size, label in found]
+    return plan
+
+
+def plan_source(source: str | os.PathLike[str]) -> Plan:
+    """List ``source``: a ``.csv``/``.parquet`` file, a ``.tar`` or a folder of them, or an ImageFolder tree.
+
+    Raises:
+        FileNotFoundError: ``source`` does not exist.
+        ValueError: a source of no known kind, missing columns, bad labels, compressed tars.
+    """
+    path = Path(source)
+    if not path.exists():
+        raise FileNotFoundError(f"source {path} does not exist")
+    if path.is_file():
+        suffix = path.suffix.lower()
+        if suffix in (".csv", ".parquet"):
+            return _table_source(path)
+        if suffix == ".tar":
+            return _webdataset(path)
+        raise ValueError(f"source {path}: expected an image folder, a .csv/.parquet list or a .tar, got {suffix!r}")
+    has_dirs = any(entry.is_dir() for entry in os.scandir(path))
+    if not has_dirs and any(path.glob("*.tar")):
+        return _webdataset(path)
+    return _folder(path)
+
+
+def fetch_many(items: list[Item]) -> list[bytes | OSError]:
+    """Every item's bytes, in order (an ``OSError`` in place of a file that cannot be read)."""
+    out: list[bytes | OSError] = [b""] * len(items)
+    tables: dict[tuple[str, str], list[int]] = {}
+    for i, item in enumerate(items):
+        kind = item.locator[0]
+        try:
+            if kind == "file":
+                with open(item.locator[1], "rb") as f:
+                    out[i] = f.read()
+            elif kind == "tar":
+                with open(item.locator[1], "rb") as f:
+                    f.seek(item.locator[2])
+                    data = f.read(item.locator[3])
+                if len(data) != item.locator[3]:
+                    raise OSError(f"tar {item.locator[1]} ends inside member {item.key}")
+                out[i] = data
+            else:
+                tables.setdefault((item.locator[1], item.locator[3]), []).append(i)
+        except OSError as err:
+            out[i] = err
+    for (path, column), positions in tables.items():
+        for i, data in zip(positions, _parquet_rows(path, column, [items[i].locator[2] for i in positions]),
+                           strict=True):
+            out[i] = data
+    return out
+
+
+def _parquet_rows(path: str, column: str, rows: list[int]) -> list[bytes]:
+    """Rows' image bytes, reading only the row groups that hold them."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    parquet = pq.ParquetFile(path)
+    starts = [0]
+    for g in range(parquet.num_row_groups):
+        starts.append(starts[-1] + parquet.metadata.row_group(g).num_rows)
+    groups = sorted({next(g for g in range(len(starts) - 1) if starts[g] <= r < starts[g + 1]) for r in rows})
+    table = parquet.read_row_groups(groups, columns=[column])
+    values = table.column(column)
+    if hasattr(values.type, "get_field_index") and values.type.num_fields:
+        values = pc.struct_field(values, "bytes")
+    offset, base = {}, 0
+    for g in groups:
+        offset[g] = base
+        base += starts[g + 1] - starts[g]
+    result = []
+    for r in rows:
+        g = next(g for g in groups if starts[g] <= r < starts[g + 1])
+        value = values[offset[g] + r - starts[g]].as_py()
+        result.append(value or b"")
+    return result

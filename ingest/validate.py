@@ -1,0 +1,134 @@
+"""What ingest checks and changes in each image: its header, its completeness, and optional re-encoding.
+
+The header is read with PIL (``Image.open`` is lazy: it parses the header and decodes nothing). JPEG and PNG are
+also checked for their end marker, which a truncated download lacks, at the cost of a byte search. The size the
+header claims is compared with ``max_pixels`` *before* anything is decoded, so a 100000x100000 header never
+allocates its pixels. ``validate=True`` decodes every image fully. Nothing here unpickles.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+__all__ = ["DEFAULT_MAX_PIXELS", "Checked", "Rejected", "check_image", "convert"]
+
+#: The default ``--max-pixels`` (PIL's decompression-bomb error threshold, the Loader's default too).
+DEFAULT_MAX_PIXELS = 178_956_970
+
+# Formats the Loader's header check and DALI's decoders take as they are; others are re-encoded losslessly.
+_KEPT_FORMATS = ("JPEG", "PNG")
+
+
+class Rejected(ValueError):
+    """An image that does not go into a shard; ``reason`` goes to ``rejected.jsonl``."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Checked:
+    """An image that passed: its ``format`` as PIL names it, ``height`` and ``width``."""
+
+    format: str
+    height: int
+    width: int
+
+
+def _complete(data: bytes, fmt: str) -> None:
+    # The last start-of-scan belongs to the main image (entropy-coded data stuffs every 0xFF), so its end-of-image
+    # marker must follow it; an end marker before it may be an EXIF thumbnail's.
+    if fmt == "JPEG" and not 0 <= data.rfind(b"\xff\xda") < data.rfind(b"\xff\xd9"):
+        raise Rejected("truncated JPEG (no end-of-image marker after the scan data)")
+    if fmt == "PNG" and data.rfind(b"IEND", max(0, len(data) - 64)) < 0:
+        raise Rejected("truncated PNG (no IEND chunk)")
+
+
+def check_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, validate: bool = False) -> Checked:
+    """Read ``data``'s header (and with ``validate`` decode it fully).
+
+    Raises:
+        Rejected: empty data, not an image PIL knows, a truncated file, a zero size, more than ``max_pixels``
+            pixels, or (with ``validate``) a decode error.
+    """
+    if not data:
+        raise Rejected("empty file")
+    # PIL's own bomb check is replaced by the explicit one below, which runs before any decoding and names the size.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        try:
+            image = Image.open(io.BytesIO(data))
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
+            raise Rejected(f"decompression bomb: {err}") from err
+        except Exception as err:  # noqa: BLE001 - PIL raises many types for bad input; each is one rejection
+            raise Rejected(f"not an image PIL can read ({type(err).__name__}: {err})") from err
+        width, height = image.size
+        fmt = image.format or "unknown"
+        if width <= 0 or height <= 0:
+            raise Rejected(f"{fmt} header claims a {height}x{width} image")
+        if width * height > max_pixels:
+            raise Rejected(
+                f"{fmt} header claims {height}x{width} = {height * width} pixels, more than max_pixels={max_pixels}"
+            )
+        _complete(data, fmt)
+        if validate:
+            try:
+                image.load()
+            except Exception as err:  # noqa: BLE001 - as above
+                raise Rejected(f"decoding failed ({type(err).__name__}: {err})") from err
+    return Checked(fmt, height, width)
+
+
+def _rgb(image: Image.Image) -> Image.Image:
+    return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def convert(
+    data: bytes,
+    checked: Checked,
+    *,
+    max_side: int | None = None,
+    quality: int = 90,
+    raw: tuple[int, int] | None = None,
+) -> tuple[bytes, int, int]:
+    """The bytes a shard stores for one image, and their height and width.
+
+    Args:
+        data: the encoded image, already accepted by :func:`check_image`.
+        checked: what :func:`check_image` said of it.
+        max_side: re-encode as JPEG (``quality``) when the longer side exceeds this, resized to it.
+        quality: JPEG quality for re-encoded images.
+        raw: ``(height, width)``: store decoded RGB uint8 pixels resized to exactly this (HWC, C-order).
+
+    Raises:
+        Rejected: the image fails to decode.
+    """
+    needs_decode = raw is not None or checked.format not in _KEPT_FORMATS
+    needs_decode |= max_side is not None and max(checked.height, checked.width) > max_side
+    if not needs_decode:
+        return data, checked.height, checked.width
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # max_pixels was checked already
+            image = Image.open(io.BytesIO(data))
+            image.load()
+    except Exception as err:  # noqa: BLE001 - PIL raises many types for bad input
+        raise Rejected(f"decoding failed ({type(err).__name__}: {err})") from err
+    if raw is not None:
+        pixels = np.asarray(_rgb(image).resize((raw[1], raw[0]), Image.Resampling.BILINEAR, reducing_gap=None))
+        return np.ascontiguousarray(pixels, np.uint8).tobytes(), raw[0], raw[1]
+    out = io.BytesIO()
+    if max_side is not None and max(checked.height, checked.width) > max_side:
+        scale = max_side / max(checked.height, checked.width)
+        size = (max(1, round(checked.width * scale)), max(1, round(checked.height * scale)))
+        _rgb(image).resize(size, Image.Resampling.BICUBIC).save(out, "JPEG", quality=quality)
+        return out.getvalue(), size[1], size[0]
+    # A format the Loader does not decode (BMP, WebP, TIFF, ...): lossless PNG with the same pixels.
+    (image if image.mode in ("RGB", "RGBA", "L") else image.convert("RGB")).save(out, "PNG")
+    return out.getvalue(), checked.height, checked.width

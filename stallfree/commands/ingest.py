@@ -1,0 +1,143 @@
+"""``stallfree ingest``, ``stallfree verify`` and ``stallfree info``: datasets into Arrow shards, and their checks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+__all__ = ["register"]
+
+_FORMAT = argparse.RawDescriptionHelpFormatter
+
+
+def _raw(text: str) -> tuple[int, int]:
+    match = re.fullmatch(r"(\d+)[xX](\d+)", text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"--raw must be HxW, e.g. 32x32, got {text!r}")
+    return int(match[1]), int(match[2])
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``stallfree ingest``, ``stallfree verify`` and ``stallfree info``."""
+    parser = sub.add_parser(
+        "ingest",
+        help="turn a dataset into memory-mapped Arrow shards the Loader reads zero-copy",
+        description="Write SRC (an ImageFolder tree, a CSV/Parquet file list with path and label columns, Parquet "
+        "holding image bytes, or WebDataset .tar shards) into OUT as uncompressed Arrow IPC shards and a "
+        "manifest.json. Images failing their checks go to OUT/rejected.jsonl. Interrupted runs resume when "
+        "run again with the same arguments. Docs: docs/ingest.md.",
+        epilog="examples:\n"
+        "  stallfree ingest ~/imagenet/train ./shards/train --workers 8 --max-side 256\n"
+        "  stallfree ingest ./cifar-folder ./shards/cifar --raw 32x32\n"
+        "  stallfree ingest list.csv ./shards --part 0/4      # on each of 4 machines, i = 0..3\n"
+        "  stallfree ingest --merge ./shards                   # then once, after copying the parts together",
+        formatter_class=_FORMAT,
+    )
+    parser.add_argument("paths", nargs="+", type=Path, metavar="SRC OUT",
+                        help="source and output folder (with --merge: only the output folder)")
+    parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),
+                        help="processes writing shards (default: the cores this process may use)")
+    parser.add_argument("--shard-size", type=float, default=256.0, metavar="MB",
+                        help="target shard size in MB, estimated from source bytes (default 256)")
+    parser.add_argument("--max-side", type=int, metavar="N",
+                        help="re-encode images whose longer side exceeds N as JPEG with longer side N")
+    parser.add_argument("--quality", type=int, default=90, help="JPEG quality of re-encoded images (default 90)")
+    parser.add_argument("--raw", type=_raw, metavar="HxW",
+                        help="store decoded RGB uint8 pixels resized to HxW (small images: no decode at load time)")
+    parser.add_argument("--validate", action="store_true", help="decode every image fully, not only its header")
+    parser.add_argument("--max-pixels", type=int, default=None,
+                        help="reject images whose header claims more pixels (default 178956970)")
+    parser.add_argument("--part", default="0/1", metavar="i/N", help="ingest slice i of N (shards i, i+N, ...)")
+    parser.add_argument("--merge", action="store_true", help="join OUT's manifest.part-*.json into manifest.json")
+    parser.add_argument("--json", type=Path, help="also write the summary here")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(func=_ingest)
+
+    verify = sub.add_parser(
+        "verify",
+        help="re-check an ingested dataset's shard checksums (and decode with --decode)",
+        description="Check that every shard in OUT exists, has its manifest size and SHA-256 and opens as Arrow; "
+        "exit code 1 and one line per problem when something is wrong.",
+        epilog="examples:\n  stallfree verify ./shards/train\n  stallfree verify ./shards/train --decode",
+        formatter_class=_FORMAT,
+    )
+    verify.add_argument("out", type=Path, help="an ingested folder (holding manifest.json)")
+    verify.add_argument("--decode", action="store_true", help="also decode every image")
+    verify.set_defaults(func=_verify)
+
+    info = sub.add_parser(
+        "info",
+        help="summarise an ingested dataset: rows, classes, size, per-class counts",
+        description="Print what OUT's manifest says: rows, shards, size, classes with counts, source and options.",
+        epilog="examples:\n  stallfree info ./shards/train\n  stallfree info ./shards/train --json",
+        formatter_class=_FORMAT,
+    )
+    info.add_argument("out", type=Path, help="an ingested folder (holding manifest.json)")
+    info.add_argument("--json", action="store_true", help="print JSON instead of text")
+    info.set_defaults(func=_info)
+
+
+def _ingest(args: argparse.Namespace) -> int:
+    from stallfree.ingest.runner import ingest, merge, parse_part
+    from stallfree.ingest.validate import DEFAULT_MAX_PIXELS
+    from stallfree.ingest.writer import IngestOptions
+
+    if args.merge:
+        if len(args.paths) != 1:
+            raise ValueError(f"--merge takes only the output folder, got {len(args.paths)} paths")
+        summary = merge(args.paths[0])
+        print(f"merged {summary['parts']} parts: {summary['images']} images in {summary['shards']} shards, "
+              f"{summary['rejected']} rejected")
+        return 0
+    if len(args.paths) != 2:
+        raise ValueError(f"ingest takes SRC and OUT, got {len(args.paths)} paths")
+    options = IngestOptions(
+        shard_mb=args.shard_size, max_side=args.max_side, quality=args.quality, raw=args.raw,
+        validate=args.validate, max_pixels=args.max_pixels or DEFAULT_MAX_PIXELS,
+    )
+    src, out = args.paths
+    summary = ingest(src, out, options, workers=args.workers, part=parse_part(args.part),
+                     progress=not args.quiet and sys.stderr.isatty())
+    print(
+        f"{summary['images']} images in {summary['shards']} shards ({summary['shard_mb']:.1f} MB from "
+        f"{summary['source_mb']:.1f} MB), {summary['rejected']} rejected"
+        + (f" (see {out / 'rejected.jsonl'})" if summary["rejected"] and args.part == "0/1" else "")
+        + f"; {summary['written_shards']} shards written, {summary['resumed_shards']} already done; "
+        f"{summary['seconds']:.1f} s, {summary['images_per_s']:.0f} images/s, {summary['mb_per_s']:.1f} MB/s"
+    )
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=1) + "\n")
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from stallfree.ingest.verify import verify
+
+    problems = verify(args.out, decode=args.decode)
+    for problem in problems:
+        print(problem)
+    print(f"{args.out}: {'OK' if not problems else f'{len(problems)} problem(s)'}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    from stallfree.ingest.verify import info
+
+    summary = info(args.out)
+    if args.json:
+        print(json.dumps(summary, indent=1))
+        return 0
+    kind = summary["image"]["kind"] + (f" {summary['image']['shape']}" if summary["image"]["shape"] else "")
+    print(f"{args.out}: {summary['rows']} rows in {summary['shards']} shards, {summary['bytes'] / 1e6:.1f} MB, "
+          f"images {kind}, {summary['rejected']} rejected at ingest")
+    print(f"source: {summary['source']['kind']} {summary['source']['path']}")
+    print(f"columns: {', '.join(summary['columns'])}")
+    print(f"{len(summary['classes'])} classes:")
+    width = max((len(name) for name in summary["classes"]), default=0)
+    for name, count in summary["classes"].items():
+        print(f"  {name:<{width}}  {count}")
+    return 0

@@ -1,0 +1,103 @@
+"""Every source kind round-trips: the shards hold each sample's original bytes, label, key and extra columns."""
+
+import io
+import json
+import tarfile
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from stallfree.ingest.runner import ingest
+from stallfree.ingest.verify import info, verify
+from stallfree.ingest.writer import IngestOptions
+
+
+def test_folder_round_trip(folder, tmp_path, shard_rows):
+    summary = ingest(folder, tmp_path / "out", IngestOptions(shard_mb=0.004))
+    rows = shard_rows(tmp_path / "out")
+    files = sorted(folder.rglob("*.jpg"))
+    assert summary["images"] == len(rows) == len(files) == 18 and summary["shards"] > 1
+    assert [r["key"] for r in rows] == [str(f.relative_to(folder)) for f in files]
+    assert [r["image"] for r in rows] == [f.read_bytes() for f in files]
+    assert [r["label"] for r in rows] == [["circle", "square", "triangle"].index(f.parent.name) for f in files]
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["classes"] == ["circle", "square", "triangle"] and manifest["class_counts"] == [6, 6, 6]
+    assert sum(s["rows"] for s in manifest["shards"]) == 18 and manifest["image"]["kind"] == "encoded"
+    assert (tmp_path / "out" / "rejected.jsonl").read_text() == ""
+    assert verify(tmp_path / "out", decode=True) == []
+    assert info(tmp_path / "out")["classes"] == {"circle": 6, "square": 6, "triangle": 6}
+
+
+def test_csv_list_keeps_further_columns(tmp_path, encode, shard_rows):
+    (tmp_path / "img").mkdir()
+    lines = ["path,label,weight,note"]
+    for i in range(5):
+        (tmp_path / "img" / f"{i}.png").write_bytes(encode(i, fmt="PNG"))
+        lines.append(f"img/{i}.png,{['cat', 'dog'][i % 2]},{i / 2},n{i}")
+    (tmp_path / "list.csv").write_text("\n".join(lines) + "\n")
+    ingest(tmp_path / "list.csv", tmp_path / "out")
+    rows = shard_rows(tmp_path / "out")
+    assert [r["label"] for r in rows] == [0, 1, 0, 1, 0]
+    assert [r["weight"] for r in rows] == [0.0, 0.5, 1.0, 1.5, 2.0] and rows[3]["note"] == "n3"
+    assert rows[2]["image"] == (tmp_path / "img" / "2.png").read_bytes()
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["classes"] == ["cat", "dog"]
+
+
+def test_parquet_list(tmp_path, encode, shard_rows):
+    for i in range(3):
+        (tmp_path / f"{i}.jpg").write_bytes(encode(i))
+    pq.write_table(pa.table({"path": [f"{i}.jpg" for i in range(3)], "label": [2, 0, 1]}), tmp_path / "l.parquet")
+    ingest(tmp_path / "l.parquet", tmp_path / "out")
+    rows = shard_rows(tmp_path / "out")
+    assert [r["label"] for r in rows] == [2, 0, 1] and rows[1]["image"] == encode(1)
+
+
+@pytest.mark.parametrize("layout", ["struct", "binary"])
+def test_parquet_with_image_bytes(tmp_path, encode, shard_rows, layout):
+    images = [encode(i) for i in range(7)]
+    if layout == "struct":  # the common {bytes, path} layout of exported image datasets
+        column = pa.array([{"bytes": b, "path": f"p{i}.jpg"} for i, b in enumerate(images)])
+    else:
+        column = pa.array(images, pa.binary())
+    table = pa.table({"image": column, "label": [i % 3 for i in range(7)], "split": ["train"] * 7})
+    pq.write_table(table, tmp_path / "d.parquet", row_group_size=3)
+    ingest(tmp_path / "d.parquet", tmp_path / "out", IngestOptions(shard_mb=0.002))
+    rows = shard_rows(tmp_path / "out")
+    assert [r["image"] for r in rows] == images and [r["label"] for r in rows] == [0, 1, 2, 0, 1, 2, 0]
+    assert rows[0]["split"] == "train"
+    assert rows[4]["key"] == ("d.parquet:4:p4.jpg" if layout == "struct" else "d.parquet:4")
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    member = tarfile.TarInfo(name)
+    member.size = len(data)
+    tar.addfile(member, io.BytesIO(data))
+
+
+def test_webdataset_tars(tmp_path, encode, shard_rows):
+    (tmp_path / "wds").mkdir()
+    expected = []
+    for t in range(2):
+        with tarfile.open(tmp_path / "wds" / f"train-{t}.tar", "w") as tar:
+            for i in range(3):
+                image = encode(10 * t + i, fmt="PNG" if i == 1 else "JPEG")
+                _add(tar, f"s{t}{i}.{'png' if i == 1 else 'jpg'}", image)
+                _add(tar, f"s{t}{i}.cls", str(i + t).encode())
+                expected.append((image, i + t))
+    ingest(tmp_path / "wds", tmp_path / "out")
+    rows = shard_rows(tmp_path / "out")
+    assert [(r["image"], r["label"]) for r in rows] == expected
+    assert rows[0]["key"] == "train-0.tar:s00"
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["classes"] == ["0", "1", "2", "3"]
+
+
+def test_unknown_source_is_a_clear_error(tmp_path):
+    (tmp_path / "x.txt").write_text("hi")
+    with pytest.raises(ValueError, match="expected an image folder"):
+        ingest(tmp_path / "x.txt", tmp_path / "out")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        ingest(tmp_path / "missing", tmp_path / "out")
+    (tmp_path / "l.csv").write_text("file,label\na.jpg,0\n")
+    with pytest.raises(ValueError, match=r"lacks column\(s\) \['path'\]"):
+        ingest(tmp_path / "l.csv", tmp_path / "out")
