@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 import numpy as np
+import nvidia.dali  # noqa: F401 - imported first so that its exit hook runs after the Loader's (see loader.py)
 import torch
 
 from stallfree.transforms.compile import CompiledTransforms

@@ -13,11 +13,13 @@ Loader yields bit-identical batches from the next one on (DESIGN.md, "Known pitf
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -74,6 +76,17 @@ class _Failure:
 
 
 _DONE = object()
+_RUNNING: weakref.WeakSet[_EpochRun] = weakref.WeakSet()
+
+
+@atexit.register  # registered after DALI's own hook (graph imports DALI first), so it runs before it
+def _stop_running_epochs() -> None:
+    """Let no graph run while the interpreter shuts DALI down (that aborts the process)."""
+    runs = list(_RUNNING)
+    for run in runs:
+        run.stop()
+    for run in runs:
+        run.join(timeout=10.0)
 
 
 def _device(device: str | torch.device) -> torch.device:
@@ -136,6 +149,8 @@ class Loader:
         dtype: ``"float32"``, ``"float16"``, ``"bfloat16"`` or ``"uint8"``.
         layout: ``"NCHW"``, ``"NHWC"`` or ``"channels_last"`` (NCHW shape, NHWC memory).
         clock: where to report stage spans (see :class:`Clock`), e.g. a ``StageClock``.
+        columns: extra columns of an ingested source (``stallfree ingest`` keeps a file list's further columns);
+            when given, each batch is ``(images, labels, {name: tensor for numbers, list otherwise})``.
 
     Raises:
         ValueError: for bad arguments or an empty dataset, before any work starts.
@@ -164,6 +179,7 @@ class Loader:
         dtype: Dtype = "float32",
         layout: Layout = "NCHW",
         clock: Clock | None = None,
+        columns: Sequence[str] = (),
     ):
         if not isinstance(batch_size, int) or batch_size <= 0:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
@@ -199,6 +215,11 @@ class Loader:
         self.echo, self.echo_mode, self.max_pixels = echo, echo_mode, max_pixels
         self.prefetch, self.io_threads, self.clock = prefetch, io_threads, clock
         self.encoded = bool(getattr(self.reader, "encoded", True))
+        self.columns = tuple(columns)
+        available = list(getattr(self.reader, "columns", ()))
+        if self.columns and not set(self.columns) <= set(available):
+            raise ValueError(f"columns={list(self.columns)} but the source has columns {available} (only ingested "
+                             "shard folders have extra columns: see `stallfree ingest`)")
         self.labels = self.reader.labels()
         self.num_threads = num_threads or len(os.sched_getaffinity(0))
         self._graph_device = self.device.index if on_gpu else None
@@ -296,11 +317,12 @@ class Loader:
                     self._delivered = (batch.end, 0, delivered)
                     continue
                 labels = torch.from_numpy(self.labels[batch.rows]).to(self.device)
+                extras = self._extras(batch.rows)
                 for r in range(repeat, k):
                     delivered += 1
                     last = r == k - 1
                     self._delivered = (batch.end, 0, delivered) if last else (batch.start, r + 1, delivered)
-                    yield batch.output, labels
+                    yield (batch.output, labels, extras) if self.columns else (batch.output, labels)  # type: ignore[misc]
                 repeat = 0
         finally:
             run.stop()
@@ -309,6 +331,14 @@ class Loader:
         # A complete pass: the next one uses the next epoch's order, whether or not set_epoch() is called.
         self.epoch += 1
         self._delivered = (0, 0, 0)
+
+    def _extras(self, rows: np.ndarray) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in self.columns:
+            values = self.reader.column(name, rows)
+            numeric = isinstance(values, np.ndarray)
+            out[name] = torch.from_numpy(np.ascontiguousarray(values)).to(self.device) if numeric else values
+        return out
 
 
 class _EpochRun:
@@ -326,10 +356,16 @@ class _EpochRun:
         ]
         for thread in self._threads:
             thread.start()
+        _RUNNING.add(self)
 
     def stop(self) -> None:
         """Stop both threads; a partly consumed epoch can be abandoned at any time."""
         self._stop.set()
+
+    def join(self, timeout: float) -> None:
+        """Wait for both threads to end (after :meth:`stop`)."""
+        for thread in self._threads:
+            thread.join(timeout)
 
     def _put(self, q: queue.Queue[Any], item: Any) -> bool:
         while not self._stop.is_set():

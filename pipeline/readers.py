@@ -12,6 +12,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from stallfree.pipeline.shards import ShardReader, is_shard_folder
+
 __all__ = ["IMAGE_EXTENSIONS", "FileListReader", "FolderReader", "Reader", "open_source"]
 
 #: File suffixes an ImageFolder scan keeps (torchvision's ``IMG_EXTENSIONS``, lower-cased).
@@ -135,10 +137,12 @@ class FileListReader(_PathReader):
 
 
 def open_source(source: str | os.PathLike[str] | Reader) -> Reader:
-    """The reader for ``source``: a Reader as it is, a CSV/Parquet file list, or an image folder."""
+    """The reader for ``source``: a Reader as it is, an ingested shard folder, a CSV/Parquet list, an image folder."""
     if isinstance(source, Reader):
         return source
     path = Path(source)
+    if is_shard_folder(path):
+        return ShardReader(path)
     if path.suffix.lower() in (".csv", ".parquet"):
         return FileListReader(path)
     if not path.exists():

@@ -92,3 +92,20 @@ def test_cuda_output_matches_cpu(indexed_list: Path, placement: str) -> None:
     assert torch.equal(labels.cpu(), ref_labels)
     # nvJPEG and libjpeg-turbo may round differently; resizing on the GPU likewise.
     assert (images.cpu().int() - reference.int()).abs().float().mean() < 2.0
+
+
+def test_exiting_mid_epoch_does_not_abort_the_process(indexed_list: Path) -> None:
+    # Guards against "terminate called without an active exception": DALI's exit hook tearing down a pipeline
+    # that a Loader thread is still running.
+    import subprocess
+    import sys
+
+    script = (
+        "from stallfree import Loader\n"
+        "from stallfree.transforms import CenterCrop\n"
+        f"it = iter(Loader({str(indexed_list)!r}, batch_size=2, transform=[CenterCrop(8)], prefetch=4))\n"
+        "next(it)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "terminate called" not in done.stderr

@@ -1,0 +1,195 @@
+"""The reader of ingested datasets: rows of memory-mapped Arrow IPC shards, zero-copy.
+
+``stallfree ingest`` writes ``shard-NNNNN.arrow`` files and a ``manifest.json`` (``stallfree.ingest.manifest``). A
+:class:`ShardReader` maps every shard and answers "row i" with a NumPy view straight into the mapping: no copy, no
+file open per sample, random access by row.
+
+Checks, and when they run:
+
+- **on open**, cheap ones: each shard exists with the manifest's size (a truncated copy is caught here), its Arrow
+  footer parses, and every record batch passes Arrow's full structural validation (offsets inside their buffers),
+  so a damaged file raises :class:`ShardError` instead of crashing inside native code.
+- **lazily, on the first read from each shard**, its SHA-256 against the manifest's. Hashing every shard on open
+  would read the whole dataset before the first batch (minutes for ImageNet); hashing a shard when it is first
+  touched costs one sequential read of a file the epoch reads anyway, and an altered shard still fails before any
+  of its rows reach the graph. ``verify="open"`` hashes everything up front; ``"none"`` skips hashing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from stallfree.ingest.manifest import MANIFEST, read_manifest
+
+__all__ = ["ShardError", "ShardReader", "is_shard_folder"]
+
+
+class ShardError(OSError):
+    """A shard that is missing, truncated or altered; the message names the file and the fix."""
+
+
+def is_shard_folder(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is an ingested folder (or its ``manifest.json``)."""
+    path = Path(path)
+    return (path / MANIFEST).is_file() or (path.name == MANIFEST and path.is_file())
+
+
+class _Shard:
+    """One mapped shard: its batches' image offsets and data as NumPy views, and its checksum state."""
+
+    def __init__(self, folder: Path, entry: dict[str, Any]):
+        import pyarrow as pa
+        import pyarrow.ipc as ipc
+
+        self.path = folder / entry["file"]
+        self.rows, self.sha256 = int(entry["rows"]), entry["sha256"]
+        fix = f"run `stallfree verify {folder}`, and ingest again (or restore the file) if it fails"
+        if not self.path.is_file():
+            raise ShardError(f"{self.path} is listed in {folder / MANIFEST} but missing; {fix}")
+        size = self.path.stat().st_size
+        if size != entry["bytes"]:
+            raise ShardError(f"{self.path} has {size} bytes but the manifest says {entry['bytes']} (truncated?); {fix}")
+        try:
+            self.map = pa.memory_map(str(self.path))
+            reader = ipc.open_file(self.map)
+            self.batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+            for batch in self.batches:
+                batch.validate(full=True)
+        except (pa.ArrowException, OSError, ValueError) as err:
+            raise ShardError(f"{self.path} is not a valid Arrow shard ({err}); {fix}") from err
+        counted = sum(b.num_rows for b in self.batches)
+        if counted != self.rows:
+            raise ShardError(f"{self.path} holds {counted} rows but the manifest says {self.rows}; {fix}")
+        self.fix = fix
+        self.checked = False
+        self.lock = threading.Lock()
+        self.views: list[tuple[np.ndarray, np.ndarray]] = []
+        for batch in self.batches:
+            images = batch.column("image")
+            offsets = np.frombuffer(images.buffers()[1], np.int32)[images.offset : images.offset + len(images) + 1]
+            data = images.buffers()[2]
+            self.views.append((offsets, np.frombuffer(data, np.uint8) if data is not None else np.empty(0, np.uint8)))
+        self.starts = np.cumsum([0] + [b.num_rows for b in self.batches])
+
+    def check(self) -> None:
+        """Compare the shard's SHA-256 with the manifest's, once."""
+        if self.checked:
+            return
+        with self.lock:
+            if self.checked:
+                return
+            digest = hashlib.sha256(memoryview(self._buffer())).hexdigest()
+            if digest != self.sha256:
+                raise ShardError(f"{self.path}: SHA-256 differs from the manifest's (the shard was altered); "
+                                 f"{self.fix}")
+            self.checked = True
+
+    def _buffer(self) -> Any:
+        self.map.seek(0)
+        return self.map.read_buffer()
+
+    def locate(self, row: int) -> tuple[int, int]:
+        batch = int(np.searchsorted(self.starts, row, side="right")) - 1
+        return batch, row - int(self.starts[batch])
+
+    def image(self, row: int) -> np.ndarray:
+        batch, i = self.locate(row)
+        offsets, data = self.views[batch]
+        return data[offsets[i] : offsets[i + 1]]
+
+
+class ShardReader:
+    """Rows of an ingested folder (the :class:`~stallfree.pipeline.readers.Reader` protocol).
+
+    Args:
+        folder: the ingested folder (or its ``manifest.json``).
+        verify: ``"lazy"`` (each shard's SHA-256 on its first read), ``"open"`` (all of them now) or ``"none"``.
+
+    Attributes:
+        classes: class names, index = label.
+        encoded: False for ``--raw`` shards, whose :meth:`read` gives HWC uint8 pixels instead of encoded bytes.
+        columns: the names of the shard columns besides ``image`` (``key``, ``label``, ``height``, ``width`` and the
+            source's extra columns), for :meth:`column`.
+
+    Raises:
+        FileNotFoundError: no manifest.
+        ShardError: a shard missing, truncated or structurally damaged (or altered, with ``verify="open"``).
+    """
+
+    def __init__(self, folder: str | os.PathLike[str], verify: Literal["lazy", "open", "none"] = "lazy"):
+        if verify not in ("lazy", "open", "none"):
+            raise ValueError(f"verify must be 'lazy', 'open' or 'none', got {verify!r}")
+        folder = Path(folder)
+        self.folder = folder.parent if folder.name == MANIFEST else folder
+        self.manifest = read_manifest(self.folder)
+        self.classes: list[str] = list(self.manifest["classes"])
+        shape = self.manifest["image"].get("shape")
+        self.encoded = self.manifest["image"]["kind"] == "encoded"
+        self.shape = tuple(shape) if shape else None
+        self._shards = [_Shard(self.folder, entry) for entry in self.manifest["shards"]]
+        self._verify = verify
+        self._starts = np.cumsum([0] + [s.rows for s in self._shards])
+        self.columns = [c["name"] for c in self.manifest["schema"] if c["name"] != "image"]
+        self._chunked: dict[str, Any] = {}
+        labels = self.column("label", np.arange(len(self))) if len(self) else []
+        self._labels: np.ndarray = np.asarray(labels, np.int64)
+        if verify == "open":
+            for shard in self._shards:
+                shard.check()
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def labels(self) -> np.ndarray:
+        """Every row's label, int64 (from the shards' ``label`` columns, read once on open)."""
+        return self._labels
+
+    def _locate(self, index: int) -> tuple[_Shard, int]:
+        if not 0 <= index < len(self):
+            raise IndexError(f"row {index} out of range for {len(self)} rows in {self.folder}")
+        shard = int(np.searchsorted(self._starts, index, side="right")) - 1
+        return self._shards[shard], index - int(self._starts[shard])
+
+    def read(self, index: int) -> np.ndarray:
+        """Row ``index``'s image: encoded bytes (1-D uint8), or HWC uint8 pixels for ``--raw`` shards; no copy.
+
+        Raises:
+            ShardError: the row's shard fails its checksum (checked on its first read).
+        """
+        shard, row = self._locate(index)
+        if self._verify != "none":
+            shard.check()
+        data = shard.image(row)
+        return data if self.shape is None or self.encoded else data.reshape(self.shape)
+
+    def describe(self, index: int) -> str:
+        """``<folder>/shard-NNNNN.arrow row R (<source key>)``."""
+        shard, row = self._locate(index)
+        batch, i = shard.locate(row)
+        key = shard.batches[batch].column("key")[i].as_py()
+        return f"{shard.path} row {row} ({key})"
+
+    def column(self, name: str, rows: np.ndarray) -> np.ndarray | list[Any]:
+        """Column ``name`` at ``rows``: a NumPy array for numeric columns, else a list.
+
+        Raises:
+            KeyError: no such column (the message lists those there are).
+        """
+        if name not in self.columns:
+            raise KeyError(f"no column {name!r} in {self.folder}; its columns are {self.columns}")
+        import pyarrow as pa
+
+        if name not in self._chunked:
+            pieces = [b.column(name) for shard in self._shards for b in shard.batches]
+            self._chunked[name] = pa.chunked_array(pieces, type=pieces[0].type)
+        taken = self._chunked[name].take(pa.array(np.asarray(rows, np.int64)))
+        kind = taken.type
+        if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
+            return taken.to_numpy(zero_copy_only=False)
+        return taken.to_pylist()
