@@ -237,8 +237,8 @@ def _analyse(waits: list[float], steps: list[float], samples: int, start: float,
         if stage in ("wait", "step"):
             continue
         busy = [s for s in clock.spans(stage) if s.state == "busy"]
-        if busy:
-            union = _union(busy, start, end)
+        union = _union(busy, start, end)
+        if union > 0:  # stages of other runs in the same clock lie outside this window
             per_batch[stage] = union / n
             utilization[stage] = union / wall if wall > 0 else 0.0
     t_fetch = sum(per_batch.get(s, 0.0) for s in FETCH_STAGES)
