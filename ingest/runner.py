@@ -171,6 +171,7 @@ def ingest(
     records: dict[int, dict[str, Any]] = {}
     todo = []
     for i in mine:
+        (out / f".{shard_name(i)}.tmp").unlink(missing_ok=True)  # left by a crash mid-write (only this part's)
         record = _done(out, i)
         if record is None:
             todo.append(i)

@@ -1,0 +1,91 @@
+"""Crash safety: kill -9 part-way, run again, and get the same bytes as an uninterrupted run; parts and merge."""
+
+import multiprocessing
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from stallfree.ingest import runner
+from stallfree.ingest.runner import ingest, merge
+from stallfree.ingest.verify import verify
+from stallfree.ingest.writer import IngestOptions
+
+OPTIONS = IngestOptions(shard_mb=0.002)  # about one image per shard: many shards to be killed between
+
+
+def files(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file()}
+
+
+def _slow_ingest(source: Path, out: Path) -> None:
+    write = runner.write_shard
+
+    def slow(*args, **kwargs):
+        time.sleep(0.05)
+        return write(*args, **kwargs)
+
+    runner.write_shard = slow  # this forked child only
+    ingest(source, out, OPTIONS)
+
+
+@pytest.fixture(scope="module")
+def reference(folder, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("reference")
+    ingest(folder, out, OPTIONS)
+    return out
+
+
+def test_kill_9_then_rerun_gives_the_same_shards(folder, reference, tmp_path):
+    out = tmp_path / "out"
+    child = multiprocessing.get_context("fork").Process(target=_slow_ingest, args=(folder, out))
+    child.start()
+    deadline = time.monotonic() + 30
+    while len(list((out / ".ingest").glob("shard-*.json"))) < 3 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    os.kill(child.pid, signal.SIGKILL)
+    child.join()
+    assert child.exitcode == -signal.SIGKILL
+    assert not (out / "manifest.json").exists(), "the ingest finished before the kill: make the data larger"
+    last = max(name for name in files(reference) if name.startswith("shard-"))
+    (out / f".{last}.tmp").write_bytes(b"half a shard")  # as if killed mid-write
+    summary = ingest(folder, out, OPTIONS)
+    assert summary["resumed_shards"] >= 3 and summary["written_shards"] >= 1
+    assert files(out) == files(reference)
+    assert verify(out) == []
+    again = ingest(folder, out, OPTIONS)  # a finished ingest run again does nothing and changes nothing
+    assert again["written_shards"] == 0 and files(out) == files(reference)
+
+
+def test_other_options_in_the_same_folder_are_refused(folder, reference, tmp_path):
+    out = tmp_path / "out"
+    ingest(folder, out, OPTIONS)
+    with pytest.raises(ValueError, match="unfinished ingest of a different source or options"):
+        ingest(folder, out, IngestOptions(shard_mb=0.002, quality=50))
+
+
+def test_parts_then_merge_equal_one_run(folder, reference, tmp_path):
+    out = tmp_path / "out"
+    for i in range(3):
+        ingest(folder, out, OPTIONS, part=(i, 3))
+    assert not (out / "manifest.json").exists()
+    summary = merge(out)
+    assert summary["parts"] == 3
+    mine = files(out)
+    assert (out / "manifest.json").read_bytes() == (reference / "manifest.json").read_bytes()
+    assert {k: v for k, v in mine.items() if k.startswith("shard-")} == {
+        k: v for k, v in files(reference).items() if k.startswith("shard-")
+    }
+
+
+def test_merge_refuses_missing_parts(folder, tmp_path):
+    ingest(folder, tmp_path, OPTIONS, part=(1, 3))
+    with pytest.raises(ValueError, match=r"expected parts 0..2 of 3"):
+        merge(tmp_path)
+
+
+def test_two_workers_write_what_one_writes(folder, reference, tmp_path):
+    ingest(folder, tmp_path / "out", OPTIONS, workers=2)
+    assert files(tmp_path / "out") == files(reference)
