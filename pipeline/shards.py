@@ -191,5 +191,5 @@ class ShardReader:
         taken = self._chunked[name].take(pa.array(np.asarray(rows, np.int64)))
         kind = taken.type
         if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
-            return taken.to_numpy(zero_copy_only=False)
+            return np.array(taken.to_numpy(zero_copy_only=False))  # a writable copy, as torch.from_numpy wants
         return taken.to_pylist()
