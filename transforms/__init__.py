@@ -13,6 +13,7 @@ from stallfree.transforms.bundled import (
 )
 from stallfree.transforms.color import ColorJitter
 from stallfree.transforms.kernels import Kernel, KernelError, KernelTransform, kernel, normal_at, uniform_at
+from stallfree.transforms.policies import AutoAugment, RandAugment, TrivialAugmentWide
 from stallfree.transforms.spec import (
     CenterCrop,
     Normalize,
@@ -23,6 +24,7 @@ from stallfree.transforms.spec import (
 )
 
 __all__ = [
+    "AutoAugment",
     "CenterCrop",
     "ColorJitter",
     "CutMix",
@@ -34,6 +36,7 @@ __all__ = [
     "MixUp",
     "Normalize",
     "Posterize",
+    "RandAugment",
     "RandomErasing",
     "RandomGrayscale",
     "RandomHorizontalFlip",
@@ -43,6 +46,7 @@ __all__ = [
     "Resize",
     "Solarize",
     "Transform",
+    "TrivialAugmentWide",
     "kernel",
     "normal_at",
     "uniform_at",

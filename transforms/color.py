@@ -27,6 +27,7 @@ import numpy as np
 from numba import cuda as _numba_cuda
 from numba import float64
 from numba.extending import register_jitable
+from nvidia.dali.pipeline import do_not_convert
 
 from stallfree.transforms.kernels import _forwarder, compile_cpu, numba_node
 from stallfree.transforms.random import SampleRandom
@@ -283,6 +284,7 @@ class ColorJitter(Transform):
         ids = [i if ranges[i] is not None else -1 for i in order]
         return {"order": np.array(ids, np.int32), "factors": np.array(factors, np.float32)}, size
 
+    @do_not_convert  # DALI's AutoGraph (enable_conditionals=True) must not rewrite the functions handed to Numba
     def build(self, image: Any, params: Mapping[str, Any], state: GraphState) -> tuple[Any, GraphState]:
         if all(r is None for r in self.ranges()):
             return image, state

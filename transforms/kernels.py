@@ -34,6 +34,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 from numba.extending import register_jitable
+from nvidia.dali.pipeline import do_not_convert
 
 from stallfree.transforms.random import SampleRandom
 from stallfree.transforms.spec import GraphState, Size, Transform
@@ -362,6 +363,9 @@ class KernelTransform(Transform):
         """The kernel for an image in ``state`` (override to pick a uint8 or a float variant)."""
         return type(self).kernel
 
+    # A pipeline with conditionals (enable_conditionals=True, which the policies need) runs its definition through
+    # DALI's AutoGraph; it must not rewrite the functions handed to Numba.
+    @do_not_convert
     def build(self, image: Any, params: Mapping[str, Any], state: GraphState) -> tuple[Any, GraphState]:
         self.check(state)
         kern = self.kernel_for(state)

@@ -1,0 +1,62 @@
+"""AutoAugment, RandAugment and TrivialAugmentWide: torchvision's names over nvidia.dali.auto_aug."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from stallfree.transforms import AutoAugment, CenterCrop, Normalize, RandAugment, TrivialAugmentWide
+from stallfree.transforms.compile import CompiledTransforms
+from stallfree.transforms.policies import POLICIES
+from stallfree.transforms.random import batch_random
+from stallfree.transforms.spec import GraphState
+
+
+def test_policy_graph_runs_and_changes_images() -> None:
+    import nvidia.dali.fn as fn
+    import nvidia.dali.types as types
+    from nvidia.dali import pipeline_def
+
+    steps = [RandAugment(num_ops=2, magnitude=9, seed=1), TrivialAugmentWide(seed=2), AutoAugment("svhn", seed=3),
+             CenterCrop(16)]
+    compiled = CompiledTransforms(steps, dtype="uint8", layout="NHWC")
+    assert compiled.param_inputs == {"3.anchor": np.int32}  # the policies draw inside DALI
+
+    @pipeline_def(batch_size=6, num_threads=1, device_id=None, exec_dynamic=True, enable_conditionals=True, seed=4)
+    def pipe() -> Any:
+        source = fn.external_source(name="images", dtype=types.UINT8, layout="HWC")
+        anchor = fn.external_source(name="3.anchor", dtype=types.INT32)
+        return compiled.build(source, {"3.anchor": anchor}, device="cpu", encoded=False)
+
+    p = pipe()
+    p.build()
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 256, (16, 16, 3), dtype=np.uint8) for _ in range(6)]
+    p.feed_input("images", images)
+    p.feed_input("3.anchor", compiled.draw(batch_random(0, 0, range(6)), [(16, 16)] * 6)["3.anchor"])
+    (out,) = p.run()
+    outs = [np.array(out[i]) for i in range(6)]
+    assert all(o.shape == (16, 16, 3) and o.dtype == np.uint8 for o in outs)
+    assert sum(not np.array_equal(o, im) for o, im in zip(outs, images, strict=True)) >= 4
+
+
+def test_torchvision_names_and_checks() -> None:
+    assert POLICIES == {"imagenet": "image_net", "cifar10": "reduced_cifar10", "svhn": "svhn"}
+    with pytest.raises(ValueError, match="policy must be one of"):
+        AutoAugment("image_net")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"magnitude must be an int in \[0, num_magnitude_bins\)"):
+        RandAugment(magnitude=31)
+    with pytest.raises(ValueError, match="num_ops must be an int >= 0"):
+        RandAugment(num_ops=-1)
+    with pytest.raises(ValueError, match="num_magnitude_bins must be an int >= 2"):
+        TrivialAugmentWide(num_magnitude_bins=1)
+
+
+def test_policies_refuse_float_images_when_the_graph_is_built() -> None:
+    with pytest.raises(ValueError, match="needs a uint8 image; put it before Normalize"):
+        TrivialAugmentWide().build(None, {}, GraphState("cpu", "float32"))
+    with pytest.raises(ValueError, match="fill must be one int"):
+        RandAugment(fill=(1, 2, 3)).build(None, {}, GraphState("cpu", "uint8"))  # type: ignore[arg-type]
+    assert Normalize  # the order users write: [..., RandAugment(), Normalize(...)]
