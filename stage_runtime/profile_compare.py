@@ -35,9 +35,10 @@ class _PilDataset:
         with Image.open(self.paths[index]) as img:
             img = img.convert("RGB")
             top, left, h, w = self.crop.window(SampleRandom(self.seed, 0, index), img.height, img.width)
-            img = img.resize((self.image_size, self.image_size), Image.BILINEAR, box=(left, top, left + w, top + h))
+            img = img.resize((self.image_size, self.image_size), Image.Resampling.BILINEAR,
+                             box=(left, top, left + w, top + h))
         if rng.random() < 0.5:
-            img = img.transpose(Image.FLIP_LEFT_RIGHT)
+            img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         tensor = torch.from_numpy(np.asarray(img, np.uint8).copy()).permute(2, 0, 1).float().div_(255)
         tensor = tensor.sub_(torch.tensor(MEAN)[:, None, None]).div_(torch.tensor(STD)[:, None, None])
         return tensor, self.labels[index]
@@ -49,6 +50,7 @@ def torch_dataloader(paths: list[Path], labels: list[int], *, batch_size: int, i
     import torch
 
     generator = torch.Generator().manual_seed(seed)
-    return torch.utils.data.DataLoader(_PilDataset(paths, labels, image_size, seed), batch_size=batch_size,
+    dataset: Any = _PilDataset(paths, labels, image_size, seed)  # a map-style Dataset by protocol
+    return torch.utils.data.DataLoader(dataset, batch_size=batch_size,
                                        shuffle=True, drop_last=True, num_workers=workers, generator=generator,
                                        prefetch_factor=2 if workers else None, persistent_workers=False)

@@ -167,7 +167,8 @@ PROFILE_SCHEMA: dict[str, Any] = {
         "compare": {"type": "object"},
     },
 }
-_TYPES = {"object": dict, "array": list, "string": str, "integer": int, "number": (int, float), "boolean": bool}
+_TYPES: dict[str, type | tuple[type, ...]] = {"object": dict, "array": list, "string": str, "integer": int,
+                                              "number": (int, float), "boolean": bool}
 
 
 def check_schema(value: Any, schema: dict[str, Any] = PROFILE_SCHEMA, where: str = "profile.json") -> None:
