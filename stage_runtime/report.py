@@ -1,0 +1,111 @@
+"""The training report: a progress bar per epoch, ``train.jsonl`` rows, and the final summary.
+
+Two fractions describe where time goes, both measured by the stage clock's spans:
+
+- input stall = time stage 0 waited for the Loader / step time (step time = wait + the schedule's step);
+- bubble = idle time of the pipeline ranks inside the schedule's step / (ranks x step time), shown beside the
+  schedule's theory.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Report", "format_summary"]
+
+
+class Report:
+    """Accumulates per-step figures on the logging rank and writes ``train.jsonl`` (one row per logged step)."""
+
+    def __init__(self, out_dir: Path, ranks: int, replicas: int, progress: bool, log_every: int = 1,
+                 append: bool = False):
+        self.path = out_dir / "train.jsonl"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a" if append else "w")  # noqa: SIM115 - kept open for the whole run
+        self.ranks, self.replicas, self.progress, self.log_every = ranks, replicas, progress, log_every
+        self.totals = {"wait_s": 0.0, "step_s": 0.0, "busy_s": 0.0, "images": 0, "steps": 0, "compute_step_s": 0.0}
+        self._bar: Any = None
+        self.last_loss = float("nan")
+
+    def epoch(self, epoch: int, steps: int, done: int = 0) -> None:
+        """Open the progress bar of ``epoch`` (``steps`` steps, ``done`` of them already run when resuming)."""
+        if self.progress:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=steps, initial=done, desc=f"epoch {epoch}", file=sys.stderr, unit="step",
+                             dynamic_ncols=True, leave=True)
+
+    def step(self, step: int, epoch: int, loss: float, wait_s: float, pipe_s: float, busy_s: float,
+             images: int) -> None:
+        """Add one step: stage 0's input wait, the schedule's wall time, the ranks' summed busy time."""
+        t = self.totals
+        t["wait_s"] += wait_s
+        t["compute_step_s"] += pipe_s
+        t["step_s"] += wait_s + pipe_s
+        t["busy_s"] += busy_s
+        t["images"] += images * self.replicas
+        t["steps"] += 1
+        self.last_loss = loss
+        step_s = wait_s + pipe_s
+        row = {
+            "step": step, "epoch": epoch, "loss": round(loss, 6),
+            "images_per_s": round(images * self.replicas / step_s, 2) if step_s > 0 else None,
+            "input_stall": round(wait_s / step_s, 4) if step_s > 0 else 0.0,
+            "bubble": round(max(0.0, 1 - busy_s / (self.ranks * pipe_s)), 4) if pipe_s > 0 else 0.0,
+            "step_s": round(step_s, 5),
+        }
+        if step % self.log_every == 0:
+            self._file.write(json.dumps(row) + "\n")
+            self._file.flush()
+        if self._bar is not None:
+            self._bar.set_postfix(loss=f"{loss:.3f}", img_s=f"{row['images_per_s'] or 0:.0f}",
+                                  stall=f"{row['input_stall']:.0%}", bubble=f"{row['bubble']:.0%}", refresh=False)
+            self._bar.update(1)
+
+    def eval(self, epoch: int, step: int, accuracy: float) -> None:
+        """Log an evaluation row and close the epoch's bar."""
+        self.close_bar()
+        self._file.write(json.dumps({"step": step, "epoch": epoch, "eval_top1": round(accuracy, 5)}) + "\n")
+        self._file.flush()
+
+    def close_bar(self) -> None:
+        """Close the progress bar if open."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def fractions(self) -> dict[str, float]:
+        """Measured input-stall and bubble fractions and throughput over all steps so far."""
+        t = self.totals
+        return {
+            "input_stall_fraction": t["wait_s"] / t["step_s"] if t["step_s"] else 0.0,
+            "bubble_fraction": max(0.0, 1 - t["busy_s"] / (self.ranks * t["compute_step_s"]))
+            if t["compute_step_s"] else 0.0,
+            "images_per_s": t["images"] / t["step_s"] if t["step_s"] else 0.0,
+        }
+
+    def close(self) -> None:
+        """Close the bar and the file."""
+        self.close_bar()
+        self._file.close()
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The human summary printed at the end of ``stallfree train``."""
+    theory = summary.get("bubble_theory")
+    theory_s = f"{theory:.1%}" if theory is not None else "n/a"
+    acc = summary.get("eval_top1")
+    lines = [
+        f"trained {summary['model']} in {summary['stages']} pipeline ranks x {summary['replicas']} replicas, "
+        f"schedule {summary['schedule']}, {summary['microbatches']} micro-batches: {summary['steps']} steps "
+        f"in {summary['wall_s']:.1f} s",
+        f"  throughput     {summary['images_per_s']:10.1f} images/s",
+        f"  final loss     {summary['final_loss']:10.4f}",
+        f"  eval top-1     {acc:10.1%}" if acc is not None else "  eval top-1            n/a",
+        f"  input stall    {summary['input_stall_fraction']:10.1%}  (stage 0 waiting for the Loader / step time)",
+        f"  bubble         {summary['bubble_fraction']:10.1%}  measured; theory {theory_s}",
+    ]
+    return "\n".join(lines)
