@@ -142,3 +142,41 @@ def test_bad_arguments(kwargs: dict[str, int], match: str) -> None:
 def test_empty_loader_is_an_error() -> None:
     with pytest.raises(ValueError, match="yielded no batch after 2 warm-up batches"):
         profile([torch.zeros(1)])
+
+
+class _SlowReader:
+    """stallfree's FolderReader with every read slowed by a fixed delay: storage at a fixed rate."""
+
+    def __init__(self, root: Any, delay_s: float):
+        from stallfree.pipeline.readers import FolderReader
+
+        self.inner, self.delay_s = FolderReader(root), delay_s
+        self.classes = self.inner.classes
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def labels(self) -> Any:
+        return self.inner.labels()
+
+    def read(self, index: int) -> Any:
+        time.sleep(self.delay_s)
+        return self.inner.read(index)
+
+    def describe(self, index: int) -> str:
+        return self.inner.describe(index)
+
+
+def test_real_loader_with_a_slowed_reader_is_fetch_bound(image_folder: Any) -> None:
+    from stallfree import Loader
+    from stallfree.transforms import Resize
+
+    # 4 samples x 15 ms on one I/O thread: 60 ms per batch to read, against a 5 ms step.
+    loader = Loader(_SlowReader(image_folder, 0.015), 4, transform=[Resize((16, 16))], io_threads=1,
+                    num_threads=1, drop_last=True)
+    result = stallfree.profile(loader, _sleep_step(0.005), warmup=1)
+    assert result.bottleneck == "fetch", result.report()
+    assert result.verdict == "highly input-bound"
+    assert result.fetch_stall_share > result.prep_stall_share
+    assert {"read", "augment"} <= set(result.stage_time_per_batch_s)
+    assert loader.clock is None
