@@ -42,6 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--batches", type=int, default=20, help="timed batches per run (default 20)")
     parser.add_argument("--threads", type=int, default=None,
                         help="the most preparation threads (default: the cores this process may use)")
+    parser.add_argument("--torch-threads", type=int, default=None,
+                        help="torch's intra-op threads for the model step (default: torch's own choice); on a CPU "
+                        "shared with the loader's threads, fewer can be much faster")
     parser.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda when available)")
     parser.add_argument("--compare", choices=["torch"], help="also run torch's DataLoader (PIL decode) the same way")
     parser.add_argument("--max-side", type=int, default=None,
@@ -56,7 +59,7 @@ def _check(args: argparse.Namespace) -> None:
     for name in ("batch_size", "image_size", "batches"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    for name in ("threads", "max_side", "storage_files"):
+    for name in ("threads", "max_side", "storage_files", "torch_threads"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
@@ -77,6 +80,19 @@ def _forever(make: Any) -> Iterator[Any]:
 
 def run(args: argparse.Namespace) -> int:
     """Run the five phases, print the table, write the three files; returns the exit code."""
+    import torch
+
+    _check(args)
+    previous_threads = torch.get_num_threads()
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    try:
+        return _run(args)
+    finally:
+        torch.set_num_threads(previous_threads)  # the setting is process-wide; leave it as we found it
+
+
+def _run(args: argparse.Namespace) -> int:
     import psutil
     import torch
     from tqdm import tqdm
@@ -93,7 +109,6 @@ def run(args: argparse.Namespace) -> int:
     from stallfree.stage_runtime.profile_sampler import ResourceSampler
     from stallfree.transforms import Normalize, RandomHorizontalFlip, RandomResizedCrop
 
-    _check(args)
     cores = len(os.sched_getaffinity(0))
     threads = args.threads or cores
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -160,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
     result: dict[str, Any] = {
         "format": PROFILE_FORMAT, "data": str(args.data), "images": len(reader), "model": args.model,
         "device": str(device), "batch_size": batch, "image_size": args.image_size, "cores": cores,
+        "torch_threads": torch.get_num_threads(),
         "phases": {
             "storage": {**vars(storage), "cold_images_per_s": storage.cold_files_per_s,
                         "warm_images_per_s": storage.warm_files_per_s},
@@ -202,7 +218,8 @@ def _table(r: dict[str, Any]) -> str:
              f"{p['storage']['warm_bytes_per_s'] / 2**20:.0f} MiB/s")]
     rows += [(f"2 prepare, {q['threads']} thread(s)", q["images_per_s"], "decode + augment from memory")
              for q in p["preparation"]["points"]]
-    rows += [("3 compute (ideal)", p["compute"]["images_per_s"], f"{r['model']} on {r['device']}, synthetic")]
+    rows += [("3 compute (ideal)", p["compute"]["images_per_s"],
+              f"{r['model']} on {r['device']}, synthetic, {r['torch_threads']} torch thread(s)")]
     rows += [("4 real run", p["real_run"]["samples_per_s"], f"stall {p['real_run']['stall_share']:.0%} "
               f"({p['real_run']['verdict']})"),
              ("5 real run, from memory", p["cached_run"]["samples_per_s"],

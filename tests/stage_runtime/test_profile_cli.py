@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from stallfree.cli import main
 from stallfree.stage_runtime.profile_report import check_schema
@@ -16,12 +17,14 @@ from stallfree.stage_runtime.profile_report import check_schema
 @pytest.fixture(scope="module")
 def profiled(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("profile-out")
+    threads = torch.get_num_threads()
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
         code = main(["profile", str(image_folder), "--batch-size", "4", "--image-size", "32", "--batches", "2",
-                     "--threads", "1", "--model", "mlp", "--device", "cpu", "--compare", "torch",
-                     "--out", str(out)])
+                     "--threads", "1", "--torch-threads", "1", "--model", "mlp", "--device", "cpu",
+                     "--compare", "torch", "--out", str(out)])
     assert code == 0
+    assert torch.get_num_threads() == threads  # restored
     return out, buffer.getvalue()
 
 
