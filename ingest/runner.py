@@ -220,7 +220,9 @@ def ingest(
         write_manifest(out / MANIFEST, manifest)
     else:
         manifest["part"] = [index, count]
-        manifest["rejected_samples"] = rejected
+        # Kept apart so that the merge lists them in a single run's order: the listing's, then shard by shard.
+        manifest["rejected_listing"] = plan.rejected if index == 0 else []
+        manifest["rejected_by_shard"] = {str(i): records[i]["rejected"] for i in sorted(records)}
         manifest["rejected"] = len(rejected)
         write_manifest(out / f"manifest.part-{index}-of-{count}.json", manifest)
     seconds = time.perf_counter() - started
@@ -258,7 +260,7 @@ def merge(out: str | os.PathLike[str]) -> dict[str, Any]:
     digests = {m["plan"]["digest"] for m in manifests}
     if len(digests) != 1:
         raise ValueError(f"{out}: the parts come from different sources or options (plans {sorted(digests)})")
-    merged = {k: v for k, v in manifests[0].items() if k not in ("part", "rejected_samples")}
+    merged = {k: v for k, v in manifests[0].items() if k not in ("part", "rejected_listing", "rejected_by_shard")}
     merged["shards"] = sorted((s for m in manifests for s in m["shards"]), key=lambda s: s["file"])
     for shard in merged["shards"]:
         if not (out / shard["file"]).is_file():
@@ -266,7 +268,9 @@ def merge(out: str | os.PathLike[str]) -> dict[str, Any]:
     for key in ("rows", "source_bytes"):
         merged[key] = sum(m[key] for m in manifests)
     merged["class_counts"] = [sum(c) for c in zip(*(m["class_counts"] for m in manifests), strict=True)]
-    rejected = [r for m in sorted(manifests, key=lambda m: m["part"][0]) for r in m["rejected_samples"]]
+    by_shard = {int(i): r for m in manifests for i, r in m["rejected_by_shard"].items()}
+    rejected = [r for m in manifests for r in m["rejected_listing"]]
+    rejected += [r for i in sorted(by_shard) for r in by_shard[i]]
     merged["rejected"] = len(rejected)
     _write_rejected(out, REJECTED, rejected)
     write_manifest(out / MANIFEST, merged)

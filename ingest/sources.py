@@ -67,8 +67,19 @@ def _folder(root: Path) -> Plan:
     if not classes:
         raise ValueError(f"image folder {root} has no class sub-folders (expected root/<class>/<image>)")
     plan = Plan("folder", str(root.resolve()), classes)
+    real_root = os.path.realpath(root)
     for label, name in enumerate(classes):
+        seen = {os.path.realpath(root / name)}
         for dirpath, dirs, files in os.walk(root / name, followlinks=True):
+            # Links to folders are followed (as torchvision does) only inside the root, and each folder once (a
+            # link to an ancestor would loop forever).
+            for d in list(dirs):
+                real = os.path.realpath(os.path.join(dirpath, d))
+                if os.path.commonpath([real, real_root]) != real_root or real in seen:
+                    dirs.remove(d)
+                    reason = "folder link escapes the source root" if real not in seen else "folder link loops"
+                    plan.rejected.append({"path": os.path.relpath(os.path.join(dirpath, d), root), "reason": reason})
+                seen.add(real)
             dirs.sort()
             for file in sorted(files):
                 if not file.lower().endswith(IMAGE_EXTENSIONS):
@@ -137,13 +148,9 @@ def _table_source(path: Path) -> Plan:
         import pyarrow.parquet as pq
 
         schema = pq.read_schema(path)
-        probe = pa.table({n: pa.array([], schema.field(n).type) for n in schema.names})
-        image_column = _image_column(probe)
-    else:
-        image_column = None
-    if image_column is not None:
-        table = _table(path)
-        return _bytes_table(path, table, image_column)
+        image_column = _image_column(pa.table({n: pa.array([], schema.field(n).type) for n in schema.names}))
+        if image_column is not None:
+            return _bytes_table(path, image_column)
     table = _table(path)
     missing = {"path", "label"} - set(table.column_names)
     if missing:
@@ -166,21 +173,30 @@ def _table_source(path: Path) -> Plan:
     return plan
 
 
-def _bytes_table(path: Path, table: Any, image_column: str) -> Plan:
+def _bytes_table(path: Path, image_column: str) -> Plan:
+    """A Parquet file of image bytes, listed one row group at a time (its images never all sit in memory)."""
     import pyarrow as pa
     import pyarrow.compute as pc
+    import pyarrow.parquet as pq
 
-    if "label" not in table.column_names:
+    parquet = pq.ParquetFile(path)
+    others = [n for n in parquet.schema_arrow.names if n != image_column]
+    if "label" not in others:
         raise ValueError(f"Parquet {path} holds images in {image_column!r} but has no 'label' column")
+    table = parquet.read(columns=others)
     labels, classes = _labels(table.column("label").to_pylist(), f"Parquet {path}")
-    column = table.column(image_column)
-    names: list[Any] = [None] * table.num_rows
-    if pa.types.is_struct(column.type):
-        if column.type.get_field_index("path") >= 0:
-            names = pc.struct_field(column, "path").to_pylist()
-        column = pc.struct_field(column, "bytes")
-    sizes = pc.fill_null(pc.binary_length(column), 0).to_pylist()
-    kinds, extras = _extras(table, {image_column, "label"})
+    names: list[Any] = []
+    sizes: list[int] = []
+    for batch in parquet.iter_batches(columns=[image_column], batch_size=4096):
+        column = batch.column(0)
+        if pa.types.is_struct(column.type):
+            fields = [column.type.field(i).name for i in range(column.type.num_fields)]
+            names.extend(pc.struct_field(column, "path").to_pylist() if "path" in fields else [None] * len(column))
+            column = pc.struct_field(column, "bytes")
+        else:
+            names.extend([None] * len(column))
+        sizes.extend(pc.fill_null(pc.binary_length(column), 0).to_pylist())
+    kinds, extras = _extras(table, {"label"})
     plan = Plan("parquet_bytes", str(path.resolve()), classes, extra_columns=kinds)
     for row, (name, label, size, extra) in enumerate(zip(names, labels, sizes, extras, strict=True)):
         key = f"{path.name}:{row}" if name is None else f"{path.name}:{row}:{name}"

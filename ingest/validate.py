@@ -9,6 +9,7 @@ allocates its pixels. ``validate=True`` decodes every image fully. Nothing here 
 from __future__ import annotations
 
 import io
+import re
 import warnings
 from dataclasses import dataclass
 
@@ -41,6 +42,11 @@ class Checked:
     width: int
 
 
+def _why(err: Exception) -> str:
+    """The error's type and message, without object addresses (rejected.jsonl must not vary between runs)."""
+    return f"{type(err).__name__}: " + re.sub(r"<[^<>]* at 0x[0-9a-fA-F]+>", "the data", str(err))
+
+
 def _complete(data: bytes, fmt: str) -> None:
     # The last start-of-scan belongs to the main image (entropy-coded data stuffs every 0xFF), so its end-of-image
     # marker must follow it; an end marker before it may be an EXIF thumbnail's.
@@ -67,7 +73,7 @@ def check_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, validate: 
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
             raise Rejected(f"decompression bomb: {err}") from err
         except Exception as err:  # noqa: BLE001 - PIL raises many types for bad input; each is one rejection
-            raise Rejected(f"not an image PIL can read ({type(err).__name__}: {err})") from err
+            raise Rejected(f"not an image PIL can read ({_why(err)})") from err
         width, height = image.size
         fmt = image.format or "unknown"
         if width <= 0 or height <= 0:
@@ -81,7 +87,7 @@ def check_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, validate: 
             try:
                 image.load()
             except Exception as err:  # noqa: BLE001 - as above
-                raise Rejected(f"decoding failed ({type(err).__name__}: {err})") from err
+                raise Rejected(f"decoding failed ({_why(err)})") from err
     return Checked(fmt, height, width)
 
 
@@ -119,7 +125,7 @@ def convert(
             image = Image.open(io.BytesIO(data))
             image.load()
     except Exception as err:  # noqa: BLE001 - PIL raises many types for bad input
-        raise Rejected(f"decoding failed ({type(err).__name__}: {err})") from err
+        raise Rejected(f"decoding failed ({_why(err)})") from err
     if raw is not None:
         pixels = np.asarray(_rgb(image).resize((raw[1], raw[0]), Image.Resampling.BILINEAR, reducing_gap=None))
         return np.ascontiguousarray(pixels, np.uint8).tobytes(), raw[0], raw[1]

@@ -41,10 +41,12 @@ def test_bad_files_in_a_folder(tmp_path, encode, shard_rows):
         (tmp_path / "src" / "a" / name).write_bytes(data)
     (tmp_path / "outside.jpg").write_bytes(good)
     os.symlink(tmp_path / "outside.jpg", tmp_path / "src" / "a" / "link.jpg")
+    os.symlink(tmp_path / "src" / "a", tmp_path / "src" / "a" / "loop")  # followed, it would never end
     summary = ingest(tmp_path / "src", tmp_path / "out")
     assert [r["key"] for r in shard_rows(tmp_path / "out")] == ["a/good.jpg"]
     reasons = rejected(tmp_path / "out")
-    assert summary["rejected"] == len(reasons) == 6
+    assert summary["rejected"] == len(reasons) == 7
+    assert reasons["a/loop"] == "folder link loops"
     assert "truncated" in reasons["a/truncated.jpg"].lower()
     assert reasons["a/empty.jpg"] == "empty file"
     assert "not an image" in reasons["a/text.jpg"]

@@ -79,3 +79,9 @@ def test_command_line(folder, tmp_path, capsys):
     assert "(truncated?)" in capsys.readouterr().out
     assert main(["ingest", str(folder)]) == 2
     assert "ingest takes SRC and OUT" in capsys.readouterr().err
+
+
+def test_bench_ingest_runs(folder, tmp_path, capsys):
+    assert main(["bench", "ingest", str(folder), "--workers", "1", "--json", str(tmp_path / "b.json")]) == 0
+    assert "images/s" in capsys.readouterr().out
+    assert json.loads((tmp_path / "b.json").read_text())["ingest"][0]["images"] == 18
