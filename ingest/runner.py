@@ -18,7 +18,8 @@ import os
 import re
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from collections import deque
+from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +33,13 @@ from stallfree.ingest.manifest import (
     write_manifest,
 )
 from stallfree.ingest.sources import Item, Plan, plan_source
-from stallfree.ingest.writer import RECORDS, IngestOptions, _schema, record_path, write_shard
+from stallfree.ingest.writer import RECORDS, Converted, IngestOptions, _schema, convert_items, record_path, write_shard
 
 __all__ = ["REJECTED", "ingest", "merge", "parse_part"]
 
 REJECTED = "rejected.jsonl"
+#: Samples per unit of work sent to a worker process.
+CHUNK = 64
 
 
 def parse_part(text: str) -> tuple[int, int]:
@@ -187,12 +190,27 @@ def ingest(
         source_bytes += record["source_bytes"]
         elapsed = max(time.perf_counter() - started, 1e-9)
         bar.set_postfix_str(f"{source_bytes / 1e6 / elapsed:.1f} MB/s, {len(records)}/{len(mine)} shards")
-        bar.update(bounds[i][1] - bounds[i][0])
+
+    # The unit of parallel work is a chunk of a shard, not a shard, so that a dataset of one shard still uses
+    # every worker; chunks are consumed in order, at most 4 per worker in flight, and a shard is written by this
+    # process as soon as its last chunk is in.
+    chunks = [(i, start, min(start + CHUNK, bounds[i][1])) for i in todo for start in range(*bounds[i], CHUNK)]
+    chunks += [(i, bounds[i][0], bounds[i][0]) for i in todo if bounds[i][0] == bounds[i][1]]  # an empty shard
+    chunks.sort()
+    pieces: dict[int, list[Converted]] = {i: [] for i in todo}
+    left = {i: sum(1 for c in chunks if c[0] == i) for i in todo}
+
+    def collect(i: int, piece: Converted) -> None:
+        pieces[i].append(piece)
+        bar.update(len(piece[0]["key"]) + len(piece[1]))
+        left[i] -= 1
+        if not left[i]:
+            finished(i, write_shard(out, i, pieces.pop(i), options, plan.extra_columns))
 
     try:
-        if workers == 1 or len(todo) <= 1:
-            for i in todo:
-                finished(i, write_shard(out, i, plan.items[slice(*bounds[i])], options, plan.extra_columns))
+        if workers == 1 or len(chunks) <= 1:
+            for i, start, end in chunks:
+                collect(i, convert_items(plan.items[start:end], options, plan.extra_columns))
         else:
             import multiprocessing
 
@@ -203,13 +221,16 @@ def ingest(
             import pyarrow as pa
 
             pa.array([0])  # its first call imports pandas (most of a second): once here, not in every child
-            with ProcessPoolExecutor(min(workers, len(todo)), mp_context=context) as pool:
-                futures = {
-                    pool.submit(write_shard, out, i, plan.items[slice(*bounds[i])], options, plan.extra_columns): i
-                    for i in todo
-                }
-                for future in as_completed(futures):
-                    finished(futures[future], future.result())
+            with ProcessPoolExecutor(workers, mp_context=context) as pool:
+                pending: deque[tuple[int, Future[Converted]]] = deque()
+                for i, start, end in chunks:
+                    pending.append((i, pool.submit(convert_items, plan.items[start:end], options, plan.extra_columns)))
+                    if len(pending) >= 4 * workers:
+                        shard, future = pending.popleft()
+                        collect(shard, future.result())
+                while pending:
+                    shard, future = pending.popleft()
+                    collect(shard, future.result())
     finally:
         bar.close()
     manifest = _manifest(plan, options, digest, len(bounds), records)

@@ -1,4 +1,4 @@
-"""Writing one shard: fetch its samples' bytes, check and convert each image, write an Arrow IPC file.
+"""Writing one shard: its samples' bytes fetched, checked and converted (in chunks, by workers), then one Arrow file.
 
 A shard is written under a temporary name and renamed when complete; then its *record* (rows, size, SHA-256,
 rejected samples, class counts) is written to ``.ingest/shard-NNNNN.json`` the same way. A shard counts as done
@@ -18,7 +18,7 @@ from stallfree.ingest.manifest import atomic_write, file_sha256, shard_name
 from stallfree.ingest.sources import Item
 from stallfree.ingest.validate import DEFAULT_MAX_PIXELS, Rejected, check_image, convert
 
-__all__ = ["BATCH_ROWS", "RECORDS", "IngestOptions", "record_path", "write_shard"]
+__all__ = ["BATCH_ROWS", "RECORDS", "Converted", "IngestOptions", "convert_items", "record_path", "write_shard"]
 
 #: Rows per Arrow record batch inside a shard (a shard holds one or more batches).
 BATCH_ROWS = 1024
@@ -96,20 +96,13 @@ _ALIASES = {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uin
             "float32", "float64", "bool", "string", "large_string", "binary", "date32"}
 
 
-def write_shard(
-    out: Path,
-    index: int,
-    items: list[Item],
-    options: IngestOptions,
-    extra_columns: list[tuple[str, str]],
-) -> dict[str, Any]:
-    """Write shard ``index`` of ``items`` into ``out`` and its record; returns the record.
+#: One piece of a shard's work: its columns (lists), its rejected samples, and the source bytes it read.
+Converted = tuple[dict[str, list[Any]], list[dict[str, str]], int]
 
-    The record is ``{"file", "rows", "bytes", "sha256", "source_bytes", "rejected": [{"path", "reason"}],
-    "class_counts": {label: count}}``.
-    """
+
+def convert_items(items: list[Item], options: IngestOptions, extra_columns: list[tuple[str, str]]) -> Converted:
+    """Fetch, check and convert ``items``: the work a worker process does for one chunk of a shard."""
     import pyarrow as pa
-    import pyarrow.ipc as ipc
 
     from stallfree.ingest.sources import fetch_many
 
@@ -134,6 +127,28 @@ def write_shard(
             columns[name].append(value)
         for (name, _kind), value in zip(extra_columns, item.extras, strict=True):
             columns[name].append(value if schema.field(name).type != pa.string() or value is None else str(value))
+    return columns, rejected, source_bytes
+
+
+def write_shard(
+    out: Path,
+    index: int,
+    pieces: list[Converted],
+    options: IngestOptions,
+    extra_columns: list[tuple[str, str]],
+) -> dict[str, Any]:
+    """Write shard ``index`` from its converted ``pieces`` (in order) into ``out``, then its record; returns it.
+
+    The record is ``{"file", "rows", "bytes", "sha256", "source_bytes", "rejected": [{"path", "reason"}],
+    "class_counts": {label: count}}``.
+    """
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    schema = _schema(extra_columns, options)
+    columns: dict[str, list[Any]] = {name: [v for piece in pieces for v in piece[0][name]] for name in schema.names}
+    rejected = [r for piece in pieces for r in piece[1]]
+    source_bytes = sum(piece[2] for piece in pieces)
     name = shard_name(index)
     path, tmp = out / name, out / f".{name}.tmp"
     rows = len(columns["key"])
