@@ -3,8 +3,9 @@
 The cut is decided from the listing alone (sample sizes from the file system, the tar index or Parquet metadata),
 so every run, resumed or split with ``--part i/N``, numbers the same samples into the same shards::
 
-    plan_source(SRC) ─► cut into shards by size ─► shards i, i+N, i+2N... (this part) ─► workers write them
-      └ .ingest/plan.json (digest)                  skip shards whose record exists   ─► manifest.json, last
+    plan_source(SRC) ─► cut into shards by size ─► shards i, i+N, i+2N... (this part) ─► workers convert
+      └ .ingest/plan.json (digest)                  skip shards whose record exists      chunks; shards written
+                                                                                          in order ─► manifest
 
 A rerun after a crash or ``kill -9`` skips every shard whose record exists and writes the rest; a part writes
 ``manifest.part-I-of-N.json`` and :func:`merge` joins the parts into ``manifest.json``.
@@ -151,7 +152,7 @@ def ingest(
             of WebDataset ``.tar`` shards.
         out: the output folder (created); a folder holding an unfinished ingest of the same plan is resumed.
         options: what to check and convert.
-        workers: processes writing shards (1: in this process).
+        workers: processes fetching, checking and converting samples (1: all in this process).
         part: ``(i, N)``: write only shards ``i, i+N, ...`` and ``manifest.part-i-of-N.json``.
         progress: a progress bar on stderr.
 

@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("paths", nargs="+", type=Path, metavar="SRC OUT",
                         help="source and output folder (with --merge: only the output folder)")
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),
-                        help="processes writing shards (default: the cores this process may use)")
+                        help="processes checking and converting images (default: the cores this process may use)")
     parser.add_argument("--shard-size", type=float, default=256.0, metavar="MB",
                         help="target shard size in MB, estimated from source bytes (default 256)")
     parser.add_argument("--max-side", type=int, metavar="N",
