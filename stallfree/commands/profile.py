@@ -249,7 +249,10 @@ def _table(r: dict[str, Any]) -> str:
     if "speedup" in m:
         lines.append(f"what if: ingest --max-side {m['max_side']} keeps {m['pixel_ratio']:.0%} of the pixels: "
                      f"predicted {m['speedup']:.2f}x the step rate ({m['assumes']}).")
-    steps = ", ".join(f"k={k}: {1e3 * t:.1f} ms" for k, t in e["predicted_step_s"].items())
-    lines.append(f"what if: echo=k, {e['mode']}: predicted step {steps}; k={e['k_to_remove_input_stall']} "
-                 "removes the input stall.")
+    if e["k_to_remove_input_stall"] == 1:
+        lines.append("what if: echo=k would not help: the input stages already outpace the step.")
+    else:
+        steps = ", ".join(f"k={k}: {1e3 * t:.1f} ms" for k, t in e["predicted_step_s"].items())
+        lines.append(f"what if: echo=k, {e['mode']}: predicted step {steps}; k={e['k_to_remove_input_stall']} "
+                     "removes the input stall.")
     return "\n".join(lines)

@@ -56,7 +56,7 @@ def test_png_and_table(profiled: tuple[Path, str]) -> None:
     out, text = profiled
     assert (out / "profile.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "3 compute (ideal)" in text and "bottleneck:" in text and "6 torch DataLoader" in text
-    assert "what if: echo=k" in text
+    assert "what if: echo=k" in text and "what if: the dataset" in text
 
 
 def test_too_small_a_dataset_is_a_one_line_error(image_folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
