@@ -62,7 +62,7 @@ def draw_profile(result: dict[str, Any], path: str | Path) -> Path:
             spans.setdefault(s["phase"], [s["t"], s["t"]])[1] = s["t"]
         for i, (phase, (a, b)) in enumerate(spans.items()):
             bottom.axvspan(a, b, color=f"C{i % 10}", alpha=0.08)
-            bottom.text((a + b) / 2, 102, phase, ha="center", va="top", fontsize=7)
+            bottom.text((a + b) / 2, 102 - 6 * (i % 2), phase, ha="center", va="top", fontsize=7)  # short phases
         lines = bottom.get_legend_handles_labels()
         more = disk.get_legend_handles_labels()
         bottom.legend(lines[0] + more[0], lines[1] + more[1], loc="lower right", fontsize=8)
