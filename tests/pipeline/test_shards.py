@@ -121,3 +121,17 @@ def test_a_truncated_shard_is_refused_on_open(shards: Path, tmp_path: Path) -> N
         str(shard.stat().st_size + 200), str(shard.stat().st_size)))
     with pytest.raises(ShardError, match=rf"{shard.name} is not a valid Arrow shard"):
         ShardReader(copy)
+
+
+@pytest.mark.gpu
+def test_shards_on_the_gpu(image_folder: Path, shards: Path, tmp_path: Path) -> None:
+    """nvJPEG decodes the memory-mapped bytes; raw shards reach the GPU pixel for pixel."""
+    on_gpu = list(make(shards, device="cuda", shuffle=False, transform=[CenterCrop(12)], dtype="uint8"))
+    on_cpu = list(make(image_folder, shuffle=False, transform=[CenterCrop(12)], dtype="uint8"))
+    for (x, y), (x2, y2) in zip(on_gpu, on_cpu, strict=True):
+        assert x.is_cuda and x.shape == x2.shape and torch.equal(y.cpu(), y2)
+        assert (x.cpu().int() - x2.int()).abs().float().mean() < 3  # nvJPEG and libjpeg-turbo round differently
+    ingest(image_folder, tmp_path, IngestOptions(raw=(16, 16)))
+    loader = make(tmp_path, device="cuda", transform=[CenterCrop(16)], dtype="uint8", layout="NHWC", shuffle=False)
+    images = torch.cat([x.cpu() for x, _ in loader])
+    assert np.array_equal(images.numpy(), np.stack([loader.reader.read(i) for i in range(len(loader.reader))]))
