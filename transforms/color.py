@@ -284,6 +284,11 @@ class ColorJitter(Transform):
         ids = [i if ranges[i] is not None else -1 for i in order]
         return {"order": np.array(ids, np.int32), "factors": np.array(factors, np.float32)}, size
 
+    def prepare(self, state: GraphState) -> None:
+        """Compile the CPU kernel for an image in ``state`` now (``build`` does it too)."""
+        if any(r is not None for r in self.ranges()):
+            _compiled(state.dtype == "uint8")
+
     @do_not_convert  # DALI's AutoGraph (enable_conditionals=True) must not rewrite the functions handed to Numba
     def build(self, image: Any, params: Mapping[str, Any], state: GraphState) -> tuple[Any, GraphState]:
         if all(r is None for r in self.ranges()):

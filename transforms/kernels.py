@@ -372,6 +372,19 @@ class KernelTransform(Transform):
         names = self._names(kern)
         return kern.node(image, [params[n] for n in names], [self.params[n] for n in names], state), state
 
+    def prepare(self, state: GraphState) -> None:
+        """Check the step and compile its CPU kernel for an image in ``state`` now (``build`` does it too).
+
+        A graph compiler calls this when the spec is checked, so that a kernel Numba cannot compile fails there.
+
+        Raises:
+            KernelError: Numba cannot compile the kernel.
+            ValueError: the step cannot run on such an image.
+        """
+        self.check(state)
+        kern = self.kernel_for(state)
+        kern.compile(np.dtype(state.dtype).type, [self.params[n] for n in self._names(kern)])
+
     def _names(self, kern: Kernel) -> tuple[str, ...]:
         if set(kern.param_names) != set(self.params):
             raise KernelError(

@@ -80,6 +80,14 @@ def test_compile_error_names_the_kernel_and_numbas_reason_before_any_batch(folde
         iter(loader)  # the graph is built here, before the first batch is read
 
 
+def test_prepare_compiles_when_the_spec_is_checked() -> None:
+    from stallfree.transforms.spec import GraphState
+
+    RandomChannelDrop().prepare(GraphState("cpu", "float32"))
+    with pytest.raises(KernelError, match=r"kernel 'broken' does not compile .* for a float32 image"):
+        Broken().prepare(GraphState("cpu", "float32"))
+
+
 def test_decorator_checks_the_signature() -> None:
     with pytest.raises(TypeError, match=r"must take \(out, image, y, x, \*params\)"):
         kernel(lambda out, image: None)
