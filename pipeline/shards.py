@@ -68,6 +68,7 @@ class _Shard:
             raise ShardError(f"{self.path} holds {counted} rows but the manifest says {self.rows}; {fix}")
         self.fix = fix
         self.checked = False
+        self.failure: str | None = None
         self.lock = threading.Lock()
         self.views: list[tuple[np.ndarray, np.ndarray]] = []
         for batch in self.batches:
@@ -82,13 +83,14 @@ class _Shard:
         if self.checked:
             return
         with self.lock:
-            if self.checked:
-                return
-            digest = hashlib.sha256(memoryview(self._buffer())).hexdigest()
-            if digest != self.sha256:
-                raise ShardError(f"{self.path}: SHA-256 differs from the manifest's (the shard was altered); "
-                                 f"{self.fix}")
-            self.checked = True
+            if not self.checked and self.failure is None:
+                digest = hashlib.sha256(memoryview(self._buffer())).hexdigest()
+                if digest != self.sha256:  # remembered: with on_error="skip" each of its rows asks again
+                    self.failure = f"{self.path}: SHA-256 differs from the manifest's (the shard was altered); "
+                    self.failure += self.fix
+                self.checked = self.failure is None
+            if self.failure is not None:
+                raise ShardError(self.failure)
 
     def _buffer(self) -> Any:
         self.map.seek(0)

@@ -108,6 +108,10 @@ def test_a_flipped_byte_names_the_shard(shards: Path, tmp_path: Path) -> None:
     shard.write_bytes(bytes(data))
     with pytest.raises(BadSampleError, match=rf"{shard.name} row \d+ .*SHA-256 differs from the manifest's"):
         list(make(copy, transform=[CenterCrop(12)], shuffle=False))
+    loader = make(copy, transform=[CenterCrop(12)], shuffle=False, on_error="skip")
+    delivered = sum(len(labels) for _, labels in loader)
+    bad = {s["source"].split(" row ")[0] for s in loader.skipped}
+    assert bad == {str(shard)} and delivered + len(loader.skipped) == len(loader.reader)
 
 
 def test_a_truncated_shard_is_refused_on_open(shards: Path, tmp_path: Path) -> None:
