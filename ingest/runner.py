@@ -68,7 +68,8 @@ def _cut(items: list[Item], options: IngestOptions) -> list[tuple[int, int]]:
 
 def _digest(plan: Plan, bounds: list[tuple[int, int]], options: IngestOptions) -> str:
     digest = hashlib.sha256()
-    digest.update(json.dumps([plan.kind, plan.path, plan.classes, plan.extra_columns, options.to_json(), bounds,
+    # Not the source's absolute path: the parts of one job may see the same data mounted at different places.
+    digest.update(json.dumps([plan.kind, plan.classes, plan.extra_columns, options.to_json(), bounds,
                               plan.rejected]).encode())
     for item in plan.items:
         digest.update(f"\0{item.key}\0{item.label}\0{item.size}".encode())
