@@ -29,7 +29,7 @@ from numba import float64
 from numba.extending import register_jitable
 from nvidia.dali.pipeline import do_not_convert
 
-from stallfree.transforms.kernels import _forwarder, compile_cpu, numba_node
+from stallfree.transforms.kernels import compile_cpu, forwarder, numba_node
 from stallfree.transforms.random import SampleRandom
 from stallfree.transforms.spec import GraphState, Size, Transform
 
@@ -304,7 +304,7 @@ class ColorJitter(Transform):
             )
         else:
             node = numba_node(
-                _forwarder(compiled, 2), image, [params["order"], params["factors"]],
+                forwarder(compiled, 2), image, [params["order"], params["factors"]],
                 image_dtype=image_dtype, param_dtypes=[np.int32, np.float32], device="cpu",
             )
         return node, state

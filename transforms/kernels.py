@@ -39,7 +39,17 @@ from nvidia.dali.pipeline import do_not_convert
 from stallfree.transforms.random import SampleRandom
 from stallfree.transforms.spec import GraphState, Size, Transform
 
-__all__ = ["Kernel", "KernelError", "KernelTransform", "kernel", "normal_at", "numba_node", "uniform_at"]
+__all__ = [
+    "Kernel",
+    "KernelError",
+    "KernelTransform",
+    "compile_cpu",
+    "forwarder",
+    "kernel",
+    "normal_at",
+    "numba_node",
+    "uniform_at",
+]
 
 ImageDtype = Literal["uint8", "float32"]
 _NUMBA_TYPES: dict[Any, str] = {np.uint8: "uint8", np.float32: "float32", np.int32: "int32"}
@@ -185,7 +195,7 @@ def compile_cpu(name: str, run_fn: Callable[..., None], image_dtype: type, param
         ) from err
 
 
-def _forwarder(compiled: Any, nargs: int) -> Callable[..., None]:
+def forwarder(compiled: Any, nargs: int) -> Callable[..., None]:
     """A plain Python function calling ``compiled`` (DALI njit-compiles its run function itself)."""
     args = ", ".join(["out", "image"] + [f"p{i}" for i in range(nargs)])
     namespace: dict[str, Any] = {"_compiled": compiled}
@@ -298,7 +308,7 @@ class Kernel:
         if state.device == "gpu":
             run_fn = self.cuda_function()
         else:
-            run_fn = _forwarder(compiled, len(param_dtypes))
+            run_fn = forwarder(compiled, len(param_dtypes))
         return numba_node(
             run_fn, image, params, image_dtype=image_dtype, param_dtypes=param_dtypes, device=state.device
         )
