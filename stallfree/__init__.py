@@ -1,8 +1,38 @@
-"""stallfree: training input pipelines that never stall the step."""
+"""stallfree: training input pipelines that never stall the step.
 
-from stallfree.pipeline.loader import BadSampleError, Loader
-from stallfree.stage_runtime.profile import profile
+The public names are imported on first use, so that ``import stallfree`` (and every CLI start and worker
+process) does not pay for importing torch and DALI until it needs them.
+"""
 
-__all__ = ["BadSampleError", "Loader", "profile"]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stallfree.pipeline.loader import BadSampleError, Loader
+    from stallfree.pipeline.shards import ShardReader
+    from stallfree.stage_runtime.profile import profile
+
+__all__ = ["BadSampleError", "Loader", "ShardReader", "profile"]
 
 __version__ = "0.1.0"
+
+_HOMES = {
+    "BadSampleError": "stallfree.pipeline.loader",
+    "Loader": "stallfree.pipeline.loader",
+    "ShardReader": "stallfree.pipeline.shards",
+    "profile": "stallfree.stage_runtime.profile",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'stallfree' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOMES[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])
