@@ -9,6 +9,7 @@ pipeline stage(s) and the cause, so no process is left blocked in a collective. 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import time
@@ -43,15 +44,42 @@ def torchrun_env() -> tuple[int, int, int] | None:
     return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", "0"))
 
 
+def _last_error(traceback: str) -> str:
+    """From a child's traceback, the last "SomeError: ..." line and what follows (messages may span lines)."""
+    lines = [line.rstrip() for line in traceback.strip().splitlines() if line.strip()]
+    starts = [i for i, line in enumerate(lines) if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b", line)]
+    return " ".join(line.strip() for line in lines[starts[-1]:]) if starts else (lines or ["raised"])[-1]
+
+
 def _cause(error: BaseException) -> str:
     if isinstance(error, mp.ProcessRaisedException):
-        lines = [line for line in str(error).strip().splitlines() if line.strip()]
-        return lines[-1].strip() if lines else "raised an exception"
+        return _last_error(str(error))
     if isinstance(error, mp.ProcessExitedException):
         if error.signal_name:
             return f"killed by {error.signal_name}"
         return f"exited with code {error.exit_code}"
     return str(error)
+
+
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing")
+
+
+def _root_cause(context: Any, err: BaseException) -> tuple[int, str]:
+    """The failure to report: a rank that lost its peer names the peer that died first, when one did."""
+    rank, cause = err.error_index, _cause(err)  # type: ignore[attr-defined]
+    if not any(text in cause for text in _PEER_LOST):
+        return rank, cause
+    for i, p in enumerate(context.processes):
+        if i == rank:
+            continue
+        p.join(2.0)
+        if not context.error_queues[i].empty():
+            return i, _last_error(context.error_queues[i].get())
+        if p.exitcode is not None and p.exitcode < 0 and p.exitcode != -signal.SIGTERM:
+            return i, f"killed by {signal.Signals(-p.exitcode).name}"
+        if p.exitcode not in (None, 0, -signal.SIGTERM):
+            return i, f"exited with code {p.exitcode}"
+    return rank, cause
 
 
 def launch(fn: Callable[..., Any], world_size: int, args: tuple, stages_of: Callable[[int], Sequence[int]],
@@ -71,9 +99,10 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple, stages_of: Call
                 if context.join(timeout=poll_s):
                     return
             except (mp.ProcessRaisedException, mp.ProcessExitedException) as err:
+                rank, cause = _root_cause(context, err)
                 # join() has already sent SIGTERM to the remaining processes; make sure they are gone.
                 _end(context)
-                raise StageFailure(err.error_index, stages_of(err.error_index), _cause(err)) from None
+                raise StageFailure(rank, stages_of(rank), cause) from None
     except KeyboardInterrupt:
         _end(context)
         raise

@@ -7,6 +7,7 @@ and the stages are chosen to minimise the most expensive stage, which is what bo
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -90,10 +91,12 @@ def measure_layers(layers: Sequence[nn.Module], sample: torch.Tensor, repeats: i
     """Time each layer's forward + backward on ``sample`` (one micro-batch) and size its memory.
 
     Each layer is timed on its own input (the previous layer's output, detached), best of ``repeats`` after a
-    warm-up, so the figures are per micro-batch and independent of the others.
+    warm-up, so the figures are per micro-batch and independent of the others. The layers themselves are not
+    touched (copies are run).
     """
     costs, x = [], sample
-    for layer in layers:
+    # On copies: a forward in training mode moves BatchNorm's running statistics, and these samples are noise.
+    for layer in copy.deepcopy(list(layers)):
         params = sum(p.numel() * p.element_size() for p in layer.parameters())
         best = float("inf")
         out = None

@@ -14,6 +14,7 @@ the same sampler state would have to re-list the dataset and keep two cursors in
 
 from __future__ import annotations
 
+import copy
 import datetime
 import json
 import os
@@ -44,7 +45,7 @@ from stallfree.stage_runtime.schedules import (
 )
 from stallfree.stage_runtime.stage import TimedStage, chain_forward
 
-__all__ = ["StageFailure", "TrainConfig", "train", "train_many"]
+__all__ = ["StageFailure", "TrainConfig", "demo_config", "train", "train_many"]
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class TrainConfig:
     batch_size: int = 32  # per replica and step, split into `microbatches`
     epochs: int = 1
     max_steps: int | None = None  # stop after this many steps in all
-    lr: float = 0.05
+    lr: float = 0.01
     momentum: float = 0.9
     weight_decay: float = 0.0
     seed: int = 0
@@ -159,6 +160,25 @@ def _stages_of(config: TrainConfig, rank: int) -> list[int]:
     return [s for s in range(config.model_stages) if stage_owner(config.schedule, s, config.stages) == pp]
 
 
+def _stage_shapes(layers: list[nn.Module], bounds: list[int], micro: tuple[int, ...]) -> list[tuple[Any, Any]]:
+    """Each stage's (input, output) as meta tensors, from a forward of a meta copy of the model.
+
+    Giving them to ``PipelineStage`` skips its runtime shape inference, which runs the stages' forward on
+    uninitialised buffers and so writes NaN into BatchNorm's running statistics of every stage but the first.
+    """
+    meta = [copy.deepcopy(layer).to("meta") for layer in layers]
+    x = torch.empty(micro, device="meta")
+    shapes = []
+    with torch.no_grad():
+        for s in range(len(bounds) - 1):
+            inp = x
+            for layer in meta[bounds[s]:bounds[s + 1]]:
+                x = layer(x)
+            # requires_grad says which tensors carry a gradient back: all activations, not the images.
+            shapes.append((inp.detach().requires_grad_(s > 0), x.detach().requires_grad_(True)))
+    return shapes
+
+
 class _Job:
     """One rank's view of the job: groups, its stages, schedule, optimizer, feeds."""
 
@@ -215,7 +235,9 @@ class _Job:
         bounds = [sum(self.balance[:i]) for i in range(len(self.balance) + 1)]
         self.modules = {s: nn.Sequential(*layers[bounds[s]:bounds[s + 1]]).to(self.device)
                         for s in range(c.model_stages) if self.owner[s] == self.rank}
-        self.stages = [TimedStage(m, s, c.model_stages, self.device, group=self.pp_group, clock=self.clock)
+        shapes = _stage_shapes(layers, bounds, (c.batch_size // c.microbatches, 3, c.image_size, c.image_size))
+        self.stages = [TimedStage(m, s, c.model_stages, self.device, input_args=shapes[s][0],
+                                  output_args=shapes[s][1], group=self.pp_group, clock=self.clock)
                        for s, m in self.modules.items()]
         self.schedule = build_schedule(c.schedule, self.stages, c.microbatches, nn.functional.cross_entropy)
         self.params = [p for m in self.modules.values() for p in m.parameters()]
@@ -415,3 +437,14 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
         ckpt.atomic_write_bytes(out / "summary.json", json.dumps(summary, indent=1, default=str).encode())
         if c.progress:
             print(format_summary(summary), flush=True)
+
+
+def demo_config(train_dir: str, eval_dir: str, out_dir: str, *, epochs: int = 6, progress: bool = True) -> TrainConfig:
+    """The demo's job: a small CNN in 2 stages with 1F1B on a synthetic ImageFolder, sized for a 2-core CPU.
+
+    With ``make_image_folder(train_dir, num_classes=4, per_class=150, size=(48, 48))`` and a held-out folder of
+    another seed it reaches well above the 25% of chance in about 15 s of training on 2 cores.
+    """
+    return TrainConfig(model="small_cnn", data=train_dir, eval_data=eval_dir, image_size=32, batch_size=32,
+                       microbatches=4, stages=2, schedule="1f1b", epochs=epochs, lr=0.01, out_dir=out_dir,
+                       progress=progress)

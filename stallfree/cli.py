@@ -15,7 +15,7 @@ from collections.abc import Sequence
 __all__ = ["CliError", "main"]
 
 # Subcommand modules under stallfree.commands, in the order `stallfree --help` lists them.
-COMMANDS = ("demo", "ingest", "bench", "profile")
+COMMANDS = ("demo", "ingest", "train", "bench", "profile")
 
 
 class CliError(Exception):

@@ -1,0 +1,104 @@
+"""``stallfree train``: train a model split into pipeline stages, fed by the Loader, with the stall report."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+__all__ = ["register"]
+
+EXAMPLES = """examples:
+  stallfree train ./data/train --eval ./data/val --model resnet_cifar --stages 2 --schedule 1f1b --microbatches 4
+  stallfree train ./data/train --model small_cnn --balance 3,4 --checkpoint-every 100 --out ./run
+  stallfree train ./data/train --out ./run --resume            # continue exactly from ./run/checkpoints
+  stallfree train --synthetic 4096 --model mlp --schedule interleaved-1f1b --stages 2 --microbatches 8
+  torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint host:29500 -m stallfree.cli train ./data/train \\
+      --stages 4 --dp 2 --device cuda                          # the same command across machines
+"""
+
+
+def _balance(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--balance wants layer counts like 3,5,4, got {text!r}") from None
+    return values
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``stallfree train``."""
+    from stallfree.stage_runtime.models import MODELS
+    from stallfree.stage_runtime.schedules import SCHEDULES
+
+    d = {f.name: f.default for f in dataclasses.fields(_config_class())}
+    p = sub.add_parser(
+        "train",
+        help="train a model split into pipeline stages, fed by the Loader",
+        description="Split a model into pipeline stages (balanced by measured time and memory, or --balance), "
+        "spawn one process per stage, feed stage 0 from the Loader, and report throughput, the input-stall "
+        "fraction and the pipeline bubble beside the schedule's theory. Writes train.jsonl, summary.json, "
+        "trace.json (Perfetto) and checkpoints under --out.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("data", nargs="?", help="training data: ImageFolder, CSV/Parquet file list or shard folder")
+    p.add_argument("--eval", dest="eval_data", help="held-out split, evaluated each epoch (top-1)")
+    p.add_argument("--synthetic", type=int, metavar="N", help="no dataset: N generated learnable samples")
+    p.add_argument("--model", default=d["model"], help=f"{', '.join(MODELS)} or package.module:factory "
+                   f"(default {d['model']})")
+    p.add_argument("--image-size", type=int, default=d["image_size"])
+    p.add_argument("--classes", dest="num_classes", type=int, help="default: the dataset's class count")
+    p.add_argument("--stages", type=int, default=d["stages"], help="pipeline ranks (processes) per replica")
+    p.add_argument("--schedule", choices=SCHEDULES, default=d["schedule"])
+    p.add_argument("--virtual-stages", type=int, default=d["virtual_stages"],
+                   help="stages per rank for interleaved-1f1b and zero-bubble")
+    p.add_argument("--microbatches", type=int, default=d["microbatches"])
+    p.add_argument("--balance", type=_balance, help="layers per model stage, e.g. 3,5,4 (default: measured)")
+    p.add_argument("--dp", type=int, default=d["dp"], help="data-parallel pipeline replicas")
+    p.add_argument("--batch-size", type=int, default=d["batch_size"], help="per replica and step")
+    p.add_argument("--epochs", type=int, default=d["epochs"])
+    p.add_argument("--max-steps", type=int)
+    p.add_argument("--lr", type=float, default=d["lr"])
+    p.add_argument("--momentum", type=float, default=d["momentum"])
+    p.add_argument("--weight-decay", type=float, default=d["weight_decay"])
+    p.add_argument("--seed", type=int, default=d["seed"])
+    p.add_argument("--device", default=d["device"], help="cpu (gloo) or cuda (NCCL, one GPU per rank)")
+    p.add_argument("--threads", type=int, help="torch threads per process")
+    p.add_argument("--out", dest="out_dir", default=d["out_dir"], help=f"run folder (default {d['out_dir']})")
+    p.add_argument("--checkpoint-dir", help="default: OUT/checkpoints")
+    p.add_argument("--checkpoint-every", type=int, default=d["checkpoint_every"], help="steps; 0: at the end only")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    p.add_argument("--timeout", dest="timeout_s", type=float, default=d["timeout_s"],
+                   help="seconds a collective may wait before the job fails instead of hanging")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=_train)
+
+
+def _config_class() -> type:
+    from stallfree.stage_runtime.trainer import TrainConfig
+
+    return TrainConfig
+
+
+def _train(args: argparse.Namespace) -> int:
+    from stallfree.stage_runtime.trainer import StageFailure, TrainConfig, train
+
+    if (args.data is None) == (args.synthetic is None):
+        raise ValueError("give a dataset folder or --synthetic N (not both)")
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    values = {k: v for k, v in vars(args).items() if k in fields and v is not None}
+    if args.synthetic is not None:
+        values["samples"] = args.synthetic
+    config = TrainConfig(**values)
+    try:
+        summary = train(config)
+    except StageFailure as err:
+        print(f"stallfree train: error: {err}; the last checkpoint under {config.ckpt_root} is intact",
+              file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(summary, indent=1, default=str))
+    return 0
