@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["TensorBatches", "make_feed"]
+__all__ = ["TensorBatches", "TorchFeed", "make_feed"]
 
 
 class TensorBatches:
@@ -76,13 +76,95 @@ class TensorBatches:
         return self.patterns[label] + self.noise * noise, label
 
 
+class _PilFolder:
+    """An ImageFolder decoded with PIL and augmented as torchvision would (torchvision is not a dependency)."""
+
+    def __init__(self, root: str, image_size: int, train: bool, seed: int):
+        from stallfree.pipeline.readers import FolderReader
+
+        reader = FolderReader(root)
+        self.files = [(str(p), int(y)) for p, y in zip(reader.paths, reader.labels(), strict=True)]
+        self.classes, self.size, self.train, self.seed, self.epoch = reader.classes, image_size, train, seed, 0
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        import numpy as np
+        from PIL import Image
+
+        path, label = self.files[index]
+        rng = np.random.default_rng((self.seed, self.epoch, index))
+        with Image.open(path) as img:
+            img = img.convert("RGB")
+            w, h = img.size
+            scale = rng.uniform(0.6, 1.0) if self.train else 1.0
+            side = max(1, int(min(w, h) * scale ** 0.5))
+            left, top = (int(rng.integers(0, w - side + 1)), int(rng.integers(0, h - side + 1))) if self.train \
+                else ((w - side) // 2, (h - side) // 2)
+            img = img.resize((self.size, self.size), Image.Resampling.BILINEAR,
+                             box=(left, top, left + side, top + side))
+            if self.train and rng.random() < 0.5:
+                img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+            x = torch.from_numpy(np.asarray(img, np.uint8).copy()).permute(2, 0, 1).float().div_(255)
+        return (x - 0.5) / 0.25, label
+
+
+class TorchFeed:
+    """torch's ``DataLoader`` over an ImageFolder (PIL decode), behind the feed contract: the benchmark's rival.
+
+    Resume restarts the epoch's iteration and skips the batches already delivered (the DataLoader has no
+    cursor of its own).
+    """
+
+    def __init__(self, root: str, batch_size: int, image_size: int, *, train: bool, seed: int, replica: int,
+                 replicas: int, workers: int):
+        self.dataset = _PilFolder(root, image_size, train, seed)
+        self.sampler = torch.utils.data.DistributedSampler(self.dataset, replicas, replica, shuffle=train, seed=seed,
+                                                           drop_last=train)
+        self.loader = torch.utils.data.DataLoader(self.dataset, batch_size, sampler=self.sampler, drop_last=train,
+                                                  num_workers=workers, persistent_workers=workers > 0)
+        self.classes, self.epoch, self._delivered, self._resume = self.dataset.classes, 0, 0, 0
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch``'s order next."""
+        self.epoch = self.dataset.epoch = epoch
+        self.sampler.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Epoch and batches delivered."""
+        return {"epoch": self.epoch, "batches": self._delivered}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Skip to after the batches delivered when ``state`` was taken."""
+        self.set_epoch(int(state["epoch"]))
+        self._resume = int(state["batches"])
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        skip, self._resume = self._resume, 0
+        for i, batch in enumerate(self.loader):
+            if i >= skip:
+                self._delivered = i + 1
+                yield batch
+
+
 def make_feed(data: str | None, *, train: bool, batch_size: int, image_size: int, num_classes: int, seed: int,
-              replica: int, replicas: int, samples: int, device: str, clock: Any = None) -> Any:
+              replica: int, replicas: int, samples: int, device: str, clock: Any = None,
+              kind: str = "stallfree", workers: int | None = None) -> Any:
     """The training (``train=True``) or evaluation feed of one pipeline replica.
 
-    ``data`` is an ImageFolder tree, a file list or an ingested shard folder read by the Loader; ``None``
-    generates :class:`TensorBatches` (``samples`` of them; evaluation uses another seed: a held-out set).
+    ``data`` is an ImageFolder tree, a file list or an ingested shard folder read by the Loader (``kind`` is
+    ``"stallfree"``) or by torch's DataLoader (``"torch"``, ImageFolder only, ``workers`` processes); ``None``
+    generates :class:`TensorBatches` (``samples`` of them; evaluation draws another split: a held-out set).
     """
+    if data is not None and kind == "torch":
+        return TorchFeed(data, batch_size, image_size, train=train, seed=seed, replica=replica, replicas=replicas,
+                         workers=workers if workers is not None else 2)
+    if kind not in ("stallfree", "torch"):
+        raise ValueError(f"feed must be 'stallfree' or 'torch', got {kind!r}")
     if data is None:
         return TensorBatches(samples if train else max(batch_size * replicas, samples // 4), batch_size,
                              image_size, num_classes, seed=seed, rank=replica, world_size=replicas,
@@ -96,4 +178,4 @@ def make_feed(data: str | None, *, train: bool, batch_size: int, image_size: int
     else:
         transform = [Resize(image_size), CenterCrop(image_size), Normalize(mean, std)]
     return Loader(data, batch_size, transform=transform, shuffle=train, seed=seed, drop_last=train, rank=replica,
-                  world_size=replicas, device=device, clock=clock)
+                  world_size=replicas, device=device, clock=clock, num_threads=workers)

@@ -59,6 +59,8 @@ class TrainConfig:
     image_size: int = 32
     num_classes: int | None = None  # default: the Loader's class count (10 for generated tensors)
     samples: int = 2048  # generated tensors only: training samples
+    feed: str = "stallfree"  # "stallfree" (the Loader) or "torch" (torch's DataLoader, for comparison)
+    loader_threads: int | None = None  # Loader threads / DataLoader workers (default: the Loader's / 2)
     stages: int = 2  # pipeline ranks (processes) per replica
     schedule: str = "1f1b"
     virtual_stages: int = 2  # stages per rank for interleaved-1f1b and zero-bubble
@@ -207,7 +209,7 @@ class _Job:
         if self.pp == 0:
             common = {"batch_size": c.batch_size, "image_size": c.image_size, "seed": c.seed, "replica": self.replica,
                       "replicas": c.dp, "samples": c.samples, "device": str(self.device),
-                      "num_classes": c.num_classes or 10}
+                      "num_classes": c.num_classes or 10, "kind": c.feed, "workers": c.loader_threads}
             self.feed = make_feed(c.data, train=True, clock=self.clock, **common)
             if c.eval_data is not None or c.data is None:
                 self.eval_feed = make_feed(c.eval_data, train=False, **common)
