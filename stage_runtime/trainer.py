@@ -226,11 +226,13 @@ class _Job:
         chosen: list[Any] = [c.balance]
         if c.resume and c.balance is None and self.rank == 0 and ckpt.latest(c.ckpt_root) is not None:
             chosen = [tuple(ckpt.load_meta(c.ckpt_root, ckpt.latest(c.ckpt_root))["balance"])]
-            print(f"split: balance {','.join(map(str, chosen[0]))} (from the checkpoint)", flush=True)
+            if c.progress:
+                print(f"split: balance {','.join(map(str, chosen[0]))} (from the checkpoint)", flush=True)
         elif self.rank == 0:
             sample = torch.randn(c.batch_size // c.microbatches, 3, c.image_size, c.image_size)
             partition = plan(layers, c.model_stages, sample=sample, balance=c.balance)
-            print(partition.describe(), flush=True)
+            if c.progress:
+                print(partition.describe(), flush=True)
             chosen = [partition.balance]
         dist.broadcast_object_list(chosen, 0)
         self.balance = tuple(chosen[0])
@@ -290,7 +292,7 @@ class _Job:
             self.feed.load_state_dict(json.loads(state["feed"]))
         return step, int(meta["epoch"])
 
-    def train_step(self, images: torch.Tensor | None, labels: torch.Tensor | None) -> tuple[float, float, float]:
+    def train_step(self, images: Any, labels: Any) -> tuple[float, float, float]:
         """One optimizer step; returns ``(summed micro-batch loss or 0, schedule seconds, busy seconds)``."""
         c = self.config
         for stage in self.stages:
@@ -332,14 +334,15 @@ class _Job:
             return -1.0
         for m in self.modules.values():
             m.eval()
-        correct, total = torch.zeros(2, dtype=torch.float64), iter(self.eval_feed) if self.first else None
+        feed: Any = self.eval_feed
+        correct, total = torch.zeros(2, dtype=torch.float64), iter(feed) if self.first else None
         while True:
             batch = next(total, None) if total is not None else None
             flag = torch.tensor([0 if (self.first and batch is None) else 1])
             dist.broadcast(flag, self.base, group=self.pp_group)
             if not int(flag):
                 break
-            x, y = (batch[0].to(self.device), batch[1]) if batch is not None else (None, None)
+            x, y = (batch[0].to(self.device), batch[1]) if batch is not None else (None, torch.empty(0))
             if self.first and not self.last:  # the length first: the last evaluation batch may be short
                 dist.send(torch.tensor([len(y)]), self.owner[-1])
                 dist.send(y, self.owner[-1])
