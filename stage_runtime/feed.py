@@ -120,10 +120,12 @@ class TorchFeed:
     def __init__(self, root: str, batch_size: int, image_size: int, *, train: bool, seed: int, replica: int,
                  replicas: int, workers: int):
         self.dataset = _PilFolder(root, image_size, train, seed)
-        self.sampler: torch.utils.data.DistributedSampler[Any] = torch.utils.data.DistributedSampler(self.dataset, replicas, replica, shuffle=train, seed=seed,
-                                                           drop_last=train)
-        self.loader: torch.utils.data.DataLoader[Any] = torch.utils.data.DataLoader(self.dataset, batch_size, sampler=self.sampler, drop_last=train,
-                                                  num_workers=workers, persistent_workers=workers > 0)
+        data = torch.utils.data
+        self.sampler: data.DistributedSampler[Any] = data.DistributedSampler(
+            self.dataset, replicas, replica, shuffle=train, seed=seed, drop_last=train)
+        self.loader: data.DataLoader[Any] = data.DataLoader(
+            self.dataset, batch_size, sampler=self.sampler, drop_last=train, num_workers=workers,
+            persistent_workers=workers > 0)
         self.classes, self.epoch, self._delivered, self._resume = self.dataset.classes, 0, 0, 0
 
     def __len__(self) -> int:

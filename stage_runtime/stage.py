@@ -53,17 +53,24 @@ class TimedStage(PipelineStage):
         return busy
 
 
+def _comm_device(device: torch.device) -> torch.device:
+    """Where tensors must be to be sent: CUDA for NCCL, the CPU for gloo."""
+    return device if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
 def _send_tensor(x: torch.Tensor, dst: int) -> None:
-    header = torch.tensor([x.dim(), *x.shape] + [0] * (8 - x.dim()), dtype=torch.int64)
+    comm = _comm_device(x.device)
+    header = torch.tensor([x.dim(), *x.shape] + [0] * (8 - x.dim()), dtype=torch.int64, device=comm)
     dist.send(header, dst)
-    dist.send(x.contiguous().cpu() if x.device.type == "cpu" or dist.get_backend() == "gloo" else x, dst)
+    dist.send(x.contiguous().to(comm), dst)
 
 
 def _recv_tensor(src: int, device: torch.device) -> torch.Tensor:
-    header = torch.empty(9, dtype=torch.int64)
+    comm = _comm_device(device)
+    header = torch.empty(9, dtype=torch.int64, device=comm)
     dist.recv(header, src)
     shape = header[1:1 + int(header[0])].tolist()
-    x = torch.empty(shape, dtype=torch.float32, device="cpu" if dist.get_backend() == "gloo" else device)
+    x = torch.empty(shape, dtype=torch.float32, device=comm)
     dist.recv(x, src)
     return x.to(device)
 

@@ -191,6 +191,7 @@ class _Job:
         self.device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
         if cuda:
             torch.cuda.set_device(self.device)
+        self.comm = self.device if cuda else torch.device("cpu")  # NCCL sends CUDA tensors, gloo CPU ones
         # Every rank must create every group, in the same order.
         self.pp_group = self.dp_group = None
         for d in range(c.dp):
@@ -205,7 +206,7 @@ class _Job:
         self.owner = [self.base + stage_owner(c.schedule, s, c.stages) for s in range(c.model_stages)]
         self.clock = StageClock()
         self.feed = self.eval_feed = None
-        info = torch.zeros(2, dtype=torch.int64)
+        info = torch.zeros(2, dtype=torch.int64, device=self.comm)
         if self.pp == 0:
             common = {"batch_size": c.batch_size, "image_size": c.image_size, "seed": c.seed, "replica": self.replica,
                       "replicas": c.dp, "samples": c.samples, "device": str(self.device),
@@ -297,10 +298,12 @@ class _Job:
         c = self.config
         for stage in self.stages:
             stage.step_number += 1
+        if labels is not None:
+            labels = labels.to(self.comm)
         if self.first and not self.last:
             dist.send(labels, self.owner[-1])
         elif self.last and not self.first:
-            labels = torch.empty(c.batch_size, dtype=torch.int64)
+            labels = torch.empty(c.batch_size, dtype=torch.int64, device=self.comm)
             dist.recv(labels, self.owner[0])
         if labels is not None:
             labels = labels.to(self.device)
@@ -328,7 +331,7 @@ class _Job:
 
     def evaluate(self) -> float:
         """Top-1 accuracy of the held-out split through the stages; -1.0 without one."""
-        has = torch.tensor([1 if self.eval_feed is not None else 0])
+        has = torch.tensor([1 if self.eval_feed is not None else 0], device=self.comm)
         dist.broadcast(has, self.base, group=self.pp_group)
         if not int(has):
             return -1.0
@@ -338,24 +341,26 @@ class _Job:
         correct, total = torch.zeros(2, dtype=torch.float64), iter(feed) if self.first else None
         while True:
             batch = next(total, None) if total is not None else None
-            flag = torch.tensor([0 if (self.first and batch is None) else 1])
+            flag = torch.tensor([0 if (self.first and batch is None) else 1], device=self.comm)
             dist.broadcast(flag, self.base, group=self.pp_group)
             if not int(flag):
                 break
             x, y = (batch[0].to(self.device), batch[1]) if batch is not None else (None, torch.empty(0))
             if self.first and not self.last:  # the length first: the last evaluation batch may be short
-                dist.send(torch.tensor([len(y)]), self.owner[-1])
-                dist.send(y, self.owner[-1])
+                dist.send(torch.tensor([len(y)], device=self.comm), self.owner[-1])
+                dist.send(y.to(self.comm), self.owner[-1])
             elif self.last and not self.first:
-                n = torch.zeros(1, dtype=torch.int64)
+                n = torch.zeros(1, dtype=torch.int64, device=self.comm)
                 dist.recv(n, self.owner[0])
-                y = torch.empty(int(n), dtype=torch.int64)
+                y = torch.empty(int(n), dtype=torch.int64, device=self.comm)
                 dist.recv(y, self.owner[0])
+            y = y.cpu()
             logits = chain_forward(self.modules, self.config.model_stages, self.owner, self.rank, x, self.device)
             if self.last:
                 correct += torch.tensor([(logits.argmax(1).cpu() == y).sum().item(), len(y)], dtype=torch.float64)
         for m in self.modules.values():
             m.train()
+        correct = correct.to(self.comm)
         dist.all_reduce(correct, group=self.pp_group)
         return float(correct[0] / correct[1]) if correct[1] else 0.0
 
@@ -410,7 +415,7 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
             if c.crash_at is not None and tuple(c.crash_at) == (rank, step):
                 os.kill(os.getpid(), 9)
             stats = torch.tensor([loss if job.last else 0.0, wait if job.first else 0.0, busy,
-                                  pipe_s if job.first else 0.0])
+                                  pipe_s if job.first else 0.0], device=job.comm)
             dist.all_reduce(stats, group=job.pp_group)
             if report is not None:
                 report.step(step, epoch, float(stats[0]), float(stats[1]), float(stats[3]), float(stats[2]),
