@@ -235,7 +235,7 @@ class GaussianNoise(KernelTransform):
 
 
 def _make_solarize(integral: bool) -> Callable[..., None]:
-    bound = 255.0 if integral else 1.0
+    bound: Any = 255 if integral else 1.0  # an int for uint8 images keeps the loop in integers
 
     def solarize(out: Any, image: Any, y: int, x: int, threshold: Any, apply: Any) -> None:
         for c in range(image.shape[2]):
