@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-__all__ = ["MODELS", "build_model", "mlp", "resnet18", "resnet50", "resnet_cifar", "small_cnn", "vit_small"]
+__all__ = ["MODELS", "build_model", "mlp", "resnet18", "resnet50", "resnet_cifar", "resolve", "small_cnn", "vit_small"]
 
 Factory = Callable[..., nn.Module]
 
@@ -163,7 +163,12 @@ MODELS: dict[str, Factory] = {
 }
 
 
-def _factory(name: str) -> Factory:
+def resolve(name: str) -> Factory:
+    """The factory behind a ``--model`` value (a bundled name or ``package.module:factory``).
+
+    Raises:
+        ValueError: unknown name, or the import fails.
+    """
     if name in MODELS:
         return MODELS[name]
     if ":" not in name:
@@ -187,7 +192,7 @@ def build_model(name: str, num_classes: int, image_size: int, **kwargs: object) 
     Raises:
         ValueError: unknown name, import failure, or a factory that returns something other than layers.
     """
-    factory = _factory(name)
+    factory = resolve(name)
     try:
         model = factory(num_classes=num_classes, image_size=image_size, **kwargs)
     except TypeError:

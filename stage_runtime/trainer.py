@@ -32,7 +32,7 @@ from stallfree.stage_runtime import checkpoint as ckpt
 from stallfree.stage_runtime.clock import StageClock
 from stallfree.stage_runtime.feed import make_feed
 from stallfree.stage_runtime.launcher import StageFailure, free_port, launch, torchrun_env
-from stallfree.stage_runtime.models import build_model
+from stallfree.stage_runtime.models import build_model, resolve
 from stallfree.stage_runtime.partition import plan
 from stallfree.stage_runtime.report import Report, format_summary
 from stallfree.stage_runtime.schedules import (
@@ -142,6 +142,7 @@ def train_many(configs: Sequence[TrainConfig]) -> list[dict[str, Any]]:
     if len(sizes) != 1:
         raise ValueError(f"train_many needs jobs of one world size, got {sorted(sizes)}")
     for c in configs:
+        resolve(c.model)  # a bad --model fails here, in one line, not in every stage process
         Path(c.out_dir).mkdir(parents=True, exist_ok=True)
         (Path(c.out_dir) / "summary.json").unlink(missing_ok=True)
     env = torchrun_env()
