@@ -39,6 +39,7 @@ class CompiledTransforms:
 
     Raises:
         TypeError: a step that is not a :class:`Transform`.
+        stallfree.transforms.KernelError: a kernel step that Numba cannot compile (named, with Numba's reason).
         ValueError: an unknown dtype or layout, ``uint8`` output after ``Normalize``, or a spec whose output size
             differs between samples (batches need one size: end with a crop or a fixed-size ``Resize``).
     """
@@ -57,6 +58,11 @@ class CompiledTransforms:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         if dtype == "uint8" and any(isinstance(s, Normalize) for s in steps):
             raise ValueError("dtype='uint8' cannot follow Normalize (its output is float); drop one of them")
+        state = GraphState("cpu")
+        for step in steps:
+            step.prepare(state)
+            if isinstance(step, Normalize):
+                state = GraphState("cpu", "float32")
         self.steps = steps
         self.dtype: Dtype = dtype
         self.layout: Layout = layout

@@ -74,6 +74,13 @@ class Transform:
         """This sample's parameters, given its current ``(height, width)``, and its ``(height, width)`` after."""
         return {}, size
 
+    def prepare(self, state: GraphState) -> None:
+        """Check the step against the image it will get and do costly set-up (kernel compilation) now.
+
+        Called when the spec is checked, before any graph is built, so that a step that cannot run fails at
+        ``Loader(...)`` rather than at the first batch.
+        """
+
     def build(self, image: Any, params: Mapping[str, Any], state: GraphState) -> tuple[Any, GraphState]:
         """Apply the step to a DALI node, with ``params`` as DALI nodes of per-sample values."""
         raise NotImplementedError

@@ -75,9 +75,8 @@ def test_user_kernel_outside_the_graph() -> None:
 
 
 def test_compile_error_names_the_kernel_and_numbas_reason_before_any_batch(folder: Path) -> None:
-    loader = Loader(folder, batch_size=4, transform=[Resize((24, 24)), Broken()], num_threads=1)
     with pytest.raises(KernelError, match=r"kernel 'broken' does not compile with numba.njit.*(add|str)"):
-        iter(loader)  # the graph is built here, before the first batch is read
+        Loader(folder, batch_size=4, transform=[Resize((24, 24)), Broken()], num_threads=1)
 
 
 def test_prepare_compiles_when_the_spec_is_checked() -> None:
