@@ -1,0 +1,44 @@
+"""Every bundled model is a flat sequence of layers that the partitioner can cut anywhere."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from stallfree.stage_runtime.models import MODELS, build_model
+from stallfree.stage_runtime.partition import LayerCost, plan, split
+
+SIZES = {"resnet18": 32, "resnet50": 32, "vit_small": 16}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_bundled_model_split_in_two_computes_the_whole(name: str) -> None:
+    size = SIZES.get(name, 16)
+    model = build_model(name, num_classes=5, image_size=size).eval()
+    x = torch.randn(2, 3, size, size)
+    partition = plan(list(model), 2, costs=[LayerCost(1.0, 0, 0)] * len(model))  # measuring: test_partition
+    first, second = split(list(model), partition.balance)
+    with torch.no_grad():
+        assert torch.allclose(second(first(x)), model(x), atol=1e-6)
+        assert model(x).shape == (2, 5)
+
+
+def test_user_factories_by_module_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "my_models.py").write_text(
+        "from torch import nn\n"
+        "def layers(num_classes, image_size):\n"
+        "    return [nn.Flatten(), nn.Linear(3 * image_size * image_size, num_classes)]\n"
+        "def plain():\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(12, 2))\n"
+        "def not_layers(num_classes, image_size):\n"
+        "    return nn.Linear(2, 2)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert len(build_model("my_models:layers", 4, 2)) == 2
+    assert len(build_model("my_models:plain", 4, 2)) == 2
+    with pytest.raises(ValueError, match="returned Linear"):
+        build_model("my_models:not_layers", 4, 2)
+    with pytest.raises(ValueError, match="unknown model 'nope'"):
+        build_model("nope", 3, 8)
