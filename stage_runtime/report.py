@@ -26,8 +26,10 @@ class Report:
         out_dir.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a" if append else "w")  # noqa: SIM115 - kept open for the whole run
         self.ranks, self.replicas, self.progress, self.log_every = ranks, replicas, progress, log_every
-        self.totals = {"wait_s": 0.0, "step_s": 0.0, "busy_s": 0.0, "images": 0, "steps": 0, "compute_step_s": 0.0}
+        self.totals: dict[str, float] = {"wait_s": 0.0, "step_s": 0.0, "busy_s": 0.0, "images": 0, "steps": 0,
+                                         "compute_step_s": 0.0}
         self._bar: Any = None
+        self._first: dict[str, float] | None = None
         self.last_loss = float("nan")
 
     def epoch(self, epoch: int, steps: int, done: int = 0) -> None:
@@ -41,13 +43,15 @@ class Report:
     def step(self, step: int, epoch: int, loss: float, wait_s: float, pipe_s: float, busy_s: float,
              images: int) -> None:
         """Add one step: stage 0's input wait, the schedule's wall time, the ranks' summed busy time."""
-        t = self.totals
-        t["wait_s"] += wait_s
-        t["compute_step_s"] += pipe_s
-        t["step_s"] += wait_s + pipe_s
-        t["busy_s"] += busy_s
-        t["images"] += images * self.replicas
-        t["steps"] += 1
+        # The first step of a run pays for warm-up (DataLoader workers starting, first sends, allocations); the
+        # summary leaves it out when there are others, train.jsonl keeps it.
+        figures = {"wait_s": wait_s, "compute_step_s": pipe_s, "step_s": wait_s + pipe_s, "busy_s": busy_s,
+                   "images": images * self.replicas, "steps": 1}
+        if self._first is None:
+            self._first = figures
+        else:
+            for key, value in figures.items():
+                self.totals[key] += value
         self.last_loss = loss
         step_s = wait_s + pipe_s
         row = {
@@ -78,8 +82,8 @@ class Report:
             self._bar = None
 
     def fractions(self) -> dict[str, float]:
-        """Measured input-stall and bubble fractions and throughput over all steps so far."""
-        t = self.totals
+        """Measured input-stall and bubble fractions and throughput over the steps after the first."""
+        t = self.totals if self.totals["steps"] else (self._first or self.totals)
         return {
             "input_stall_fraction": t["wait_s"] / t["step_s"] if t["step_s"] else 0.0,
             "bubble_fraction": max(0.0, 1 - t["busy_s"] / (self.ranks * t["compute_step_s"]))
