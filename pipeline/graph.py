@@ -50,6 +50,8 @@ class Graph:
         num_threads: DALI's CPU worker threads.
         device_id: ``None`` for DALI's CPU operators, else the CUDA device that decodes (nvJPEG) and transforms.
         encoded: inputs are encoded images (else HWC uint8 pixels).
+        seed: seeds DALI's own random operators (only the auto-augment policies use them; every other random
+            parameter comes from the sample-keyed generator and is fed in).
     """
 
     def __init__(
@@ -60,9 +62,10 @@ class Graph:
         num_threads: int,
         device_id: int | None,
         encoded: bool,
+        seed: int = 0,
     ):
         self.compiled, self.batch_size, self.num_threads = compiled, batch_size, num_threads
-        self.device_id, self.encoded = device_id, encoded
+        self.device_id, self.encoded, self.seed = device_id, encoded, seed
         self._pipe = self._build(batch_size)
         self._probe: Any = None
 
@@ -79,8 +82,10 @@ class Graph:
             batch_size=batch_size,
             num_threads=self.num_threads,
             device_id=self.device_id,
+            seed=self.seed % (1 << 31),
             exec_dynamic=True,  # outputs stay valid while torch holds them, so DLPack needs no copy
             prefetch_queue_depth=1,  # the Loader's own threads prefetch; DALI runs one batch at a time
+            enable_conditionals=compiled.conditionals,  # the auto-augment policies choose operations per sample
         )
         def pipeline() -> Any:
             source = fn.external_source(name="images", dtype=types.UINT8, layout=None if encoded else "HWC")

@@ -301,6 +301,7 @@ class Loader:
                 num_threads=self.num_threads,
                 device_id=self._graph_device,
                 encoded=self.encoded,
+                seed=self.seed,
             )
         k = self.echo if self.echo_mode == "batch" else 1
         run = _EpochRun(self, self._graph, position, (delivered - repeat) // k)

@@ -67,6 +67,7 @@ class CompiledTransforms:
         self.dtype: Dtype = dtype
         self.layout: Layout = layout
         self.output_size = self._output_size()
+        self.conditionals = any(step.conditionals for step in steps)
         self.param_inputs: dict[str, type] = {
             f"{i}.{name}": kind for i, step in enumerate(steps) for name, kind in step.params.items()
         }

@@ -53,6 +53,8 @@ class AutoAugment(Transform):
     ``interpolation`` and ``fill`` default as torchvision's (nearest, black). ``seed`` seeds DALI's policy draws.
     """
 
+    conditionals = True
+
     policy: Literal["imagenet", "cifar10", "svhn"] = "imagenet"
     interpolation: Interpolation = "nearest"
     fill: int | None = None
@@ -73,6 +75,8 @@ class AutoAugment(Transform):
 @dataclass(frozen=True)
 class RandAugment(Transform):
     """RandAugment: ``num_ops`` operations drawn uniformly, each at ``magnitude`` of ``num_magnitude_bins``."""
+
+    conditionals = True
 
     num_ops: int = 2
     magnitude: int = 9
@@ -105,6 +109,8 @@ class RandAugment(Transform):
 @dataclass(frozen=True)
 class TrivialAugmentWide(Transform):
     """TrivialAugment (wide): one operation and one magnitude bin, both uniform, per sample."""
+
+    conditionals = True
 
     num_magnitude_bins: int = 31
     interpolation: Interpolation = "nearest"

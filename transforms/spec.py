@@ -34,15 +34,16 @@ Size = tuple[int, int]  # (height, width), as torchvision orders sizes
 
 
 def _size_pair(name: str, size: int | Sequence[int]) -> Size:
+    # No annotated locals here: DALI's AutoGraph (conditional graphs) cannot rewrite them.
     if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
-        pair: tuple[int, ...] = (int(size), int(size))
+        height = width = int(size)
     elif isinstance(size, Sequence) and len(size) in (1, 2) and all(isinstance(s, (int, np.integer)) for s in size):
-        pair = (int(size[0]), int(size[-1]))
+        height, width = int(size[0]), int(size[-1])
     else:
         raise ValueError(f"{name}: size must be an int or a (height, width) pair of ints, got {size!r}")
-    if min(pair) <= 0:
+    if min(height, width) <= 0:
         raise ValueError(f"{name}: size must be positive, got {size!r}")
-    return pair[0], pair[1]
+    return height, width
 
 
 def _range_pair(name: str, arg: str, value: Sequence[float], low: float = 0.0) -> tuple[float, float]:
@@ -69,6 +70,8 @@ class Transform:
     params: Mapping[str, type] = {}
     #: Whether the step can change the image size (then :meth:`fixed_size` says whether it fixes it).
     changes_size: bool = False
+    #: Whether the step uses DALI's conditional execution (the graph is then defined with enable_conditionals).
+    conditionals: bool = False
 
     def draw(self, rng: SampleRandom, size: Size) -> tuple[dict[str, Any], Size]:
         """This sample's parameters, given its current ``(height, width)``, and its ``(height, width)`` after."""

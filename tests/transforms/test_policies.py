@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from stallfree.transforms import AutoAugment, CenterCrop, Normalize, RandAugment, TrivialAugmentWide
 from stallfree.transforms.compile import CompiledTransforms
@@ -61,3 +62,15 @@ def test_policies_refuse_float_images_when_the_graph_is_built() -> None:
     with pytest.raises(ValueError, match="fill must be one int"):
         RandAugment(fill=(1, 2, 3)).build(None, {}, GraphState("cpu", "uint8"))  # type: ignore[arg-type]
     assert Normalize  # the order users write: [..., RandAugment(), Normalize(...)]
+
+
+def test_policies_run_inside_the_loader(image_folder) -> None:
+    # Regression: without enable_conditionals DALI raised "DataNode was used in conditional context".
+    from stallfree import Loader
+    from stallfree.transforms import RandomResizedCrop
+
+    spec = [RandomResizedCrop(24), TrivialAugmentWide(), Normalize()]
+    first = list(Loader(image_folder, batch_size=8, transform=spec, num_threads=1, seed=4))
+    again = list(Loader(image_folder, batch_size=8, transform=spec, num_threads=1, seed=4))
+    assert [images.shape for images, _ in first] == [(8, 3, 24, 24)] * 3
+    assert all(torch.equal(a, b) for (a, _), (b, _) in zip(first, again, strict=True))
