@@ -14,7 +14,6 @@ the same sampler state would have to re-list the dataset and keep two cursors in
 
 from __future__ import annotations
 
-import copy
 import datetime
 import json
 import os
@@ -26,24 +25,20 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from stallfree.stage_runtime import checkpoint as ckpt
 from stallfree.stage_runtime.clock import StageClock
-from stallfree.stage_runtime.feed import make_feed
 from stallfree.stage_runtime.launcher import StageFailure, free_port, launch, torchrun_env
-from stallfree.stage_runtime.models import build_model, resolve
-from stallfree.stage_runtime.partition import plan
+from stallfree.stage_runtime.models import resolve
+from stallfree.stage_runtime.rank import Rank
 from stallfree.stage_runtime.report import Report, format_summary
 from stallfree.stage_runtime.schedules import (
     SCHEDULES,
-    build_schedule,
     check_microbatches,
     stage_owner,
     stages_per_rank,
     theoretical_bubble,
 )
-from stallfree.stage_runtime.stage import TimedStage, chain_forward
 
 __all__ = ["StageFailure", "TrainConfig", "demo_config", "train", "train_many"]
 
@@ -163,209 +158,6 @@ def _stages_of(config: TrainConfig, rank: int) -> list[int]:
     return [s for s in range(config.model_stages) if stage_owner(config.schedule, s, config.stages) == pp]
 
 
-def _stage_shapes(layers: list[nn.Module], bounds: list[int], micro: tuple[int, ...]) -> list[tuple[Any, Any]]:
-    """Each stage's (input, output) as meta tensors, from a forward of a meta copy of the model.
-
-    Giving them to ``PipelineStage`` skips its runtime shape inference, which runs the stages' forward on
-    uninitialised buffers and so writes NaN into BatchNorm's running statistics of every stage but the first.
-    """
-    meta = [copy.deepcopy(layer).to("meta") for layer in layers]
-    x = torch.empty(micro, device="meta")
-    shapes = []
-    with torch.no_grad():
-        for s in range(len(bounds) - 1):
-            inp = x
-            for layer in meta[bounds[s]:bounds[s + 1]]:
-                x = layer(x)
-            # requires_grad says which tensors carry a gradient back: all activations, not the images.
-            shapes.append((inp.detach().requires_grad_(s > 0), x.detach().requires_grad_(True)))
-    return shapes
-
-
-class _Job:
-    """One rank's view of the job: groups, its stages, schedule, optimizer, feeds."""
-
-    def __init__(self, rank: int, config: TrainConfig, local_rank: int):
-        c = self.config = config
-        self.rank, self.pp, self.replica = rank, rank % c.stages, rank // c.stages
-        cuda = c.device.startswith("cuda")
-        self.device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-        if cuda:
-            torch.cuda.set_device(self.device)
-        self.comm = self.device if cuda else torch.device("cpu")  # NCCL sends CUDA tensors, gloo CPU ones
-        # Every rank must create every group, in the same order.
-        self.pp_group = self.dp_group = None
-        for d in range(c.dp):
-            g = dist.new_group([d * c.stages + p for p in range(c.stages)])
-            if d == self.replica:
-                self.pp_group = g
-        for p in range(c.stages):
-            g = dist.new_group([d * c.stages + p for d in range(c.dp)])
-            if p == self.pp:
-                self.dp_group = g
-        self.base = self.replica * c.stages  # global rank of this replica's pipeline rank 0
-        self.owner = [self.base + stage_owner(c.schedule, s, c.stages) for s in range(c.model_stages)]
-        self.clock = StageClock()
-        self.feed = self.eval_feed = None
-        info = torch.zeros(2, dtype=torch.int64, device=self.comm)
-        if self.pp == 0:
-            common = {"batch_size": c.batch_size, "image_size": c.image_size, "seed": c.seed, "replica": self.replica,
-                      "replicas": c.dp, "samples": c.samples, "device": str(self.device),
-                      "num_classes": c.num_classes or 10, "kind": c.feed, "workers": c.loader_threads}
-            self.feed = make_feed(c.data, train=True, clock=self.clock, **common)
-            if c.eval_data is not None or c.data is None:
-                self.eval_feed = make_feed(c.eval_data, train=False, **common)
-            info[0] = len(self.feed)
-            info[1] = c.num_classes or len(self.feed.classes)
-        dist.broadcast(info, self.base, group=self.pp_group)
-        self.steps_per_epoch, self.num_classes = int(info[0]), int(info[1])
-
-    def build(self) -> None:
-        """Plan the split (measured on global rank 0), build this rank's stages, schedule and optimizer."""
-        c = self.config
-        torch.manual_seed(c.seed)
-        layers = list(build_model(c.model, self.num_classes, c.image_size, **c.model_kwargs))
-        chosen: list[Any] = [c.balance]
-        if c.resume and c.balance is None and self.rank == 0 and ckpt.latest(c.ckpt_root) is not None:
-            chosen = [tuple(ckpt.load_meta(c.ckpt_root, ckpt.latest(c.ckpt_root))["balance"])]
-            if c.progress:
-                print(f"split: balance {','.join(map(str, chosen[0]))} (from the checkpoint)", flush=True)
-        elif self.rank == 0:
-            sample = torch.randn(c.batch_size // c.microbatches, 3, c.image_size, c.image_size)
-            partition = plan(layers, c.model_stages, sample=sample, balance=c.balance)
-            if c.progress:
-                print(partition.describe(), flush=True)
-            chosen = [partition.balance]
-        dist.broadcast_object_list(chosen, 0)
-        self.balance = tuple(chosen[0])
-        bounds = [sum(self.balance[:i]) for i in range(len(self.balance) + 1)]
-        self.modules = {s: nn.Sequential(*layers[bounds[s]:bounds[s + 1]]).to(self.device)
-                        for s in range(c.model_stages) if self.owner[s] == self.rank}
-        shapes = _stage_shapes(layers, bounds, (c.batch_size // c.microbatches, 3, c.image_size, c.image_size))
-        self.stages = [TimedStage(m, s, c.model_stages, self.device, input_args=shapes[s][0],
-                                  output_args=shapes[s][1], group=self.pp_group, clock=self.clock)
-                       for s, m in self.modules.items()]
-        self.schedule = build_schedule(c.schedule, self.stages, c.microbatches, nn.functional.cross_entropy)
-        self.params = [p for m in self.modules.values() for p in m.parameters()]
-        self.optimizer = torch.optim.SGD(self.params, lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay)
-
-    @property
-    def first(self) -> bool:
-        return self.owner[0] == self.rank
-
-    @property
-    def last(self) -> bool:
-        return self.owner[-1] == self.rank
-
-    def save(self, step: int, epoch: int) -> None:
-        """Every rank saves its file; after a barrier global rank 0 writes the manifest that makes it current."""
-        c = self.config
-        state = {"modules": {str(s): m.state_dict() for s, m in self.modules.items()},
-                 "optimizer": self.optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
-                 "feed": json.dumps(self.feed.state_dict()) if self.feed is not None else ""}
-        if self.device.type == "cuda":
-            state["cuda_rng"] = torch.cuda.get_rng_state(self.device)
-        ckpt.save_rank(c.ckpt_root, step, self.rank, state)
-        dist.barrier()
-        if self.rank == 0:
-            ckpt.save_meta(c.ckpt_root, step, {"step": step, "epoch": epoch, "balance": list(self.balance),
-                                               "world_size": c.world_size, "schedule": c.schedule})
-            ckpt.prune(c.ckpt_root, c.keep_checkpoints)
-        dist.barrier()
-
-    def restore(self) -> tuple[int, int]:
-        """Load the latest checkpoint; returns ``(step, epoch)`` to continue from (``(0, 0)`` without one)."""
-        c = self.config
-        step = ckpt.latest(c.ckpt_root)
-        if step is None:
-            raise FileNotFoundError(f"--resume: no checkpoint under {c.ckpt_root} (no latest.json)")
-        meta = ckpt.load_meta(c.ckpt_root, step)
-        if tuple(meta["balance"]) != self.balance:
-            raise ValueError(f"checkpoint was saved with balance {meta['balance']}, this run splits "
-                             f"{list(self.balance)}; pass --balance {','.join(map(str, meta['balance']))}")
-        state = ckpt.load_rank(c.ckpt_root, step, self.rank)
-        for s, m in self.modules.items():
-            m.load_state_dict(state["modules"][str(s)])
-        self.optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["torch_rng"])
-        if "cuda_rng" in state and self.device.type == "cuda":
-            torch.cuda.set_rng_state(state["cuda_rng"], self.device)
-        if self.feed is not None and state["feed"]:
-            self.feed.load_state_dict(json.loads(state["feed"]))
-        return step, int(meta["epoch"])
-
-    def train_step(self, images: Any, labels: Any) -> tuple[float, float, float]:
-        """One optimizer step; returns ``(summed micro-batch loss or 0, schedule seconds, busy seconds)``."""
-        c = self.config
-        for stage in self.stages:
-            stage.step_number += 1
-        if labels is not None:
-            labels = labels.to(self.comm)
-        if self.first and not self.last:
-            dist.send(labels, self.owner[-1])
-        elif self.last and not self.first:
-            labels = torch.empty(c.batch_size, dtype=torch.int64, device=self.comm)
-            dist.recv(labels, self.owner[0])
-        if labels is not None:
-            labels = labels.to(self.device)
-        losses: list[torch.Tensor] = []
-        start = time.perf_counter()
-        if self.first and self.last:
-            self.schedule.step(images.to(self.device), target=labels, losses=losses)
-        elif self.first:
-            self.schedule.step(images.to(self.device))
-        elif self.last:
-            self.schedule.step(target=labels, losses=losses)
-        else:
-            self.schedule.step()
-        pipe_s = time.perf_counter() - start
-        if c.dp > 1:
-            for p in self.params:
-                if p.grad is not None:
-                    dist.all_reduce(p.grad, group=self.dp_group)
-                    p.grad /= c.dp
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        busy = sum(s.take_busy() for s in self.stages)
-        loss = float(sum(x.item() for x in losses) / len(losses)) if losses else 0.0
-        return loss, pipe_s, busy
-
-    def evaluate(self) -> float:
-        """Top-1 accuracy of the held-out split through the stages; -1.0 without one."""
-        has = torch.tensor([1 if self.eval_feed is not None else 0], device=self.comm)
-        dist.broadcast(has, self.base, group=self.pp_group)
-        if not int(has):
-            return -1.0
-        for m in self.modules.values():
-            m.eval()
-        feed: Any = self.eval_feed
-        correct, total = torch.zeros(2, dtype=torch.float64), iter(feed) if self.first else None
-        while True:
-            batch = next(total, None) if total is not None else None
-            flag = torch.tensor([0 if (self.first and batch is None) else 1], device=self.comm)
-            dist.broadcast(flag, self.base, group=self.pp_group)
-            if not int(flag):
-                break
-            x, y = (batch[0].to(self.device), batch[1]) if batch is not None else (None, torch.empty(0))
-            if self.first and not self.last:  # the length first: the last evaluation batch may be short
-                dist.send(torch.tensor([len(y)], device=self.comm), self.owner[-1])
-                dist.send(y.to(self.comm), self.owner[-1])
-            elif self.last and not self.first:
-                n = torch.zeros(1, dtype=torch.int64, device=self.comm)
-                dist.recv(n, self.owner[0])
-                y = torch.empty(int(n), dtype=torch.int64, device=self.comm)
-                dist.recv(y, self.owner[0])
-            y = y.cpu()
-            logits = chain_forward(self.modules, self.config.model_stages, self.owner, self.rank, x, self.device)
-            if self.last:
-                correct += torch.tensor([(logits.argmax(1).cpu() == y).sum().item(), len(y)], dtype=torch.float64)
-        for m in self.modules.values():
-            m.train()
-        correct = correct.to(self.comm)
-        dist.all_reduce(correct, group=self.pp_group)
-        return float(correct[0] / correct[1]) if correct[1] else 0.0
-
-
 def _worker(rank: int, configs: list[TrainConfig], port: int | None, local_rank: int | None) -> None:
     first = configs[0]
     if port is not None:
@@ -384,7 +176,7 @@ def _worker(rank: int, configs: list[TrainConfig], port: int | None, local_rank:
 
 
 def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
-    job = _Job(rank, c, local_rank)
+    job = Rank(rank, c, local_rank)
     job.build()
     step, start_epoch = job.restore() if c.resume else (0, 0)
     out = Path(c.out_dir)
