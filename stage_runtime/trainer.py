@@ -141,6 +141,9 @@ def train_many(configs: Sequence[TrainConfig]) -> list[dict[str, Any]]:
         Path(c.out_dir).mkdir(parents=True, exist_ok=True)
         (Path(c.out_dir) / "summary.json").unlink(missing_ok=True)
     env = torchrun_env()
+    if env is not None and env[1] != configs[0].world_size:
+        raise ValueError(f"torchrun started {env[1]} processes but --stages {configs[0].stages} x --dp "
+                         f"{configs[0].dp} needs {configs[0].world_size}; match --nproc-per-node x --nnodes to it")
     if env is not None:
         _worker(env[0], list(configs), None, env[2])
     else:
