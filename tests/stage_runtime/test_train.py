@@ -115,3 +115,21 @@ def test_killed_stage_ends_job_with_named_error_and_intact_checkpoint(runs: dict
     for rank in range(config.world_size):
         assert ckpt.load_rank(config.ckpt_root, 2, rank)["modules"]
     shutil.rmtree(runs["out"], ignore_errors=True)
+
+
+def test_two_replicas_equal_single_process_over_both_shards(tmp_path: Path) -> None:
+    config = _config(tmp_path, "dp", "1f1b", 2, (3, 5), dp=2, max_steps=3)
+    train_many([config])
+    torch.manual_seed(config.seed)
+    model = build_model(config.model, 10, config.image_size, **config.model_kwargs)
+    opt = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
+    batches = iter(TensorBatches(config.samples, config.batch_size, config.image_size, 10, seed=config.seed))
+    for _ in range(3):  # replica d takes batch 2k+d; the replicas' gradients are averaged
+        for _replica in range(2):
+            x, y = next(batches)
+            for xm, ym in zip(x.tensor_split(2), y.tensor_split(2), strict=True):
+                (torch.nn.functional.cross_entropy(model(xm), ym) / 4).backward()
+        opt.step()
+        opt.zero_grad()
+    got, want = _weights(config), model.state_dict()
+    assert max(float((got[k] - want[k]).abs().max()) for k in want) <= 1e-5
