@@ -1,0 +1,38 @@
+"""The command line: every command has --help with examples; bad input is one line and exit code 2."""
+
+from pathlib import Path
+
+import pytest
+
+from stallfree.cli import COMMANDS, main
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help_with_examples(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    assert "example" in capsys.readouterr().out
+
+
+def test_bench_loader_prints_a_table_with_ratios(image_folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["bench", "loader", str(image_folder), "--batch-size", "4", "--batches", "2", "--repeats", "1",
+                 "--threads", "1", "--only", "stallfree", "torch", "dali"])
+    out = capsys.readouterr().out
+    assert code == 0
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "x |" in line]
+    assert [row.split("|")[1].strip() for row in rows] == ["stallfree", "torch DataLoader", "plain DALI"]
+    assert rows[1].rstrip().endswith("1.00x |")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["bench", "loader", "/nonexistent-data"], "image folder /nonexistent-data does not exist"),
+        (["demo", "--images", "3"], "--images must be at least one batch of 64"),
+    ],
+)
+def test_errors_are_one_line_and_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
