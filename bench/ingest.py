@@ -72,24 +72,10 @@ def _ingest_rates(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
 
 def _loader_rates(args: argparse.Namespace, work: Path) -> dict[str, list[float]]:
     from stallfree.bench import loader as bench_loader
-    from stallfree.ingest.runner import ingest
-    from stallfree.ingest.writer import IngestOptions
 
-    shards, small = work / "shards", work / "shards-256"
-    ingest(args.data, shards, IngestOptions(shard_mb=64), workers=max(args.workers))
-    ingest(args.data, small, IngestOptions(shard_mb=64, max_side=256), workers=max(args.workers))
-    base = {"batch_size": args.batch_size, "batches": args.batches, "repeats": args.repeats, "threads": args.threads,
-            "device": args.device}
-    contenders = {
-        "Loader, folder": ("stallfree", args.data),
-        "Loader, shards": ("stallfree", shards),
-        "Loader, shards --max-side 256": ("stallfree", small),
-        "torch DataLoader, folder": ("torch", args.data),
-    }
-    return {
-        label: bench_loader._measure(name, argparse.Namespace(data=data, **base))  # noqa: SLF001 - same subpackage
-        for label, (name, data) in contenders.items()
-    }
+    runs = [("stallfree, folder", "stallfree", args.data), *bench_loader.shard_runs(args, work),
+            ("torch DataLoader, folder", "torch", args.data)]
+    return bench_loader.measure_runs(runs, args)
 
 
 def run(args: argparse.Namespace) -> int:

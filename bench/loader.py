@@ -18,6 +18,7 @@ import math
 import os
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -29,6 +30,7 @@ __all__ = ["add_arguments", "run"]
 
 EXAMPLES = """examples:
   stallfree bench loader ./bench-data --synthetic 2000     # make 2,000 ImageNet-sized JPEGs there first
+  stallfree bench loader ./bench-data --shards             # and the Loader over Arrow shards of the same files
   stallfree bench loader ~/imagenet/train --batches 50 --repeats 5 --json result.json
 """
 
@@ -49,6 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu",
                         help="cpu, or cuda[:N]: stallfree and DALI decode with nvJPEG and augment on that GPU; "
                         "torch's DataLoader pins its batches and copies them there")
+    parser.add_argument("--shards", action="store_true",
+                        help="also ingest DATA into Arrow shards, as it is and with --max-side 256, and time the "
+                        "Loader over both (torch's DataLoader stays on the original folder)")
     parser.add_argument("--only", nargs="+", choices=CONTENDERS,
                         help="run only these: stallfree, torch (DataLoader), dali (plain pipeline), decode (DALI)")
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -184,6 +189,23 @@ def _measure(name: str, args: argparse.Namespace) -> list[float]:
     return rates
 
 
+def shard_runs(args: argparse.Namespace, work: Path) -> list[tuple[str, str, Path]]:
+    """Ingest ``args.data`` into shards in ``work``, as it is and with ``--max-side 256``: (label, contender, data)."""
+    from stallfree.ingest.runner import ingest
+    from stallfree.ingest.writer import IngestOptions
+
+    workers = len(os.sched_getaffinity(0))
+    shards, small = work / "shards", work / "shards-max-side-256"
+    ingest(args.data, shards, IngestOptions(shard_mb=64), workers=workers, progress=True)
+    ingest(args.data, small, IngestOptions(shard_mb=64, max_side=256), workers=workers, progress=True)
+    return [("stallfree, shards", "stallfree", shards), ("stallfree, shards --max-side 256", "stallfree", small)]
+
+
+def measure_runs(runs: list[tuple[str, str, Path]], args: argparse.Namespace) -> dict[str, list[float]]:
+    """Time each (label, contender, data) in turn; img/s of every timed pass, by label."""
+    return {label: _measure(name, argparse.Namespace(**{**vars(args), "data": data})) for label, name, data in runs}
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark and print its table; returns the exit code."""
     if args.synthetic and not (args.data.exists() and any(args.data.iterdir())):
@@ -197,18 +219,21 @@ def run(args: argparse.Namespace) -> int:
     files = _files(args.data)
     if len(files) < args.batch_size:
         raise ValueError(f"{args.data} has {len(files)} images, fewer than one batch of {args.batch_size}")
-    names = args.only or list(CONTENDERS)
-    results = {name: _measure(name, args) for name in names}
-    medians = {name: statistics.median(rates) for name, rates in results.items()}
-    base = medians.get("torch")
+    runs = [(LABELS[name], name, args.data) for name in args.only or list(CONTENDERS)]
+    with tempfile.TemporaryDirectory(prefix="stallfree-bench-shards-") as work:
+        if getattr(args, "shards", False):
+            runs[1:1] = shard_runs(args, Path(work))
+        results = measure_runs(runs, args)
+    medians = {label: statistics.median(rates) for label, rates in results.items()}
+    base = medians.get(LABELS["torch"])
     print(f"{len(files)} images in {args.data}, batch {args.batch_size}, {args.threads} threads, {args.device}, "
           f"median of {args.repeats} x {args.batches} batches")
-    print(f"| {'loader':<20} | {'img/s (median)':>14} | {'runs':<24} | {'vs torch DataLoader':>19} |")
-    print(f"|{'-' * 22}|{'-' * 16}:|{'-' * 26}|{'-' * 20}:|")
-    for name, median in medians.items():
+    print(f"| {'loader':<33} | {'img/s (median)':>14} | {'runs':<28} | {'vs torch DataLoader':>19} |")
+    print(f"|{'-' * 35}|{'-' * 15}:|{'-' * 30}|{'-' * 20}:|")
+    for label, median in medians.items():
         ratio = f"{median / base:.2f}x" if base else "-"
-        runs = ", ".join(f"{r:.0f}" for r in results[name])
-        print(f"| {LABELS[name]:<20} | {median:>14.0f} | {runs:<24} | {ratio:>19} |")
+        runs_text = ", ".join(f"{r:.0f}" for r in results[label])
+        print(f"| {label:<33} | {median:>14.0f} | {runs_text:<28} | {ratio:>19} |")
     if args.json:
         args.json.write_text(json.dumps({"images": len(files), "batch_size": args.batch_size, "threads": args.threads,
                                          "device": args.device, "runs": results, "median": medians}, indent=2))

@@ -17,12 +17,13 @@ def test_every_command_has_help_with_examples(command: str, capsys: pytest.Captu
 
 def test_bench_loader_prints_a_table_with_ratios(image_folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["bench", "loader", str(image_folder), "--batch-size", "4", "--batches", "2", "--repeats", "1",
-                 "--threads", "1", "--only", "stallfree", "torch", "dali"])
+                 "--threads", "1", "--only", "stallfree", "torch", "dali", "--shards"])
     out = capsys.readouterr().out
     assert code == 0
     rows = [line for line in out.splitlines() if line.startswith("| ") and "x |" in line]
-    assert [row.split("|")[1].strip() for row in rows] == ["stallfree", "torch DataLoader", "plain DALI"]
-    assert rows[1].rstrip().endswith("1.00x |")
+    assert [row.split("|")[1].strip() for row in rows] == [
+        "stallfree", "stallfree, shards", "stallfree, shards --max-side 256", "torch DataLoader", "plain DALI"]
+    assert rows[3].rstrip().endswith("1.00x |")
 
 
 @pytest.mark.parametrize(
