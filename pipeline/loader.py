@@ -227,8 +227,7 @@ class Loader:
         self.epoch = 0
         self._resume: tuple[int, int, int] | None = None  # (position, repeat, batches delivered)
         self._delivered = (0, 0, 0)
-        self._epoch_skipped: list[dict[str, Any]] = []
-        self.skipped: list[dict[str, Any]] = []
+        self.skipped: list[dict[str, Any]] = []  # this epoch's, so it is also what a resumed Loader carries on
         self._active: _EpochRun | None = None
 
     @property
@@ -240,7 +239,12 @@ class Loader:
         """Batches this rank yields per epoch."""
         per_rank = len(self.sampler)
         batches = per_rank // self.batch_size if self.drop_last else math.ceil(per_rank / self.batch_size)
-        return batches * (self.echo if self.echo_mode == "batch" else 1)
+        return batches * self._batch_echo
+
+    @property
+    def _batch_echo(self) -> int:
+        """How many times each batch is yielded (``echo`` in batch mode, else 1)."""
+        return self.echo if self.echo_mode == "batch" else 1
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch``'s permutation and augmentation next (epochs also advance by themselves after each pass)."""
@@ -266,7 +270,7 @@ class Loader:
             "num_rows": len(self.reader),
             "echo": self.echo,
             "echo_mode": self.echo_mode,
-            "skipped": list(self._epoch_skipped),
+            "skipped": list(self.skipped),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -283,7 +287,6 @@ class Loader:
                 raise ValueError(f"Loader state has {key}={state[key]!r} but this Loader has {key}={mine[key]!r}")
         self.epoch = int(state["epoch"])
         self._resume = (int(state["position"]), int(state["repeat"]), int(state["batches"]))
-        self._epoch_skipped = list(state["skipped"])
         self.skipped = list(state["skipped"])
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -291,7 +294,7 @@ class Loader:
             self._active.stop()
         position, repeat, delivered = self._resume or (0, 0, 0)
         if self._resume is None:
-            self._epoch_skipped, self.skipped = [], []
+            self.skipped = []
         self._resume = None
         self._delivered = (position, repeat, delivered)
         if self._graph is None:
@@ -303,16 +306,14 @@ class Loader:
                 encoded=self.encoded,
                 seed=self.seed,
             )
-        k = self.echo if self.echo_mode == "batch" else 1
-        run = _EpochRun(self, self._graph, position, (delivered - repeat) // k)
+        run = _EpochRun(self, self._graph, position, (delivered - repeat) // self._batch_echo)
         self._active = run
         return self._deliver(run, repeat, delivered)
 
     def _deliver(self, run: _EpochRun, repeat: int, delivered: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        k = self.echo if self.echo_mode == "batch" else 1
+        k = self._batch_echo
         try:
             for batch in run:
-                self._epoch_skipped.extend(batch.skipped)
                 self.skipped.extend(batch.skipped)
                 if batch.output is None:  # every sample of the batch failed to decode and was skipped
                     self._delivered = (batch.end, 0, delivered)
