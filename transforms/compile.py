@@ -150,8 +150,7 @@ class CompiledTransforms:
         import nvidia.dali.types as types
 
         if normalize is not None:
-            scale = 255.0 if state.dtype == "uint8" else 1.0
-            mean, std = [m * scale for m in normalize.mean], [s * scale for s in normalize.std]
+            mean, std = normalize.scaled(state)
         elif state.dtype == "uint8" and self.dtype != "uint8":
             mean, std = [0.0] * 3, [255.0] * 3  # float output without Normalize is scaled to [0, 1], as ToTensor
         else:

@@ -299,15 +299,20 @@ class Normalize(Transform):
         if any(s <= 0 for s in self.std):
             raise ValueError(f"Normalize: std must be positive, got {self.std!r}")
 
+    def scaled(self, state: GraphState) -> tuple[list[float], list[float]]:
+        """``mean`` and ``std`` on the scale of the image in ``state`` (0..255 for uint8)."""
+        scale = 255.0 if state.dtype == "uint8" else 1.0
+        return [m * scale for m in self.mean], [s * scale for s in self.std]
+
     def build(self, image: Any, params: Mapping[str, Any], state: GraphState) -> tuple[Any, GraphState]:
         import nvidia.dali.fn as fn
         import nvidia.dali.types as types
 
-        scale = 255.0 if state.dtype == "uint8" else 1.0
+        mean, std = self.scaled(state)
         normalized = fn.crop_mirror_normalize(
             image,
-            mean=[m * scale for m in self.mean],
-            std=[s * scale for s in self.std],
+            mean=mean,
+            std=std,
             dtype=types.FLOAT,
             output_layout="HWC",
             device=state.device,
