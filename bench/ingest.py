@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -80,12 +78,9 @@ def _loader_rates(args: argparse.Namespace, work: Path) -> dict[str, list[float]
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark and print its tables; returns the exit code."""
-    if args.synthetic and not (args.data.exists() and any(args.data.iterdir())):
-        from stallfree.ingest.synthetic import make_image_folder
+    from stallfree.bench.loader import write_synthetic
 
-        per_class = math.ceil(args.synthetic / 8)
-        print(f"writing {per_class * 8} synthetic JPEGs to {args.data} ...", file=sys.stderr)
-        make_image_folder(args.data, num_classes=8, per_class=per_class, size=(375, 500), vary_size=True)
+    write_synthetic(args.data, args.synthetic)
     if any(w < 1 for w in args.workers) or args.batches < 1 or args.repeats < 1:
         raise ValueError(f"--workers, --batches and --repeats must be positive, got {args.workers}, "
                          f"{args.batches}, {args.repeats}")

@@ -189,6 +189,16 @@ def _measure(name: str, args: argparse.Namespace) -> list[float]:
     return rates
 
 
+def write_synthetic(data: Path, count: int) -> None:
+    """Write ``count`` ImageNet-sized synthetic JPEGs (about 0.19 MP) into ``data`` unless it already holds files."""
+    if count and not (data.exists() and any(data.iterdir())):
+        from stallfree.ingest.synthetic import make_image_folder
+
+        per_class = math.ceil(count / 8)
+        print(f"writing {per_class * 8} synthetic JPEGs to {data} ...", file=sys.stderr)
+        make_image_folder(data, num_classes=8, per_class=per_class, size=(375, 500), vary_size=True)
+
+
 def shard_runs(args: argparse.Namespace, work: Path) -> list[tuple[str, str, Path]]:
     """Ingest ``args.data`` into shards in ``work``, as it is and with ``--max-side 256``: (label, contender, data)."""
     from stallfree.ingest.runner import ingest
@@ -208,12 +218,7 @@ def measure_runs(runs: list[tuple[str, str, Path]], args: argparse.Namespace) ->
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark and print its table; returns the exit code."""
-    if args.synthetic and not (args.data.exists() and any(args.data.iterdir())):
-        from stallfree.ingest.synthetic import make_image_folder
-
-        per_class = math.ceil(args.synthetic / 8)
-        print(f"writing {per_class * 8} synthetic JPEGs to {args.data} ...", file=sys.stderr)
-        make_image_folder(args.data, num_classes=8, per_class=per_class, size=(375, 500), vary_size=True)
+    write_synthetic(args.data, args.synthetic)
     if args.batches < 1 or args.repeats < 1 or args.batch_size < 1:
         raise ValueError("--batches, --repeats and --batch-size must be positive")
     files = _files(args.data)
