@@ -280,7 +280,8 @@ def plan_source(source: str | os.PathLike[str]) -> Plan:
         if suffix == ".tar":
             return _webdataset(path)
         raise ValueError(f"source {path}: expected an image folder, a .csv/.parquet list or a .tar, got {suffix!r}")
-    has_dirs = any(entry.is_dir() for entry in os.scandir(path))
+    with os.scandir(path) as entries:
+        has_dirs = any(entry.is_dir() for entry in entries)
     if not has_dirs and any(path.glob("*.tar")):
         return _webdataset(path)
     return _folder(path)

@@ -76,7 +76,7 @@ class Graph:
 
         compiled, encoded = self.compiled, self.encoded
         device = "cpu" if self.device_id is None else "gpu"
-        dali_types = {np.float32: types.FLOAT, np.int32: types.INT32}
+        dali_types = {np.float32: types.FLOAT, np.int32: types.INT32, np.uint8: types.UINT8}
 
         @pipeline_def(
             batch_size=batch_size,

@@ -29,6 +29,12 @@ Dtype = Literal["float32", "float16", "bfloat16", "uint8"]
 Layout = Literal["NCHW", "NHWC", "channels_last"]
 
 
+def _step_params(params: dict[str, Any], i: int) -> dict[str, Any]:
+    """Step ``i``'s parameter nodes, under the names its ``params`` declares (graph inputs are ``"{i}.{name}"``)."""
+    prefix = f"{i}."
+    return {name[len(prefix) :]: node for name, node in params.items() if name.startswith(prefix)}
+
+
 class CompiledTransforms:
     """A checked spec: the parameter inputs the graph needs, how to draw them, and how to build the graph.
 
@@ -124,7 +130,7 @@ class CompiledTransforms:
                     output_type=types.RGB,
                     device=decoder_device,
                 )
-                image, state = self.steps[0].build_decoded_window(image, state)
+                image, state = self.steps[0].build_decoded_window(image, _step_params(params, 0), state)
                 steps = steps[1:]
             else:
                 image = fn.decoders.image(source, output_type=types.RGB, device=decoder_device)
@@ -140,9 +146,7 @@ class CompiledTransforms:
             i, _ = steps.pop()
             mirror = params[f"{i}.flip"]
         for i, step in steps:
-            prefix = f"{i}."
-            own = {name[len(prefix) :]: node for name, node in params.items() if name.startswith(prefix)}
-            image, state = step.build(image, own, state)
+            image, state = step.build(image, _step_params(params, i), state)
         return self._output(image, state, tail_normalize, mirror)
 
     def _output(self, image: Any, state: GraphState, normalize: Normalize | None, mirror: Any) -> Any:

@@ -26,6 +26,7 @@ Numba's reason, before any batch runs.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -48,6 +49,7 @@ __all__ = [
     "kernel",
     "normal_at",
     "numba_node",
+    "numba_operator",
     "uniform_at",
 ]
 
@@ -109,6 +111,49 @@ def _dali_types(dtypes: Sequence[type]) -> list[Any]:
     return [table[d] for d in dtypes]
 
 
+#: DALI compiles a NumbaFunction operator's wrappers when it is constructed (seconds each), so each configuration
+#: is constructed once per process and called in every graph that uses it (each Loader, each rebuilt graph).
+_OPERATORS: dict[tuple[Any, ...], Any] = {}
+
+
+def numba_operator(
+    run_fn: Callable[..., None],
+    setup_fn: Callable[[Any, Any], None],
+    *,
+    in_types: Sequence[type],
+    ins_ndim: Sequence[int],
+    out_type: type,
+    device: Literal["cpu", "gpu"] = "cpu",
+    blocks: Sequence[int] = GPU_BLOCKS,
+    threads_per_block: Sequence[int] = GPU_THREADS,
+) -> Any:
+    """DALI's ``NumbaFunction`` operator with one 3-D output, constructed (compiled) once per configuration.
+
+    Call the result on the input nodes inside a pipeline definition. ``run_fn`` and ``setup_fn`` must be the same
+    objects from one call to the next for the cache to serve them.
+    """
+    key = (run_fn, setup_fn, tuple(in_types), tuple(ins_ndim), out_type, device, tuple(blocks))
+    key += (tuple(threads_per_block),)
+    if key not in _OPERATORS:
+        from nvidia.dali.plugin.numba.experimental import NumbaFunction
+
+        kwargs: dict[str, Any] = {}
+        if device == "gpu":
+            kwargs = {"blocks": list(blocks), "threads_per_block": list(threads_per_block)}
+        _OPERATORS[key] = NumbaFunction(
+            run_fn=run_fn,
+            setup_fn=setup_fn,
+            in_types=_dali_types(in_types),
+            out_types=_dali_types([out_type]),
+            ins_ndim=list(ins_ndim),
+            outs_ndim=[3],
+            batch_processing=False,
+            device=device,
+            **kwargs,
+        )
+    return _OPERATORS[key]
+
+
 def numba_node(
     run_fn: Callable[..., None],
     image: Any,
@@ -134,26 +179,22 @@ def numba_node(
         blocks: GPU grid shape.
         threads_per_block: GPU block shape.
     """
-    from nvidia.dali.plugin.numba.fn import numba_function
+    import nvidia.dali.fn as fn
 
     if len(params) > 5:
         raise ValueError(f"a kernel takes at most 5 parameter arrays (DALI's limit is 6 inputs), got {len(params)}")
-    inputs = [image, *(p.gpu() if device == "gpu" else p for p in params)]
-    kwargs: dict[str, Any] = {}
-    if device == "gpu":
-        kwargs = {"blocks": list(blocks), "threads_per_block": list(threads_per_block)}
-    return numba_function(
-        *inputs,
-        run_fn=run_fn,
-        setup_fn=_setup_same_shape,
-        in_types=_dali_types([image_dtype, *param_dtypes]),
-        out_types=_dali_types([image_dtype]),
+    operator = numba_operator(
+        run_fn,
+        _setup_same_shape,
+        in_types=[image_dtype, *param_dtypes],
         ins_ndim=[3] + [1] * len(params),
-        outs_ndim=[3],
-        batch_processing=False,
+        out_type=image_dtype,
         device=device,
-        **kwargs,
+        blocks=blocks,
+        threads_per_block=threads_per_block,
     )
+    inputs = [image, *(p.gpu() if device == "gpu" else p for p in params)]
+    return fn.reshape(operator(*inputs), layout="HWC")  # numba_function's output carries no layout
 
 
 def _signature(image_dtype: type, param_dtypes: Sequence[type]) -> str:
@@ -195,8 +236,12 @@ def compile_cpu(name: str, run_fn: Callable[..., None], image_dtype: type, param
         ) from err
 
 
+@functools.cache
 def forwarder(compiled: Any, nargs: int) -> Callable[..., None]:
-    """A plain Python function calling ``compiled`` (DALI njit-compiles its run function itself)."""
+    """A plain Python function calling ``compiled`` (DALI njit-compiles its run function itself).
+
+    Cached, so that the same compiled kernel always gets the same function and :func:`numba_node` reuses its operator.
+    """
     args = ", ".join(["out", "image"] + [f"p{i}" for i in range(nargs)])
     namespace: dict[str, Any] = {"_compiled": compiled}
     exec(f"def run({args}):\n    _compiled({args})\n", namespace)  # noqa: S102  (fixed template, no user text)
