@@ -132,8 +132,8 @@ def numba_operator(
     Call the result on the input nodes inside a pipeline definition. ``run_fn`` and ``setup_fn`` must be the same
     objects from one call to the next for the cache to serve them.
     """
-    key = (run_fn, setup_fn, tuple(in_types), tuple(ins_ndim), out_type, device, tuple(blocks))
-    key += (tuple(threads_per_block),)
+    launch = (tuple(blocks), tuple(threads_per_block))
+    key = (run_fn, setup_fn, tuple(in_types), tuple(ins_ndim), out_type, device, launch)
     if key not in _OPERATORS:
         from nvidia.dali.plugin.numba.experimental import NumbaFunction
 

@@ -8,7 +8,7 @@ import importlib
 __all__ = ["register"]
 
 # Each name is a module stallfree.bench.<name> exposing `add_arguments(parser)` and `run(args) -> int`.
-BENCHMARKS = ("loader", "clock", "ingest", "transforms", "train")
+BENCHMARKS = ("loader", "resize", "clock", "ingest", "transforms", "train")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

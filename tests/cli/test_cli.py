@@ -26,6 +26,18 @@ def test_bench_loader_prints_a_table_with_ratios(image_folder: Path, capsys: pyt
     assert rows[3].rstrip().endswith("1.00x |")
 
 
+def test_bench_resize_compares_the_resampler_with_dali_and_pil(image_folder: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["bench", "resize", str(image_folder), "--batch-size", "4", "--batches", "1", "--repeats", "1",
+                 "--threads", "1"])
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][2:]
+    assert code == 0
+    names = [row[0].strip() for row in rows]
+    assert names == ["stallfree resampler (Numba in DALI)", "DALI fn.resize", "PIL Image.resize"]
+    assert rows[1][2].strip() == "1.00x"
+    assert int(rows[0][3]) <= 1 and int(rows[2][3]) == 0  # the resampler computes PIL's filter
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
