@@ -125,7 +125,9 @@ class Loader:
         for images, labels in loader: ...
 
     Args:
-        source: an ImageFolder tree, a CSV or Parquet file list (``path``, ``label``), or a :class:`Reader`.
+        source: an ImageFolder tree, a CSV or Parquet file list (``path``, ``label``), an ingested shard folder,
+            a map-style torch ``Dataset`` of ``(image, label)`` items (see :class:`DatasetReader`), or a
+            :class:`Reader`.
         batch_size: samples per batch.
         transform: the augmentation spec (``stallfree.transforms``); it must end at a fixed size.
         shuffle: a global permutation per ``(seed, epoch)``; ``False`` for evaluation (row order).
@@ -158,7 +160,7 @@ class Loader:
 
     def __init__(
         self,
-        source: str | os.PathLike[str] | Reader,
+        source: str | os.PathLike[str] | Reader | torch.utils.data.Dataset[Any],
         batch_size: int,
         *,
         transform: Sequence[Transform] = (),

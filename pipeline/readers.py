@@ -1,20 +1,22 @@
 """Readers: random access by row to a dataset's encoded images and labels.
 
-Every source (an ImageFolder tree, a CSV or Parquet file list, ingested Arrow shards) is a :class:`Reader`; the
-sampler decides the order, the reader only answers "row i". :func:`open_source` picks the reader for a path.
+Every source (an ImageFolder tree, a CSV or Parquet file list, ingested Arrow shards, a map-style torch Dataset)
+is a :class:`Reader`; the sampler decides the order, the reader only answers "row i". :func:`open_source` picks
+the reader for a path or a Dataset.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from stallfree.pipeline.shards import ShardReader, is_shard_folder
 
-__all__ = ["IMAGE_EXTENSIONS", "FileListReader", "FolderReader", "Reader", "open_source"]
+__all__ = ["IMAGE_EXTENSIONS", "DatasetReader", "FileListReader", "FolderReader", "Reader", "open_source"]
 
 #: File suffixes an ImageFolder scan keeps (torchvision's ``IMG_EXTENSIONS``, lower-cased).
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -136,10 +138,115 @@ class FileListReader(_PathReader):
         super().__init__(paths, labels, classes)
 
 
-def open_source(source: str | os.PathLike[str] | Reader) -> Reader:
-    """The reader for ``source``: a Reader as it is, an ingested shard folder, a CSV/Parquet list, an image folder."""
+class DatasetReader:
+    """A map-style torch ``Dataset`` whose items are ``(image, label)``, as a source for the Loader.
+
+    The image is encoded bytes (``bytes``, ``bytearray``, ``memoryview`` or a 1-D uint8 array: decoded in the
+    graph, like files) or decoded pixels (a PIL image, converted to RGB, or an HWC uint8 RGB array). Item 0 decides
+    which; every item must then be of the same kind. The Loader reads items from ``io_threads`` threads at once,
+    so ``__getitem__`` must be thread-safe (reading a file or a key is).
+
+    The Loader needs every label before it reads any image; they come from ``labels`` if given, else from the
+    dataset's ``targets`` (torchvision's datasets have one). Each item's own label is checked against them.
+
+    Args:
+        dataset: the dataset (``__len__`` and ``__getitem__``).
+        labels: every item's label, in order; default ``dataset.targets``.
+        classes: class names, index = label; default ``dataset.classes``, else the label numbers.
+
+    Raises:
+        TypeError: the dataset is iterable-style, without random access.
+        ValueError: it is empty, has no labels to go by, or a label is negative.
+    """
+
+    def __init__(self, dataset: Any, labels: Sequence[int] | None = None, classes: Sequence[str] | None = None):
+        from torch.utils.data import IterableDataset
+
+        # torch's IterableDataset inherits a __getitem__ that only raises, so it is refused by type.
+        random_access = hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")
+        if isinstance(dataset, IterableDataset) or not random_access:
+            raise TypeError(
+                f"{type(dataset).__name__} has no __getitem__/__len__: the Loader needs a map-style Dataset, whose "
+                "items it can read in any order (an IterableDataset only streams)"
+            )
+        self.dataset, self.name = dataset, type(dataset).__name__
+        if len(dataset) == 0:
+            raise ValueError(f"dataset {self.name} is empty")
+        if labels is None:
+            labels = getattr(dataset, "targets", None)
+        if labels is None:
+            raise ValueError(
+                f"dataset {self.name} has no `targets`: pass labels=[...] (every item's label, in order), since the "
+                "Loader needs them before it reads any image"
+            )
+        self._labels = np.asarray(labels, np.int64).reshape(-1)
+        if len(self._labels) != len(dataset):
+            raise ValueError(f"dataset {self.name} has {len(dataset)} items but {len(self._labels)} labels")
+        if self._labels.min() < 0:
+            row = int(np.argmax(self._labels < 0))
+            raise ValueError(f"dataset {self.name} item {row}: negative label {self._labels[row]}")
+        names = classes if classes is not None else getattr(dataset, "classes", None)
+        self.classes = list(names) if names is not None else [str(i) for i in range(int(self._labels.max()) + 1)]
+        self.encoded = self._image(0, self._item(0)[0])[1]
+
+    def __len__(self) -> int:
+        return len(self._labels)
+
+    def labels(self) -> np.ndarray:
+        return self._labels
+
+    def describe(self, index: int) -> str:
+        return f"{self.name}[{index}]"
+
+    def read(self, index: int) -> np.ndarray:
+        """Item ``index``'s image: encoded bytes as a 1-D uint8 array, or HWC uint8 RGB pixels.
+
+        Raises:
+            ValueError: the item is not ``(image, label)``, its image is of the wrong kind, or its label differs.
+        """
+        image, label = self._item(index)
+        if int(label) != self._labels[index]:
+            raise ValueError(f"{self.describe(index)} has label {int(label)} but the labels say {self._labels[index]}")
+        pixels, encoded = self._image(index, image)
+        if encoded != self.encoded:
+            kinds = {True: "encoded bytes", False: "decoded pixels"}
+            raise ValueError(f"{self.describe(index)} gives {kinds[encoded]} but item 0 gave {kinds[self.encoded]}; "
+                             "every item must give the same kind")
+        return pixels
+
+    def _item(self, index: int) -> tuple[Any, Any]:
+        item = self.dataset[index]
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise ValueError(f"{self.describe(index)} is {type(item).__name__}, not an (image, label) pair")
+        return item[0], item[1]
+
+    def _image(self, index: int, image: Any) -> tuple[np.ndarray, bool]:
+        """The image as an array, and whether it is encoded."""
+        if isinstance(image, (bytes, bytearray, memoryview)):
+            return np.frombuffer(image, np.uint8), True
+        if hasattr(image, "convert") and hasattr(image, "size"):  # a PIL image
+            return np.asarray(image.convert("RGB")), False
+        array = np.asarray(image)
+        if array.dtype == np.uint8 and array.ndim == 1:
+            return array, True
+        if array.dtype == np.uint8 and array.ndim == 3 and array.shape[2] == 3:
+            return np.ascontiguousarray(array), False
+        raise ValueError(
+            f"{self.describe(index)}: the image is {type(image).__name__} of dtype {array.dtype} and shape "
+            f"{array.shape}; expected encoded bytes, a PIL image or an HWC uint8 RGB array"
+        )
+
+
+def open_source(source: str | os.PathLike[str] | Reader | Any) -> Reader:
+    """The reader for ``source``.
+
+    A Reader as it is, an ingested shard folder, a CSV/Parquet list, an image folder, or a map-style torch Dataset
+    (see :class:`DatasetReader`).
+    """
     if isinstance(source, Reader):
         return source
+    if not isinstance(source, (str, os.PathLike)):
+        return DatasetReader(source)
     path = Path(source)
     if is_shard_folder(path):
         return ShardReader(path)

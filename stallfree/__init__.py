@@ -11,15 +11,17 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from stallfree.pipeline.loader import BadSampleError, Loader
+    from stallfree.pipeline.readers import DatasetReader
     from stallfree.pipeline.shards import ShardReader
     from stallfree.stage_runtime.profile import profile
 
-__all__ = ["BadSampleError", "Loader", "ShardReader", "profile"]
+__all__ = ["BadSampleError", "DatasetReader", "Loader", "ShardReader", "profile"]
 
 __version__ = "0.1.0"
 
 _HOMES = {
     "BadSampleError": "stallfree.pipeline.loader",
+    "DatasetReader": "stallfree.pipeline.readers",
     "Loader": "stallfree.pipeline.loader",
     "ShardReader": "stallfree.pipeline.shards",
     "profile": "stallfree.stage_runtime.profile",

@@ -1,0 +1,115 @@
+"""A map-style torch Dataset as the Loader's source: the same batches as the files it holds, and clear errors."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from stallfree import DatasetReader, Loader
+from stallfree.pipeline.readers import FileListReader
+from stallfree.transforms import CenterCrop, RandomHorizontalFlip, RandomResizedCrop
+
+SPEC = [RandomResizedCrop(12, scale=(0.3, 1.0)), RandomHorizontalFlip()]
+
+
+class Files(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Items are (encoded bytes, label) read from a file list, the kind a user's own storage gives."""
+
+    def __init__(self, source: Path, kind: str = "bytes"):
+        self.reader, self.kind = FileListReader(source), kind
+        self.targets = self._labels = self.reader.labels().tolist()
+        self.reads: list[int] = []
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def __getitem__(self, index: int) -> Any:
+        with self._lock:
+            self.reads.append(index)
+        data = self.reader.paths[index].read_bytes()
+        if self.kind == "pil":
+            return Image.open(self.reader.paths[index]), self._labels[index]
+        return data, self._labels[index]
+
+
+def batches(source: Any, **kwargs: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    loader = Loader(source, batch_size=8, transform=SPEC, seed=3, dtype="uint8", num_threads=1, **kwargs)
+    return list(loader)
+
+
+def test_a_dataset_of_bytes_gives_the_same_batches_as_its_files(indexed_list: Path) -> None:
+    dataset = Files(indexed_list)
+    for (a, la), (b, lb) in zip(batches(dataset), batches(indexed_list), strict=True):
+        assert torch.equal(la, lb) and torch.equal(a, b)
+    assert sorted(dataset.reads[1:]) == list(range(37))  # item 0 read once more, to learn its kind
+
+
+def test_a_dataset_of_pil_images_gives_the_same_batches_as_its_files(indexed_list: Path) -> None:
+    # Lossless PNGs: pixels decoded by PIL on the host equal those DALI decodes, so the batches match exactly.
+    for (a, la), (b, lb) in zip(batches(Files(indexed_list, "pil")), batches(indexed_list), strict=True):
+        assert torch.equal(la, lb) and torch.equal(a, b)
+
+
+def test_labels_come_from_targets_or_the_argument(indexed_list: Path) -> None:
+    dataset = Files(indexed_list)
+    del dataset.targets
+    with pytest.raises(ValueError, match=r"Files has no `targets`: pass labels="):
+        DatasetReader(dataset)
+    reader = DatasetReader(dataset, labels=list(range(37)))
+    assert reader.classes == [str(i) for i in range(37)] and reader.describe(5) == "Files[5]"
+    labels = torch.cat([lb for _, lb in batches(reader, shuffle=False)])
+    assert labels.tolist() == list(range(37))
+
+
+class Items(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    def __init__(self, items: list[Any]):
+        self.items, self.targets = items, [0] * len(items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.items[index]
+
+
+class Stream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    def __iter__(self) -> Any:
+        return iter([])
+
+
+def _png() -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("dataset", "error", "match"),
+    [
+        (Stream(), TypeError, r"Stream has no __getitem__/__len__: the Loader needs a map-style Dataset"),
+        (Items([]), ValueError, r"dataset Items is empty"),
+        (Items([b"x"]), ValueError, r"Items\[0\] is bytes, not an \(image, label\) pair"),
+        (Items([(np.zeros((4, 4), np.float32), 0)]), ValueError,
+         r"Items\[0\]: the image is ndarray of dtype float32 and shape \(4, 4\); expected encoded bytes"),
+    ],
+)
+def test_bad_datasets_are_refused_at_construction(dataset: Any, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        Loader(dataset, batch_size=2, transform=[CenterCrop(4)])
+
+
+def test_an_item_of_another_kind_or_label_is_named() -> None:
+    pixels = np.zeros((4, 4, 3), np.uint8)
+    with pytest.raises(ValueError, match=r"Items\[1\] gives decoded pixels but item 0 gave encoded bytes"):
+        list(Loader(Items([(_png(), 0), (pixels, 0)]), batch_size=2, transform=[CenterCrop(4)], shuffle=False))
+    with pytest.raises(ValueError, match=r"Items\[1\] has label 4 but the labels say 0"):
+        list(Loader(Items([(_png(), 0), (_png(), 4)]), batch_size=2, transform=[CenterCrop(4)], shuffle=False))
