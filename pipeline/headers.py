@@ -13,10 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["DEFAULT_MAX_PIXELS", "BadImage", "ImageHeader", "read_header"]
+from stallfree.ingest.validate import DEFAULT_MAX_PIXELS
 
-#: Refuse images whose header claims more pixels than this (PIL's decompression-bomb error threshold).
-DEFAULT_MAX_PIXELS = 178_956_970
+__all__ = ["DEFAULT_MAX_PIXELS", "BadImage", "ImageHeader", "read_header"]
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # JPEG start-of-frame markers: C0-CF except DHT (C4), JPG (C8) and DAC (CC).
