@@ -3,9 +3,9 @@
 Torchvision resizes PIL images with ``Image.resize(..., BILINEAR)``: a separable triangle filter whose support
 widens with the downscale factor (antialiasing), applied to rows first, then columns, in 22-bit fixed point with a
 uint8 image between the two passes. This module computes the same thing and agrees with PIL to within one level
-(``tests/transforms/test_spec_reference.py``). It exists for speed: on an ImageNet-sized crop DALI's CPU
-``fn.resize`` takes about twice as long (``stallfree bench loader``; the figures are in README.md), and resizing is
-the largest cost of a CPU training graph after decoding. On the GPU, and for float images (a resize placed after
+(``tests/transforms/test_resample.py``). It exists for speed: on the crops of an ImageNet-like training graph it
+runs 1.8x DALI's CPU ``fn.resize`` (``stallfree bench resize``; the figures are in README.md), and resizing is the
+largest cost of a CPU training graph after decoding. On the GPU, and for float images (a resize placed after
 ``Normalize``), the graph uses DALI's ``fn.resize``.
 
 Each sample's output size comes in as the shape of an empty array (``spec.size_input``): DALI's set-up function
