@@ -159,16 +159,15 @@ def _dali_runner(step: Any, batch_size: int, threads: int) -> Callable[[list[np.
     import nvidia.dali.types as dali_types
     from nvidia.dali import pipeline_def
 
-    from stallfree.transforms.spec import GraphState
+    from stallfree.transforms.spec import GraphState, dali_type
 
     types: Any = dali_types
-    kinds = {np.float32: types.FLOAT, np.int32: types.INT32}
 
     @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=None, exec_dynamic=True,
                   prefetch_queue_depth=1)
     def pipe() -> Any:
         image = fn.external_source(name="images", dtype=types.UINT8, layout="HWC")
-        params = {n: fn.external_source(name=n, dtype=kinds[k]) for n, k in step.params.items()}
+        params = {n: fn.external_source(name=n, dtype=dali_type(k)) for n, k in step.params.items()}
         out, _ = step.build(image, params, GraphState("cpu"))
         return out
 

@@ -14,6 +14,7 @@ import nvidia.dali  # noqa: F401 - imported first so that its exit hook runs aft
 import torch
 
 from stallfree.transforms.compile import CompiledTransforms
+from stallfree.transforms.spec import dali_type
 
 __all__ = ["Graph", "GraphError"]
 
@@ -76,7 +77,6 @@ class Graph:
 
         compiled, encoded = self.compiled, self.encoded
         device = "cpu" if self.device_id is None else "gpu"
-        dali_types = {np.float32: types.FLOAT, np.int32: types.INT32, np.uint8: types.UINT8}
 
         @pipeline_def(
             batch_size=batch_size,
@@ -90,7 +90,7 @@ class Graph:
         def pipeline() -> Any:
             source = fn.external_source(name="images", dtype=types.UINT8, layout=None if encoded else "HWC")
             params = {
-                name: fn.external_source(name=name, dtype=dali_types[kind])
+                name: fn.external_source(name=name, dtype=dali_type(kind))
                 for name, kind in compiled.param_inputs.items()
             }
             return compiled.build(source, params, device=device, encoded=encoded)

@@ -38,7 +38,7 @@ from numba.extending import register_jitable
 from nvidia.dali.pipeline import do_not_convert
 
 from stallfree.transforms.random import SampleRandom
-from stallfree.transforms.spec import GraphState, Size, Transform
+from stallfree.transforms.spec import GraphState, Size, Transform, dali_type
 
 __all__ = [
     "Kernel",
@@ -103,14 +103,6 @@ def _setup_same_shape(outs: Any, ins: Any) -> None:
             outs[0][i][d] = ins[0][i][d]
 
 
-def _dali_types(dtypes: Sequence[type]) -> list[Any]:
-    import nvidia.dali.types as dali_types
-
-    types: Any = dali_types  # DALI's stubs do not list its type constants
-    table: dict[Any, Any] = {np.uint8: types.UINT8, np.float32: types.FLOAT, np.int32: types.INT32}
-    return [table[d] for d in dtypes]
-
-
 #: DALI compiles a NumbaFunction operator's wrappers when it is constructed (seconds each), so each configuration
 #: is constructed once per process and called in every graph that uses it (each Loader, each rebuilt graph).
 _OPERATORS: dict[tuple[Any, ...], Any] = {}
@@ -127,10 +119,11 @@ def numba_operator(
     blocks: Sequence[int] = GPU_BLOCKS,
     threads_per_block: Sequence[int] = GPU_THREADS,
 ) -> Any:
-    """DALI's ``NumbaFunction`` operator with one 3-D output, constructed (compiled) once per configuration.
+    """DALI's ``NumbaFunction`` operator with one HWC output, constructed (compiled) once per configuration.
 
-    Call the result on the input nodes inside a pipeline definition. ``run_fn`` and ``setup_fn`` must be the same
-    objects from one call to the next for the cache to serve them.
+    Call the result on the input nodes inside a pipeline definition; it gives the output node, laid out ``HWC``
+    (``numba_function``'s own output carries no layout). ``run_fn`` and ``setup_fn`` must be the same objects from
+    one call to the next for the cache to serve them.
     """
     launch = (tuple(blocks), tuple(threads_per_block))
     key = (run_fn, setup_fn, tuple(in_types), tuple(ins_ndim), out_type, device, launch)
@@ -143,15 +136,22 @@ def numba_operator(
         _OPERATORS[key] = NumbaFunction(
             run_fn=run_fn,
             setup_fn=setup_fn,
-            in_types=_dali_types(in_types),
-            out_types=_dali_types([out_type]),
+            in_types=[dali_type(t) for t in in_types],
+            out_types=[dali_type(out_type)],
             ins_ndim=list(ins_ndim),
             outs_ndim=[3],
             batch_processing=False,
             device=device,
             **kwargs,
         )
-    return _OPERATORS[key]
+    operator = _OPERATORS[key]
+
+    def node(*inputs: Any) -> Any:
+        import nvidia.dali.fn as fn
+
+        return fn.reshape(operator(*inputs), layout="HWC")
+
+    return node
 
 
 def numba_node(
@@ -179,8 +179,6 @@ def numba_node(
         blocks: GPU grid shape.
         threads_per_block: GPU block shape.
     """
-    import nvidia.dali.fn as fn
-
     if len(params) > 5:
         raise ValueError(f"a kernel takes at most 5 parameter arrays (DALI's limit is 6 inputs), got {len(params)}")
     operator = numba_operator(
@@ -193,8 +191,7 @@ def numba_node(
         blocks=blocks,
         threads_per_block=threads_per_block,
     )
-    inputs = [image, *(p.gpu() if device == "gpu" else p for p in params)]
-    return fn.reshape(operator(*inputs), layout="HWC")  # numba_function's output carries no layout
+    return operator(image, *(p.gpu() if device == "gpu" else p for p in params))
 
 
 def _signature(image_dtype: type, param_dtypes: Sequence[type]) -> str:

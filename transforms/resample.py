@@ -144,8 +144,6 @@ def resize_node(image: Any, size: Any, *, antialias: bool = True, window: Any = 
         antialias: widen the filter when downscaling (PIL always does; torchvision's default).
         window: an optional node of per-sample ``(top, left, height, width)`` float32: crop it first, then resize.
     """
-    import nvidia.dali.fn as fn
-
     inputs = [size, image] if window is None else [size, image, window]
     operator = numba_operator(
         _run(antialias, window is not None),
@@ -154,4 +152,4 @@ def resize_node(image: Any, size: Any, *, antialias: bool = True, window: Any = 
         ins_ndim=[3, 3, 1][: len(inputs)],
         out_type=np.uint8,
     )
-    return fn.reshape(operator(*inputs), layout="HWC")  # numba_function's output carries no layout
+    return operator(*inputs)

@@ -63,6 +63,15 @@ class GraphState:
     dtype: Literal["uint8", "float32"] = "uint8"
 
 
+def dali_type(kind: type) -> Any:
+    """DALI's type for a NumPy scalar type of a graph input: a step's parameter, or a kernel's image."""
+    import nvidia.dali.types as dali_types
+
+    types: Any = dali_types  # DALI's stubs do not list its type constants
+    table: dict[Any, Any] = {np.uint8: types.UINT8, np.float32: types.FLOAT, np.int32: types.INT32}
+    return table[kind]
+
+
 def size_input(size: Size) -> np.ndarray:
     """A step's output ``(height, width)`` as a per-sample graph input: the shape of an empty uint8 array.
 
@@ -76,7 +85,8 @@ def _resize(image: Any, size: Any, state: GraphState, antialias: bool, window: A
     """Resize to the per-sample ``size`` (a :func:`size_input` node), after cropping to ``window`` if given.
 
     uint8 images on the CPU go through the Numba resampler, which computes PIL's BILINEAR (torchvision's resize
-    of PIL images) and is about twice as fast as DALI's CPU resize; float images and the GPU use ``fn.resize``.
+    of PIL images) and runs 1.8x DALI's CPU resize (``stallfree bench resize``); float images and the GPU use
+    ``fn.resize``.
     """
     import nvidia.dali.fn as fn
     import nvidia.dali.types as types
