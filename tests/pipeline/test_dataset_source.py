@@ -33,10 +33,9 @@ class Files(torch.utils.data.Dataset):  # type: ignore[type-arg]
     def __getitem__(self, index: int) -> Any:
         with self._lock:
             self.reads.append(index)
-        data = self.reader.paths[index].read_bytes()
         if self.kind == "pil":
             return Image.open(self.reader.paths[index]), self._labels[index]
-        return data, self._labels[index]
+        return self.reader.paths[index].read_bytes(), self._labels[index]
 
 
 def batches(source: Any, **kwargs: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
