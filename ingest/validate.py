@@ -95,6 +95,23 @@ def _rgb(image: Image.Image) -> Image.Image:
     return image if image.mode == "RGB" else image.convert("RGB")
 
 
+_ORIENTATION = 0x0112
+
+
+def _orientation_exif(image: Image.Image) -> bytes:
+    """An EXIF block holding only ``image``'s orientation tag (empty when it has none), for a re-encoded copy.
+
+    A re-encoded image keeps its stored (unturned) pixels and its tag, so that the Loader's ``exif="ignore"`` and
+    ``exif="apply"`` give the shard what they give the original file.
+    """
+    orientation = image.getexif().get(_ORIENTATION)
+    if orientation in (None, 1):
+        return b""
+    exif = Image.Exif()
+    exif[_ORIENTATION] = orientation
+    return exif.tobytes()
+
+
 def convert(
     data: bytes,
     checked: Checked,
@@ -110,7 +127,10 @@ def convert(
         checked: what :func:`check_image` said of it.
         max_side: re-encode as JPEG (``quality``) when the longer side exceeds this, resized to it.
         quality: JPEG quality for re-encoded images.
-        raw: ``(height, width)``: store decoded RGB uint8 pixels resized to exactly this (HWC, C-order).
+        raw: ``(height, width)``: store decoded RGB uint8 pixels resized to exactly this (HWC, C-order); as PIL's
+            ``convert("RGB")`` decodes them, not turned by their EXIF orientation (which raw pixels cannot carry).
+
+    A re-encoded image (``max_side``, or a format other than JPEG and PNG) keeps its EXIF orientation tag.
 
     Raises:
         Rejected: the image fails to decode.
@@ -133,8 +153,10 @@ def convert(
     if max_side is not None and max(checked.height, checked.width) > max_side:
         scale = max_side / max(checked.height, checked.width)
         size = (max(1, round(checked.width * scale)), max(1, round(checked.height * scale)))
-        _rgb(image).resize(size, Image.Resampling.BICUBIC).save(out, "JPEG", quality=quality)
+        resized = _rgb(image).resize(size, Image.Resampling.BICUBIC)
+        resized.save(out, "JPEG", quality=quality, exif=_orientation_exif(image))
         return out.getvalue(), size[1], size[0]
     # A format the Loader does not decode (BMP, WebP, TIFF, ...): lossless PNG with the same pixels.
-    (image if image.mode in ("RGB", "RGBA", "L") else image.convert("RGB")).save(out, "PNG")
+    rgb = image if image.mode in ("RGB", "RGBA", "L") else image.convert("RGB")
+    rgb.save(out, "PNG", exif=_orientation_exif(image))
     return out.getvalue(), checked.height, checked.width

@@ -2,17 +2,26 @@
 
 External sources feed the images and each per-sample parameter; the compiled transforms make the rest of the
 graph; each output batch becomes a torch tensor through DLPack, without a copy.
+
+Decoding agrees with PIL's ``Image.open(f).convert("RGB")``, torchvision's ImageFolder decode: the decoders do not
+turn images by their EXIF orientation unless ``exif="apply"`` (then as ``ImageOps.exif_transpose`` does). One kind
+of file DALI decodes otherwise: a 16-bit PNG, whose samples DALI scales to 8 bits where PIL clips grayscale
+(``I;16``) to 255 and keeps the high byte of colour. Those few files are decoded by PIL on the host and enter the
+graph as an 8-bit PNG of PIL's pixels (already turned under ``exif="apply"``).
 """
 
 from __future__ import annotations
 
+import io
 import re
+import warnings
 from typing import Any
 
 import numpy as np
 import nvidia.dali  # noqa: F401 - imported first so that its exit hook runs after the Loader's (see loader.py)
 import torch
 
+from stallfree.pipeline.headers import Exif
 from stallfree.transforms.compile import CompiledTransforms
 from stallfree.transforms.spec import dali_type
 
@@ -42,6 +51,25 @@ def _reason(err: BaseException) -> str:
     return f"{operator.group(1)}: {message}" if operator else message
 
 
+def _is_png16(data: np.ndarray) -> bool:
+    """A PNG whose IHDR says 16 bits per sample (byte 24: the bit depth)."""
+    return data.size > 25 and data[0] == 0x89 and data[24] == 16 and data[1:4].tobytes() == b"PNG"
+
+
+def _as_pil_decodes(data: np.ndarray, exif: Exif) -> np.ndarray:
+    """PIL's ``convert("RGB")`` pixels of a 16-bit PNG (turned if ``exif="apply"``), as an 8-bit PNG."""
+    from PIL import Image, ImageOps
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the header check applied max_pixels
+        image: Image.Image = Image.open(io.BytesIO(data.tobytes()))
+        if exif == "apply":
+            image = ImageOps.exif_transpose(image)
+        out = io.BytesIO()
+        image.convert("RGB").save(out, "PNG", compress_level=1)
+    return np.frombuffer(out.getvalue(), np.uint8)
+
+
 class Graph:
     """A built DALI pipeline for one compiled spec; :meth:`run` takes one batch of host inputs.
 
@@ -51,6 +79,7 @@ class Graph:
         num_threads: DALI's CPU worker threads.
         device_id: ``None`` for DALI's CPU operators, else the CUDA device that decodes (nvJPEG) and transforms.
         encoded: inputs are encoded images (else HWC uint8 pixels).
+        exif: ``"ignore"`` decodes the stored pixels; ``"apply"`` turns each image by its EXIF orientation.
         seed: seeds DALI's own random operators (only the auto-augment policies use them; every other random
             parameter comes from the sample-keyed generator and is fed in).
     """
@@ -64,9 +93,10 @@ class Graph:
         device_id: int | None,
         encoded: bool,
         seed: int = 0,
+        exif: Exif = "ignore",
     ):
         self.compiled, self.batch_size, self.num_threads = compiled, batch_size, num_threads
-        self.device_id, self.encoded, self.seed = device_id, encoded, seed
+        self.device_id, self.encoded, self.seed, self.exif = device_id, encoded, seed, exif
         self._pipe = self._build(batch_size)
         self._probe: Any = None
 
@@ -75,7 +105,7 @@ class Graph:
         import nvidia.dali.types as types
         from nvidia.dali import pipeline_def
 
-        compiled, encoded = self.compiled, self.encoded
+        compiled, encoded, adjust_orientation = self.compiled, self.encoded, self.exif == "apply"
         device = "cpu" if self.device_id is None else "gpu"
 
         @pipeline_def(
@@ -93,7 +123,9 @@ class Graph:
                 name: fn.external_source(name=name, dtype=dali_type(kind))
                 for name, kind in compiled.param_inputs.items()
             }
-            return compiled.build(source, params, device=device, encoded=encoded)
+            return compiled.build(
+                source, params, device=device, encoded=encoded, adjust_orientation=adjust_orientation
+            )
 
         pipe = pipeline()
         pipe.build()
@@ -110,8 +142,11 @@ class Graph:
         """The transformed batch as a torch tensor on the graph's device, in the spec's dtype and layout.
 
         Raises:
-            GraphError: DALI failed; the graph is rebuilt and each sample retried alone to name the bad ones.
+            GraphError: DALI failed; the graph is rebuilt and each sample retried alone to name the bad ones. Or a
+                16-bit PNG that PIL cannot decode (named by its position).
         """
+        if self.encoded:
+            images = self._decodable(images)
         try:
             out = self._run_on(self._pipe, images, params)
         except RuntimeError as err:
@@ -121,6 +156,21 @@ class Graph:
                 raise RuntimeError(f"the DALI graph fails on every sample: {_reason(err)}") from err
             raise GraphError(_reason(err), bad) from err
         return self._to_torch(out)
+
+    def _decodable(self, images: list[np.ndarray]) -> list[np.ndarray]:
+        """``images`` with each 16-bit PNG replaced by PIL's pixels of it (see the module docstring)."""
+        if not any(_is_png16(data) for data in images):
+            return images
+        out, bad = list(images), []
+        for i, data in enumerate(images):
+            if _is_png16(data):
+                try:
+                    out[i] = _as_pil_decodes(data, self.exif)
+                except Exception as err:  # noqa: BLE001 - PIL raises many types for bad input; each names the sample
+                    bad.append((i, f"{type(err).__name__}: {err}"))
+        if bad:
+            raise GraphError(f"PIL cannot decode this 16-bit PNG ({bad[0][1]})", [i for i, _ in bad])
+        return out
 
     def _find_bad(self, images: list[np.ndarray], params: dict[str, list[np.ndarray]]) -> list[int]:
         bad = []

@@ -4,18 +4,29 @@ DALI cannot skip a sample that fails inside a running pipeline (NVIDIA/DALI#3913
 every image first: its format, its size (the random crop window needs it, and a decompression bomb is refused
 here), its channel count, and whether it is complete. Only JPEG and PNG headers are parsed; both are read
 without decoding, in a few microseconds.
+
+EXIF orientation: by default (``exif="ignore"``) the size is the stored one, as PIL's ``Image.open`` reports it and
+as the graph decodes it (DALI's ``adjust_orientation=False``). With ``exif="apply"`` the orientation tag is read
+(a JPEG's first ``Exif`` APP1 segment, a PNG's ``eXIf`` chunk) and orientations 5-8, a quarter turn, swap height
+and width: the displayed size, which ``ImageOps.exif_transpose`` gives and the graph decodes, so that crop windows
+are drawn on it. Values outside 1-8 turn nothing, as in PIL and DALI.
 """
 
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Literal
 
 import numpy as np
 
 from stallfree.ingest.validate import DEFAULT_MAX_PIXELS
 
-__all__ = ["DEFAULT_MAX_PIXELS", "BadImage", "ImageHeader", "read_header"]
+__all__ = ["DEFAULT_MAX_PIXELS", "EXIF_MODES", "BadImage", "Exif", "ImageHeader", "read_header"]
+
+#: What a Loader does with an image's EXIF orientation (see the module docstring).
+EXIF_MODES = ("ignore", "apply")
+Exif = Literal["ignore", "apply"]
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # JPEG start-of-frame markers: C0-CF except DHT (C4), JPG (C8) and DAC (CC).
@@ -32,17 +43,46 @@ class BadImage(ValueError):
 
 @dataclass(frozen=True)
 class ImageHeader:
-    """What the header says: ``format`` ("jpeg" or "png"), ``height``, ``width``, ``channels``."""
+    """What the header says: ``format`` ("jpeg" or "png"), ``height``, ``width``, ``channels``.
+
+    ``orientation`` is the EXIF orientation (1 when absent, or when it was not read: ``exif="ignore"``);
+    ``height`` and ``width`` are the displayed size when it was applied, else the stored size.
+    """
 
     format: str
     height: int
     width: int
     channels: int
+    orientation: int = 1
 
 
-def _jpeg(data: bytes) -> ImageHeader:
+_EXIF_ORIENTATION = 0x0112
+
+
+def _tiff_orientation(tiff: bytes) -> int:
+    """The orientation tag of a TIFF structure's first IFD (EXIF's layout), 1 when absent or unreadable."""
+    order = {b"II": "<", b"MM": ">"}.get(tiff[:2])
+    if order is None or len(tiff) < 8:
+        return 1
+    (ifd,) = struct.unpack_from(order + "I", tiff, 4)
+    if ifd + 2 > len(tiff):
+        return 1
+    (count,) = struct.unpack_from(order + "H", tiff, ifd)
+    for entry in range(ifd + 2, min(ifd + 2 + 12 * count, len(tiff) - 11), 12):
+        tag, kind = struct.unpack_from(order + "HH", tiff, entry)
+        if tag == _EXIF_ORIENTATION:
+            if kind == 3:  # SHORT
+                return int(struct.unpack_from(order + "H", tiff, entry + 8)[0])
+            if kind == 4:  # LONG
+                return int(struct.unpack_from(order + "I", tiff, entry + 8)[0])
+            return 1
+    return 1
+
+
+def _jpeg(data: bytes, exif: bool) -> ImageHeader:
     pos, n = 2, len(data)
     header: ImageHeader | None = None
+    orientation = 0  # 0: no Exif segment seen yet (PIL and DALI take the first one)
     while pos + 4 <= n:
         if data[pos] != 0xFF:
             raise BadImage(f"corrupt JPEG: expected a marker at byte {pos}")
@@ -61,17 +101,33 @@ def _jpeg(data: bytes) -> ImageHeader:
                 raise BadImage("corrupt JPEG: start-of-frame segment too short")
             height, width = struct.unpack_from(">HH", data, pos + 5)
             header = ImageHeader("jpeg", height, width, data[pos + 9])
+        elif exif and marker == 0xE1 and not orientation and data[pos + 4 : pos + 10] == b"Exif\x00\x00":
+            orientation = _tiff_orientation(data[pos + 10 : pos + 2 + length])
         elif marker == 0xDA:  # start of scan: the entropy-coded data follows; it must end with EOI
             if header is None:
                 raise BadImage("corrupt JPEG: scan data before any frame header")
             if data.rfind(b"\xff\xd9", pos) < 0:
                 raise BadImage("truncated JPEG (no end-of-image marker after the scan data)")
-            return header
+            return replace(header, orientation=orientation or 1)
         pos += 2 + length
     raise BadImage("truncated JPEG (the file ends before the image data)")
 
 
-def _png(data: bytes) -> ImageHeader:
+def _png_orientation(data: bytes) -> int:
+    """The orientation in a PNG's eXIf chunk (before or after the image data: PIL and DALI read both)."""
+    pos, n = 8, len(data)
+    while pos + 8 <= n:
+        length, kind = struct.unpack_from(">I4s", data, pos)
+        if kind == b"eXIf":
+            tiff = data[pos + 8 : pos + 8 + length]
+            return _tiff_orientation(tiff[6:] if tiff.startswith(b"Exif\x00\x00") else tiff)
+        if kind == b"IEND":
+            break
+        pos += 12 + length
+    return 1
+
+
+def _png(data: bytes, exif: bool) -> ImageHeader:
     if len(data) < 33 or data[12:16] != b"IHDR":
         raise BadImage("truncated PNG (no IHDR chunk)")
     width, height, _depth, colour = struct.unpack_from(">IIBB", data, 16)
@@ -80,11 +136,13 @@ def _png(data: bytes) -> ImageHeader:
     channels = {0: 1, 2: 3, 3: 3, 4: 2, 6: 4}.get(colour)
     if channels is None:
         raise BadImage(f"corrupt PNG: colour type {colour}")
-    return ImageHeader("png", height, width, channels)
+    return ImageHeader("png", height, width, channels, _png_orientation(data) if exif else 1)
 
 
-def read_header(data: bytes | memoryview | np.ndarray, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageHeader:
-    """Parse and check an encoded image's header.
+def read_header(
+    data: bytes | memoryview | np.ndarray, max_pixels: int = DEFAULT_MAX_PIXELS, *, exif: Exif = "ignore"
+) -> ImageHeader:
+    """Parse and check an encoded image's header; with ``exif="apply"`` report the displayed (EXIF-turned) size.
 
     Raises:
         BadImage: for empty data, a format other than JPEG or PNG, a truncated or corrupt header, a zero size, or
@@ -94,9 +152,9 @@ def read_header(data: bytes | memoryview | np.ndarray, max_pixels: int = DEFAULT
     if not raw:
         raise BadImage("empty file")
     if raw[:3] == b"\xff\xd8\xff":
-        header = _jpeg(raw)
+        header = _jpeg(raw, exif == "apply")
     elif raw[:8] == _PNG_SIGNATURE:
-        header = _png(raw)
+        header = _png(raw, exif == "apply")
     else:
         raise BadImage(f"not a JPEG or PNG image (starts with {raw[:8]!r})")
     if header.height == 0 or header.width == 0:
@@ -106,4 +164,6 @@ def read_header(data: bytes | memoryview | np.ndarray, max_pixels: int = DEFAULT
             f"{header.format} header claims {header.height}x{header.width} = {header.height * header.width} pixels, "
             f"more than max_pixels={max_pixels} (a decompression bomb?)"
         )
+    if header.orientation in (5, 6, 7, 8):  # a quarter turn (with or without a mirror): displayed sideways
+        header = replace(header, height=header.width, width=header.height)
     return header

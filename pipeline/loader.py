@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from stallfree.pipeline.graph import Graph, GraphError
-from stallfree.pipeline.headers import DEFAULT_MAX_PIXELS, BadImage, read_header
+from stallfree.pipeline.headers import DEFAULT_MAX_PIXELS, EXIF_MODES, BadImage, Exif, read_header
 from stallfree.pipeline.readers import Reader, open_source
 from stallfree.pipeline.sampler import Sampler
 from stallfree.transforms.compile import CompiledTransforms, Dtype, Layout
@@ -148,6 +148,9 @@ class Loader:
         on_error: ``"raise"`` raises :class:`BadSampleError` naming the file; ``"skip"`` fills the batch with the
             next samples and lists each skipped one in :attr:`skipped`.
         max_pixels: refuse images whose header claims more pixels (decompression bombs).
+        exif: ``"ignore"`` (default) decodes the stored pixels, as PIL's ``Image.open(f).convert("RGB")`` and
+            torchvision's ImageFolder do; ``"apply"`` turns each image by its EXIF orientation first, as
+            ``ImageOps.exif_transpose``, and draws crops on the turned size (not for ``--raw`` shards).
         dtype: ``"float32"``, ``"float16"``, ``"bfloat16"`` or ``"uint8"``.
         layout: ``"NCHW"``, ``"NHWC"`` or ``"channels_last"`` (NCHW shape, NHWC memory).
         clock: where to report stage spans (see :class:`Clock`), e.g. a ``StageClock``.
@@ -178,6 +181,7 @@ class Loader:
         echo_mode: Literal["example", "batch"] = "example",
         on_error: Literal["raise", "skip"] = "raise",
         max_pixels: int = DEFAULT_MAX_PIXELS,
+        exif: Exif = "ignore",
         dtype: Dtype = "float32",
         layout: Layout = "NCHW",
         clock: Clock | None = None,
@@ -197,12 +201,15 @@ class Loader:
             raise ValueError(f"placement must be 'auto', 'cpu' or 'gpu', got {placement!r}")
         if max_pixels <= 0:
             raise ValueError(f"max_pixels must be positive, got {max_pixels}")
+        if exif not in EXIF_MODES:
+            raise ValueError(f"exif must be 'ignore' or 'apply', got {exif!r}")
+        self.exif: Exif = exif  # decides pixels: part of what a resumed state must match
         self.compiled = CompiledTransforms(transform, dtype=dtype, layout=layout)
         self.device = _device(device)
         if placement == "gpu" and self.device.type != "cuda":
             raise ValueError("placement='gpu' needs a CUDA device=; got device='cpu'")
         on_gpu = placement == "gpu" or (placement == "auto" and self.device.type == "cuda")
-        self.reader = open_source(source)
+        self.reader = open_source(source, exif=exif)
         rank, world_size = _distributed(rank, world_size)
         self.sampler = Sampler(
             len(self.reader),
@@ -307,6 +314,7 @@ class Loader:
                 device_id=self._graph_device,
                 encoded=self.encoded,
                 seed=self.seed,
+                exif=self.exif,
             )
         run = _EpochRun(self, self._graph, position, (delivered - repeat) // self._batch_echo)
         self._active = run
@@ -461,7 +469,7 @@ class _EpochRun:
     def _size(self, data: np.ndarray) -> tuple[int, int]:
         if not self.loader.encoded:
             return int(data.shape[0]), int(data.shape[1])
-        header = read_header(data, self.loader.max_pixels)
+        header = read_header(data, self.loader.max_pixels, exif=self.loader.exif)
         return header.height, header.width
 
     def _graph_loop(self) -> None:

@@ -7,6 +7,7 @@ the reader for a path or a Dataset.
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from stallfree.pipeline.headers import Exif
 from stallfree.pipeline.shards import ShardReader, is_shard_folder
 
 __all__ = ["IMAGE_EXTENSIONS", "DatasetReader", "FileListReader", "FolderReader", "Reader", "open_source"]
@@ -146,6 +148,12 @@ class DatasetReader:
     which; every item must then be of the same kind. The Loader reads items from ``io_threads`` threads at once,
     so ``__getitem__`` must be thread-safe (reading a file or a key is).
 
+    EXIF orientation: encoded items follow the Loader's ``exif=`` as files do. A PIL image is taken as the dataset
+    gives it under ``exif="ignore"``; under ``"apply"`` it is turned by the orientation tag it still carries
+    (``ImageOps.exif_transpose``: ``Image.open(f)`` keeps the tag, an image already transposed has none left), so
+    a dataset returning ``Image.open(path)`` gives the folder's pixels under both settings. An array carries no
+    tag and is taken as it is. The Loader sets :attr:`exif` on its own copy of a reader passed to it.
+
     The Loader needs every label before it reads any image; they come from ``labels`` if given, else from the
     dataset's ``targets`` (torchvision's datasets have one). Each item's own label is checked against them.
 
@@ -187,6 +195,7 @@ class DatasetReader:
             raise ValueError(f"dataset {self.name} item {row}: negative label {self._labels[row]}")
         names = classes if classes is not None else getattr(dataset, "classes", None)
         self.classes = list(names) if names is not None else [str(i) for i in range(int(self._labels.max()) + 1)]
+        self.exif: Exif = "ignore"
         self.encoded = self._image(0, self._item(0)[0])[1]
 
     def __len__(self) -> int:
@@ -225,6 +234,10 @@ class DatasetReader:
         if isinstance(image, (bytes, bytearray, memoryview)):
             return np.frombuffer(image, np.uint8), True
         if hasattr(image, "convert") and hasattr(image, "size"):  # a PIL image
+            if self.exif == "apply":
+                from PIL import ImageOps
+
+                image = ImageOps.exif_transpose(image)
             return np.asarray(image.convert("RGB")), False
         array = np.asarray(image)
         if array.dtype == np.uint8 and array.ndim == 1:
@@ -237,21 +250,39 @@ class DatasetReader:
         )
 
 
-def open_source(source: str | os.PathLike[str] | Reader | Any) -> Reader:
-    """The reader for ``source``.
+def open_source(source: str | os.PathLike[str] | Reader | Any, *, exif: Exif = "ignore") -> Reader:
+    """The reader for ``source``, decoding under the Loader's ``exif`` setting.
 
-    A Reader as it is, an ingested shard folder, a CSV/Parquet list, an image folder, or a map-style torch Dataset
-    (see :class:`DatasetReader`).
+    A Reader as it is (a :class:`DatasetReader` as a copy with that setting), an ingested shard folder, a
+    CSV/Parquet list, an image folder, or a map-style torch Dataset (see :class:`DatasetReader`).
+
+    Raises:
+        ValueError: ``exif="apply"`` for ``--raw`` shards, whose pixels were decoded at ingest without turning.
     """
+    if isinstance(source, DatasetReader):
+        reader = copy.copy(source)
+        reader.exif = exif
+        return reader
     if isinstance(source, Reader):
-        return source
+        return _check_raw(source, exif)
     if not isinstance(source, (str, os.PathLike)):
-        return DatasetReader(source)
+        dataset = DatasetReader(source)
+        dataset.exif = exif
+        return dataset
     path = Path(source)
     if is_shard_folder(path):
-        return ShardReader(path)
+        return _check_raw(ShardReader(path), exif)
     if path.suffix.lower() in (".csv", ".parquet"):
         return FileListReader(path)
     if not path.exists():
         raise FileNotFoundError(f"dataset {path} does not exist")
     return FolderReader(path)
+
+
+def _check_raw(reader: Reader, exif: Exif) -> Reader:
+    if exif == "apply" and isinstance(reader, ShardReader) and not reader.encoded:
+        raise ValueError(
+            f"exif='apply' but {reader.folder} holds --raw shards: their pixels were decoded at ingest without EXIF "
+            "orientation, which they no longer carry; ingest without --raw to turn images, or use exif='ignore'"
+        )
+    return reader

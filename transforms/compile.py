@@ -108,8 +108,20 @@ class CompiledTransforms:
                     batch[f"{i}.{name}"].append(np.asarray(value, self.param_inputs[f"{i}.{name}"]))
         return batch
 
-    def build(self, source: Any, params: dict[str, Any], *, device: Literal["cpu", "gpu"], encoded: bool) -> Any:
-        """The graph from ``source`` (encoded bytes if ``encoded``, else HWC uint8 pixels) to the output batch."""
+    def build(
+        self,
+        source: Any,
+        params: dict[str, Any],
+        *,
+        device: Literal["cpu", "gpu"],
+        encoded: bool,
+        adjust_orientation: bool = False,
+    ) -> Any:
+        """The graph from ``source`` (encoded bytes if ``encoded``, else HWC uint8 pixels) to the output batch.
+
+        ``adjust_orientation`` is DALI's decoder argument of that name (its default is ``True``): turn each image
+        by its EXIF orientation. Off, the decoders give the stored pixels, as PIL's ``Image.open`` does.
+        """
         import nvidia.dali.fn as fn
         import nvidia.dali.types as types
 
@@ -128,12 +140,15 @@ class CompiledTransforms:
                     normalized_anchor=False,
                     normalized_shape=False,
                     output_type=types.RGB,
+                    adjust_orientation=adjust_orientation,
                     device=decoder_device,
                 )
                 image, state = self.steps[0].build_decoded_window(image, _step_params(params, 0), state)
                 steps = steps[1:]
             else:
-                image = fn.decoders.image(source, output_type=types.RGB, device=decoder_device)
+                image = fn.decoders.image(
+                    source, output_type=types.RGB, adjust_orientation=adjust_orientation, device=decoder_device
+                )
         elif device == "gpu":
             image = image.gpu()
 
