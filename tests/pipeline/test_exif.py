@@ -223,3 +223,17 @@ def test_raw_shards_refuse_apply(folder: Path, tmp_path: Path) -> None:
 def test_a_bad_exif_setting_is_refused(folder: Path) -> None:
     with pytest.raises(ValueError, match=r"exif must be 'ignore' or 'apply', got 'rotate'"):
         Loader(folder, batch_size=4, transform=[CenterCrop(8)], exif="rotate")  # type: ignore[arg-type]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("exif", ["ignore", "apply"])
+def test_the_mixed_decoder_follows_the_setting(folder: Path, exif: str) -> None:
+    # nvJPEG rounds differently from libjpeg-turbo, so pixels agree closely; the orientation must agree exactly.
+    expected = [center(pil(path.read_bytes(), exif), 40) for path in files(folder)]
+    got = rows(folder, exif, [CenterCrop(40)], device="cuda")
+    assert [image.shape for image in got] == [reference.shape for reference in expected]
+    for image, reference in zip(got, expected, strict=True):
+        assert np.abs(image.astype(int) - reference).mean() < 2.0
+    spec = [RandomResizedCrop(32, scale=(0.2, 1.0))]  # the region-of-interest decode, windows on the right size
+    for image, reference in zip(rows(folder, exif, spec, device="cuda"), rows(folder, exif, spec), strict=True):
+        assert np.abs(image.astype(int) - reference).mean() < 3.0

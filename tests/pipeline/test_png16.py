@@ -94,3 +94,13 @@ def test_a_16_bit_png_through_a_region_of_interest_decode(tmp_path: Path) -> Non
                     dtype="uint8", layout="NHWC", num_threads=1)
     (images, _), = list(loader)
     np.testing.assert_array_equal(images[0].numpy(), pil(png16(0, size=(40, 40))))
+
+
+@pytest.mark.gpu
+def test_a_16_bit_png_on_the_gpu(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.png").write_bytes(png16(0))
+    loader = Loader(tmp_path, batch_size=1, transform=[CenterCrop((20, 24))], dtype="uint8", layout="NHWC",
+                    num_threads=1, device="cuda")
+    (images, _), = list(loader)
+    np.testing.assert_array_equal(images[0].cpu().numpy(), pil(png16(0)))
