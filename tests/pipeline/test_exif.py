@@ -73,7 +73,7 @@ def rows(source: Any, exif: str, transform: list[Any], **kwargs: Any) -> list[np
     """Every sample's output in row order, HWC uint8."""
     loader = Loader(source, batch_size=4, transform=transform, shuffle=False, dtype="uint8", layout="NHWC",
                     num_threads=1, exif=exif, **kwargs)  # type: ignore[arg-type]
-    return [image.numpy() for images, _ in loader for image in images]
+    return [image.cpu().numpy() for images, _ in loader for image in images]
 
 
 @pytest.mark.parametrize("fmt", ["JPEG", "PNG"])
