@@ -15,7 +15,7 @@ are drawn on it. Values outside 1-8 turn nothing, as in PIL and DALI.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -81,7 +81,7 @@ def _tiff_orientation(tiff: bytes) -> int:
 
 def _jpeg(data: bytes, exif: bool) -> ImageHeader:
     pos, n = 2, len(data)
-    header: ImageHeader | None = None
+    frame: tuple[int, int, int] | None = None  # height, width, channels
     orientation = 0  # 0: no Exif segment seen yet (PIL and DALI take the first one)
     while pos + 4 <= n:
         if data[pos] != 0xFF:
@@ -100,15 +100,15 @@ def _jpeg(data: bytes, exif: bool) -> ImageHeader:
             if length < 8:
                 raise BadImage("corrupt JPEG: start-of-frame segment too short")
             height, width = struct.unpack_from(">HH", data, pos + 5)
-            header = ImageHeader("jpeg", height, width, data[pos + 9])
+            frame = (height, width, data[pos + 9])
         elif exif and marker == 0xE1 and not orientation and data[pos + 4 : pos + 10] == b"Exif\x00\x00":
             orientation = _tiff_orientation(data[pos + 10 : pos + 2 + length])
         elif marker == 0xDA:  # start of scan: the entropy-coded data follows; it must end with EOI
-            if header is None:
+            if frame is None:
                 raise BadImage("corrupt JPEG: scan data before any frame header")
             if data.rfind(b"\xff\xd9", pos) < 0:
                 raise BadImage("truncated JPEG (no end-of-image marker after the scan data)")
-            return replace(header, orientation=orientation or 1)
+            return ImageHeader("jpeg", *frame, orientation or 1)
         pos += 2 + length
     raise BadImage("truncated JPEG (the file ends before the image data)")
 
@@ -165,5 +165,5 @@ def read_header(
             f"more than max_pixels={max_pixels} (a decompression bomb?)"
         )
     if header.orientation in (5, 6, 7, 8):  # a quarter turn (with or without a mirror): displayed sideways
-        header = replace(header, height=header.width, width=header.height)
+        header = ImageHeader(header.format, header.width, header.height, header.channels, header.orientation)
     return header
