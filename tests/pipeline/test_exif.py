@@ -97,6 +97,36 @@ def test_an_image_without_exif_or_with_an_unknown_orientation_is_not_turned() ->
     assert (header.height, header.width) == (48, 64)
 
 
+def test_a_damaged_exif_block_never_breaks_the_header_check() -> None:
+    # The EXIF bytes are parsed only under "apply"; whatever they hold, the header is read or BadImage is raised.
+    data = bytearray(oriented(6))
+    start = data.find(b"Exif\x00\x00") + 6
+    rng = np.random.default_rng(0)
+    for trial in range(300):
+        damaged = bytearray(data)
+        for position in rng.integers(start, start + 40, 1 + trial % 6):
+            damaged[position] = int(rng.integers(0, 256))
+        for fmt in ("jpeg", "png"):
+            try:
+                header = read_header(bytes(damaged) if fmt == "jpeg" else oriented_png(damaged[start:]), exif="apply")
+            except ValueError as err:
+                assert type(err).__name__ == "BadImage"
+                continue
+            assert (header.height, header.width) in ((48, 64), (64, 48))
+
+
+def oriented_png(tiff: bytes) -> bytes:
+    """A 64x48 PNG whose eXIf chunk holds ``tiff``, whatever it is."""
+    import struct
+    import zlib
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (64, 48)).save(buffer, "PNG")
+    png = buffer.getvalue()
+    chunk = struct.pack(">I", len(tiff)) + b"eXIf" + bytes(tiff) + struct.pack(">I", zlib.crc32(b"eXIf" + tiff))
+    return png[:33] + chunk + png[33:]
+
+
 @pytest.mark.parametrize("exif", ["ignore", "apply"])
 def test_folder_and_file_list_agree_with_pil(folder: Path, exif: str) -> None:
     # CenterCrop(40) of the displayed image; a window drawn on the wrong size would be padded with black.
