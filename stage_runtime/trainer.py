@@ -79,7 +79,8 @@ class TrainConfig:
     progress: bool = True
     log_every: int = 1
     timeout_s: float = 300.0  # a collective that waits longer fails the job instead of hanging it
-    crash_at: tuple[int, int] | None = None  # fault injection for tests: (global rank, step) SIGKILLs itself
+    # Fault injection for tests: (global rank, step[, signal]) sends itself the signal (default SIGKILL).
+    crash_at: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -222,8 +223,8 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
     job.build()
     step, start_epoch = job.restore() if c.resume else (0, 0)
     out = Path(c.out_dir)
-    report = Report(out, c.stages, c.dp, c.progress and rank == 0, c.log_every, append=c.resume) \
-        if rank == 0 else None
+    report = Report(out, c.stages, c.dp, c.progress and rank == 0, c.log_every,
+                    resume_step=step if c.resume else None) if rank == 0 else None
     total_steps = c.epochs * job.steps_per_epoch if c.max_steps is None else min(c.max_steps,
                                                                                   c.epochs * job.steps_per_epoch)
     wall0, accuracy, epoch = time.perf_counter(), None, start_epoch
@@ -247,8 +248,8 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
                 job.clock.record("input", "waiting", t0, t0 + wait, step)
             loss, pipe_s, busy = job.train_step(images, labels)
             step += 1
-            if c.crash_at is not None and tuple(c.crash_at) == (rank, step):
-                os.kill(os.getpid(), 9)
+            if c.crash_at is not None and tuple(c.crash_at[:2]) == (rank, step):
+                os.kill(os.getpid(), c.crash_at[2] if len(c.crash_at) > 2 else 9)
             stats = torch.tensor([loss if job.last else 0.0, wait if job.first else 0.0, busy,
                                   pipe_s if job.first else 0.0], device=job.comm)
             dist.all_reduce(stats, group=job.pp_group)
@@ -262,8 +263,9 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
             report.eval(epoch, step, accuracy) if accuracy >= 0 else report.close_bar()
     end_epoch = epoch + 1 if step % job.steps_per_epoch == 0 else epoch
     job.save(step, end_epoch)
-    job.clock.dump(out / f"spans-{rank}.json")
-    dist.barrier()
+    # Rank 0 gathers every rank's spans through the process group: the machines may not share --out.
+    spans: list[Any] | None = [None] * c.world_size if rank == 0 else None
+    dist.gather_object(job.clock.to_records(), spans, dst=0)
     if report is not None:
         wall = time.perf_counter() - wall0
         summary = {"model": c.model, "stages": c.stages, "model_stages": c.model_stages, "replicas": c.dp,
@@ -275,8 +277,11 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
                    "config": {k: v for k, v in asdict(c).items() if k != "crash_at"}, **report.fractions()}
         report.close()
         merged = StageClock()
-        for r in range(c.world_size):
-            merged.merge(out / f"spans-{r}.json")
+        for r, records in enumerate(spans or []):
+            one = StageClock()
+            one.merge(records)
+            one.dump(out / f"spans-{r}.json")
+            merged.merge(records)
         merged.to_chrome_trace(out / "trace.json")
         summary["trace"] = str(out / "trace.json")
         ckpt.atomic_write_bytes(out / "summary.json", json.dumps(summary, indent=1, default=str).encode())
