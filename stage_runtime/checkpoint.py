@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +30,15 @@ def step_dir(root: str | os.PathLike[str], step: int) -> Path:
     return Path(root) / f"step-{step:08d}"
 
 
+def _tmp(path: Path) -> Path:
+    """A temporary name beside ``path``, unique per process even on a folder that several machines share."""
+    return path.with_name(f".{path.name}.tmp-{socket.gethostname()}-{os.getpid()}")
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file and a rename, so readers see all of it or none."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = _tmp(path)
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
@@ -44,7 +50,7 @@ def save_rank(root: str | os.PathLike[str], step: int, rank: int, state: dict[st
     """Save one pipeline rank's state (tensors, numbers, strings, nested dicts/lists) atomically."""
     path = step_dir(root, step) / f"rank-{rank}.pt"
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = _tmp(path)
     torch.save(state, tmp)
     os.replace(tmp, path)
     return path

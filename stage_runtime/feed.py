@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["TensorBatches", "TorchFeed", "make_feed"]
+__all__ = ["TensorBatches", "TorchFeed", "make_feed", "unpadded_samples"]
 
 
 class TensorBatches:
@@ -181,3 +181,20 @@ def make_feed(data: str | None, *, train: bool, batch_size: int, image_size: int
         transform = [Resize(image_size), CenterCrop(image_size), Normalize(mean, std)]
     return Loader(data, batch_size, transform=transform, shuffle=train, seed=seed, drop_last=train, rank=replica,
                   world_size=replicas, device=device, clock=clock, num_threads=workers)
+
+
+def unpadded_samples(feed: Any) -> int:
+    """How many of the samples ``feed`` delivers this epoch are its own, before any padding.
+
+    An evaluation feed over ``W`` replicas pads every shard to ``ceil(n / W)`` samples with samples from the
+    start (the Loader and ``DistributedSampler`` both), replica ``r`` taking positions ``r, r + W, ...``, so its
+    padding is at its end and it has ``ceil((n - r) / W)`` samples of its own. :class:`TensorBatches` drops the
+    tail instead of padding.
+    """
+    if isinstance(feed, TensorBatches):
+        return len(feed) * feed.batch_size
+    if isinstance(feed, TorchFeed):
+        n, world, rank = len(feed.dataset), feed.sampler.num_replicas, feed.sampler.rank
+    else:  # the Loader
+        n, world, rank = feed.sampler.num_virtual, feed.sampler.world_size, feed.sampler.rank
+    return max(0, -(-(n - rank) // world))

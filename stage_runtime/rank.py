@@ -8,6 +8,7 @@ all processes start from the same weights, and keeps the stage(s) it owns.
 from __future__ import annotations
 
 import copy
+import datetime
 import json
 import time
 from typing import TYPE_CHECKING, Any
@@ -18,7 +19,7 @@ from torch import nn
 
 from stallfree.stage_runtime import checkpoint as ckpt
 from stallfree.stage_runtime.clock import StageClock
-from stallfree.stage_runtime.feed import make_feed
+from stallfree.stage_runtime.feed import make_feed, unpadded_samples
 from stallfree.stage_runtime.models import build_model
 from stallfree.stage_runtime.partition import plan
 from stallfree.stage_runtime.schedules import build_schedule, stage_owner
@@ -55,19 +56,22 @@ class Rank:
     def __init__(self, rank: int, config: TrainConfig, local_rank: int):
         c = self.config = config
         self.rank, self.pp, self.replica = rank, rank % c.stages, rank // c.stages
+        self.local_rank = local_rank
         cuda = c.device.startswith("cuda")
         self.device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
         if cuda:
             torch.cuda.set_device(self.device)
         self.comm = self.device if cuda else torch.device("cpu")  # NCCL sends CUDA tensors, gloo CPU ones
-        # Every rank must create every group, in the same order.
+        # Every rank must create every group, in the same order; each with the job's timeout (a group's own
+        # default is 30 minutes, whatever the default group was given), so a hung peer fails the job.
+        timeout = datetime.timedelta(seconds=c.timeout_s)
         self.pp_group = self.dp_group = None
         for d in range(c.dp):
-            g = dist.new_group([d * c.stages + p for p in range(c.stages)])
+            g = dist.new_group([d * c.stages + p for p in range(c.stages)], timeout=timeout)
             if d == self.replica:
                 self.pp_group = g
         for p in range(c.stages):
-            g = dist.new_group([d * c.stages + p for d in range(c.dp)])
+            g = dist.new_group([d * c.stages + p for d in range(c.dp)], timeout=timeout)
             if p == self.pp:
                 self.dp_group = g
         self.base = self.replica * c.stages  # global rank of this replica's pipeline rank 0
@@ -124,8 +128,36 @@ class Rank:
     def last(self) -> bool:
         return self.owner[-1] == self.rank
 
+    def sync_running_stats(self) -> None:
+        """Average the BatchNorm running statistics over the replicas (each saw only its shard's batches).
+
+        Called before every evaluation and every checkpoint. The running mean and variance are exponential
+        averages, linear in the batch statistics, and every replica starts from the same values, so averaging
+        now equals having averaged after every step: the result does not depend on when it is done.
+        """
+        if self.config.dp == 1:
+            return
+        buffers = [b for m in self.modules.values() for sub in m.modules()
+                   for b in (getattr(sub, "running_mean", None), getattr(sub, "running_var", None))
+                   if isinstance(b, torch.Tensor) and b.is_floating_point()]
+        if not buffers:
+            return
+        flat = torch.cat([b.reshape(-1) for b in buffers]).to(self.comm)
+        dist.all_reduce(flat, group=self.dp_group)
+        flat /= self.config.dp
+        offset = 0
+        for b in buffers:
+            b.copy_(flat[offset:offset + b.numel()].view_as(b))
+            offset += b.numel()
+
     def save(self, step: int, epoch: int) -> None:
-        """Every rank saves its file; after a barrier global rank 0 writes the manifest that makes it current."""
+        """Every rank saves its file; after a barrier each machine's first rank writes the manifest.
+
+        The manifest (``meta.json``, ``latest.json``) goes beside the rank files on every machine, so a run
+        whose ``--out`` is not shared keeps a complete, resumable checkpoint on each node (its own ranks' files);
+        on a shared folder the writers write the same bytes, each by an atomic rename.
+        """
+        self.sync_running_stats()
         c = self.config
         state = {"modules": {str(s): m.state_dict() for s, m in self.modules.items()},
                  "optimizer": self.optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
@@ -134,7 +166,7 @@ class Rank:
             state["cuda_rng"] = torch.cuda.get_rng_state(self.device)
         ckpt.save_rank(c.ckpt_root, step, self.rank, state)
         dist.barrier()
-        if self.rank == 0:
+        if self.local_rank == 0:
             ckpt.save_meta(c.ckpt_root, step, {"step": step, "epoch": epoch, "balance": list(self.balance),
                                                "world_size": c.world_size, "schedule": c.schedule})
             ckpt.prune(c.ckpt_root, c.keep_checkpoints)
@@ -144,6 +176,12 @@ class Rank:
         """Load the latest checkpoint; returns ``(step, epoch)`` to continue from (``(0, 0)`` without one)."""
         c = self.config
         step = ckpt.latest(c.ckpt_root)
+        steps = [None] * c.world_size
+        dist.all_gather_object(steps, step)
+        if len(set(steps)) > 1:
+            where = ", ".join(f"rank {r}: {'none' if s is None else f'step {s}'}" for r, s in enumerate(steps))
+            raise FileNotFoundError(f"--resume: the ranks see different checkpoints under {c.ckpt_root} ({where}); "
+                                    "give every machine the checkpoint folder it saved (its own --out)")
         if step is None:
             raise FileNotFoundError(f"--resume: no checkpoint under {c.ckpt_root} (no latest.json)")
         meta = ckpt.load_meta(c.ckpt_root, step)
@@ -198,17 +236,28 @@ class Rank:
         return loss, pipe_s, busy
 
     def evaluate(self) -> float:
-        """Top-1 accuracy of the held-out split through the stages; -1.0 without one."""
+        """Top-1 accuracy of the whole held-out split, each replica taking its shard; -1.0 without one.
+
+        The shards are padded to equal length (as ``DistributedSampler`` pads); stage 0 marks the padding's
+        labels -1 so that each held-out sample counts once, and the counts are summed over every rank.
+        """
         has = torch.tensor([1 if self.eval_feed is not None else 0], device=self.comm)
         dist.broadcast(has, self.base, group=self.pp_group)
         if not int(has):
             return -1.0
+        self.sync_running_stats()
         for m in self.modules.values():
             m.eval()
         feed: Any = self.eval_feed
         correct, total = torch.zeros(2, dtype=torch.float64), iter(feed) if self.first else None
+        left = unpadded_samples(feed) if self.first else 0
         while True:
             batch = next(total, None) if total is not None else None
+            if batch is not None:
+                y = batch[1].clone()
+                y[max(0, left):] = -1
+                left -= len(y)
+                batch = (batch[0], y)
             flag = torch.tensor([0 if (self.first and batch is None) else 1], device=self.comm)
             dist.broadcast(flag, self.base, group=self.pp_group)
             if not int(flag):
@@ -225,9 +274,10 @@ class Rank:
             y = y.cpu()
             logits = chain_forward(self.modules, self.config.model_stages, self.owner, self.rank, x, self.device)
             if self.last:
-                correct += torch.tensor([(logits.argmax(1).cpu() == y).sum().item(), len(y)], dtype=torch.float64)
+                correct += torch.tensor([(logits.argmax(1).cpu() == y).sum().item(), (y >= 0).sum().item()],
+                                        dtype=torch.float64)
         for m in self.modules.values():
             m.train()
         correct = correct.to(self.comm)
-        dist.all_reduce(correct, group=self.pp_group)
+        dist.all_reduce(correct)  # every replica's last stage holds its shard's counts
         return float(correct[0] / correct[1]) if correct[1] else 0.0

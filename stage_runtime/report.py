@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from stallfree.stage_runtime.checkpoint import atomic_write_bytes
+
 __all__ = ["Report", "format_summary"]
 
 
@@ -21,10 +23,18 @@ class Report:
     """Accumulates per-step figures on the logging rank and writes ``train.jsonl`` (one row per logged step)."""
 
     def __init__(self, out_dir: Path, ranks: int, replicas: int, progress: bool, log_every: int = 1,
-                 append: bool = False):
+                 resume_step: int | None = None):
+        """Open ``train.jsonl``: anew, or continued when ``resume_step`` is the step of the checkpoint resumed.
+
+        On resume the rows after that step are dropped (the resumed run writes them again): each step once.
+        """
         self.path = out_dir / "train.jsonl"
         out_dir.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a" if append else "w")  # noqa: SIM115 - kept open for the whole run
+        if resume_step is not None and self.path.is_file():
+            kept = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and _row_step(line) <= resume_step]
+            atomic_write_bytes(self.path, "".join(f"{line}\n" for line in kept).encode())
+        self._file = open(self.path, "a" if resume_step is not None else "w")  # noqa: SIM115 - kept open
         self.ranks, self.replicas, self.progress, self.log_every = ranks, replicas, progress, log_every
         self.totals: dict[str, float] = {"wait_s": 0.0, "step_s": 0.0, "busy_s": 0.0, "images": 0, "steps": 0,
                                          "compute_step_s": 0.0}
@@ -95,6 +105,14 @@ class Report:
         """Close the bar and the file."""
         self.close_bar()
         self._file.close()
+
+
+def _row_step(line: str) -> int:
+    """The step of a ``train.jsonl`` row; a row cut short by a kill counts as after every step."""
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return 2**62
 
 
 def format_summary(summary: dict[str, Any]) -> str:

@@ -28,8 +28,8 @@ import torch.distributed as dist
 
 from stallfree.stage_runtime import checkpoint as ckpt
 from stallfree.stage_runtime.clock import StageClock
-from stallfree.stage_runtime.launcher import StageFailure, free_port, launch, torchrun_env
-from stallfree.stage_runtime.models import resolve
+from stallfree.stage_runtime.launcher import PeerWatch, StageFailure, failure, free_port, launch, torchrun_env
+from stallfree.stage_runtime.models import build_model, resolve
 from stallfree.stage_runtime.rank import Rank
 from stallfree.stage_runtime.report import Report, format_summary
 from stallfree.stage_runtime.schedules import (
@@ -79,7 +79,8 @@ class TrainConfig:
     progress: bool = True
     log_every: int = 1
     timeout_s: float = 300.0  # a collective that waits longer fails the job instead of hanging it
-    crash_at: tuple[int, int] | None = None  # fault injection for tests: (global rank, step) SIGKILLs itself
+    # Fault injection for tests: (global rank, step[, signal]) sends itself the signal (default SIGKILL).
+    crash_at: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -137,7 +138,7 @@ def train_many(configs: Sequence[TrainConfig]) -> list[dict[str, Any]]:
     if len(sizes) != 1:
         raise ValueError(f"train_many needs jobs of one world size, got {sorted(sizes)}")
     for c in configs:
-        resolve(c.model)  # a bad --model fails here, in one line, not in every stage process
+        check(c)  # what the arguments alone show fails here, in one line, not in every stage process
         Path(c.out_dir).mkdir(parents=True, exist_ok=True)
         (Path(c.out_dir) / "summary.json").unlink(missing_ok=True)
     env = torchrun_env()
@@ -145,7 +146,7 @@ def train_many(configs: Sequence[TrainConfig]) -> list[dict[str, Any]]:
         raise ValueError(f"torchrun started {env[1]} processes but --stages {configs[0].stages} x --dp "
                          f"{configs[0].dp} needs {configs[0].world_size}; match --nproc-per-node x --nnodes to it")
     if env is not None:
-        _worker(env[0], list(configs), None, env[2])
+        _worker(env[0], list(configs), None, env[2])  # raises StageFailure naming the root cause
     else:
         launch(_worker, configs[0].world_size, (list(configs), free_port(), None),
                stages_of=lambda r: _stages_of(configs[0], r))
@@ -154,6 +155,41 @@ def train_many(configs: Sequence[TrainConfig]) -> list[dict[str, Any]]:
         path = Path(c.out_dir) / "summary.json"
         summaries.append(json.loads(path.read_text()) if path.is_file() else {})
     return summaries
+
+
+def check(config: TrainConfig) -> None:
+    """Check what can be checked before any process starts: the data, the model, the split.
+
+    Raises:
+        ValueError: a dataset path that does not exist or holds no images, more model stages than layers, or a
+            ``balance`` of the wrong length or sum; each message names the argument and the fix.
+    """
+    from stallfree.pipeline.readers import open_source
+
+    for name, data in (("training data", config.data), ("--eval", config.eval_data)):
+        if data is None:
+            continue
+        try:
+            reader = open_source(data)
+        except (OSError, ValueError) as err:
+            raise ValueError(f"{name} {data}: {err}; give an ImageFolder, a CSV/Parquet file list or an "
+                             "ingested shard folder") from None
+        if len(reader) == 0:
+            raise ValueError(f"{name} {data}: holds no images; give a dataset with at least one batch")
+    resolve(config.model)
+    layers = len(build_model(config.model, config.num_classes or 10, config.image_size, **config.model_kwargs))
+    stages = config.model_stages
+    if stages > layers:
+        raise ValueError(f"--stages {config.stages} with schedule {config.schedule} makes {stages} model stages "
+                         f"but {config.model} has {layers} layers; use at most {layers} stages (each needs a layer)")
+    if config.balance is not None:
+        text = ",".join(map(str, config.balance))
+        if len(config.balance) != stages:
+            raise ValueError(f"--balance {text} has {len(config.balance)} entries but the job has {stages} model "
+                             f"stages; give {stages} layer counts")
+        if sum(config.balance) != layers or min(config.balance) < 1:
+            raise ValueError(f"--balance {text} sums to {sum(config.balance)} but {config.model} has {layers} "
+                             f"layers; give {stages} counts >= 1 that sum to {layers}, or leave --balance out")
 
 
 def _stages_of(config: TrainConfig, rank: int) -> list[int]:
@@ -171,10 +207,14 @@ def _worker(rank: int, configs: list[TrainConfig], port: int | None, local_rank:
     backend = "nccl" if first.device.startswith("cuda") else "gloo"
     dist.init_process_group(backend, rank=rank, world_size=first.world_size,
                             timeout=datetime.timedelta(seconds=first.timeout_s))
+    watch = PeerWatch(rank, first.world_size)
     try:
         for config in configs:
             _run(rank, config, local_rank if local_rank is not None else rank)
+    except Exception as err:  # every failure leaves as one StageFailure naming the rank that caused it
+        raise failure(rank, err, lambda r: _stages_of(first, r), watch) from err
     finally:
+        watch.close()
         dist.destroy_process_group()
 
 
@@ -183,8 +223,8 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
     job.build()
     step, start_epoch = job.restore() if c.resume else (0, 0)
     out = Path(c.out_dir)
-    report = Report(out, c.stages, c.dp, c.progress and rank == 0, c.log_every, append=c.resume) \
-        if rank == 0 else None
+    report = Report(out, c.stages, c.dp, c.progress and rank == 0, c.log_every,
+                    resume_step=step if c.resume else None) if rank == 0 else None
     total_steps = c.epochs * job.steps_per_epoch if c.max_steps is None else min(c.max_steps,
                                                                                   c.epochs * job.steps_per_epoch)
     wall0, accuracy, epoch = time.perf_counter(), None, start_epoch
@@ -208,8 +248,8 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
                 job.clock.record("input", "waiting", t0, t0 + wait, step)
             loss, pipe_s, busy = job.train_step(images, labels)
             step += 1
-            if c.crash_at is not None and tuple(c.crash_at) == (rank, step):
-                os.kill(os.getpid(), 9)
+            if c.crash_at is not None and tuple(c.crash_at[:2]) == (rank, step):
+                os.kill(os.getpid(), c.crash_at[2] if len(c.crash_at) > 2 else 9)
             stats = torch.tensor([loss if job.last else 0.0, wait if job.first else 0.0, busy,
                                   pipe_s if job.first else 0.0], device=job.comm)
             dist.all_reduce(stats, group=job.pp_group)
@@ -223,8 +263,9 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
             report.eval(epoch, step, accuracy) if accuracy >= 0 else report.close_bar()
     end_epoch = epoch + 1 if step % job.steps_per_epoch == 0 else epoch
     job.save(step, end_epoch)
-    job.clock.dump(out / f"spans-{rank}.json")
-    dist.barrier()
+    # Rank 0 gathers every rank's spans through the process group: the machines may not share --out.
+    spans: list[Any] | None = [None] * c.world_size if rank == 0 else None
+    dist.gather_object(job.clock.to_records(), spans, dst=0)
     if report is not None:
         wall = time.perf_counter() - wall0
         summary = {"model": c.model, "stages": c.stages, "model_stages": c.model_stages, "replicas": c.dp,
@@ -236,8 +277,11 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
                    "config": {k: v for k, v in asdict(c).items() if k != "crash_at"}, **report.fractions()}
         report.close()
         merged = StageClock()
-        for r in range(c.world_size):
-            merged.merge(out / f"spans-{r}.json")
+        for r, records in enumerate(spans or []):
+            one = StageClock()
+            one.merge(records)
+            one.dump(out / f"spans-{r}.json")
+            merged.merge(records)
         merged.to_chrome_trace(out / "trace.json")
         summary["trace"] = str(out / "trace.json")
         ckpt.atomic_write_bytes(out / "summary.json", json.dumps(summary, indent=1, default=str).encode())

@@ -84,6 +84,7 @@ def _config_class() -> type:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from stallfree.stage_runtime import checkpoint
     from stallfree.stage_runtime.trainer import StageFailure, TrainConfig, train
 
     if (args.data is None) == (args.synthetic is None):
@@ -96,8 +97,10 @@ def _train(args: argparse.Namespace) -> int:
     try:
         summary = train(config)
     except StageFailure as err:
-        print(f"stallfree train: error: {err}; the last checkpoint under {config.ckpt_root} is intact",
-              file=sys.stderr)
+        step = checkpoint.latest(config.ckpt_root)
+        kept = (f"no checkpoint was written under {config.ckpt_root}" if step is None else
+                f"the last checkpoint, step {step} under {config.ckpt_root}, is intact (--resume continues it)")
+        print(f"stallfree train: error: {err}; {kept}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(summary, indent=1, default=str))

@@ -7,6 +7,7 @@ seconds each, the whole area has 120 s.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -41,7 +42,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     configs["half"] = _config(out, "half", "1f1b", 2, (3, 5), max_steps=STEPS // 2)
     configs["resumed"] = _config(out, "resumed", "1f1b", 2, (3, 5), resume=True,
                                  checkpoint_dir=str(out / "half" / "checkpoints"))
-    configs["crash"] = _config(out, "crash", "1f1b", 2, (3, 5), max_steps=6, checkpoint_every=2, crash_at=(1, 3))
+    # Rank 1 dies after step 4, when rank 0 has logged step 3 past the checkpoint of step 2.
+    configs["crash"] = _config(out, "crash", "1f1b", 2, (3, 5), max_steps=6, checkpoint_every=2, crash_at=(1, 4))
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     with pytest.raises(StageFailure) as failure:
         train_many(list(configs.values()))
@@ -104,6 +106,17 @@ def test_summary_reports_fractions_beside_theory(runs: dict) -> None:
     assert 0.0 <= summary["bubble_fraction"] <= 1.0 and 0.0 <= summary["input_stall_fraction"] <= 1.0
     assert summary["steps"] == STEPS and summary["eval_top1"] is not None
     assert Path(summary["trace"]).is_file()
+
+
+def test_resume_after_a_crash_logs_each_step_once(runs: dict) -> None:
+    crashed = runs["configs"]["crash"]
+    logged = [json.loads(line)["step"] for line in (Path(crashed.out_dir) / "train.jsonl").read_text().splitlines()]
+    assert logged[-1] > ckpt.latest(crashed.ckpt_root)  # the crash left rows past the checkpoint
+    resumed = dataclasses.replace(crashed, crash_at=None, resume=True, checkpoint_dir=str(runs["out"] / "again"))
+    shutil.copytree(crashed.ckpt_root, resumed.ckpt_root)
+    train_many([resumed])
+    rows = [json.loads(line) for line in (Path(resumed.out_dir) / "train.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4, 5, 6]
 
 
 def test_killed_stage_ends_job_with_named_error_and_intact_checkpoint(runs: dict) -> None:
