@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import os
 import tarfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["IMAGE_EXTENSIONS", "Item", "Plan", "fetch_many", "plan_source"]
+__all__ = ["IMAGE_EXTENSIONS", "Item", "Plan", "fetch_many", "inside_root", "plan_source"]
 
 #: File suffixes an ImageFolder scan keeps (torchvision's ``IMG_EXTENSIONS``; the Loader's folder reader's too).
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -47,19 +48,40 @@ class Plan:
     extra_columns: list[tuple[str, str]] = field(default_factory=list)  # (name, Arrow type string)
 
 
-def _inside(root: Path, candidate: str) -> tuple[Path | None, str | None]:
-    """``root/candidate`` if it stays inside ``root`` once links are resolved, else the reason it does not."""
-    if not candidate:
-        return None, "empty path"
-    if os.path.isabs(candidate) or candidate.startswith(("/", "\\")):
-        return None, "absolute path (paths must be relative to the source root)"
-    if ".." in Path(candidate).parts:
-        return None, "path escapes the source root ('..')"
-    path = root / candidate
-    real, real_root = os.path.realpath(path), os.path.realpath(root)
-    if os.path.commonpath([real, real_root]) != real_root:
-        return None, "path escapes the source root through a link"
-    return path, None
+def inside_root(root: Path, candidates: Sequence[str]) -> list[tuple[Path | None, str | None]]:
+    """Each candidate as ``(root/candidate, None)`` if it stays inside ``root``, else ``(None, reason)``.
+
+    The one path-containment rule, for ingest's sources and the Loader's folders and file lists alike: a path must
+    be relative, have no ``..`` part, and not lead out of ``root`` through a link (to a file or to a folder). A
+    whole list is checked in one call so that each distinct folder is resolved once and each file costs one
+    ``lstat``; ``os.path.realpath`` on every path costs about 25 us each (half a minute for 1.28M files).
+    """
+    real_root = os.path.realpath(root)
+    prefix = real_root.rstrip(os.sep) + os.sep
+    real_dirs: dict[str, str] = {}
+    out: list[tuple[Path | None, str | None]] = []
+    for candidate in candidates:
+        if not candidate:
+            out.append((None, "empty path"))
+            continue
+        if os.path.isabs(candidate) or candidate.startswith(("/", "\\")):
+            out.append((None, "absolute path (paths must be relative to the source root)"))
+            continue
+        if ".." in Path(candidate).parts:
+            out.append((None, "path escapes the source root ('..')"))
+            continue
+        path = root / candidate
+        head, tail = os.path.split(path)
+        if head not in real_dirs:
+            real_dirs[head] = os.path.realpath(head)
+        real = os.path.join(real_dirs[head], tail)
+        if os.path.islink(real):
+            real = os.path.realpath(real)
+        if real != real_root and not real.startswith(prefix):
+            out.append((None, "path escapes the source root through a link"))
+            continue
+        out.append((path, None))
+    return out
 
 
 def _folder(root: Path) -> Plan:
@@ -67,25 +89,24 @@ def _folder(root: Path) -> Plan:
     if not classes:
         raise ValueError(f"image folder {root} has no class sub-folders (expected root/<class>/<image>)")
     plan = Plan("folder", str(root.resolve()), classes)
-    real_root = os.path.realpath(root)
     for label, name in enumerate(classes):
         seen = {os.path.realpath(root / name)}
         for dirpath, dirs, files in os.walk(root / name, followlinks=True):
             # Links to folders are followed (as torchvision does) only inside the root, and each folder once (a
             # link to an ancestor would loop forever).
-            for d in list(dirs):
-                real = os.path.realpath(os.path.join(dirpath, d))
-                if os.path.commonpath([real, real_root]) != real_root or real in seen:
-                    dirs.remove(d)
-                    reason = "folder link escapes the source root" if real not in seen else "folder link loops"
-                    plan.rejected.append({"path": os.path.relpath(os.path.join(dirpath, d), root), "reason": reason})
-                seen.add(real)
             dirs.sort()
-            for file in sorted(files):
-                if not file.lower().endswith(IMAGE_EXTENSIONS):
-                    continue
-                key = os.path.relpath(os.path.join(dirpath, file), root)
-                path, problem = _inside(root, key)
+            keys = [os.path.relpath(os.path.join(dirpath, d), root) for d in dirs]
+            for d, key, (_, problem) in zip(list(dirs), keys, inside_root(root, keys), strict=True):
+                real = os.path.realpath(os.path.join(dirpath, d))
+                if problem is None and real in seen:
+                    problem = "folder link loops"
+                if problem is not None:
+                    dirs.remove(d)
+                    plan.rejected.append({"path": key, "reason": problem})
+                seen.add(real)
+            images = sorted(file for file in files if file.lower().endswith(IMAGE_EXTENSIONS))
+            keys = [os.path.relpath(os.path.join(dirpath, file), root) for file in images]
+            for key, (path, problem) in zip(keys, inside_root(root, keys), strict=True):
                 if path is None:
                     plan.rejected.append({"path": key, "reason": problem or ""})
                     continue
@@ -160,10 +181,8 @@ def _table_source(path: Path) -> Plan:
     labels, classes = _labels(table.column("label").to_pylist(), f"file list {path}")
     kinds, extras = _extras(table, {"path", "label"})
     plan = Plan("file_list", str(path.resolve()), classes, extra_columns=kinds)
-    root = path.parent
-    for key, label, extra in zip(table.column("path").to_pylist(), labels, extras, strict=True):
-        key = "" if key is None else str(key)
-        file, problem = _inside(root, key)
+    keys = ["" if key is None else str(key) for key in table.column("path").to_pylist()]
+    for key, label, extra, (file, problem) in zip(keys, labels, extras, inside_root(path.parent, keys), strict=True):
         if file is None:
             plan.rejected.append({"path": key, "reason": problem or ""})
         elif not file.is_file():

@@ -156,7 +156,8 @@ def read_header(
     elif raw[:8] == _PNG_SIGNATURE:
         header = _png(raw, exif == "apply")
     else:
-        raise BadImage(f"not a JPEG or PNG image (starts with {raw[:8]!r})")
+        # Never the bytes themselves: a reason goes into errors and Loader.skipped, and the file may be anything.
+        raise BadImage("not a JPEG or PNG image (its first bytes are neither signature)")
     if header.height == 0 or header.width == 0:
         raise BadImage(f"{header.format} header claims a {header.height}x{header.width} image")
     if header.height * header.width > max_pixels:

@@ -15,6 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from stallfree.ingest.sources import inside_root
 from stallfree.pipeline.headers import Exif
 from stallfree.pipeline.shards import ShardReader, is_shard_folder
 
@@ -65,12 +66,24 @@ class _PathReader:
         return str(self.paths[index])
 
 
+def _refuse_outside(root: Path, relative: list[str], where: str, rows: bool = False) -> list[Path]:
+    """``root/path`` for each path, or a ValueError naming the first that leaves ``root`` (ingest's rule)."""
+    checked = inside_root(root, relative)
+    for i, (path, problem) in enumerate(checked):
+        if path is None:
+            name = f" row {i}: path {relative[i]!r}" if rows else f": {relative[i]}"
+            raise ValueError(f"{where}{name} is refused: {problem}; every file must lie inside {root} (move it "
+                             "there, or list it relative to that folder)")
+    return [path for path, _ in checked if path is not None]
+
+
 class FolderReader(_PathReader):
     """torchvision's ImageFolder layout: ``root/<class>/<file>``, classes are the sorted sub-folder names.
 
     Raises:
         NotADirectoryError: ``root`` is not a folder.
-        ValueError: it has no class folders, or they hold no image files.
+        ValueError: it has no class folders, they hold no image files, or a link leads out of ``root`` (links
+            inside it are followed, as torchvision does).
     """
 
     def __init__(self, root: str | os.PathLike[str]):
@@ -83,11 +96,17 @@ class FolderReader(_PathReader):
         paths: list[Path] = []
         labels: list[int] = []
         for label, name in enumerate(classes):
-            for dirpath, _dirs, files in sorted(os.walk(root / name, followlinks=True)):
-                for file in sorted(files):
-                    if file.lower().endswith(IMAGE_EXTENSIONS):
-                        paths.append(Path(dirpath) / file)
-                        labels.append(label)
+            walked = []
+            for dirpath, dirs, files in os.walk(root / name, followlinks=True):
+                # Checked before the walk descends, so that a link to / is refused, not walked.
+                _refuse_outside(root, [os.path.relpath(os.path.join(dirpath, d), root) for d in dirs],
+                                f"image folder {root}")
+                walked.append((dirpath, sorted(f for f in files if f.lower().endswith(IMAGE_EXTENSIONS))))
+            for dirpath, images in sorted(walked):  # torchvision's ImageFolder order
+                found = [Path(dirpath) / file for file in images]
+                _refuse_outside(root, [str(p.relative_to(root)) for p in found], f"image folder {root}")
+                paths.extend(found)
+                labels.extend([label] * len(found))
         if not paths:
             raise ValueError(f"image folder {root} has class folders {classes[:5]} but no images {IMAGE_EXTENSIONS}")
         super().__init__(paths, np.asarray(labels, np.int64), classes)
@@ -100,7 +119,8 @@ class FileListReader(_PathReader):
 
     Raises:
         FileNotFoundError: the list does not exist.
-        ValueError: a missing column, an empty list, a negative or missing label.
+        ValueError: a missing column, an empty list, a negative or missing label, or a path that leaves the list's
+            folder (absolute, with ``..``, or through a link; the rule ingest applies too).
     """
 
     def __init__(self, table_path: str | os.PathLike[str]):
@@ -124,8 +144,8 @@ class FileListReader(_PathReader):
             raise ValueError(f"file list {table_path} has no rows")
         if table.column("label").null_count or table.column("path").null_count:
             raise ValueError(f"file list {table_path} has empty path or label cells")
-        base = table_path.parent
-        paths = [base / p for p in table.column("path").to_pylist()]
+        rows = [str(p) for p in table.column("path").to_pylist()]
+        paths = _refuse_outside(table_path.parent, rows, f"file list {table_path}", rows=True)
         label_column = table.column("label")
         if label_column.type in ("string", "large_string"):
             classes = sorted(set(label_column.to_pylist()))

@@ -90,19 +90,20 @@ def test_skip_finishes_the_epoch_and_lists_each_bad_sample(dataset: Path) -> Non
 
 
 @pytest.mark.parametrize("name", list(BAD))
-def test_raise_names_the_file_and_sample(tmp_path: Path, dataset: Path, name: str) -> None:
-    (tmp_path / "one.csv").write_text(f"path,label\n{dataset.parent / 'rgb.jpg'},0\n{dataset.parent / name},1\n")
+def test_raise_names_the_file_and_sample(dataset: Path, name: str) -> None:
+    # Beside the files: a list's paths must lie inside its folder.
+    (dataset.parent / f"one-{name}.csv").write_text(f"path,label\nrgb.jpg,0\n{name},1\n")
     with pytest.raises(BadSampleError, match=rf"{name} \(sample 1\): .*{REASONS[name]}"):
-        list(loader(tmp_path / "one.csv"))
+        list(loader(dataset.parent / f"one-{name}.csv"))
 
 
-def test_loader_still_works_after_a_failed_epoch(tmp_path: Path, dataset: Path) -> None:
-    (tmp_path / "one.csv").write_text(f"path,label\n{dataset.parent / 'precision.jpg'},0\n")
-    broken = loader(tmp_path / "one.csv")
+def test_loader_still_works_after_a_failed_epoch(dataset: Path) -> None:
+    (dataset.parent / "precision-only.csv").write_text("path,label\nprecision.jpg,0\n")
+    broken = loader(dataset.parent / "precision-only.csv")
     with pytest.raises(BadSampleError):
         list(broken)
-    (tmp_path / "good.csv").write_text(f"path,label\n{dataset.parent / 'rgb.jpg'},0\n")
-    assert len(list(loader(tmp_path / "good.csv"))) == 1
+    (dataset.parent / "rgb-only.csv").write_text("path,label\nrgb.jpg,0\n")
+    assert len(list(loader(dataset.parent / "rgb-only.csv"))) == 1
 
 
 def test_odd_colour_images_decode_to_rgb_as_pil_converts(dataset: Path) -> None:
