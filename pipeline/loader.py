@@ -637,11 +637,9 @@ class _EpochRun:
     def _graph_loop(self, first: int) -> None:
         loader = self.loader
         for number in range(first, loader._batches_per_epoch):
-            start_time = time.perf_counter()
             batch = self._assemble(number, loader._batch_len(number))
             if batch is None:
                 return
-            self._record("augment", "busy", start_time, number)
             if batch.output is not None and batch.output.device != loader.device:
                 start_time = time.perf_counter()
                 batch.output = batch.output.pin_memory().to(loader.device, non_blocking=True)
@@ -700,9 +698,12 @@ class _EpochRun:
             images = [t[2] for t in taken]
             params = {name: [t[3][j] for t in taken] for j, name in enumerate(names)}
             rows = loader.sampler.rows(np.asarray([t[1] for t in taken], np.int64))
+            start_time = time.perf_counter()  # the graph's busy span, not the wait for the reader's samples
             try:
                 output = self.graph.run(images, params)
+                self._record("augment", "busy", start_time, number)
             except GraphError as failure:
+                self._record("augment", "busy", start_time, number)
                 if not failure.bad or loader.on_error == "raise":
                     row = int(rows[failure.bad[0] if failure.bad else 0])
                     reason = failure.reasons[0] if failure.bad else str(failure)

@@ -1,4 +1,4 @@
-"""on_error="skip": every failing sample listed and replaced, full batches, equal counts on every rank (issue 10, 7-9)."""
+"""on_error="skip": each failing sample listed and replaced; full batches, equal counts on every rank (issue 10)."""
 
 import io
 import json
