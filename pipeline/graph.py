@@ -29,11 +29,15 @@ __all__ = ["Graph", "GraphError"]
 
 
 class GraphError(RuntimeError):
-    """The DALI graph failed on a batch; ``bad`` lists the positions in the batch that fail on their own."""
+    """The DALI graph failed on a batch; ``bad`` lists the positions in the batch that fail on their own.
 
-    def __init__(self, message: str, bad: list[int]):
+    ``reasons`` gives each bad sample's own error (from its run alone), in the order of ``bad``.
+    """
+
+    def __init__(self, message: str, bad: list[int], reasons: list[str] | None = None):
         super().__init__(message)
         self.bad = bad
+        self.reasons = reasons if reasons is not None else [message] * len(bad)
 
 
 def _reason(err: BaseException) -> str:
@@ -99,6 +103,8 @@ class Graph:
         self.device_id, self.encoded, self.seed, self.exif = device_id, encoded, seed, exif
         self._pipe = self._build(batch_size)
         self._probe: Any = None
+        self._good: tuple[np.ndarray, dict[str, list[np.ndarray]]] | None = None  # a sample that ran, to tell a
+        # batch of bad samples from a broken graph
 
     def _build(self, batch_size: int) -> Any:
         import nvidia.dali.fn as fn
@@ -142,8 +148,10 @@ class Graph:
         """The transformed batch as a torch tensor on the graph's device, in the spec's dtype and layout.
 
         Raises:
-            GraphError: DALI failed; the graph is rebuilt and each sample retried alone to name the bad ones. Or a
-                16-bit PNG that PIL cannot decode (named by its position).
+            GraphError: DALI failed; the graph is rebuilt and each sample retried alone to name the bad ones (all
+                of them when every sample fails alone, while a sample that ran before still runs).
+            RuntimeError: every sample fails, and so does a sample that ran before: the graph, not the data, fails.
+                Or a 16-bit PNG that PIL cannot decode (named by its position).
         """
         if self.encoded:
             images = self._decodable(images)
@@ -151,10 +159,16 @@ class Graph:
             out = self._run_on(self._pipe, images, params)
         except RuntimeError as err:
             self._pipe = self._build(self.batch_size)  # a failed DALI pipeline is not reused
-            bad = self._find_bad(images, params)
-            if len(images) > 1 and len(bad) == len(images):
-                raise RuntimeError(f"the DALI graph fails on every sample: {_reason(err)}") from err
-            raise GraphError(_reason(err), bad) from err
+            bad, reasons = self._find_bad(images, params)
+            if len(bad) == len(images) and self._good is not None:
+                good_image, good_params = self._good
+                if self._find_bad([good_image], good_params)[0]:
+                    raise RuntimeError(
+                        f"the DALI graph fails on a sample it ran before, so the graph fails, not the data: "
+                        f"{_reason(err)}"
+                    ) from err
+            raise GraphError(_reason(err), bad, reasons) from err
+        self._good = images[0], {name: values[:1] for name, values in params.items()}
         return self._to_torch(out)
 
     def _decodable(self, images: list[np.ndarray]) -> list[np.ndarray]:
@@ -172,17 +186,20 @@ class Graph:
             raise GraphError(f"PIL cannot decode this 16-bit PNG ({bad[0][1]})", [i for i, _ in bad])
         return out
 
-    def _find_bad(self, images: list[np.ndarray], params: dict[str, list[np.ndarray]]) -> list[int]:
-        bad = []
+    def _find_bad(
+        self, images: list[np.ndarray], params: dict[str, list[np.ndarray]]
+    ) -> tuple[list[int], list[str]]:
+        bad, reasons = [], []
         for i in range(len(images)):
             if self._probe is None:
                 self._probe = self._build(1)
             try:
                 self._run_on(self._probe, [images[i]], {name: [values[i]] for name, values in params.items()})
-            except RuntimeError:
+            except RuntimeError as err:
                 bad.append(i)
+                reasons.append(_reason(err))
                 self._probe = None
-        return bad
+        return bad, reasons
 
     def _to_torch(self, out: Any) -> torch.Tensor:
         tensor = torch.from_dlpack(out.as_tensor())

@@ -8,6 +8,7 @@ the reader for a path or a Dataset.
 from __future__ import annotations
 
 import copy
+import hashlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -64,6 +65,15 @@ class _PathReader:
 
     def describe(self, index: int) -> str:
         return str(self.paths[index])
+
+    def fingerprint(self) -> str:
+        """The files relative to their common folder, and their labels, hashed: the same wherever the data lies."""
+        names = [str(p) for p in self.paths]
+        common = os.path.commonprefix([min(names), max(names)])  # the common prefix of all, from the extremes
+        cut = common.rfind(os.sep) + 1
+        digest = hashlib.sha256("\0".join(name[cut:] for name in names).encode())
+        digest.update(np.ascontiguousarray(self._labels, np.int64).tobytes())
+        return digest.hexdigest()
 
 
 def _refuse_outside(root: Path, relative: list[str], where: str, rows: bool = False) -> list[Path]:
@@ -204,8 +214,9 @@ class DatasetReader:
             labels = getattr(dataset, "targets", None)
         if labels is None:
             raise ValueError(
-                f"dataset {self.name} has no `targets`: pass labels=[...] (every item's label, in order), since the "
-                "Loader needs them before it reads any image"
+                f"dataset {self.name} has no `targets`: pass labels=[...] (every item's label, in order) to "
+                "DatasetReader, as in Loader(stallfree.DatasetReader(dataset, labels=[...]), ...), since the Loader "
+                "needs them before it reads any image"
             )
         self._labels = np.asarray(labels, np.int64).reshape(-1)
         if len(self._labels) != len(dataset):

@@ -170,6 +170,10 @@ class ShardReader:
         data = shard.image(row)
         return data if self.shape is None or self.encoded else data.reshape(self.shape)
 
+    def fingerprint(self) -> str:
+        """The shards' SHA-256 checksums from the manifest, hashed: the same for a copy of the folder."""
+        return hashlib.sha256(" ".join(s["sha256"] for s in self.manifest["shards"]).encode()).hexdigest()
+
     def describe(self, index: int) -> str:
         """``<folder>/shard-NNNNN.arrow row R (<source key>)``."""
         shard, row = self._locate(index)

@@ -81,7 +81,8 @@ def test_skip_finishes_the_epoch_and_lists_each_bad_sample(dataset: Path) -> Non
     loaded = loader(dataset, on_error="skip")
     batches = list(loaded)
     labels = torch.cat([labels for _, labels in batches]).tolist()
-    assert labels == [0, 1, 2, 3], "every good image, in order, and nothing else"
+    assert len(batches) == len(loaded) == 3
+    assert labels == [0, 1, 2, 3] * 2 + [0, 1], "the good images, in order, wrapping round to fill the batches"
     assert all(images.shape[1:] == (3, 16, 16) for images, _ in batches)
     by_file = {Path(s["source"]).name: s["reason"] for s in loaded.skipped}
     assert by_file.keys() == BAD.keys()
@@ -130,7 +131,7 @@ def test_header_reader() -> None:
         ({"num_threads": -1}, ValueError, "num_threads must be positive"),
         ({"on_error": "ignore"}, ValueError, "on_error must be"),
         ({"echo_mode": "epoch"}, ValueError, "echo_mode must be"),
-        ({"echo": 0}, ValueError, "echo must be >= 1"),
+        ({"echo": 0}, ValueError, "echo must be an int >= 1"),
         ({"dtype": "int7"}, ValueError, "dtype must be one of"),
         ({"layout": "CHWN"}, ValueError, "layout must be one of"),
         ({"device": "tpu"}, ValueError, "device must be 'cpu' or 'cuda"),
@@ -138,6 +139,25 @@ def test_header_reader() -> None:
         ({"transform": [Normalize()]}, ValueError, "same size"),
         ({"transform": [RandomResizedCrop(8), Normalize()], "dtype": "uint8"}, ValueError, "uint8"),
         ({"transform": ["RandomCrop"]}, TypeError, "not a stallfree transform"),
+        # issue 10 item 20: echo=0 with echo_mode="batch" constructed, then len() raised ZeroDivisionError
+        ({"echo": 0, "echo_mode": "batch"}, ValueError, "echo must be an int >= 1"),
+        ({"echo": 1.5}, ValueError, "echo must be an int >= 1"),
+        ({"batch_size": True}, ValueError, "batch_size must be a positive int"),
+        ({"batch_size": 4.0}, ValueError, "batch_size must be a positive int"),
+        ({"shuffle": "yes"}, ValueError, "shuffle must be True or False"),
+        ({"drop_last": 1}, ValueError, "drop_last must be True or False"),
+        ({"seed": 1.5}, ValueError, "seed must be an int"),
+        ({"prefetch": 0}, ValueError, "prefetch must be an int >= 1"),
+        ({"io_threads": 2.0}, ValueError, "io_threads must be an int >= 1"),
+        ({"num_threads": 0}, ValueError, "num_threads must be positive"),
+        ({"max_pixels": 0}, ValueError, "max_pixels must be a positive int"),
+        ({"placement": "tpu"}, ValueError, "placement must be"),
+        ({"rank": -1, "world_size": 2}, ValueError, "rank must be an int in"),
+        ({"rank": 2, "world_size": 2}, ValueError, r"rank must be an int in \[0, world_size\)"),
+        ({"rank": 0, "world_size": 0}, ValueError, "world_size must be an int >= 1"),
+        ({"columns": "key"}, ValueError, r"columns must be a list of column names, e.g. columns=\['key'\]"),
+        ({"clock": object()}, ValueError, "clock must have a record"),
+        ({"transform": CenterCrop(8)}, ValueError, r"transform must be a list of transforms: transform=\[CenterCrop"),
     ],
 )
 def test_bad_arguments_fail_before_any_work(dataset: Path, kwargs: dict, error: type, match: str) -> None:
@@ -158,3 +178,16 @@ def test_missing_and_empty_datasets_are_named(tmp_path: Path) -> None:
     (tmp_path / "nolabel.csv").write_text("path\na.jpg\n")
     with pytest.raises(ValueError, match=r"lacks column\(s\) \['label'\]"):
         Loader(tmp_path / "nolabel.csv", 4, transform=[CenterCrop(8)])
+
+
+def test_dataset_without_targets_is_told_the_keyword_that_exists() -> None:
+    class Unlabelled(torch.utils.data.Dataset):  # type: ignore[type-arg]
+        def __len__(self) -> int:
+            return 2
+
+        def __getitem__(self, index: int) -> tuple[bytes, int]:
+            return jpeg_bytes(), 0
+
+    # issue 10 item 20: the Loader said "pass labels=[...]", a keyword the Loader does not have
+    with pytest.raises(ValueError, match=r"Loader\(stallfree.DatasetReader\(dataset, labels=\[\.\.\.\]\)"):
+        Loader(Unlabelled(), 2, transform=[CenterCrop(8)])

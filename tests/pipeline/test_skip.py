@@ -1,0 +1,137 @@
+"""on_error="skip": each failing sample listed and replaced; full batches, equal counts on every rank (issue 10)."""
+
+import io
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from stallfree import BadSampleError, Loader
+from stallfree.transforms import CenterCrop
+
+
+def png(seed: int) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.default_rng(seed).integers(0, 256, (10, 12, 3), dtype=np.uint8)).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def fails_in_dali() -> bytes:
+    """Passes the header checks but fails inside DALI's decoder (a JPEG claiming 3-bit samples)."""
+    buffer = io.BytesIO()
+    Image.fromarray(np.full((10, 12, 3), 90, np.uint8)).save(buffer, "JPEG")
+    data = bytearray(buffer.getvalue())
+    data[data.find(b"\xff\xc0") + 4] = 3
+    return bytes(data)
+
+
+def listing(root: Path, count: int, bad: dict[int, bytes]) -> Path:
+    """`count` rows labelled by their index; rows in `bad` hold those bytes instead of a good PNG."""
+    root.mkdir(parents=True, exist_ok=True)
+    lines = ["path,label"]
+    for i in range(count):
+        (root / f"{i:03d}.img").write_bytes(bad.get(i, png(i)))
+        lines.append(f"{i:03d}.img,{i}")
+    (root / "list.csv").write_text("\n".join(lines) + "\n")
+    return root / "list.csv"
+
+
+def make(source: Path, batch_size: int, **kwargs) -> Loader:
+    return Loader(source, batch_size, transform=[CenterCrop(8)], shuffle=False, dtype="uint8", num_threads=1,
+                  on_error="skip", **kwargs)
+
+
+def sizes_and_labels(batches: list) -> tuple[list[int], list[list[int]]]:
+    return [len(labels) for _, labels in batches], [labels.tolist() for _, labels in batches]
+
+
+def test_a_batch_failing_whole_inside_dali_is_skipped_sample_by_sample(tmp_path: Path) -> None:
+    source = listing(tmp_path, 7, {0: fails_in_dali(), 1: fails_in_dali(), 2: fails_in_dali()})
+    loader = make(source, 3)
+    # Before: RuntimeError("the DALI graph fails on every sample"), naming no file, and the epoch ended.
+    sizes, labels = sizes_and_labels(list(loader))
+    assert sizes == [3, 3, 1]
+    assert labels == [[3, 4, 5], [6, 3, 4], [5]], "refilled from the rank's own order, wrapping round"
+    assert sorted(Path(s["source"]).name for s in loader.skipped) == ["000.img", "001.img", "002.img"]
+    assert all("decoding failed" in s["reason"] for s in loader.skipped)
+
+
+def test_raise_names_the_first_file_of_a_batch_failing_whole(tmp_path: Path) -> None:
+    source = listing(tmp_path, 4, {0: fails_in_dali(), 1: fails_in_dali()})
+    with pytest.raises(BadSampleError, match=r"000\.img \(sample 0\): decoding failed"):
+        list(Loader(source, 2, transform=[CenterCrop(8)], shuffle=False, num_threads=1))
+
+
+def test_a_sample_skipped_inside_dali_is_replaced(tmp_path: Path) -> None:
+    source = listing(tmp_path, 7, {2: fails_in_dali()})
+    loader = make(source, 6)
+    # Before: batch sizes [5, 1] ([2, 2] in the issue's case): the failed sample's place stayed empty.
+    sizes, labels = sizes_and_labels(list(loader))
+    assert sizes == [6, 1] and labels == [[0, 1, 3, 4, 5, 6], [0]]
+    assert [Path(s["source"]).name for s in loader.skipped] == ["002.img"]
+
+
+def test_every_sample_failing_is_an_error_naming_one(tmp_path: Path) -> None:
+    source = listing(tmp_path, 3, {0: b"", 1: fails_in_dali(), 2: b""})
+    with pytest.raises(RuntimeError, match=r"every sample of this rank's epoch was skipped \(3 samples; .*000\.img"):
+        list(make(source, 2))
+
+
+def test_a_graph_failing_on_a_sample_it_ran_before_is_an_error(tmp_path: Path) -> None:
+    loader = make(listing(tmp_path, 6, {}), 2)
+    it = iter(loader)
+    next(it)
+    assert loader._graph is not None
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("[/opt/dali/...] Assert on \"false\" failed: an operator broke")
+
+    loader._graph._run_on = broken  # type: ignore[method-assign]  # the graph itself breaks, not the data
+    with pytest.raises(RuntimeError, match="fails on a sample it ran before"):
+        list(it)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_every_rank_yields_len_full_batches_whatever_it_skipped(tmp_path: Path, shuffle: bool) -> None:
+    n, batch_size = 100, 8
+    probe = Loader(listing(tmp_path / "probe", n, {}), batch_size, transform=[CenterCrop(8)], shuffle=shuffle,
+                   rank=0, world_size=2, drop_last=True)
+    rank0 = probe.sampler.rows(probe.sampler.virtual_order(0)).tolist()
+    empty = {row: b"" for row in rank0[10:13]}  # three empty files, all in rank 0's share
+    source = listing(tmp_path / "data", n, empty)
+    counts = []
+    for rank in range(2):
+        loader = Loader(source, batch_size, transform=[CenterCrop(8)], shuffle=shuffle, dtype="uint8",
+                        num_threads=1, on_error="skip", rank=rank, world_size=2, drop_last=True)
+        batches = list(loader)
+        # Before: rank 0 yielded 5 batches and rank 1 yielded 6, so DDP's collectives fell out of step.
+        counts.append(len(batches))
+        assert all(len(labels) == batch_size for _, labels in batches), f"rank {rank}: a short batch"
+        seen = Counter(torch.cat([labels for _, labels in batches]).tolist())
+        assert not set(seen) & set(empty), "a skipped row was delivered"
+        assert len(loader.skipped) == (3 if rank == 0 else 0)
+    assert counts == [len(loader)] * 2 == [n // 2 // batch_size] * 2
+
+
+def test_resume_with_skips_and_refills_is_bit_identical(tmp_path: Path) -> None:
+    source = listing(tmp_path, 23, {4: b"", 9: fails_in_dali(), 19: fails_in_dali(), 21: b""})
+    reference = make(source, 4, drop_last=True)
+    full = list(reference)
+    assert len(full) == len(reference) == 5
+    for stop in range(len(full)):
+        loader = make(source, 4, drop_last=True)
+        it = iter(loader)
+        for _ in range(stop):
+            next(it)
+        state = json.loads(json.dumps(loader.state_dict()))
+        resumed = make(source, 4, drop_last=True, prefetch=3)
+        resumed.load_state_dict(state)
+        rest = list(resumed)
+        assert len(rest) == len(full) - stop
+        for (a, la), (b, lb) in zip(rest, full[stop:], strict=True):
+            assert torch.equal(la, lb) and torch.equal(a, b), f"resumed at batch {stop}"
+        assert sorted(s["index"] for s in resumed.skipped) == [4, 9, 19, 21]
