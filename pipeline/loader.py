@@ -34,6 +34,7 @@ from stallfree.pipeline.graph import Graph, GraphError
 from stallfree.pipeline.headers import DEFAULT_MAX_PIXELS, EXIF_MODES, BadImage, Exif, read_header
 from stallfree.pipeline.readers import Reader, open_source
 from stallfree.pipeline.sampler import Sampler, process_shard
+from stallfree.resume import check_fingerprint
 from stallfree.transforms.compile import CompiledTransforms, Dtype, Layout
 from stallfree.transforms.random import batch_random
 from stallfree.transforms.spec import Transform
@@ -396,11 +397,7 @@ class Loader:
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"unknown Loader state version {state.get('version')!r} (expected {STATE_VERSION}; a "
                              "state from an older stallfree cannot be checked, so start the epoch again)")
-        theirs, mine = state["fingerprint"], self.fingerprint()
-        for key, value in mine.items():
-            if theirs.get(key) != value:
-                raise ValueError(f"Loader state has {key}={theirs.get(key)!r} but this Loader has {key}={value!r}; "
-                                 "resume with the configuration and data the state was taken with")
+        check_fingerprint("Loader", state.get("fingerprint"), self.fingerprint())
         self._end_pass("load_state_dict() ended this pass")
         self._epoch = int(state["epoch"])
         self._start, self._loaded = (int(state["position"]), int(state["repeat"]), int(state["batches"])), True

@@ -7,10 +7,14 @@ are full (``drop_last``): ``torch.distributed.pipelining`` needs the same micro-
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+from stallfree.resume import check_fingerprint
 
 __all__ = ["TensorBatches", "TorchFeed", "make_feed", "unpadded_samples"]
 
@@ -34,7 +38,7 @@ class TensorBatches:
         self.shuffle, self.channels, self.noise, self.split = shuffle, channels, noise, split
         g = torch.Generator().manual_seed(seed + 7919)  # the classes' patterns: the same in every split
         self.patterns = torch.randn(num_classes, channels, image_size, image_size, generator=g)
-        self.epoch, self._delivered, self._resume = 0, 0, 0
+        self.epoch, self._position, self._loaded = 0, 0, False
 
     @property
     def classes(self) -> list[str]:
@@ -45,29 +49,36 @@ class TensorBatches:
         return self.num_samples // (self.batch_size * self.world_size)
 
     def set_epoch(self, epoch: int) -> None:
-        """Use ``epoch``'s order next."""
-        if epoch != self.epoch:
-            self._resume = 0
-        self.epoch = epoch
+        """Use ``epoch``'s order next, from its first batch (from the loaded batch if a state of it is loaded)."""
+        self.epoch, self._position = _next_epoch(self.epoch, self._position, self._loaded, epoch)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What decides the order and the pixels."""
+        return {"kind": "TensorBatches", "num_samples": self.num_samples, "batch_size": self.batch_size,
+                "image_size": self.image_size, "num_classes": self.num_classes, "seed": self.seed, "rank": self.rank,
+                "world_size": self.world_size, "shuffle": self.shuffle, "channels": self.channels,
+                "noise": self.noise, "split": self.split}
 
     def state_dict(self) -> dict[str, Any]:
-        """Epoch and batches delivered (JSON-able)."""
-        return {"epoch": self.epoch, "batches": self._delivered if self._resume == 0 else self._resume}
+        """Epoch and batches delivered in it (JSON-able), with the fingerprint."""
+        return {"epoch": self.epoch, "batches": self._position, "fingerprint": self.fingerprint()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue after the last batch delivered when ``state`` was taken."""
-        self.epoch, self._resume = int(state["epoch"]), int(state["batches"])
+        check_fingerprint("TensorBatches", state.get("fingerprint"), self.fingerprint())
+        self.epoch, self._position, self._loaded = int(state["epoch"]), int(state["batches"]), True
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        start, self._resume = self._resume, 0
+        self._loaded = False
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
         order = torch.randperm(self.num_samples, generator=g) if self.shuffle else torch.arange(self.num_samples)
-        for b in range(start, len(self)):
+        for b in range(self._position, len(self)):
             first = (b * self.world_size + self.rank) * self.batch_size
             idx = order[first:first + self.batch_size]
             images, labels = zip(*(self._sample(int(i)) for i in idx), strict=True)
-            self._delivered = b + 1
+            self._position = b + 1
             yield torch.stack(images), torch.tensor(labels, dtype=torch.int64)
+        self.epoch, self._position = self.epoch + 1, 0
 
     def _sample(self, index: int) -> tuple[torch.Tensor, int]:
         g = torch.Generator().manual_seed((self.seed * 7_777_777 + index) * 2 + self.split)
@@ -84,17 +95,18 @@ class _PilFolder(torch.utils.data.Dataset):
 
         reader = FolderReader(root)
         self.files = [(str(p), int(y)) for p, y in zip(reader.paths, reader.labels(), strict=True)]
-        self.classes, self.size, self.train, self.seed, self.epoch = reader.classes, image_size, train, seed, 0
+        self.classes, self.size, self.train, self.seed = reader.classes, image_size, train, seed
 
     def __len__(self) -> int:
         return len(self.files)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+    def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, int]:
         import numpy as np
         from PIL import Image
 
+        epoch, index = key
         path, label = self.files[index]
-        rng = np.random.default_rng((self.seed, self.epoch, index))
+        rng = np.random.default_rng((self.seed, epoch, index))
         with Image.open(path) as img:
             img = img.convert("RGB")
             w, h = img.size
@@ -108,6 +120,24 @@ class _PilFolder(torch.utils.data.Dataset):
                 img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
             x = torch.from_numpy(np.asarray(img, np.uint8).copy()).permute(2, 0, 1).float().div_(255)
         return (x - 0.5) / 0.25, label
+
+
+class _EpochKeyed(torch.utils.data.Sampler):
+    """``(epoch, index)`` keys from a ``DistributedSampler``.
+
+    Persistent workers hold a copy of the dataset made when they started, so the epoch that keys the
+    augmentation travels with each index instead of living on the dataset.
+    """
+
+    def __init__(self, inner: torch.utils.data.DistributedSampler[Any]):
+        self.inner = inner
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        epoch = self.inner.epoch
+        return ((epoch, int(i)) for i in self.inner)
 
 
 class TorchFeed:
@@ -124,33 +154,50 @@ class TorchFeed:
         self.sampler: data.DistributedSampler[Any] = data.DistributedSampler(
             self.dataset, replicas, replica, shuffle=train, seed=seed, drop_last=train)
         self.loader: data.DataLoader[Any] = data.DataLoader(
-            self.dataset, batch_size, sampler=self.sampler, drop_last=train, num_workers=workers,
+            self.dataset, batch_size, sampler=_EpochKeyed(self.sampler), drop_last=train, num_workers=workers,
             persistent_workers=workers > 0)
-        self.classes, self.epoch, self._delivered, self._resume = self.dataset.classes, 0, 0, 0
+        self.batch_size, self.classes = batch_size, self.dataset.classes
+        self.epoch, self._position, self._loaded = 0, 0, False
 
     def __len__(self) -> int:
         return len(self.loader)
 
     def set_epoch(self, epoch: int) -> None:
-        """Use ``epoch``'s order next."""
-        self.epoch = self.dataset.epoch = epoch
-        self.sampler.set_epoch(epoch)
+        """Use ``epoch``'s order next, from its first batch (from the loaded batch if a state of it is loaded)."""
+        self.epoch, self._position = _next_epoch(self.epoch, self._position, self._loaded, epoch)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What decides the order and the pixels: the files and labels, the augmentation and the shard."""
+        digest = hashlib.sha256(json.dumps(self.dataset.files).encode()).hexdigest()
+        return {"kind": "TorchFeed", "files": digest, "batch_size": self.batch_size, "image_size": self.dataset.size,
+                "train": self.dataset.train, "seed": self.dataset.seed, "replica": self.sampler.rank,
+                "replicas": self.sampler.num_replicas}
 
     def state_dict(self) -> dict[str, Any]:
-        """Epoch and batches delivered."""
-        return {"epoch": self.epoch, "batches": self._delivered}
+        """Epoch and batches delivered in it (JSON-able), with the fingerprint."""
+        return {"epoch": self.epoch, "batches": self._position, "fingerprint": self.fingerprint()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Skip to after the batches delivered when ``state`` was taken."""
-        self.set_epoch(int(state["epoch"]))
-        self._resume = int(state["batches"])
+        check_fingerprint("TorchFeed", state.get("fingerprint"), self.fingerprint())
+        self.epoch, self._position, self._loaded = int(state["epoch"]), int(state["batches"]), True
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        skip, self._resume = self._resume, 0
+        self._loaded = False
+        self.sampler.set_epoch(self.epoch)
+        skip = self._position
         for i, batch in enumerate(self.loader):
             if i >= skip:
-                self._delivered = i + 1
+                self._position = i + 1
                 yield batch
+        self.epoch, self._position = self.epoch + 1, 0
+
+
+def _next_epoch(epoch: int, position: int, loaded: bool, new: int) -> tuple[int, int]:
+    """``(epoch, position)`` after ``set_epoch(new)``: a loaded position survives setting its own epoch."""
+    if new < 0:
+        raise ValueError(f"epoch must be >= 0, got {new}")
+    return int(new), position if loaded and new == epoch else 0
 
 
 def make_feed(data: str | None, *, train: bool, batch_size: int, image_size: int, num_classes: int, seed: int,

@@ -13,9 +13,10 @@ if TYPE_CHECKING:
     from stallfree.pipeline.loader import BadSampleError, Loader
     from stallfree.pipeline.readers import DatasetReader
     from stallfree.pipeline.shards import ShardReader
+    from stallfree.resume import Resumable
     from stallfree.stage_runtime.profile import profile
 
-__all__ = ["BadSampleError", "DatasetReader", "Loader", "ShardReader", "profile"]
+__all__ = ["BadSampleError", "DatasetReader", "Loader", "Resumable", "ShardReader", "profile"]
 
 __version__ = "0.1.0"
 
@@ -23,6 +24,7 @@ _HOMES = {
     "BadSampleError": "stallfree.pipeline.loader",
     "DatasetReader": "stallfree.pipeline.readers",
     "Loader": "stallfree.pipeline.loader",
+    "Resumable": "stallfree.resume",
     "ShardReader": "stallfree.pipeline.shards",
     "profile": "stallfree.stage_runtime.profile",
 }

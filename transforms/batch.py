@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from stallfree.resume import check_fingerprint
+
 __all__ = ["CutMix", "MixUp"]
 
 _MIXUP, _CUTMIX = 0x4D495855, 0x4355544D  # stream tags, so MixUp and CutMix with one seed draw independently
@@ -36,30 +38,34 @@ class _BatchMix:
         if not isinstance(num_classes, int) or num_classes < 1:
             raise ValueError(f"{type(self).__name__}: num_classes must be a positive int, got {num_classes!r}")
         self.alpha, self.num_classes, self.seed = float(alpha), num_classes, int(seed)
-        self.epoch, self.batch = 0, 0
+        self.epoch, self.batch, self._loaded = 0, 0, False
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(alpha={self.alpha}, num_classes={self.num_classes}, seed={self.seed})"
 
     def set_epoch(self, epoch: int) -> None:
-        """Mix as epoch ``epoch`` does, from its first batch."""
+        """Mix as epoch ``epoch`` does, from its first batch (from the loaded batch, if a state of it is loaded)."""
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
-        self.epoch, self.batch = int(epoch), 0
+        if not (self._loaded and epoch == self.epoch):
+            self.epoch, self.batch = int(epoch), 0
 
-    def state_dict(self) -> dict[str, int]:
-        """``{"seed", "epoch", "batch"}``: the next call mixes batch ``batch`` of epoch ``epoch`` (JSON-able)."""
-        return {"seed": self.seed, "epoch": self.epoch, "batch": self.batch}
+    def fingerprint(self) -> dict[str, Any]:
+        """What decides every draw; a state taken with another fingerprint is refused."""
+        return {"kind": type(self).__name__, "seed": self.seed, "alpha": self.alpha, "num_classes": self.num_classes}
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"seed", "epoch", "batch", "fingerprint"}``: the next call mixes batch ``batch`` of ``epoch``."""
+        return {"seed": self.seed, "epoch": self.epoch, "batch": self.batch, "fingerprint": self.fingerprint()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict`'s output.
 
         Raises:
-            ValueError: the state was taken with another seed.
+            ValueError: the state was taken with another seed, alpha or class count (named).
         """
-        if int(state["seed"]) != self.seed:
-            raise ValueError(f"{type(self).__name__} state has seed={state['seed']} but this one has seed={self.seed}")
-        self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
+        check_fingerprint(type(self).__name__, state.get("fingerprint"), self.fingerprint())
+        self.epoch, self.batch, self._loaded = int(state["epoch"]), int(state["batch"]), True
 
     def generator(self, epoch: int, batch: int) -> np.random.Generator:
         """The generator of batch ``batch`` of ``epoch``: PCG64 seeded by ``(seed, tag, epoch, batch)``."""
@@ -80,7 +86,7 @@ class _BatchMix:
 
     def _next(self, batch: int | None) -> tuple[int, int]:
         index = self.batch if batch is None else int(batch)
-        self.batch = index + 1
+        self.batch, self._loaded = index + 1, False
         return self.epoch, index
 
     def _targets(self, labels: torch.Tensor, lam: float, dtype: torch.dtype) -> torch.Tensor:

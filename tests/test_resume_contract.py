@@ -1,0 +1,159 @@
+"""The one resume contract (``stallfree.resume``), run on every stateful part of the input path.
+
+Each part is driven the same way: a reference runs epochs 0 and 1 start to end (the second by ``iter()``
+alone); then a state is taken at batch 0, mid-epoch, after the last batch, after the epoch has ended and
+mid-way through the next epoch, loaded into a new part built with other thread / prefetch / worker counts, and
+that part must go on with exactly the reference's batches, into the next epoch. A part built with another seed
+must refuse the state.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from stallfree import DatasetReader, Loader
+from stallfree.ingest.runner import ingest
+from stallfree.resume import Resumable
+from stallfree.stage_runtime.feed import TensorBatches, TorchFeed
+from stallfree.transforms import CutMix, MixUp, Normalize, RandomHorizontalFlip, RandomResizedCrop
+
+SPEC = [RandomResizedCrop(12), RandomHorizontalFlip(), Normalize()]
+Batch = tuple[torch.Tensor, ...]
+Factory = Callable[[int, int], Any]  # (variant, seed) -> part; variants differ only in threads / workers
+
+
+class _Pixels:
+    """A map-style Dataset of decoded arrays (label = index)."""
+
+    def __init__(self, n: int):
+        self.targets = list(range(n))
+        self.gen = torch.Generator().manual_seed(5)
+        self.images = torch.randint(0, 256, (n, 16, 18, 3), generator=self.gen, dtype=torch.uint8).numpy()
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        return self.images[i], i
+
+
+class _Mixing:
+    """MixUp/CutMix over a fixed list of batches, iterated as the training loop calls them."""
+
+    def __init__(self, mix: MixUp | CutMix, batches: list[Batch]):
+        self.mix, self.batches = mix, batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.mix.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.mix.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.mix.load_state_dict(state)
+
+    def __iter__(self) -> Iterator[Batch]:
+        for images, labels in self.batches[self.mix.batch:]:
+            yield self.mix(images.clone(), labels)
+        self.mix.set_epoch(self.mix.epoch + 1)
+
+
+def _loader(source: Any) -> Factory:
+    def make(variant: int, seed: int) -> Loader:
+        return Loader(source, 4, transform=SPEC, seed=seed, num_threads=1 + variant, prefetch=1 + 2 * variant,
+                      io_threads=1 + variant)
+    return make
+
+
+@pytest.fixture(scope="module")
+def shards(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("contract_shards")
+    ingest(image_folder, out)
+    return out
+
+
+def _factories(image_folder: Path, indexed_list: Path, shards: Path) -> dict[str, Factory]:
+    gen = torch.Generator().manual_seed(1)
+    mix_in = [(torch.rand(4, 3, 6, 6, generator=gen), torch.randint(0, 5, (4,), generator=gen)) for _ in range(5)]
+    return {
+        "loader-folder": _loader(image_folder),
+        "loader-file-list": _loader(indexed_list),
+        "loader-dataset": _loader(DatasetReader(_Pixels(22))),
+        "loader-shards": _loader(shards),
+        "tensor-batches": lambda v, seed: TensorBatches(40, 6, 8, 3, seed=seed),
+        "torch-feed": lambda v, seed: TorchFeed(str(image_folder), 5, 12, train=True, seed=seed, replica=0,
+                                                replicas=1, workers=v),
+        "mixup": lambda v, seed: _Mixing(MixUp(alpha=0.5, num_classes=5, seed=seed), mix_in),
+        "cutmix": lambda v, seed: _Mixing(CutMix(alpha=1.0, num_classes=5, seed=seed), mix_in),
+    }
+
+
+PARTS = ["loader-folder", "loader-file-list", "loader-dataset", "loader-shards", "tensor-batches", "torch-feed",
+         "mixup", "cutmix"]
+
+
+@pytest.fixture
+def factory(request: pytest.FixtureRequest, image_folder: Path, indexed_list: Path, shards: Path) -> Factory:
+    return _factories(image_folder, indexed_list, shards)[request.param]
+
+
+def _same(a: list[Batch], b: list[Batch]) -> bool:
+    return len(a) == len(b) and all(all(torch.equal(x, y) for x, y in zip(p, q, strict=True))
+                                    for p, q in zip(a, b, strict=True))
+
+
+def _state_after(part: Any, epoch0: int, taken: int) -> dict[str, Any]:
+    """Run ``epoch0`` whole epochs, then ``taken`` batches of the next; the state, through JSON."""
+    for _ in range(epoch0):
+        list(part)
+    it = iter(part)
+    for _ in range(taken):
+        next(it)
+    return json.loads(json.dumps(part.state_dict()))
+
+
+@pytest.mark.parametrize("factory", PARTS, indirect=True)
+def test_every_part_resumes_bit_identically_at_every_point(factory: Factory) -> None:
+    reference = factory(0, 11)
+    assert isinstance(reference, Resumable)
+    epochs = [[tuple(b) for b in reference] for _ in range(3)]
+    n = len(epochs[0])
+    assert n >= 3 and not _same(epochs[0], epochs[1]), "the epochs must differ for the test to mean anything"
+    points = {"batch 0": (0, 0), "mid-epoch": (0, n // 2), "last batch": (0, n), "epoch ended": (1, 0),
+              "next epoch": (1, 1)}
+    for name, (epoch0, taken) in points.items():
+        state = _state_after(factory(0, 11), epoch0, taken)
+        resumed = factory(1, 11)
+        resumed.load_state_dict(state)
+        resumed.set_epoch(state["epoch"])  # as a training loop does: setting the loaded epoch keeps the position
+        rest = [tuple(b) for b in resumed]
+        assert _same(rest, epochs[epoch0][taken:]), f"{name}: the rest of the epoch differs"
+        following = [tuple(b) for b in resumed]
+        assert _same(following, epochs[epoch0 + 1]), f"{name}: the epoch after the resumed one differs"
+
+
+@pytest.mark.parametrize("factory", PARTS, indirect=True)
+def test_setting_another_epoch_drops_a_loaded_position(factory: Factory) -> None:
+    reference = factory(0, 11)
+    epoch2 = [tuple(b) for b in (reference.set_epoch(2), reference)[1]]
+    state = _state_after(factory(0, 11), 0, 2)
+    resumed = factory(1, 11)
+    resumed.load_state_dict(state)
+    resumed.set_epoch(2)
+    assert _same([tuple(b) for b in resumed], epoch2)
+
+
+@pytest.mark.parametrize("factory", PARTS, indirect=True)
+def test_a_state_from_another_seed_is_refused(factory: Factory) -> None:
+    state = _state_after(factory(0, 11), 0, 1)
+    with pytest.raises(ValueError, match="state has seed=11 but this .* has seed=12"):
+        factory(0, 12).load_state_dict(state)
