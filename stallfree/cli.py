@@ -12,14 +12,12 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from stallfree.commands import CliError
+
 __all__ = ["CliError", "main"]
 
 # Subcommand modules under stallfree.commands, in the order `stallfree --help` lists them.
 COMMANDS = ("demo", "ingest", "train", "bench", "profile")
-
-
-class CliError(Exception):
-    """An error the user can fix; printed as one line, exit code 2."""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -98,7 +98,7 @@ def _run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from stallfree import Loader
-    from stallfree.cli import CliError
+    from stallfree.commands import CliError
     from stallfree.pipeline.readers import open_source
     from stallfree.stage_runtime import profile_phases as ph
     from stallfree.stage_runtime.clock import StageClock
