@@ -122,21 +122,27 @@ def test_kernel_equals_numpy_reference(case: int) -> None:
                 assert np.abs(got.astype(np.float64) - want.astype(np.float64)).max() <= tol, (step, shape, params)
 
 
-def test_random_erasing_draw_is_torchvisions_get_params() -> None:
-    step = RandomErasing(p=1.0)
-    for sample in range(20):
-        params, _ = step.draw(SampleRandom(0, 2, sample), (32, 24))
-        rng = SampleRandom(0, 2, sample)
-        assert rng.random() < 1.0
-        want = [0, 0, 0, 0]
-        for _ in range(10):
-            erase_area = 32 * 24 * rng.uniform(0.02, 0.33)
-            aspect = math.exp(rng.uniform(math.log(0.3), math.log(3.3)))
-            h, w = int(round(math.sqrt(erase_area * aspect))), int(round(math.sqrt(erase_area / aspect)))
-            if h < 32 and w < 24:
-                want = [rng.integers(0, 32 - h + 1), rng.integers(0, 24 - w + 1), h, w]
-                break
-        assert params["rect"].tolist() == want
+def test_random_erasing_draw_keeps_torchvisions_get_params_rules() -> None:
+    # torchvision's get_params: an area in scale * H * W, a log-uniform aspect h / w in ratio, rounded sides,
+    # kept only strictly inside the image, at a uniform top-left; p decides whether to erase at all.
+    step, height, width = RandomErasing(p=1.0), 32, 24
+    aspects, tops = [], []
+    for sample in range(400):
+        top, left, h, w = step.draw(SampleRandom(0, 2, sample), (height, width))[0]["rect"].tolist()
+        assert 0 < h < height and 0 < w < width, (h, w)
+        assert 0 <= top <= height - h and 0 <= left <= width - w
+        # the sides are rounded from sqrt(area * aspect) and sqrt(area / aspect): undo within half a pixel
+        assert (h - 0.5) * (w - 0.5) <= 0.33 * height * width + 1e-9
+        assert (h + 0.5) * (w + 0.5) >= 0.02 * height * width - 1e-9
+        assert (h - 0.5) / (w + 0.5) <= 3.3 and (h + 0.5) / (w - 0.5) >= 0.3
+        aspects.append(math.log(h / w))
+        tops.append(top / (height - h) if height > h else 0.5)
+    # log-uniform aspect: the logs of h / w spread over both sides of 0, as uniform on [log 0.3, log 3.3] does
+    assert np.mean(np.array(aspects) > 0) == pytest.approx(math.log(3.3) / (math.log(3.3) - math.log(0.3)), abs=0.08)
+    assert np.mean(tops) == pytest.approx(0.5, abs=0.06)  # uniform top-left
+    erased = sum(RandomErasing(p=0.3).draw(SampleRandom(1, 0, i), (32, 24))[0]["rect"].tolist()[2] > 0
+                 for i in range(2000))
+    assert erased == pytest.approx(600, abs=4 * math.sqrt(2000 * 0.3 * 0.7))
     assert RandomErasing(p=0.0).draw(SampleRandom(0, 0, 0), (8, 8))[0]["rect"].tolist() == [0, 0, 0, 0]
     # a 1x1 image has no box strictly inside it: torchvision returns the image unchanged
     assert RandomErasing(p=1.0).draw(SampleRandom(0, 0, 0), (1, 1))[0]["rect"].tolist() == [0, 0, 0, 0]
