@@ -14,11 +14,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+from stallfree.ingest.atomic import atomic_write
+
 __all__ = [
     "FORMAT",
     "MANIFEST",
     "VERSION",
-    "atomic_write",
     "file_sha256",
     "read_manifest",
     "shard_name",
@@ -42,16 +43,6 @@ def file_sha256(path: str | os.PathLike[str], chunk: int = 1 << 22) -> str:
         while block := f.read(chunk):
             digest.update(block)
     return digest.hexdigest()
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary name, so that ``path`` is either absent or complete."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def write_manifest(path: Path, manifest: dict[str, Any]) -> None:

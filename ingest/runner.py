@@ -24,11 +24,11 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from stallfree.ingest.atomic import atomic_write
 from stallfree.ingest.manifest import (
     FORMAT,
     MANIFEST,
     VERSION,
-    atomic_write,
     read_manifest,
     shard_name,
     write_manifest,

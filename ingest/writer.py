@@ -8,13 +8,13 @@ only when its record exists, so a crash at any point leaves either a finished sh
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from stallfree.ingest.manifest import atomic_write, file_sha256, shard_name
+from stallfree.ingest.atomic import atomic_path, atomic_write
+from stallfree.ingest.manifest import file_sha256, shard_name
 from stallfree.ingest.sources import Item
 from stallfree.ingest.validate import DEFAULT_MAX_PIXELS, Rejected, check_image, convert
 
@@ -150,15 +150,12 @@ def write_shard(
     rejected = [r for piece in pieces for r in piece[1]]
     source_bytes = sum(piece[2] for piece in pieces)
     name = shard_name(index)
-    path, tmp = out / name, out / f".{name}.tmp"
+    path = out / name
     rows = len(columns["key"])
-    with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, schema) as writer:
+    with atomic_path(path) as tmp, pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, schema) as writer:
         for start in range(0, max(rows, 1), BATCH_ROWS):
             part = {k: v[start : start + BATCH_ROWS] for k, v in columns.items()}
             writer.write_batch(pa.record_batch([pa.array(part[f.name], f.type) for f in schema], schema=schema))
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
     record = {
         "file": name,
         "rows": rows,

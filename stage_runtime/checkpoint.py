@@ -2,11 +2,11 @@
 
 Layout (``step`` zero-padded so names sort)::
 
-    ckpt/step-00000040/rank-0.pt     stage weights, optimizer, RNG states of pipeline rank 0 (and so on)
-    ckpt/step-00000040/meta.json     step, epoch, the Loader's state, the config's fingerprint
+    ckpt/step-00000040/rank-0.pt     stage weights, optimizer, RNG states and the feed's state of rank 0 (...)
+    ckpt/step-00000040/meta.json     step, epoch, balance, world size, schedule
     ckpt/latest.json                 {"step": 40, "dir": "step-00000040"}; written last, after every rank's file
 
-Every file goes to a temporary name in the same folder and is renamed (``os.replace``, atomic on POSIX), and
+Every file is written by the one atomic write (``stallfree.ingest.atomic``: temporary name, fsync, rename), and
 ``latest.json`` moves only after all ranks wrote theirs, so a job killed mid-save leaves the previous
 checkpoint intact and complete. Files are loaded with ``weights_only=True``: nothing arbitrary is unpickled.
 """
@@ -16,13 +16,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["atomic_write_bytes", "latest", "load_meta", "load_rank", "prune", "save_meta", "save_rank", "step_dir"]
+from stallfree.ingest.atomic import atomic_path, atomic_write
+
+__all__ = ["latest", "load_meta", "load_rank", "prune", "save_meta", "save_rank", "step_dir"]
 
 
 def step_dir(root: str | os.PathLike[str], step: int) -> Path:
@@ -30,37 +31,19 @@ def step_dir(root: str | os.PathLike[str], step: int) -> Path:
     return Path(root) / f"step-{step:08d}"
 
 
-def _tmp(path: Path) -> Path:
-    """A temporary name beside ``path``, unique per process even on a folder that several machines share."""
-    return path.with_name(f".{path.name}.tmp-{socket.gethostname()}-{os.getpid()}")
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename, so readers see all of it or none."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp(path)
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def save_rank(root: str | os.PathLike[str], step: int, rank: int, state: dict[str, Any]) -> Path:
     """Save one pipeline rank's state (tensors, numbers, strings, nested dicts/lists) atomically."""
     path = step_dir(root, step) / f"rank-{rank}.pt"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp(path)
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
     return path
 
 
 def save_meta(root: str | os.PathLike[str], step: int, meta: dict[str, Any]) -> None:
     """Write ``meta.json``, then point ``latest.json`` at this step (call after every rank saved)."""
     folder = step_dir(root, step)
-    atomic_write_bytes(folder / "meta.json", json.dumps(meta, indent=1, sort_keys=True).encode())
-    atomic_write_bytes(Path(root) / "latest.json", json.dumps({"step": step, "dir": folder.name}).encode())
+    atomic_write(folder / "meta.json", json.dumps(meta, indent=1, sort_keys=True).encode())
+    atomic_write(Path(root) / "latest.json", json.dumps({"step": step, "dir": folder.name}).encode())
 
 
 def latest(root: str | os.PathLike[str]) -> int | None:

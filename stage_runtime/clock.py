@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from stallfree.ingest.atomic import atomic_write
+
 __all__ = ["Span", "StageClock", "StageStats", "percentile"]
 
 State = Literal["busy", "waiting"]
@@ -187,9 +189,7 @@ class StageClock:
     def dump(self, path: str | os.PathLike[str]) -> Path:
         """Write :meth:`to_records` to ``path`` as JSON (atomically: a reader never sees half a file)."""
         path = Path(path)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.to_records()))
-        os.replace(tmp, path)
+        atomic_write(path, json.dumps(self.to_records()).encode())
         return path
 
     def merge(self, source: StageClock | dict[str, Any] | str | os.PathLike[str]) -> int:

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stallfree.stage_runtime.checkpoint import atomic_write_bytes
+from stallfree.ingest.atomic import atomic_write
 
 __all__ = ["Report", "format_summary"]
 
@@ -33,7 +33,7 @@ class Report:
         if resume_step is not None and self.path.is_file():
             kept = [line for line in self.path.read_text().splitlines()
                     if line.strip() and _row_step(line) <= resume_step]
-            atomic_write_bytes(self.path, "".join(f"{line}\n" for line in kept).encode())
+            atomic_write(self.path, "".join(f"{line}\n" for line in kept).encode())
         self._file = open(self.path, "a" if resume_step is not None else "w")  # noqa: SIM115 - kept open
         self.ranks, self.replicas, self.progress, self.log_every = ranks, replicas, progress, log_every
         self.totals: dict[str, float] = {"wait_s": 0.0, "step_s": 0.0, "busy_s": 0.0, "images": 0, "steps": 0,

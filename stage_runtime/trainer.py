@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from stallfree.ingest.atomic import atomic_write
 from stallfree.stage_runtime import checkpoint as ckpt
 from stallfree.stage_runtime.clock import StageClock
 from stallfree.stage_runtime.launcher import PeerWatch, StageFailure, failure, free_port, launch, torchrun_env
@@ -284,7 +285,7 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
             merged.merge(records)
         merged.to_chrome_trace(out / "trace.json")
         summary["trace"] = str(out / "trace.json")
-        ckpt.atomic_write_bytes(out / "summary.json", json.dumps(summary, indent=1, default=str).encode())
+        atomic_write(out / "summary.json", json.dumps(summary, indent=1, default=str).encode())
         if c.progress:
             print(format_summary(summary), flush=True)
 

@@ -1,0 +1,61 @@
+"""The one atomic write: a file is either absent or complete, and survives a crash once written.
+
+Every file stallfree writes for later reading (shards, manifests, checkpoints, span dumps, reports) goes through
+here: the bytes go to a temporary name in the same folder, are flushed to disk (``fsync``), renamed over the
+target (``os.replace``, atomic on POSIX) and the folder's entry is flushed too, so that neither a reader nor a
+power cut ever sees half a file. The temporary name carries the host and process, so that writers on several
+machines sharing a folder (checkpoints on a shared ``--out``) never write into each other's temporary file.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+__all__ = ["atomic_path", "atomic_write"]
+
+
+def _tmp(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp-{socket.gethostname()}-{os.getpid()}")
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A temporary path to write ``path``'s content to; on a clean exit it becomes ``path``, durably.
+
+    For writers that want a file name (pyarrow's IPC writer, ``torch.save``). On an exception the temporary
+    file is removed and ``path`` is left as it was.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp(target)
+    try:
+        yield tmp
+        _fsync_file(tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(target.parent)
+
+
+def atomic_write(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically and durably (see the module's docstring)."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
