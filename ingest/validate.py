@@ -1,7 +1,8 @@
 """What ingest checks and changes in each image: its header, its completeness, and optional re-encoding.
 
-The header is read with PIL (``Image.open`` is lazy: it parses the header and decodes nothing). JPEG and PNG are
-also checked for their end marker, which a truncated download lacks, at the cost of a byte search. The size the
+The header is read with PIL (``Image.open`` is lazy: it parses the header and decodes nothing). JPEG and PNG, which
+shards keep as they are, must also pass the Loader's own check (:mod:`stallfree.ingest.images`, the one rule for
+a complete image), so that every image ingest accepts is one the Loader reads back. The size the
 header claims is compared with ``max_pixels`` *before* anything is decoded, so a 100000x100000 header never
 allocates its pixels. ``validate=True`` decodes every image fully. Nothing here unpickles.
 """
@@ -16,10 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-__all__ = ["DEFAULT_MAX_PIXELS", "Checked", "Rejected", "check_image", "convert"]
+from stallfree.ingest.images import DEFAULT_MAX_PIXELS, BadImage, read_header
 
-#: The default ``--max-pixels`` (PIL's decompression-bomb error threshold, the Loader's default too).
-DEFAULT_MAX_PIXELS = 178_956_970
+__all__ = ["DEFAULT_MAX_PIXELS", "Checked", "Rejected", "check_image", "convert"]
 
 # Formats the Loader's header check and DALI's decoders take as they are; others are re-encoded losslessly.
 _KEPT_FORMATS = ("JPEG", "PNG")
@@ -48,12 +48,12 @@ def _why(err: Exception) -> str:
 
 
 def _complete(data: bytes, fmt: str) -> None:
-    # The last start-of-scan belongs to the main image (entropy-coded data stuffs every 0xFF), so its end-of-image
-    # marker must follow it; an end marker before it may be an EXIF thumbnail's.
-    if fmt == "JPEG" and not 0 <= data.rfind(b"\xff\xda") < data.rfind(b"\xff\xd9"):
-        raise Rejected("truncated JPEG (no end-of-image marker after the scan data)")
-    if fmt == "PNG" and data.rfind(b"IEND", max(0, len(data) - 64)) < 0:
-        raise Rejected("truncated PNG (no IEND chunk)")
+    """JPEG and PNG go into shards as they are: the Loader's own check (``images.read_header``) must pass them."""
+    if fmt in _KEPT_FORMATS:
+        try:
+            read_header(data)
+        except BadImage as err:
+            raise Rejected(err.reason) from err
 
 
 def check_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, validate: bool = False) -> Checked:

@@ -21,7 +21,7 @@ import numpy as np
 import nvidia.dali  # noqa: F401 - imported first so that its exit hook runs after the Loader's (see loader.py)
 import torch
 
-from stallfree.pipeline.headers import Exif
+from stallfree.ingest.images import Exif
 from stallfree.transforms.compile import CompiledTransforms
 from stallfree.transforms.spec import dali_type
 

@@ -30,8 +30,8 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import torch
 
+from stallfree.ingest.images import DEFAULT_MAX_PIXELS, EXIF_MODES, BadImage, Exif, read_header
 from stallfree.pipeline.graph import Graph, GraphError
-from stallfree.pipeline.headers import DEFAULT_MAX_PIXELS, EXIF_MODES, BadImage, Exif, read_header
 from stallfree.pipeline.readers import Reader, open_source
 from stallfree.pipeline.sampler import Sampler, process_shard
 from stallfree.resume import check_fingerprint

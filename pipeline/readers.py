@@ -16,8 +16,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from stallfree.ingest.images import Exif
 from stallfree.ingest.sources import inside_root
-from stallfree.pipeline.headers import Exif
 from stallfree.pipeline.shards import ShardReader, is_shard_folder
 
 __all__ = ["IMAGE_EXTENSIONS", "DatasetReader", "FileListReader", "FolderReader", "Reader", "open_source"]

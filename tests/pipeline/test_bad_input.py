@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from stallfree import BadSampleError, Loader
-from stallfree.pipeline.headers import BadImage, read_header
+from stallfree.ingest.images import BadImage, read_header
 from stallfree.transforms import CenterCrop, Normalize, RandomResizedCrop
 
 

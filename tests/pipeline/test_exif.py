@@ -17,9 +17,9 @@ import torch
 from PIL import Image, ImageOps
 
 from stallfree import DatasetReader, Loader
+from stallfree.ingest.images import read_header
 from stallfree.ingest.runner import ingest
 from stallfree.ingest.writer import IngestOptions
-from stallfree.pipeline.headers import read_header
 from stallfree.pipeline.shards import ShardReader
 from stallfree.transforms import CenterCrop, RandomHorizontalFlip, RandomResizedCrop
 

@@ -1,9 +1,13 @@
-"""Image header checks made on the host, before bytes enter the DALI graph.
+"""The one image check: what a complete, safe JPEG or PNG is, for ingest and for the Loader alike.
 
-DALI cannot skip a sample that fails inside a running pipeline (NVIDIA/DALI#3913), so the reader stage looks at
-every image first: its format, its size (the random crop window needs it, and a decompression bomb is refused
-here), its channel count, and whether it is complete. Only JPEG and PNG headers are parsed; both are read
-without decoding, in a few microseconds.
+DALI cannot skip a sample that fails inside a running pipeline (NVIDIA/DALI#3913), so the Loader's reader stage
+looks at every image first, and ingest applies the same rule before an image goes into a shard (so that what
+ingest accepts the Loader reads back): its format, its size (the random crop window needs it, and a
+decompression bomb is refused here), its channel count, and whether it is complete. A JPEG is complete when an
+end-of-image marker follows its last start-of-scan (entropy-coded data stuffs every 0xFF, so neither marker
+occurs inside it; an EXIF thumbnail's markers sit inside an APP1 segment, which is skipped by its length). A PNG
+is complete when its IEND chunk is at the end, or followed by at most 64 bytes of trailing data (which PIL and
+DALI's decoders ignore). Headers are parsed without decoding, in a few microseconds.
 
 EXIF orientation: by default (``exif="ignore"``) the size is the stored one, as PIL's ``Image.open`` reports it and
 as the graph decodes it (DALI's ``adjust_orientation=False``). With ``exif="apply"`` the orientation tag is read
@@ -20,13 +24,16 @@ from typing import Literal
 
 import numpy as np
 
-from stallfree.ingest.validate import DEFAULT_MAX_PIXELS
-
 __all__ = ["DEFAULT_MAX_PIXELS", "EXIF_MODES", "BadImage", "Exif", "ImageHeader", "read_header"]
 
 #: What a Loader does with an image's EXIF orientation (see the module docstring).
 EXIF_MODES = ("ignore", "apply")
 Exif = Literal["ignore", "apply"]
+
+#: The default ``max_pixels`` (PIL's decompression-bomb error threshold), for ingest and the Loader.
+DEFAULT_MAX_PIXELS = 178_956_970
+#: Trailing bytes a PNG may carry after its IEND chunk.
+PNG_TRAILING_LIMIT = 64
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # JPEG start-of-frame markers: C0-CF except DHT (C4), JPG (C8) and DAC (CC).
@@ -106,7 +113,7 @@ def _jpeg(data: bytes, exif: bool) -> ImageHeader:
         elif marker == 0xDA:  # start of scan: the entropy-coded data follows; it must end with EOI
             if frame is None:
                 raise BadImage("corrupt JPEG: scan data before any frame header")
-            if data.rfind(b"\xff\xd9", pos) < 0:
+            if data.rfind(b"\xff\xd9") < data.rfind(b"\xff\xda"):
                 raise BadImage("truncated JPEG (no end-of-image marker after the scan data)")
             return ImageHeader("jpeg", *frame, orientation or 1)
         pos += 2 + length
@@ -131,8 +138,9 @@ def _png(data: bytes, exif: bool) -> ImageHeader:
     if len(data) < 33 or data[12:16] != b"IHDR":
         raise BadImage("truncated PNG (no IHDR chunk)")
     width, height, _depth, colour = struct.unpack_from(">IIBB", data, 16)
-    if data[-12:-8] != b"\x00\x00\x00\x00" or data[-8:-4] != b"IEND":
-        raise BadImage("truncated PNG (no IEND chunk at the end)")
+    # IEND: zero length, the type, a 4-byte CRC; then at most PNG_TRAILING_LIMIT bytes of anything
+    if data.rfind(b"\x00\x00\x00\x00IEND", max(0, len(data) - 12 - PNG_TRAILING_LIMIT)) < 0:
+        raise BadImage(f"truncated PNG (no IEND chunk at the end, or more than {PNG_TRAILING_LIMIT} bytes after it)")
     channels = {0: 1, 2: 3, 3: 3, 4: 2, 6: 4}.get(colour)
     if channels is None:
         raise BadImage(f"corrupt PNG: colour type {colour}")
