@@ -16,14 +16,11 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from stallfree.ingest.folders import inside_root, scan_image_folder
 from stallfree.ingest.images import Exif
-from stallfree.ingest.sources import inside_root
 from stallfree.pipeline.shards import ShardReader, is_shard_folder
 
-__all__ = ["IMAGE_EXTENSIONS", "DatasetReader", "FileListReader", "FolderReader", "Reader", "open_source"]
-
-#: File suffixes an ImageFolder scan keeps (torchvision's ``IMG_EXTENSIONS``, lower-cased).
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+__all__ = ["DatasetReader", "FileListReader", "FolderReader", "Reader", "open_source"]
 
 
 @runtime_checkable
@@ -98,28 +95,14 @@ class FolderReader(_PathReader):
 
     def __init__(self, root: str | os.PathLike[str]):
         root = Path(root)
-        if not root.is_dir():
-            raise NotADirectoryError(f"image folder {root} does not exist or is not a directory")
-        classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
-        if not classes:
-            raise ValueError(f"image folder {root} has no class sub-folders (expected root/<class>/<image>)")
-        paths: list[Path] = []
-        labels: list[int] = []
-        for label, name in enumerate(classes):
-            walked = []
-            for dirpath, dirs, files in os.walk(root / name, followlinks=True):
-                # Checked before the walk descends, so that a link to / is refused, not walked.
-                _refuse_outside(root, [os.path.relpath(os.path.join(dirpath, d), root) for d in dirs],
-                                f"image folder {root}")
-                walked.append((dirpath, sorted(f for f in files if f.lower().endswith(IMAGE_EXTENSIONS))))
-            for dirpath, images in sorted(walked):  # torchvision's ImageFolder order
-                found = [Path(dirpath) / file for file in images]
-                _refuse_outside(root, [str(p.relative_to(root)) for p in found], f"image folder {root}")
-                paths.extend(found)
-                labels.extend([label] * len(found))
-        if not paths:
-            raise ValueError(f"image folder {root} has class folders {classes[:5]} but no images {IMAGE_EXTENSIONS}")
-        super().__init__(paths, np.asarray(labels, np.int64), classes)
+        scan = scan_image_folder(root)
+        if scan.refused:
+            first = scan.refused[0]
+            raise ValueError(f"image folder {root}: {first['path']} is refused: {first['reason']}; every file must "
+                             f"lie inside {root} (move it there, or remove the link)")
+        paths = [root / key for key, _ in scan.files]
+        labels = np.asarray([label for _, label in scan.files], np.int64)
+        super().__init__(paths, labels, scan.classes)
 
 
 class FileListReader(_PathReader):

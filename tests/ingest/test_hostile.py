@@ -46,7 +46,7 @@ def test_bad_files_in_a_folder(tmp_path, encode, shard_rows):
     assert [r["key"] for r in shard_rows(tmp_path / "out")] == ["a/good.jpg"]
     reasons = rejected(tmp_path / "out")
     assert summary["rejected"] == len(reasons) == 7
-    assert reasons["a/loop"] == "folder link loops"
+    assert reasons["a/loop"] == "folder link loops (it leads to a folder that contains it)"
     assert "truncated" in reasons["a/truncated.jpg"].lower()
     assert reasons["a/empty.jpg"] == "empty file"
     assert "not an image" in reasons["a/text.jpg"]

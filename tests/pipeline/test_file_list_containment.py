@@ -15,8 +15,8 @@ import pytest
 from PIL import Image
 
 from stallfree import BadSampleError, Loader
+from stallfree.ingest.folders import inside_root
 from stallfree.ingest.images import BadImage, read_header
-from stallfree.ingest.sources import inside_root
 from stallfree.pipeline.readers import FileListReader, FolderReader
 from stallfree.transforms import CenterCrop
 

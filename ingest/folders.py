@@ -1,0 +1,114 @@
+"""The one image-folder scanner and the one path-containment rule, for ingest and the Loader alike.
+
+An image folder is torchvision's ``ImageFolder`` layout, ``root/<class>/.../<file>``: the classes are the sorted
+sub-folder names, and the files come in torchvision's order (``sorted(os.walk(...))``, then sorted names). Links
+are followed as torchvision follows them (two links to one folder list its files twice), but only inside the
+root, and never into a folder that contains the link (which would loop forever); what is refused is reported
+with its reason, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["IMAGE_EXTENSIONS", "FolderScan", "inside_root", "scan_image_folder"]
+
+#: File name endings an image folder's files are taken by (case-insensitive), as torchvision's IMG_EXTENSIONS.
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+def inside_root(root: Path, candidates: Sequence[str]) -> list[tuple[Path | None, str | None]]:
+    """Each candidate as ``(root/candidate, None)`` if it stays inside ``root``, else ``(None, reason)``.
+
+    The one path-containment rule, for ingest's sources and the Loader's folders and file lists alike: a path must
+    be relative, have no ``..`` part, and not lead out of ``root`` through a link (to a file or to a folder). A
+    whole list is checked in one call so that each distinct folder is resolved once and each file costs one
+    ``lstat``; ``os.path.realpath`` on every path costs about 25 us each (half a minute for 1.28M files).
+    """
+    real_root = os.path.realpath(root)
+    prefix = real_root.rstrip(os.sep) + os.sep
+    real_dirs: dict[str, str] = {}
+    out: list[tuple[Path | None, str | None]] = []
+    for candidate in candidates:
+        if not candidate:
+            out.append((None, "empty path"))
+            continue
+        if os.path.isabs(candidate) or candidate.startswith(("/", "\\")):
+            out.append((None, "absolute path (paths must be relative to the source root)"))
+            continue
+        if ".." in Path(candidate).parts:
+            out.append((None, "path escapes the source root ('..')"))
+            continue
+        path = root / candidate
+        head, tail = os.path.split(path)
+        if head not in real_dirs:
+            real_dirs[head] = os.path.realpath(head)
+        real = os.path.join(real_dirs[head], tail)
+        if os.path.islink(real):
+            real = os.path.realpath(real)
+        if real != real_root and not real.startswith(prefix):
+            out.append((None, "path escapes the source root through a link"))
+            continue
+        out.append((path, None))
+    return out
+
+
+@dataclass
+class FolderScan:
+    """An image folder's scan.
+
+    ``classes`` index = label; ``files`` are ``(path relative to root, label)`` in order; ``refused`` are
+    ``{"path", "reason"}`` records of what may not be read.
+    """
+
+    classes: list[str]
+    files: list[tuple[str, int]] = field(default_factory=list)
+    refused: list[dict[str, str]] = field(default_factory=list)
+
+
+def _walk_class(root: Path, name: str, scan: FolderScan) -> list[tuple[str, list[str]]]:
+    """``(folder, sorted image names)`` for every folder under ``root/name`` that may be read."""
+    walked = []
+    for dirpath, dirs, files in os.walk(root / name, followlinks=True):
+        # Checked before the walk descends, so that a link to / is refused, not walked.
+        here = os.path.realpath(dirpath)
+        keys = [os.path.relpath(os.path.join(dirpath, d), root) for d in dirs]
+        for d, key, (_, problem) in zip(list(dirs), keys, inside_root(root, keys), strict=True):
+            real = os.path.realpath(os.path.join(dirpath, d))
+            if problem is None and (here == real or here.startswith(real.rstrip(os.sep) + os.sep)):
+                problem = "folder link loops (it leads to a folder that contains it)"
+            if problem is not None:
+                dirs.remove(d)
+                scan.refused.append({"path": key, "reason": problem})
+        walked.append((dirpath, sorted(f for f in files if f.lower().endswith(IMAGE_EXTENSIONS))))
+    return sorted(walked)  # torchvision's ImageFolder order
+
+
+def scan_image_folder(root: str | os.PathLike[str]) -> FolderScan:
+    """Scan ``root`` as an ImageFolder (see the module docstring).
+
+    Raises:
+        NotADirectoryError: ``root`` is not a folder.
+        ValueError: it has no class sub-folders, or they hold no image files (and nothing was refused).
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise NotADirectoryError(f"image folder {root} does not exist or is not a directory")
+    classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
+    if not classes:
+        raise ValueError(f"image folder {root} has no class sub-folders (expected root/<class>/<image>)")
+    scan = FolderScan(classes)
+    for label, name in enumerate(classes):
+        for dirpath, images in _walk_class(root, name, scan):
+            keys = [os.path.relpath(os.path.join(dirpath, file), root) for file in images]
+            for key, (path, problem) in zip(keys, inside_root(root, keys), strict=True):
+                if path is None:
+                    scan.refused.append({"path": key, "reason": problem or ""})
+                else:
+                    scan.files.append((key, label))
+    if not scan.files and not scan.refused:
+        raise ValueError(f"image folder {root} has class folders {classes[:5]} but no images {IMAGE_EXTENSIONS}")
+    return scan
