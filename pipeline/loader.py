@@ -264,9 +264,9 @@ class Loader:
         self.batch_size, self.seed, self.drop_last, self.on_error = batch_size, int(seed), bool(drop_last), on_error
         self.echo, self.echo_mode, self.max_pixels = echo, echo_mode, max_pixels
         self.prefetch, self.io_threads, self.clock = prefetch, io_threads, clock
-        self.encoded = bool(getattr(self.reader, "encoded", True))
+        self.encoded = bool(self.reader.encoded)
         self.columns = tuple(columns)
-        available = list(getattr(self.reader, "columns", ()))
+        available = list(self.reader.columns)
         if self.columns and not set(self.columns) <= set(available):
             raise ValueError(f"columns={list(self.columns)} but the source has columns {available} (only ingested "
                              "shard folders have extra columns: see `stallfree ingest`)")

@@ -25,9 +25,21 @@ __all__ = ["DatasetReader", "FileListReader", "FolderReader", "Reader", "open_so
 
 @runtime_checkable
 class Reader(Protocol):
-    """Row access to a dataset. ``read`` may raise ``OSError`` for a missing or unreadable file."""
+    """Row access to a dataset: everything the Loader reads from a source, so that a user's reader type-checks.
+
+    ``read`` may raise ``OSError`` for a missing or unreadable file. A reader may also define ``fingerprint()``
+    (a string that identifies its data wherever it lies); without one the Loader hashes its labels.
+
+    Attributes:
+        classes: class names, index = label.
+        encoded: ``True`` when :meth:`read` gives encoded bytes (decoded in the graph), ``False`` for HWC uint8
+            pixels.
+        columns: names :meth:`column` answers for (``Loader(columns=...)``); empty when there are none.
+    """
 
     classes: list[str]
+    encoded: bool
+    columns: Sequence[str]
 
     def __len__(self) -> int: ...
 
@@ -36,16 +48,31 @@ class Reader(Protocol):
         ...
 
     def read(self, index: int) -> np.ndarray:
-        """Row ``index``'s encoded image as a 1-D uint8 array."""
+        """Row ``index``'s image: a 1-D uint8 array of encoded bytes, or HWC uint8 pixels (``encoded=False``)."""
         ...
 
     def describe(self, index: int) -> str:
         """Where row ``index`` lives, for error messages (a path, or a shard and row)."""
         ...
 
+    def column(self, name: str, rows: np.ndarray) -> np.ndarray | list[Any]:
+        """Column ``name`` at ``rows``: a NumPy array for numeric columns, else a list.
+
+        Raises:
+            KeyError: ``name`` is not one of :attr:`columns`.
+        """
+        ...
+
+
+def _no_columns(where: str, name: str) -> KeyError:
+    return KeyError(f"no column {name!r} in {where}: only ingested shards carry extra columns")
+
 
 class _PathReader:
     """Rows that are files on a file system."""
+
+    encoded = True
+    columns: Sequence[str] = ()
 
     def __init__(self, paths: list[Path], labels: np.ndarray, classes: list[str]):
         self.paths, self._labels, self.classes = paths, labels, classes
@@ -62,6 +89,9 @@ class _PathReader:
 
     def describe(self, index: int) -> str:
         return str(self.paths[index])
+
+    def column(self, name: str, rows: np.ndarray) -> np.ndarray | list[Any]:
+        raise _no_columns(f"this {type(self).__name__}", name)
 
     def fingerprint(self) -> str:
         """The files relative to their common folder, and their labels, hashed: the same wherever the data lies."""
@@ -210,6 +240,7 @@ class DatasetReader:
         names = classes if classes is not None else getattr(dataset, "classes", None)
         self.classes = list(names) if names is not None else [str(i) for i in range(int(self._labels.max()) + 1)]
         self.exif: Exif = "ignore"
+        self.columns: Sequence[str] = ()
         self.encoded = self._image(0, self._item(0)[0])[1]
 
     def __len__(self) -> int:
@@ -220,6 +251,9 @@ class DatasetReader:
 
     def describe(self, index: int) -> str:
         return f"{self.name}[{index}]"
+
+    def column(self, name: str, rows: np.ndarray) -> np.ndarray | list[Any]:
+        raise _no_columns(f"dataset {self.name}", name)
 
     def read(self, index: int) -> np.ndarray:
         """Item ``index``'s image: encoded bytes as a 1-D uint8 array, or HWC uint8 RGB pixels.
@@ -279,6 +313,11 @@ def open_source(source: str | os.PathLike[str] | Reader | Any, *, exif: Exif = "
         return reader
     if isinstance(source, Reader):
         return _check_raw(source, exif)
+    missing = [m for m in ("encoded", "columns", "column") if not hasattr(source, m)]
+    if all(hasattr(source, m) for m in ("read", "labels", "describe")) and missing:
+        raise TypeError(f"{type(source).__name__} looks like a Reader but lacks {', '.join(missing)}: a Reader "
+                        "declares encoded (bool), columns (names, () for none) and column(name, rows) "
+                        "(stallfree.pipeline.readers.Reader)")
     if not isinstance(source, (str, os.PathLike)):
         dataset = DatasetReader(source)
         dataset.exif = exif

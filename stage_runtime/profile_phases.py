@@ -125,7 +125,7 @@ class InMemoryReader:
     def __init__(self, reader: Any, rows: int | None = None):
         count = len(reader) if rows is None else min(rows, len(reader))
         self.classes = list(reader.classes)
-        self.encoded = bool(getattr(reader, "encoded", True))
+        self.encoded = bool(reader.encoded)
         self._data = [np.frombuffer(bytes(reader.read(i)), np.uint8) for i in range(count)]
         self._labels = np.asarray(reader.labels()[:count], dtype=np.int64)
         self._names = [reader.describe(i) for i in range(count)]
@@ -144,6 +144,12 @@ class InMemoryReader:
     def describe(self, index: int) -> str:
         """The row's original location."""
         return f"{self._names[index]} (in memory)"
+
+    columns: tuple[str, ...] = ()
+
+    def column(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """An in-memory copy keeps no extra columns."""
+        raise KeyError(f"no column {name!r}: the profiler's in-memory copy keeps images and labels only")
 
     @property
     def nbytes(self) -> int:

@@ -112,3 +112,28 @@ def test_an_item_of_another_kind_or_label_is_named() -> None:
         list(Loader(Items([(_png(), 0), (pixels, 0)]), batch_size=2, transform=[CenterCrop(4)], shuffle=False))
     with pytest.raises(ValueError, match=r"Items\[1\] has label 4 but the labels say 0"):
         list(Loader(Items([(_png(), 0), (_png(), 4)]), batch_size=2, transform=[CenterCrop(4)], shuffle=False))
+
+
+def test_a_reader_missing_the_declared_members_is_refused_by_name() -> None:
+    import numpy as np
+
+    from stallfree.pipeline.readers import Reader
+
+    class OldStyle:
+        classes = ["a"]
+
+        def __len__(self) -> int:
+            return 1
+
+        def labels(self) -> np.ndarray:
+            return np.zeros(1, np.int64)
+
+        def read(self, index: int) -> np.ndarray:
+            return np.zeros(1, np.uint8)
+
+        def describe(self, index: int) -> str:
+            return "x"
+
+    assert not isinstance(OldStyle(), Reader)
+    with pytest.raises(TypeError, match="OldStyle looks like a Reader but lacks encoded, columns, column"):
+        Loader(OldStyle(), 1, transform=[CenterCrop(4)])

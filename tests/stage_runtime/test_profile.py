@@ -151,7 +151,8 @@ class _SlowReader:
         from stallfree.pipeline.readers import FolderReader
 
         self.inner, self.delay_s = FolderReader(root), delay_s
-        self.classes = self.inner.classes
+        self.classes, self.encoded, self.columns = self.inner.classes, True, ()
+        self.column = self.inner.column
 
     def __len__(self) -> int:
         return len(self.inner)

@@ -79,6 +79,10 @@ def test_storage_and_in_memory_reader(tmp_path: Path) -> None:
 
     class Source:
         classes = ["a"]
+        encoded, columns = True, ()
+
+        def column(self, name: str, rows: object) -> list:
+            raise KeyError(name)
 
         def __len__(self) -> int:
             return 3
