@@ -25,12 +25,8 @@ __all__ = ["DEFAULT_MAX_PIXELS", "Checked", "Rejected", "check_image", "convert"
 _KEPT_FORMATS = ("JPEG", "PNG")
 
 
-class Rejected(ValueError):
+class Rejected(BadImage):
     """An image that does not go into a shard; ``reason`` goes to ``rejected.jsonl``."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
 
 
 @dataclass(frozen=True)
