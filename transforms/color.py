@@ -284,14 +284,18 @@ class ColorJitter(Transform):
         ids = [i if ranges[i] is not None else -1 for i in order]
         return {"order": np.array(ids, np.int32), "factors": np.array(factors, np.float32)}, size
 
+    def is_identity(self) -> bool:
+        """Every factor disabled (``ColorJitter()``, ``brightness=(1, 1)``, ...): torchvision's no-op."""
+        return all(r is None for r in self.ranges())
+
     def prepare(self, state: GraphState) -> None:
         """Compile the CPU kernel for an image in ``state`` now (``build`` does it too)."""
-        if any(r is not None for r in self.ranges()):
+        if not self.is_identity():
             _compiled(state.dtype == "uint8")
 
     @do_not_convert  # DALI's AutoGraph (enable_conditionals=True) must not rewrite the functions handed to Numba
     def build(self, image: Any, params: Mapping[str, Any], state: GraphState) -> tuple[Any, GraphState]:
-        if all(r is None for r in self.ranges()):
+        if self.is_identity():  # the compiler leaves it out; kept for a direct call
             return image, state
         integral = state.dtype == "uint8"
         compiled = _compiled(integral)  # compile now: a Numba failure surfaces when the graph is built

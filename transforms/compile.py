@@ -69,7 +69,10 @@ class CompiledTransforms:
             step.prepare(state)
             if isinstance(step, Normalize):
                 state = GraphState("cpu", "float32")
-        self.steps = steps
+        # A step that changes nothing (ColorJitter() with every factor disabled, as torchvision allows) is left
+        # out of the graph: it draws nothing and feeds nothing, so no parameter input goes unread.
+        self.steps = [step for step in steps if not step.is_identity()]
+        steps = self.steps
         self.dtype: Dtype = dtype
         self.layout: Layout = layout
         self.output_size = self._output_size()

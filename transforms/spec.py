@@ -137,6 +137,10 @@ class Transform:
         """The output ``(height, width)`` if this step makes every sample the same size, else ``None``."""
         return None
 
+    def is_identity(self) -> bool:
+        """Whether the step, as configured, leaves every image unchanged (then it is left out of the graph)."""
+        return False
+
 
 @dataclass(frozen=True)
 class RandomResizedCrop(Transform):

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
+import torch
 
 from stallfree.transforms import CenterCrop, ColorJitter
 from stallfree.transforms.compile import CompiledTransforms
@@ -44,3 +46,17 @@ def test_colorjitter_in_graph_equals_outside() -> None:
         alone = jitter.apply(image, params["0.order"][i], params["0.factors"][i])
         assert np.array_equal(outs[i], alone)
         assert not np.array_equal(outs[i], image)
+
+
+@pytest.mark.parametrize("jitter", [ColorJitter(), ColorJitter(brightness=0, contrast=0),
+                                    ColorJitter(brightness=(1, 1)), ColorJitter(saturation=(1.0, 1.0), hue=0)])
+def test_a_colorjitter_that_changes_nothing_is_a_no_op_in_the_loader(image_folder, jitter: ColorJitter) -> None:
+    # Regression: the first batch raised KeyError 'Could not find an input operator with name "0.order"'.
+    from stallfree import Loader
+    from stallfree.transforms import CenterCrop
+
+    plain = list(Loader(image_folder, 8, transform=[CenterCrop(16)], num_threads=1, shuffle=False))
+    jittered = list(Loader(image_folder, 8, transform=[jitter, CenterCrop(16)], num_threads=1, shuffle=False))
+    assert len(plain) == len(jittered) == 3
+    for (a, la), (b, lb) in zip(plain, jittered, strict=True):
+        assert torch.equal(a, b) and torch.equal(la, lb)
