@@ -82,8 +82,10 @@ def _gray(r: Any, g: Any, b: Any, integral: bool) -> Any:
 
 
 @register_jitable
-def _blend(v: Any, other: Any, f: Any, bound: Any, integral: bool) -> Any:
-    return _finish(f * v + (_F1 - f) * other, bound, integral)
+def _blend(v: Any, other: Any, f: Any, g: Any, bound: Any, integral: bool) -> Any:
+    # torchvision's _blend: ratio * img1 + (1.0 - ratio) * img2 with ratio a Python float, so torch casts ratio
+    # and 1.0 - ratio (taken in double) to float32 each; g is that complement, not 1 - float32(ratio).
+    return _finish(f * v + g * other, bound, integral)
 
 
 @register_jitable
@@ -138,19 +140,20 @@ def _apply(r: Any, g: Any, b: Any, order: Any, factors: Any, upto: int, mean: An
     """Steps ``order[0:upto]`` on one pixel; disabled steps are ``-1`` in ``order``."""
     for k in range(upto):
         op = order[k]
-        f = factors[op] if op >= 0 else _F0
+        f64 = factors[op] if op >= 0 else 0.0
+        f, c = np.float32(f64), np.float32(1.0 - f64)
         if op == BRIGHTNESS:
-            r, g, b = _blend(r, _F0, f, bound, integral), _blend(g, _F0, f, bound, integral), _blend(
-                b, _F0, f, bound, integral
+            r, g, b = _blend(r, _F0, f, c, bound, integral), _blend(g, _F0, f, c, bound, integral), _blend(
+                b, _F0, f, c, bound, integral
             )
         elif op == CONTRAST:
-            r, g, b = _blend(r, mean, f, bound, integral), _blend(g, mean, f, bound, integral), _blend(
-                b, mean, f, bound, integral
+            r, g, b = _blend(r, mean, f, c, bound, integral), _blend(g, mean, f, c, bound, integral), _blend(
+                b, mean, f, c, bound, integral
             )
         elif op == SATURATION:
             gray = _gray(r, g, b, integral)
-            r, g, b = _blend(r, gray, f, bound, integral), _blend(g, gray, f, bound, integral), _blend(
-                b, gray, f, bound, integral
+            r, g, b = _blend(r, gray, f, c, bound, integral), _blend(g, gray, f, c, bound, integral), _blend(
+                b, gray, f, c, bound, integral
             )
         elif op == HUE:
             r, g, b = _hue(r, g, b, f, integral)
@@ -240,7 +243,7 @@ _COMPILED: dict[bool, Any] = {}
 def _compiled(integral: bool) -> Any:
     if integral not in _COMPILED:
         image_dtype = np.uint8 if integral else np.float32
-        _COMPILED[integral] = compile_cpu("ColorJitter", jitter_function(integral), image_dtype, [np.int32, np.float32])
+        _COMPILED[integral] = compile_cpu("ColorJitter", jitter_function(integral), image_dtype, [np.int32, np.float64])
     return _COMPILED[integral]
 
 
@@ -263,7 +266,7 @@ class ColorJitter(Transform):
     contrast: float | Sequence[float] = 0
     saturation: float | Sequence[float] = 0
     hue: float | Sequence[float] = 0
-    params = {"order": np.int32, "factors": np.float32}  # order: 4 step ids (-1: disabled); factors: b, c, s, h
+    params = {"order": np.int32, "factors": np.float64}  # order: 4 step ids (-1: disabled); factors: b, c, s, h
 
     def __post_init__(self) -> None:
         self.ranges()
@@ -282,7 +285,7 @@ class ColorJitter(Transform):
         order = rng.permutation(4)  # torch.randperm(4), then the factors in b, c, s, h order
         factors = [0.0 if r is None else rng.uniform(r[0], r[1]) for r in ranges]
         ids = [i if ranges[i] is not None else -1 for i in order]
-        return {"order": np.array(ids, np.int32), "factors": np.array(factors, np.float32)}, size
+        return {"order": np.array(ids, np.int32), "factors": np.array(factors, np.float64)}, size
 
     def is_identity(self) -> bool:
         """Every factor disabled (``ColorJitter()``, ``brightness=(1, 1)``, ...): torchvision's no-op."""
@@ -303,13 +306,13 @@ class ColorJitter(Transform):
         if state.device == "gpu":
             node = numba_node(
                 jitter_cuda_function(integral), image, [params["order"], params["factors"]],
-                image_dtype=image_dtype, param_dtypes=[np.int32, np.float32], device="gpu",
+                image_dtype=image_dtype, param_dtypes=[np.int32, np.float64], device="gpu",
                 blocks=(1, 1, 1), threads_per_block=(GPU_THREADS, 1, 1),
             )
         else:
             node = numba_node(
                 forwarder(compiled, 2), image, [params["order"], params["factors"]],
-                image_dtype=image_dtype, param_dtypes=[np.int32, np.float32], device="cpu",
+                image_dtype=image_dtype, param_dtypes=[np.int32, np.float64], device="cpu",
             )
         return node, state
 
@@ -319,5 +322,5 @@ class ColorJitter(Transform):
         if image.ndim != 3 or image.shape[2] != 3 or image.dtype not in (np.uint8, np.float32):
             raise ValueError(f"ColorJitter: needs an HWC RGB uint8 or float32 image, got {image.dtype} {image.shape}")
         out = np.empty_like(image)
-        _compiled(image.dtype == np.uint8)(out, image, np.asarray(order, np.int32), np.asarray(factors, np.float32))
+        _compiled(image.dtype == np.uint8)(out, image, np.asarray(order, np.int32), np.asarray(factors, np.float64))
         return out

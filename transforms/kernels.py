@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 ImageDtype = Literal["uint8", "float32"]
-_NUMBA_TYPES: dict[Any, str] = {np.uint8: "uint8", np.float32: "float32", np.int32: "int32"}
+_NUMBA_TYPES: dict[Any, str] = {np.uint8: "uint8", np.float32: "float32", np.float64: "float64", np.int32: "int32"}
 #: Launch shape of a GPU pixel kernel: grid-stride, so any shape is correct; this one covers 256 x 256 per stride.
 GPU_BLOCKS = (8, 32, 1)
 GPU_THREADS = (32, 8, 1)

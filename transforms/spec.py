@@ -68,7 +68,8 @@ def dali_type(kind: type) -> Any:
     import nvidia.dali.types as dali_types
 
     types: Any = dali_types  # DALI's stubs do not list its type constants
-    table: dict[Any, Any] = {np.uint8: types.UINT8, np.float32: types.FLOAT, np.int32: types.INT32}
+    table: dict[Any, Any] = {np.uint8: types.UINT8, np.float32: types.FLOAT, np.float64: types.FLOAT64,
+                             np.int32: types.INT32}
     return table[kind]
 
 

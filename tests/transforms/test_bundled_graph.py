@@ -9,6 +9,7 @@ import numpy as np
 from stallfree.transforms import CenterCrop, GaussianNoise, RandomErasing, RandomGrayscale
 from stallfree.transforms.compile import CompiledTransforms
 from stallfree.transforms.random import batch_random
+from stallfree.transforms.spec import dali_type
 
 
 def run_graph(steps: list[Any], images: list[np.ndarray]) -> tuple[list[np.ndarray], dict[str, list[np.ndarray]]]:
@@ -17,13 +18,12 @@ def run_graph(steps: list[Any], images: list[np.ndarray]) -> tuple[list[np.ndarr
     from nvidia.dali import pipeline_def
 
     compiled = CompiledTransforms(steps, dtype="uint8", layout="NHWC")
-    kinds = {np.float32: types.FLOAT, np.int32: types.INT32}
 
     # enable_conditionals: the policies need it, and DALI's AutoGraph must then leave the Numba functions alone
     @pipeline_def(batch_size=len(images), num_threads=2, device_id=None, exec_dynamic=True, enable_conditionals=True)
     def pipe() -> Any:
         source = fn.external_source(name="images", dtype=types.UINT8, layout="HWC")
-        params = {n: fn.external_source(name=n, dtype=kinds[k]) for n, k in compiled.param_inputs.items()}
+        params = {n: fn.external_source(name=n, dtype=dali_type(k)) for n, k in compiled.param_inputs.items()}
         return compiled.build(source, params, device="cpu", encoded=False)
 
     p = pipe()

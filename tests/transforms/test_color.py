@@ -22,8 +22,10 @@ def _gray(img: np.ndarray, integral: bool) -> np.ndarray:
     return np.floor(v).astype(F) if integral else v
 
 
-def _blend(img: np.ndarray, other: np.ndarray | np.float32, f: np.float32, bound: float, integral: bool) -> np.ndarray:
-    return _finish(f * img + (F(1) - f) * other, bound, integral)
+def _blend(img: np.ndarray, other: np.ndarray | np.float32, ratio: float, bound: float, integral: bool) -> np.ndarray:
+    # torchvision's _blend(image1, image2, ratio): ratio is a Python float; torch casts ratio and (1.0 - ratio),
+    # each taken in double, to the tensor's float32
+    return _finish(F(ratio) * img + F(1.0 - ratio) * other, bound, integral)
 
 
 def _rgb2hsv(img: np.ndarray) -> np.ndarray:
@@ -70,7 +72,7 @@ def reference(image: np.ndarray, order: np.ndarray, factors: np.ndarray) -> np.n
     for op in order:
         if op < 0:
             continue
-        f = F(factors[op])
+        f = float(factors[op])  # the Python float torchvision's get_params draws
         if op == 0:
             img = _blend(img, F(0), f, bound, integral)
         elif op == 1:
@@ -78,7 +80,7 @@ def reference(image: np.ndarray, order: np.ndarray, factors: np.ndarray) -> np.n
         elif op == 2:
             img = _blend(img, _gray(img, integral)[..., None], f, bound, integral)
         else:
-            img = _hue(img, f, integral)
+            img = _hue(img, F(f), integral)
     return img.astype(image.dtype)
 
 
@@ -135,6 +137,19 @@ def test_each_adjustment_alone(op: int) -> None:
     got = ColorJitter().apply(image, order, factors)
     assert np.abs(got.astype(np.int32) - reference(image, order, factors).astype(np.int32)).max() <= 1
     assert not np.array_equal(got, image)
+
+
+@pytest.mark.parametrize("op", [0, 1, 2])
+@pytest.mark.parametrize("factor", [1.3, 0.7, 1.7])
+def test_blends_are_exact_against_torchvisions_tensor_arithmetic(op: int, factor: float) -> None:
+    # Regression: the factor was rounded to float32 before 1 - f, so saturation 1.3 was one level off on ~6% of
+    # pixels against torchvision's tensor path.
+    image = np.random.default_rng(op).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    order = np.array([op if i == op else -1 for i in range(4)], np.int32)
+    factors = np.zeros(4, np.float64)
+    factors[op] = factor
+    got = ColorJitter().apply(image, order, factors)
+    assert np.array_equal(got, reference(image, order, factors))
 
 
 def test_identity_factors_keep_the_image() -> None:

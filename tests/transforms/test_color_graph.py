@@ -11,6 +11,7 @@ import torch
 from stallfree.transforms import CenterCrop, ColorJitter
 from stallfree.transforms.compile import CompiledTransforms
 from stallfree.transforms.random import batch_random
+from stallfree.transforms.spec import dali_type
 
 
 def run_graph(steps: list[Any], images: list[np.ndarray], seed: int = 0) -> tuple[list[np.ndarray], dict]:
@@ -19,12 +20,11 @@ def run_graph(steps: list[Any], images: list[np.ndarray], seed: int = 0) -> tupl
     from nvidia.dali import pipeline_def
 
     compiled = CompiledTransforms(steps, dtype="uint8", layout="NHWC")
-    kinds = {np.float32: types.FLOAT, np.int32: types.INT32}
 
     @pipeline_def(batch_size=len(images), num_threads=1, device_id=None, exec_dynamic=True)
     def pipe() -> Any:
         source = fn.external_source(name="images", dtype=types.UINT8, layout="HWC")
-        params = {n: fn.external_source(name=n, dtype=kinds[k]) for n, k in compiled.param_inputs.items()}
+        params = {n: fn.external_source(name=n, dtype=dali_type(k)) for n, k in compiled.param_inputs.items()}
         return compiled.build(source, params, device="cpu", encoded=False)
 
     p = pipe()

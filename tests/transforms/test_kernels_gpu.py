@@ -19,6 +19,7 @@ from stallfree.transforms import (
 )
 from stallfree.transforms.compile import CompiledTransforms
 from stallfree.transforms.random import batch_random
+from stallfree.transforms.spec import dali_type
 
 
 def run_graph(steps: list[Any], images: list[np.ndarray], device: str) -> list[np.ndarray]:
@@ -27,13 +28,12 @@ def run_graph(steps: list[Any], images: list[np.ndarray], device: str) -> list[n
     from nvidia.dali import pipeline_def
 
     compiled = CompiledTransforms(steps, dtype="uint8", layout="NHWC")
-    kinds = {np.float32: types.FLOAT, np.int32: types.INT32}
 
     @pipeline_def(batch_size=len(images), num_threads=2, device_id=0 if device == "gpu" else None,
                   exec_dynamic=True)
     def pipe() -> Any:
         source = fn.external_source(name="images", dtype=types.UINT8, layout="HWC")
-        params = {n: fn.external_source(name=n, dtype=kinds[k]) for n, k in compiled.param_inputs.items()}
+        params = {n: fn.external_source(name=n, dtype=dali_type(k)) for n, k in compiled.param_inputs.items()}
         return compiled.build(source, params, device=device, encoded=False)  # type: ignore[arg-type]
 
     p = pipe()
