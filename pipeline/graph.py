@@ -18,7 +18,7 @@ import warnings
 from typing import Any
 
 import numpy as np
-import nvidia.dali  # noqa: F401 - imported first so that its exit hook runs after the Loader's (see loader.py)
+import nvidia.dali  # noqa: F401 - imported first so that its exit hook runs after the Loader's (see epoch.py)
 import torch
 
 from stallfree.ingest.images import Exif

@@ -1,0 +1,86 @@
+"""The Loader's argument checks and the parts of its fingerprint: each bad argument fails at construction."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from stallfree.pipeline.readers import Reader
+from stallfree.transforms.spec import Transform
+
+__all__ = ["check_arguments", "describe_spec", "device_of", "is_int", "source_identity"]
+
+
+def device_of(device: str | torch.device) -> torch.device:
+    """``device`` as a ``torch.device`` with its index filled in, or a ValueError saying what is accepted."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError as err:
+        raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {str(device)!r}") from err
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={str(device)!r} but torch sees no CUDA device; use device='cpu'")
+        return torch.device("cuda", dev.index if dev.index is not None else torch.cuda.current_device())
+    if dev.type != "cpu":
+        raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {str(device)!r}")
+    return dev
+
+
+def is_int(value: Any) -> bool:
+    """Whether ``value`` is an integer (Python or NumPy), and not a bool."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def check_arguments(args: dict[str, Any]) -> None:
+    """Every Loader argument that is not checked where it is used, each with the fix in its message."""
+    if not is_int(args["batch_size"]) or args["batch_size"] <= 0:
+        raise ValueError(f"batch_size must be a positive int, got {args['batch_size']!r}")
+    for name in ("shuffle", "drop_last"):
+        if not isinstance(args[name], (bool, np.bool_)):
+            raise ValueError(f"{name} must be True or False, got {args[name]!r}")
+    if not is_int(args["seed"]):
+        raise ValueError(f"seed must be an int, got {args['seed']!r}")
+    for name in ("prefetch", "io_threads", "echo"):
+        if not is_int(args[name]) or args[name] < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {args[name]!r}")
+    if args["num_threads"] is not None and (not is_int(args["num_threads"]) or args["num_threads"] <= 0):
+        raise ValueError(f"num_threads must be positive (or None for the cores this process may use), got "
+                         f"{args['num_threads']!r}")
+    choices = {"echo_mode": ("example", "batch"), "on_error": ("raise", "skip"), "placement": ("auto", "cpu", "gpu")}
+    for name, allowed in choices.items():
+        if args[name] not in allowed:
+            raise ValueError(f"{name} must be one of {allowed}, got {args[name]!r}")
+    if not is_int(args["max_pixels"]) or args["max_pixels"] <= 0:
+        raise ValueError(f"max_pixels must be a positive int, got {args['max_pixels']!r}")
+    columns = args["columns"]
+    if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
+        example = [columns] if isinstance(columns, str) else ["key"]
+        raise ValueError(f"columns must be a list of column names, e.g. columns={example!r}; got {columns!r}")
+    clock = args["clock"]
+    if clock is not None and not callable(getattr(clock, "record", None)):
+        raise ValueError(f"clock must have a record(stage, state, start, end, batch) method (a StageClock has), "
+                         f"got {type(clock).__name__}")
+    if isinstance(args["transform"], Transform):
+        raise ValueError(f"transform must be a list of transforms: transform=[{args['transform']!r}]")
+
+
+def source_identity(reader: Reader) -> str:
+    """What the source is, independent of where it lies: the reader's ``fingerprint()``, else its kind and labels."""
+    fingerprint = getattr(reader, "fingerprint", None)
+    if callable(fingerprint):
+        return str(fingerprint())
+    digest = hashlib.sha256()
+    digest.update(f"{type(reader).__qualname__}:{getattr(reader, 'name', '')}:{len(reader)}:".encode())
+    digest.update(np.ascontiguousarray(reader.labels(), np.int64).tobytes())
+    return digest.hexdigest()
+
+
+def describe_spec(steps: Sequence[Transform]) -> str:
+    """A stable description of a spec: each step's dataclass repr (its type and every argument)."""
+    parts = [repr(s) if dataclasses.is_dataclass(s) else f"{type(s).__module__}.{type(s).__qualname__}" for s in steps]
+    return "[" + ", ".join(parts) + "]"

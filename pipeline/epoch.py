@@ -1,0 +1,137 @@
+"""One pass over an epoch: the reader and graph threads, the queues between them, and the skip policy.
+
+The rank's stream is its epoch order, wrapping round: position ``p`` is sample ``order[p % len(order)]``. The
+reader stage (:mod:`.read_stage`) reads the stream ahead; the graph stage (:mod:`.graph_stage`) takes from it,
+in order, the samples of each batch, and replaces every sample that fails (on the host or in the graph) by the
+next ones, so each batch is full and the epoch has ``len(loader)`` batches whatever is skipped. A position keeps
+its outcome for the epoch: a skipped sample met again after the wrap is passed over without being read or listed
+again.
+"""
+
+from __future__ import annotations
+
+import atexit
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from stallfree.pipeline.graph_stage import GraphStage
+from stallfree.pipeline.read_stage import ReadStage
+from stallfree.pipeline.samples import BadSampleError, Batch
+
+if TYPE_CHECKING:
+    from stallfree.pipeline.graph import Graph
+    from stallfree.pipeline.loader import Loader
+
+__all__ = ["EpochRun"]
+
+
+class _Failure:
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+_DONE = object()  # what a stage puts on its queue when it has nothing more
+_RUNNING: weakref.WeakSet[EpochRun] = weakref.WeakSet()
+
+
+@atexit.register  # registered after DALI's own hook (graph imports DALI first), so it runs before it
+def _stop_running_epochs() -> None:
+    """Let no graph run while the interpreter shuts DALI down (that aborts the process)."""
+    runs = list(_RUNNING)
+    for run in runs:
+        run.stop()
+    for run in runs:
+        run.join(timeout=10.0)
+
+
+class EpochRun:
+    """One pass over ``epoch`` from ``position`` (batch ``number``): both stage threads and their queues."""
+
+    def __init__(self, loader: Loader, graph: Graph, epoch: int, position: int, number: int):
+        self.loader, self.graph, self.epoch = loader, graph, epoch
+        self.order = loader.sampler.virtual_order(epoch)
+        self.bad = {int(s["position"]) % len(self.order) for s in loader.skipped}  # this epoch's skipped positions
+        self.first_skip: dict[str, Any] | None = loader.skipped[0] if loader.skipped else None
+        self._stop = threading.Event()
+        self.read_q: queue.Queue[Any] = queue.Queue(loader.prefetch)
+        self.out_q: queue.Queue[Any] = queue.Queue(loader.prefetch)
+        self.more: queue.Queue[int] = queue.Queue()  # samples the graph stage rejected, for the reader to replace
+        reader, assembler = ReadStage(self), GraphStage(self, position)
+        self._threads = [
+            threading.Thread(target=self._guard, args=(reader.loop, self.read_q, position, number), daemon=True),
+            threading.Thread(target=self._guard, args=(assembler.loop, self.out_q, number), daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+        _RUNNING.add(self)
+
+    def stop(self) -> None:
+        """Stop both threads; a partly consumed epoch can be abandoned at any time."""
+        self._stop.set()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
+    def join(self, timeout: float) -> None:
+        """Wait for both threads to end (after :meth:`stop`)."""
+        for thread in self._threads:
+            thread.join(timeout)
+
+    def put(self, q: queue.Queue[Any], item: Any) -> bool:
+        """Put ``item`` on ``q``, waiting for room; ``False`` once the run is stopped."""
+        while not self._stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def get(self, q: queue.Queue[Any]) -> Any:
+        """The next item of ``q``; ``None`` once its stage is done or the run stopped; a stage's failure is raised."""
+        while True:
+            try:
+                item = q.get(timeout=0.1)
+            except queue.Empty:
+                if self._stop.is_set():
+                    return None
+                continue
+            if isinstance(item, _Failure):
+                raise item.error
+            return None if item is _DONE else item
+
+    def _guard(self, loop: Any, out: queue.Queue[Any], *args: Any) -> None:
+        try:
+            loop(*args)
+        except BaseException as err:  # noqa: BLE001 - every failure reaches the training loop, none is lost
+            self.put(out, _Failure(err))
+            return
+        self.put(out, _DONE)
+
+    def record(self, stage: str, state: str, start: float, batch: int) -> None:
+        """Report a span from ``start`` to now to the Loader's clock, if it has one."""
+        if self.loader.clock is not None:
+            self.loader.clock.record(stage, state, start, time.perf_counter(), batch)
+
+    def skip(self, position: int, row: int, reason: str) -> dict[str, Any]:
+        """The skip policy: raise :class:`BadSampleError` with ``on_error="raise"``, else the sample's record."""
+        source = self.loader.reader.describe(row)
+        if self.loader.on_error == "raise":
+            raise BadSampleError(source, row, reason)
+        return {"index": row, "source": source, "reason": reason, "epoch": self.epoch, "position": position}
+
+    def __iter__(self) -> Iterator[Batch]:
+        clock = self.loader.clock
+        while True:
+            start_time = time.perf_counter()
+            item = self.get(self.out_q)
+            if item is None:
+                return
+            if clock is not None:
+                clock.record("input", "waiting", start_time, time.perf_counter(), item.number)
+            yield item

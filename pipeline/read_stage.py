@@ -1,0 +1,116 @@
+"""The reader stage of an epoch run: read the stream ahead, check each header, draw each sample's parameters.
+
+It runs in its own thread (with ``io_threads`` more for the reads), so that disk reads overlap with the graph.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from stallfree.ingest.images import BadImage, read_header
+from stallfree.transforms.random import batch_random
+
+if TYPE_CHECKING:
+    from stallfree.pipeline.epoch import EpochRun
+
+__all__ = ["Chunk", "ReadStage"]
+
+
+@dataclass
+class Chunk:
+    """Consecutive positions of a rank's stream as the reader found them, in order.
+
+    ``entries`` holds ``(position, virtual id, image, params)`` for a sample that passed the host checks and
+    ``(position, None, record, None)`` for one that failed them (``record`` is ``None`` when it is known bad).
+    """
+
+    entries: list[tuple[int, int | None, Any, Any]]
+
+
+class ReadStage:
+    """Reads chunks of the run's stream onto its read queue: one per remaining batch, then one per replacement."""
+
+    def __init__(self, run: EpochRun):
+        self.run, self.loader = run, run.loader
+
+    def loop(self, position: int, number: int) -> None:
+        """Read the stream: a chunk of good samples per remaining batch, then one per sample the graph rejects."""
+        run, loader = self.run, self.loader
+        plan = [loader._batch_len(b) for b in range(number, loader._batches_per_epoch)]
+        known_bad = set(run.bad)  # the reader's own view: what it skipped, and what the state carried
+        with ThreadPoolExecutor(loader.io_threads, thread_name_prefix="stallfree-read") as pool:
+            while not run.stopped:
+                if plan:
+                    wanted = plan.pop(0)
+                else:
+                    try:
+                        wanted = run.more.get(timeout=0.1)
+                    except queue.Empty:
+                        continue
+                start_time = time.perf_counter()
+                chunk, position = self._chunk(pool, position, wanted, known_bad)
+                run.record("read", "busy", start_time, number)
+                if not run.put(run.read_q, chunk):
+                    return
+                number += 1
+
+    def _chunk(self, pool: ThreadPoolExecutor, position: int, wanted: int, known_bad: set[int]) -> tuple[Chunk, int]:
+        """Read from ``position`` until ``wanted`` samples pass the host checks (header, size)."""
+        run, loader, order = self.run, self.loader, self.run.order
+        n = len(order)
+        entries: list[tuple[int, int | None, Any, Any]] = []
+        good: list[int] = []
+        images: list[np.ndarray] = []
+        sizes: list[tuple[int, int]] = []
+        if len(known_bad) >= n:
+            return Chunk(entries), position  # nothing left to read; the graph stage reports it
+        while len(good) < wanted:
+            span = np.arange(position, position + wanted - len(good))
+            position += len(span)
+            keep = [int(p) for p in span if int(p) % n not in known_bad] if known_bad else span.tolist()
+            if known_bad:
+                entries.extend((int(p), None, None, None) for p in span if int(p) % n in known_bad)
+            rows = loader.sampler.rows(order[np.asarray(keep, np.int64) % n]).tolist()
+            for p, row, (data, problem) in zip(keep, rows, pool.map(self._fetch, rows), strict=True):
+                if problem is None:
+                    try:
+                        sizes.append(self._size(data))
+                    except BadImage as bad:
+                        problem = bad.reason
+                if problem is not None:
+                    known_bad.add(p % n)
+                    entries.append((p, None, run.skip(p, int(row), problem), None))
+                    continue
+                good.append(p)
+                images.append(data)
+            if len(known_bad) >= n:
+                break
+        if good:
+            virtual = order[np.asarray(good, np.int64) % n]
+            params = loader.compiled.draw(batch_random(loader.seed, run.epoch, virtual.tolist()), sizes)
+            names = list(params)
+            for i, p in enumerate(good):
+                entries.append((p, int(virtual[i]), images[i], tuple(params[name][i] for name in names)))
+        entries.sort(key=lambda entry: entry[0])
+        return Chunk(entries), position
+
+    def _fetch(self, row: int) -> tuple[np.ndarray, str | None]:
+        try:
+            return self.loader.reader.read(int(row)), None
+        except FileNotFoundError:
+            return np.empty(0, np.uint8), "missing file"
+        except OSError as err:
+            return np.empty(0, np.uint8), f"unreadable: {err.strerror or err}"
+
+    def _size(self, data: np.ndarray) -> tuple[int, int]:
+        """The (height, width) the crop parameters are drawn on: the header's (after EXIF, if applied)."""
+        if not self.loader.encoded:
+            return int(data.shape[0]), int(data.shape[1])
+        header = read_header(data, self.loader.max_pixels, exif=self.loader.exif)
+        return header.height, header.width
