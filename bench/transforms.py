@@ -159,7 +159,8 @@ def _dali_runner(step: Any, batch_size: int, threads: int) -> Callable[[list[np.
     import nvidia.dali.types as dali_types
     from nvidia.dali import pipeline_def
 
-    from stallfree.transforms.spec import GraphState, dali_type
+    from stallfree.transforms.dali_types import dali_type
+    from stallfree.transforms.spec import GraphState
 
     types: Any = dali_types
 

@@ -23,7 +23,7 @@ import torch
 
 from stallfree.ingest.images import Exif
 from stallfree.transforms.compile import CompiledTransforms
-from stallfree.transforms.spec import dali_type
+from stallfree.transforms.dali_types import dali_type
 
 __all__ = ["Graph", "GraphError"]
 

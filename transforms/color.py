@@ -29,7 +29,8 @@ from numba import float64
 from numba.extending import register_jitable
 from nvidia.dali.pipeline import do_not_convert
 
-from stallfree.transforms.kernels import compile_cpu, forwarder, numba_node
+from stallfree.transforms.numba_cpu import compile_cpu, forwarder
+from stallfree.transforms.numba_dali import numba_node
 from stallfree.transforms.random import SampleRandom
 from stallfree.transforms.spec import GraphState, Size, Transform
 

@@ -19,6 +19,8 @@ drawn on the host by the transform's ``draw`` from the sample-keyed generator an
 kernel that needs noise gets a key among its parameters and calls :func:`uniform_at` / :func:`normal_at`, a
 counter-based hash, so that its pixels are a pure function of its parameters too.
 
+This module is the registry (:func:`kernel`, :class:`Kernel`, :class:`KernelTransform`); the CPU compiler is
+:mod:`.numba_cpu`, the CUDA compiler :mod:`.numba_cuda`, and both become DALI nodes through :mod:`.numba_dali`.
 Compilation is eager: :meth:`Kernel.compile` (called when the graph is built, or by hand) compiles the kernel with
 an explicit signature, and a kernel that Numba cannot compile raises :class:`KernelError` naming the kernel and
 Numba's reason, before any batch runs.
@@ -26,7 +28,6 @@ Numba's reason, before any batch runs.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -37,34 +38,17 @@ import numpy as np
 from numba.extending import register_jitable
 from nvidia.dali.pipeline import do_not_convert
 
+from stallfree.transforms.numba_cpu import KernelError, forwarder, pixel_loop
+from stallfree.transforms.numba_cuda import grid_function, launch
+from stallfree.transforms.numba_dali import GPU_BLOCKS, GPU_THREADS, numba_node
 from stallfree.transforms.random import SampleRandom
-from stallfree.transforms.spec import GraphState, Size, Transform, dali_type
+from stallfree.transforms.spec import GraphState, Size, Transform
 
-__all__ = [
-    "Kernel",
-    "KernelError",
-    "KernelTransform",
-    "compile_cpu",
-    "forwarder",
-    "kernel",
-    "normal_at",
-    "numba_node",
-    "numba_operator",
-    "uniform_at",
-]
+__all__ = ["Kernel", "KernelError", "KernelTransform", "kernel", "normal_at", "uniform_at"]
 
 ImageDtype = Literal["uint8", "float32"]
-_NUMBA_TYPES: dict[Any, str] = {np.uint8: "uint8", np.float32: "float32", np.float64: "float64", np.int32: "int32"}
-#: Launch shape of a GPU pixel kernel: grid-stride, so any shape is correct; this one covers 256 x 256 per stride.
-GPU_BLOCKS = (8, 32, 1)
-GPU_THREADS = (32, 8, 1)
 
 
-class KernelError(ValueError):
-    """A kernel that Numba cannot compile (or cannot run on the image it is given); names the kernel."""
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # In-kernel randomness: SplitMix64 over (key, counter), callable from njit and numba.cuda code alike.
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -92,178 +76,6 @@ def normal_at(key: int, counter: int) -> float:
     return math.sqrt(-2.0 * math.log(u1)) * math.cos(2.0 * math.pi * u2)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Wrapping a per-sample run function (CPU) or CUDA function (GPU) as a DALI numba_function node.
-
-
-def _setup_same_shape(outs: Any, ins: Any) -> None:
-    # DALI needs the output shape when out and in types differ in count; the image keeps its shape.
-    for i in range(len(outs[0])):
-        for d in range(len(outs[0][i])):
-            outs[0][i][d] = ins[0][i][d]
-
-
-#: DALI compiles a NumbaFunction operator's wrappers when it is constructed (seconds each), so each configuration
-#: is constructed once per process and called in every graph that uses it (each Loader, each rebuilt graph).
-_OPERATORS: dict[tuple[Any, ...], Any] = {}
-
-
-def numba_operator(
-    run_fn: Callable[..., None],
-    setup_fn: Callable[[Any, Any], None],
-    *,
-    in_types: Sequence[type],
-    ins_ndim: Sequence[int],
-    out_type: type,
-    device: Literal["cpu", "gpu"] = "cpu",
-    blocks: Sequence[int] = GPU_BLOCKS,
-    threads_per_block: Sequence[int] = GPU_THREADS,
-) -> Any:
-    """DALI's ``NumbaFunction`` operator with one HWC output, constructed (compiled) once per configuration.
-
-    Call the result on the input nodes inside a pipeline definition; it gives the output node, laid out ``HWC``
-    (``numba_function``'s own output carries no layout). ``run_fn`` and ``setup_fn`` must be the same objects from
-    one call to the next for the cache to serve them.
-    """
-    launch = (tuple(blocks), tuple(threads_per_block))
-    key = (run_fn, setup_fn, tuple(in_types), tuple(ins_ndim), out_type, device, launch)
-    if key not in _OPERATORS:
-        from nvidia.dali.plugin.numba.experimental import NumbaFunction
-
-        kwargs: dict[str, Any] = {}
-        if device == "gpu":
-            kwargs = {"blocks": list(blocks), "threads_per_block": list(threads_per_block)}
-        _OPERATORS[key] = NumbaFunction(
-            run_fn=run_fn,
-            setup_fn=setup_fn,
-            in_types=[dali_type(t) for t in in_types],
-            out_types=[dali_type(out_type)],
-            ins_ndim=list(ins_ndim),
-            outs_ndim=[3],
-            batch_processing=False,
-            device=device,
-            **kwargs,
-        )
-    operator = _OPERATORS[key]
-
-    def node(*inputs: Any) -> Any:
-        import nvidia.dali.fn as fn
-
-        return fn.reshape(operator(*inputs), layout="HWC")
-
-    return node
-
-
-def numba_node(
-    run_fn: Callable[..., None],
-    image: Any,
-    params: Sequence[Any],
-    *,
-    image_dtype: type,
-    param_dtypes: Sequence[type],
-    device: Literal["cpu", "gpu"],
-    blocks: Sequence[int] = GPU_BLOCKS,
-    threads_per_block: Sequence[int] = GPU_THREADS,
-) -> Any:
-    """A DALI ``numba_function`` node computing ``run_fn(out, image, *params)``; ``out`` has the image's shape.
-
-    Args:
-        run_fn: a plain Python function: per sample on the CPU (DALI njit-compiles it), a CUDA kernel body on the
-            GPU (DALI compiles it with ``numba.cuda`` and launches it once per sample on ``blocks`` x
-            ``threads_per_block``).
-        image: the HWC image node.
-        params: per-sample parameter nodes, 1-D each (at most five).
-        image_dtype: NumPy dtype of the image (and of the output).
-        param_dtypes: NumPy dtype of each parameter.
-        device: where the node runs; parameters are moved to the GPU for a GPU node.
-        blocks: GPU grid shape.
-        threads_per_block: GPU block shape.
-    """
-    if len(params) > 5:
-        raise ValueError(f"a kernel takes at most 5 parameter arrays (DALI's limit is 6 inputs), got {len(params)}")
-    operator = numba_operator(
-        run_fn,
-        _setup_same_shape,
-        in_types=[image_dtype, *param_dtypes],
-        ins_ndim=[3] + [1] * len(params),
-        out_type=image_dtype,
-        device=device,
-        blocks=blocks,
-        threads_per_block=threads_per_block,
-    )
-    return operator(image, *(p.gpu() if device == "gpu" else p for p in params))
-
-
-def _signature(image_dtype: type, param_dtypes: Sequence[type]) -> str:
-    image = f"{_NUMBA_TYPES[image_dtype]}[:, :, ::1]"
-    args = [image, image] + [f"{_NUMBA_TYPES[d]}[::1]" for d in param_dtypes]
-    return f"void({', '.join(args)})"
-
-
-_NOISE = (
-    "Failed in", "No implementation of function", ">>>", "There are", "- Of which", "Overload in function",
-    "With argument", "Rejected as", "TypingError: Failed", "During:", "raised from", "<source elided>",
-)
-
-
-def _numba_reason(err: BaseException) -> str:
-    """The innermost reason in Numba's nested error report, with the source line it points at."""
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    kept = [(i, line) for i, line in enumerate(lines) if not line.startswith(_NOISE) and not line.startswith("File ")]
-    if not kept:
-        return " ".join(lines[:3]) if lines else repr(err)
-    i, reason = kept[0]
-    if reason.startswith("Overload of function"):  # a built-in without a matching signature: show the call
-        calls = [line for line in lines[:i] if line.startswith(">>>")]
-        reason = f"no implementation of {calls[-1][3:].strip()}" if calls else reason
-    where = next((line for line in lines[i + 1 :] if line.startswith("File ")), "")
-    return f"{reason} ({where.rstrip(':')})" if where else reason
-
-
-def compile_cpu(name: str, run_fn: Callable[..., None], image_dtype: type, param_dtypes: Sequence[type]) -> Any:
-    """``numba.njit`` ``run_fn(out, image, *params)`` with an explicit signature, now; :class:`KernelError` if not."""
-    import numba
-
-    try:
-        return numba.njit(_signature(image_dtype, param_dtypes), cache=False)(run_fn)
-    except Exception as err:  # Numba raises TypingError, LoweringError, UnsupportedError, NotImplementedError...
-        raise KernelError(
-            f"kernel {name!r} does not compile with numba.njit for a {np.dtype(image_dtype).name} image and "
-            f"parameters {[np.dtype(d).name for d in param_dtypes]}: {_numba_reason(err)}"
-        ) from err
-
-
-@functools.cache
-def forwarder(compiled: Any, nargs: int) -> Callable[..., None]:
-    """A plain Python function calling ``compiled`` (DALI njit-compiles its run function itself).
-
-    Cached, so that the same compiled kernel always gets the same function and :func:`numba_node` reuses its operator.
-    """
-    args = ", ".join(["out", "image"] + [f"p{i}" for i in range(nargs)])
-    namespace: dict[str, Any] = {"_compiled": compiled}
-    exec(f"def run({args}):\n    _compiled({args})\n", namespace)  # noqa: S102  (fixed template, no user text)
-    return namespace["run"]
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The user-facing kernel: a pixel function, expanded into a CPU loop and a CUDA grid-stride kernel.
-
-_CPU_TEMPLATE = """
-def run({args}):
-    for y in range(out.shape[0]):
-        for x in range(out.shape[1]):
-            _pixel({args_yx})
-"""
-_GPU_TEMPLATE = """
-def run({args}):
-    x0, y0 = _cuda.grid(2)
-    sx, sy = _cuda.gridsize(2)
-    for y in range(y0, out.shape[0], sy):
-        for x in range(x0, out.shape[1], sx):
-            _pixel({args_yx})
-"""
-
-
 @dataclass(frozen=True, eq=False)
 class Kernel:
     """A registered pixel function; see :func:`kernel`.
@@ -279,22 +91,13 @@ class Kernel:
     param_names: tuple[str, ...]
     _cache: dict[Any, Any] = field(default_factory=dict, repr=False)
 
-    def _source(self, template: str) -> str:
-        names = ["out", "image"] + [f"p{i}" for i in range(len(self.param_names))]
-        yx = names[:2] + ["y", "x"] + names[2:]
-        return template.format(args=", ".join(names), args_yx=", ".join(yx))
-
     def compile(self, image_dtype: ImageDtype | type, param_dtypes: Sequence[type]) -> Any:
         """The CPU run function ``run(out, image, *params)``, compiled now (cached); :class:`KernelError` if not."""
-        import numba
-
         image_np = np.dtype(image_dtype).type
         key = ("cpu", image_np, tuple(param_dtypes))
         if key not in self._cache:
             self._check_arity(param_dtypes)
-            namespace: dict[str, Any] = {"_pixel": numba.njit(inline="always")(self.pixel)}  # 5-10x faster loops
-            exec(self._source(_CPU_TEMPLATE), namespace)  # noqa: S102  (fixed template, no user text)
-            self._cache[key] = compile_cpu(self.name, namespace["run"], image_np, param_dtypes)
+            self._cache[key] = pixel_loop(self.name, self.pixel, image_np, param_dtypes)
         return self._cache[key]
 
     def cuda_function(self) -> Callable[..., None]:
@@ -303,11 +106,7 @@ class Kernel:
         DALI compiles it with ``numba.cuda`` when the GPU graph is built; :meth:`run_cuda` launches it directly.
         """
         if "gpu" not in self._cache:
-            from numba import cuda
-
-            namespace: dict[str, Any] = {"_pixel": cuda.jit(device=True)(self.pixel), "_cuda": cuda}
-            exec(self._source(_GPU_TEMPLATE), namespace)  # noqa: S102  (fixed template, no user text)
-            self._cache["gpu"] = namespace["run"]
+            self._cache["gpu"] = grid_function(self.pixel, len(self.param_names))
         return self._cache["gpu"]
 
     def _check_arity(self, param_dtypes: Sequence[type]) -> None:
@@ -334,14 +133,10 @@ class Kernel:
         threads_per_block: Sequence[int] = GPU_THREADS,
     ) -> np.ndarray:
         """Launch the ``numba.cuda`` kernel on one image (a GPU, or the simulator with ``NUMBA_ENABLE_CUDASIM=1``)."""
-        from numba import cuda
-
         image = np.ascontiguousarray(image)
         arrays = [np.ascontiguousarray(np.atleast_1d(p)) for p in params]
         self._check_arity([a.dtype.type for a in arrays])
-        out = np.empty_like(image)
-        cuda.jit(self.cuda_function())[tuple(blocks[:2]), tuple(threads_per_block[:2])](out, image, *arrays)
-        return out
+        return launch(self.cuda_function(), image, arrays, blocks, threads_per_block)
 
     def node(self, image: Any, params: Sequence[Any], param_dtypes: Sequence[type], state: GraphState) -> Any:
         """The kernel as a DALI node on ``state.device``, compiled now."""

@@ -24,7 +24,7 @@ import numba
 import numpy as np
 from nvidia.dali.pipeline import do_not_convert
 
-from stallfree.transforms.kernels import numba_operator
+from stallfree.transforms.numba_dali import numba_operator
 
 __all__ = ["resample", "resize_node"]
 

@@ -63,16 +63,6 @@ class GraphState:
     dtype: Literal["uint8", "float32"] = "uint8"
 
 
-def dali_type(kind: type) -> Any:
-    """DALI's type for a NumPy scalar type of a graph input: a step's parameter, or a kernel's image."""
-    import nvidia.dali.types as dali_types
-
-    types: Any = dali_types  # DALI's stubs do not list its type constants
-    table: dict[Any, Any] = {np.uint8: types.UINT8, np.float32: types.FLOAT, np.float64: types.FLOAT64,
-                             np.int32: types.INT32}
-    return table[kind]
-
-
 def size_input(size: Size) -> np.ndarray:
     """A step's output ``(height, width)`` as a per-sample graph input: the shape of an empty uint8 array.
 

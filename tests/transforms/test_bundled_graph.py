@@ -8,8 +8,8 @@ import numpy as np
 
 from stallfree.transforms import CenterCrop, GaussianNoise, RandomErasing, RandomGrayscale
 from stallfree.transforms.compile import CompiledTransforms
+from stallfree.transforms.dali_types import dali_type
 from stallfree.transforms.random import batch_random
-from stallfree.transforms.spec import dali_type
 
 
 def run_graph(steps: list[Any], images: list[np.ndarray]) -> tuple[list[np.ndarray], dict[str, list[np.ndarray]]]:

@@ -10,8 +10,8 @@ import torch
 
 from stallfree.transforms import CenterCrop, ColorJitter
 from stallfree.transforms.compile import CompiledTransforms
+from stallfree.transforms.dali_types import dali_type
 from stallfree.transforms.random import batch_random
-from stallfree.transforms.spec import dali_type
 
 
 def run_graph(steps: list[Any], images: list[np.ndarray], seed: int = 0) -> tuple[list[np.ndarray], dict]:

@@ -18,8 +18,8 @@ from stallfree.transforms import (
     RandomSolarize,
 )
 from stallfree.transforms.compile import CompiledTransforms
+from stallfree.transforms.dali_types import dali_type
 from stallfree.transforms.random import batch_random
-from stallfree.transforms.spec import dali_type
 
 
 def run_graph(steps: list[Any], images: list[np.ndarray], device: str) -> list[np.ndarray]:

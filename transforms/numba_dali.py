@@ -1,0 +1,117 @@
+"""DALI's ``numba_function`` nodes: a per-sample run function (CPU) or CUDA function (GPU) as a graph operator.
+
+Every Numba operator of the graph goes through here: the user's kernels (:mod:`.kernels`), ColorJitter's
+kernel (:mod:`.color`) and the resampler (:mod:`.resample`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from stallfree.transforms.dali_types import dali_type
+
+__all__ = ["GPU_BLOCKS", "GPU_THREADS", "numba_node", "numba_operator"]
+
+#: Launch shape of a GPU pixel kernel: grid-stride, so any shape is correct; this one covers 256 x 256 per stride.
+GPU_BLOCKS = (8, 32, 1)
+GPU_THREADS = (32, 8, 1)
+
+
+def _setup_same_shape(outs: Any, ins: Any) -> None:
+    # DALI needs the output shape when out and in types differ in count; the image keeps its shape.
+    for i in range(len(outs[0])):
+        for d in range(len(outs[0][i])):
+            outs[0][i][d] = ins[0][i][d]
+
+
+#: DALI compiles a NumbaFunction operator's wrappers when it is constructed (seconds each), so each configuration
+#: is constructed once per process and called in every graph that uses it (each Loader, each rebuilt graph).
+_OPERATORS: dict[tuple[Any, ...], Any] = {}
+
+
+def numba_operator(
+    run_fn: Callable[..., None],
+    setup_fn: Callable[[Any, Any], None],
+    *,
+    in_types: Sequence[type],
+    ins_ndim: Sequence[int],
+    out_type: type,
+    device: Literal["cpu", "gpu"] = "cpu",
+    blocks: Sequence[int] = GPU_BLOCKS,
+    threads_per_block: Sequence[int] = GPU_THREADS,
+) -> Any:
+    """DALI's ``NumbaFunction`` operator with one HWC output, constructed (compiled) once per configuration.
+
+    Call the result on the input nodes inside a pipeline definition; it gives the output node, laid out ``HWC``
+    (``numba_function``'s own output carries no layout). ``run_fn`` and ``setup_fn`` must be the same objects from
+    one call to the next for the cache to serve them.
+    """
+    launch = (tuple(blocks), tuple(threads_per_block))
+    key = (run_fn, setup_fn, tuple(in_types), tuple(ins_ndim), out_type, device, launch)
+    if key not in _OPERATORS:
+        from nvidia.dali.plugin.numba.experimental import NumbaFunction
+
+        kwargs: dict[str, Any] = {}
+        if device == "gpu":
+            kwargs = {"blocks": list(blocks), "threads_per_block": list(threads_per_block)}
+        _OPERATORS[key] = NumbaFunction(
+            run_fn=run_fn,
+            setup_fn=setup_fn,
+            in_types=[dali_type(t) for t in in_types],
+            out_types=[dali_type(out_type)],
+            ins_ndim=list(ins_ndim),
+            outs_ndim=[3],
+            batch_processing=False,
+            device=device,
+            **kwargs,
+        )
+    operator = _OPERATORS[key]
+
+    def node(*inputs: Any) -> Any:
+        import nvidia.dali.fn as fn
+
+        return fn.reshape(operator(*inputs), layout="HWC")
+
+    return node
+
+
+def numba_node(
+    run_fn: Callable[..., None],
+    image: Any,
+    params: Sequence[Any],
+    *,
+    image_dtype: type,
+    param_dtypes: Sequence[type],
+    device: Literal["cpu", "gpu"],
+    blocks: Sequence[int] = GPU_BLOCKS,
+    threads_per_block: Sequence[int] = GPU_THREADS,
+) -> Any:
+    """A DALI ``numba_function`` node computing ``run_fn(out, image, *params)``; ``out`` has the image's shape.
+
+    Args:
+        run_fn: a plain Python function: per sample on the CPU (DALI njit-compiles it), a CUDA kernel body on the
+            GPU (DALI compiles it with ``numba.cuda`` and launches it once per sample on ``blocks`` x
+            ``threads_per_block``).
+        image: the HWC image node.
+        params: per-sample parameter nodes, 1-D each (at most five).
+        image_dtype: NumPy dtype of the image (and of the output).
+        param_dtypes: NumPy dtype of each parameter.
+        device: where the node runs; parameters are moved to the GPU for a GPU node.
+        blocks: GPU grid shape.
+        threads_per_block: GPU block shape.
+    """
+    if len(params) > 5:
+        raise ValueError(f"a kernel takes at most 5 parameter arrays (DALI's limit is 6 inputs), got {len(params)}")
+    operator = numba_operator(
+        run_fn,
+        _setup_same_shape,
+        in_types=[image_dtype, *param_dtypes],
+        ins_ndim=[3] + [1] * len(params),
+        out_type=image_dtype,
+        device=device,
+        blocks=blocks,
+        threads_per_block=threads_per_block,
+    )
+    return operator(image, *(p.gpu() if device == "gpu" else p for p in params))
+
