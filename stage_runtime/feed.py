@@ -1,6 +1,7 @@
-"""What feeds stage 0: the Loader over a dataset folder, or generated tensors when there is no dataset.
+"""What feeds stage 0: the Loader over a dataset folder (or a torch DataLoader over it, ``TorchFeed``, the baseline
+the benchmark compares with), or generated tensors when there is no dataset (``TensorBatches``).
 
-Both share the Loader's contract the trainer relies on: iteration of ``(images, labels)``, ``len`` (batches
+All share the Loader's contract the trainer relies on: iteration of ``(images, labels)``, ``len`` (batches
 per epoch), ``set_epoch`` and ``state_dict``/``load_state_dict`` counting batches delivered. Training batches
 are full (``drop_last``): ``torch.distributed.pipelining`` needs the same micro-batch shape every step.
 """

@@ -10,23 +10,39 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from stallfree.pipeline.loader import BadSampleError, Loader
+    from stallfree.pipeline.loader import Loader
+    from stallfree.pipeline.samples import BadSampleError
     from stallfree.pipeline.readers import DatasetReader
     from stallfree.pipeline.shards import ShardReader
     from stallfree.resume import Resumable
+    from stallfree.stage_runtime.clock import StageClock
     from stallfree.stage_runtime.profile import profile
+    from stallfree.stage_runtime.trainer import TrainConfig, train
 
-__all__ = ["BadSampleError", "DatasetReader", "Loader", "Resumable", "ShardReader", "profile"]
+__all__ = [
+    "BadSampleError",
+    "DatasetReader",
+    "Loader",
+    "Resumable",
+    "ShardReader",
+    "StageClock",
+    "TrainConfig",
+    "profile",
+    "train",
+]
 
 __version__ = "0.1.0"
 
 _HOMES = {
-    "BadSampleError": "stallfree.pipeline.loader",
+    "BadSampleError": "stallfree.pipeline.samples",
     "DatasetReader": "stallfree.pipeline.readers",
     "Loader": "stallfree.pipeline.loader",
     "Resumable": "stallfree.resume",
     "ShardReader": "stallfree.pipeline.shards",
+    "StageClock": "stallfree.stage_runtime.clock",
+    "TrainConfig": "stallfree.stage_runtime.trainer",
     "profile": "stallfree.stage_runtime.profile",
+    "train": "stallfree.stage_runtime.trainer",
 }
 
 
