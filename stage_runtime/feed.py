@@ -1,5 +1,6 @@
-"""What feeds stage 0: the Loader over a dataset folder (or a torch DataLoader over it, ``TorchFeed``, the baseline
-the benchmark compares with), or generated tensors when there is no dataset (``TensorBatches``).
+"""What feeds stage 0: the Loader, a torch DataLoader (``TorchFeed``, the baseline), or generated tensors.
+
+The Loader or ``TorchFeed`` read a dataset folder; ``TensorBatches`` generates tensors when there is none.
 
 All share the Loader's contract the trainer relies on: iteration of ``(images, labels)``, ``len`` (batches
 per epoch), ``set_epoch`` and ``state_dict``/``load_state_dict`` counting batches delivered. Training batches
