@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from stallfree.pipeline.loader import Loader
-    from stallfree.pipeline.samples import BadSampleError
     from stallfree.pipeline.readers import DatasetReader
+    from stallfree.pipeline.samples import BadSampleError
     from stallfree.pipeline.shards import ShardReader
     from stallfree.resume import Resumable
     from stallfree.stage_runtime.clock import StageClock
