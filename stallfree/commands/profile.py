@@ -153,7 +153,7 @@ def _run(args: argparse.Namespace) -> int:
             with phase(name, runs) as tick:
                 return profile(loader, step, batches=runs, warmup=2, clock=clock, progress=tick)
 
-        cold_note = ph.drop_page_cache(paths)
+        cold_note = ph.drop_page_cache(paths).note
         real = timed_run("4 real run", Loader(args.data, batch, transform=transform, num_threads=threads,
                                               device=device, drop_last=True))
         cached = timed_run("5 real run, from memory", Loader(in_memory, batch, transform=transform,
