@@ -4,19 +4,27 @@ The stalls are DS-Analyzer's differential ones, measured rather than modelled. W
 the real run (the Loader reading the dataset from storage, page cache dropped), ``t_cached`` that of the same run
 from bytes in memory, and ``t_ideal`` the model step on synthetic tensors on the device::
 
-    fetch stall = t_real - t_cached          prep stall = t_cached - t_ideal      (shares of t_real)
+    fetch difference = t_real - t_cached          prep difference = t_cached - t_ideal      (shares of t_real)
+
+The differences also hold what is not a wait: a step that runs slower beside the loader's threads (a CPU they
+share) makes ``t_real`` exceed ``t_ideal`` with no wait at all (a compute-bound run that waited 0% once reported
+"fetch stall 50%"). So the differences only *split* the wait the real run measured: the fetch and preparation
+stalls are the two differences scaled to sum to that measured share.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PROFILE_FORMAT", "PROFILE_SCHEMA", "Stalls", "check_schema", "differential_stalls", "what_ifs"]
+__all__ = ["NOT_INPUT_BOUND", "PROFILE_FORMAT", "PROFILE_SCHEMA", "Stalls", "check_schema", "differential_stalls",
+           "headline", "what_ifs"]
 
 PROFILE_FORMAT = "stallfree-profile/1"
+NOT_INPUT_BOUND = 0.05  # TensorFlow's input-pipeline analyzer: under 5% of step time waiting is not input-bound
 
 
 @dataclass(frozen=True)
@@ -26,27 +34,46 @@ class Stalls:
     ideal_step_s: float
     cached_step_s: float
     real_step_s: float
-    fetch_stall_share: float
+    fetch_stall_share: float  # of the measured wait, split by the differences; the two sum to measured_stall_share
     prep_stall_share: float
     measured_stall_share: float  # the real run's own wait / (wait + step)
+    fetch_diff_share: float  # (t_real - t_cached) / t_real, before scaling to the measured wait
+    prep_diff_share: float  # (t_cached - t_ideal) / t_real, likewise
     verdict: str
     bottleneck: str
     notes: list[str]
 
 
+def _split(fetch_diff: float, prep_diff: float, measured: float,
+           fallback_shares: tuple[float, float]) -> tuple[float, float]:
+    if fetch_diff + prep_diff > 0:
+        scale = measured / (fetch_diff + prep_diff)
+        return fetch_diff * scale, prep_diff * scale
+    total = sum(fallback_shares)
+    if total > 0:  # the runs showed no difference: the real run's span-based split, scaled likewise
+        return fallback_shares[0] * measured / total, fallback_shares[1] * measured / total
+    return 0.0, 0.0
+
+
 def differential_stalls(ideal_step_s: float, cached_step_s: float, real_step_s: float,
-                        measured_stall_share: float, verdict: str, fallback: str = "input") -> Stalls:
+                        measured_stall_share: float, verdict: str, fallback: str = "input",
+                        fallback_shares: tuple[float, float] = (0.0, 0.0)) -> Stalls:
     """The fetch and preparation stalls as shares of the real step time, and the bottleneck they name.
 
-    The bottleneck is ``compute`` when the real run waited under 5% of its step time; otherwise the larger
-    stall, or ``fallback`` (the real run's own span-based attribution) when the differences show none.
+    The differences between the runs split the measured wait; they never add a stall the real run did not wait
+    for, so the two stalls sum to ``measured_stall_share``. The bottleneck is ``compute`` when the real run waited
+    under 5% of its step time; otherwise the larger stall, or ``fallback`` (the real run's own span-based
+    attribution, whose fetch and preparation shares are ``fallback_shares``) when the differences show none.
     """
     if min(ideal_step_s, cached_step_s, real_step_s) <= 0:
         raise ValueError(f"step times must be positive, got ideal {ideal_step_s}, cached {cached_step_s}, "
                          f"real {real_step_s}")
-    fetch = max(0.0, real_step_s - cached_step_s) / real_step_s
-    prep = min(1.0 - fetch, max(0.0, cached_step_s - ideal_step_s) / real_step_s)
-    if measured_stall_share < 0.05:
+    if not 0 <= measured_stall_share <= 1:
+        raise ValueError(f"measured_stall_share must be in [0, 1], got {measured_stall_share}")
+    fetch_diff = max(0.0, real_step_s - cached_step_s) / real_step_s
+    prep_diff = min(1.0 - fetch_diff, max(0.0, cached_step_s - ideal_step_s) / real_step_s)
+    fetch, prep = _split(fetch_diff, prep_diff, measured_stall_share, fallback_shares)
+    if measured_stall_share < NOT_INPUT_BOUND:
         bottleneck = "compute"  # the loop hardly waits: input is not what limits it, whatever the differences say
     elif fetch + prep == 0:
         bottleneck = fallback
@@ -57,8 +84,25 @@ def differential_stalls(ideal_step_s: float, cached_step_s: float, real_step_s: 
         notes.append(f"noisy: a run with more work was faster (ideal {ideal_step_s * 1e3:.1f} ms, from memory "
                      f"{cached_step_s * 1e3:.1f} ms, real {real_step_s * 1e3:.1f} ms per batch); other load on "
                      "the machine? rerun with more --batches")
-    return Stalls(ideal_step_s, cached_step_s, real_step_s, fetch, prep, measured_stall_share, verdict, bottleneck,
-                  notes)
+    if fetch_diff + prep_diff > measured_stall_share + NOT_INPUT_BOUND:
+        notes.append(f"the runs differ by {fetch_diff + prep_diff:.0%} of the step time but the loop waited "
+                     f"{measured_stall_share:.0%}: the rest is the step itself running slower beside the loader "
+                     "(a shared CPU?); the stalls split the measured wait only")
+    return Stalls(ideal_step_s, cached_step_s, real_step_s, fetch, prep, measured_stall_share, fetch_diff,
+                  prep_diff, verdict, bottleneck, notes)
+
+
+def headline(stalls: Mapping[str, Any]) -> str:
+    """One line naming the bottleneck (``profile.json``'s ``stalls``); it names a stall only when the run waited."""
+    measured = stalls["measured_stall_share"]
+    if measured < NOT_INPUT_BOUND:
+        return f"bottleneck: compute (not input-bound: the loop waited {measured:.1%} of step time)"
+    split = ""
+    if stalls["fetch_stall_share"] + stalls["prep_stall_share"] > 0:
+        split = (f": fetch stall {stalls['fetch_stall_share']:.0%}, preparation stall "
+                 f"{stalls['prep_stall_share']:.0%}")
+    return (f"bottleneck: {stalls['bottleneck']} ({stalls['verdict']}: the loop waited {measured:.0%} of step "
+            f"time{split})")
 
 
 def _image_pixels(paths: list[Path], limit: int = 256) -> list[tuple[int, int]]:
@@ -152,7 +196,8 @@ PROFILE_SCHEMA: dict[str, Any] = {
         "phases": {"type": "object", "required": ["storage", "preparation", "compute", "real_run", "cached_run"],
                    "properties": {
                        "storage": {"type": "object", "required": ["files", "bytes", "cold_bytes_per_s",
-                                                                  "warm_bytes_per_s", "cold_note"]},
+                                                                  "warm_bytes_per_s", "cold_note",
+                                                                  "cache_dropped"]},
                        "preparation": {"type": "object", "required": ["points", "in_memory_images"],
                                        "properties": {"points": {"type": "array", "items": {
                                            "type": "object", "required": ["threads", "images_per_s"]}}}},
@@ -160,7 +205,8 @@ PROFILE_SCHEMA: dict[str, Any] = {
                        "real_run": _RUN, "cached_run": _RUN}},
         "stalls": {"type": "object", "required": ["ideal_step_s", "cached_step_s", "real_step_s",
                                                   "fetch_stall_share", "prep_stall_share",
-                                                  "measured_stall_share", "verdict", "bottleneck", "notes"]},
+                                                  "measured_stall_share", "fetch_diff_share", "prep_diff_share",
+                                                  "verdict", "bottleneck", "notes"]},
         "what_if": {"type": "object", "required": ["cores", "page_cache", "max_side", "echo"]},
         "resources": {"type": "array", "items": {"type": "object", "required": [
             "t", "phase", "cpu_percent_per_core", "process_cores", "rss_bytes", "disk_read_bytes_per_s"]}},

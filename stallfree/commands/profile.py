@@ -168,7 +168,8 @@ def _run(args: argparse.Namespace) -> int:
         sampler.stop()
 
     stalls = differential_stalls(compute.step_s, cached.wall_s / cached.batches, real.wall_s / real.batches,
-                                 real.stall_share, real.verdict, fallback=real.bottleneck)
+                                 real.stall_share, real.verdict, fallback=real.bottleneck,
+                                 fallback_shares=(real.fetch_stall_share, real.prep_stall_share))
     memory = psutil.virtual_memory()
     max_side = args.max_side or round(args.image_size * 256 / 224)
     fetch_step_s = batch * (storage.bytes / storage.files) / storage.cold_bytes_per_s
@@ -209,6 +210,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _table(r: dict[str, Any]) -> str:
+    from stallfree.stage_runtime.profile_report import headline
+
     p, s, w = r["phases"], r["stalls"], r["what_if"]
     batch = r["batch_size"]
     rows = [("1 storage, cold", p["storage"]["cold_images_per_s"],
@@ -231,10 +234,8 @@ def _table(r: dict[str, Any]) -> str:
     lines += [f"| {name:<26} | {rate:>8.0f} | {1e3 * batch / rate if rate else 0:>8.1f} | {note}"
               for name, rate, note in rows]
     lines.append("")
-    lines.append(f"bottleneck: {s['bottleneck']}. Step time {s['real_step_s'] * 1e3:.1f} ms: fetch stall "
-                 f"{s['fetch_stall_share']:.0%}, preparation stall {s['prep_stall_share']:.0%} (ideal "
-                 f"{s['ideal_step_s'] * 1e3:.1f} ms, from memory {s['cached_step_s'] * 1e3:.1f} ms); the loop waited "
-                 f"{s['measured_stall_share']:.0%} of step time: {s['verdict']}.")
+    lines.append(f"{headline(s)}. Step time {s['real_step_s'] * 1e3:.1f} ms (ideal {s['ideal_step_s'] * 1e3:.1f} "
+                 f"ms, from memory {s['cached_step_s'] * 1e3:.1f} ms).")
     lines += [f"note: {n}" for n in s["notes"]]
     c, pc, e = w["cores"], w["page_cache"], w["echo"]
     lines.append(f"what if: {c['needed_to_remove_prep_stall']} core(s) would remove the preparation stall "

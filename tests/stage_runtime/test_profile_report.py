@@ -5,17 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from PIL import Image
 
+from stallfree.stage_runtime.profile_chart import title
 from stallfree.stage_runtime.profile_phases import InMemoryReader, measure_storage
-from stallfree.stage_runtime.profile_report import check_schema, differential_stalls, what_ifs
+from stallfree.stage_runtime.profile_report import check_schema, differential_stalls, headline, what_ifs
 
 
 @pytest.mark.parametrize(("ideal", "cached", "real", "measured", "bottleneck", "fetch", "prep"), [
     (0.010, 0.010, 0.040, 0.75, "fetch", 0.75, 0.0),
     (0.010, 0.040, 0.040, 0.75, "preparation", 0.0, 0.75),
     (0.010, 0.020, 0.040, 0.75, "fetch", 0.5, 0.25),
-    (0.040, 0.041, 0.041, 0.01, "compute", 0.0, 0.0244),
+    (0.040, 0.041, 0.041, 0.01, "compute", 0.0, 0.01),
 ])
 def test_differential_stalls(ideal: float, cached: float, real: float, measured: float, bottleneck: str,
                              fetch: float, prep: float) -> None:
@@ -24,6 +27,52 @@ def test_differential_stalls(ideal: float, cached: float, real: float, measured:
     assert stalls.fetch_stall_share == pytest.approx(fetch, abs=1e-3)
     assert stalls.prep_stall_share == pytest.approx(prep, abs=1e-3)
     assert stalls.notes == []
+
+
+def test_a_compute_bound_run_names_no_stall() -> None:
+    # Regression (issue 10, item 22): a run that waited 0% reported "fetch stall 50%" in its headline and PNG
+    # title, because the real run's step was twice the one from memory (the step ran slower beside the loader).
+    stalls = differential_stalls(0.010, 0.010, 0.020, 0.0, "not input-bound", fallback="compute")
+    assert stalls.fetch_diff_share == pytest.approx(0.5)
+    assert stalls.fetch_stall_share == stalls.prep_stall_share == 0.0
+    assert stalls.bottleneck == "compute" and "the loop waited 0%" in stalls.notes[0]
+    line = headline(vars(stalls))
+    assert line == "bottleneck: compute (not input-bound: the loop waited 0.0% of step time)"
+    result = {"model": "mlp", "device": "cpu", "batch_size": 4, "stalls": vars(stalls)}
+    assert "stall" not in title(result).replace("not input-bound", "") and "fetch" not in title(result)
+
+
+def test_the_stalls_split_the_measured_wait() -> None:
+    # Regression (issue 10, item 22): a preparation-bound run reported 83% + 6% against 67% waited.
+    stalls = differential_stalls(0.11, 0.94, 1.0, 0.67, "highly input-bound")
+    assert (stalls.fetch_diff_share, stalls.prep_diff_share) == pytest.approx((0.06, 0.83))
+    assert stalls.fetch_stall_share + stalls.prep_stall_share == pytest.approx(0.67)
+    assert stalls.prep_stall_share / stalls.fetch_stall_share == pytest.approx(0.83 / 0.06)
+    assert "differ by 89%" in stalls.notes[0]
+    assert headline(vars(stalls)) == ("bottleneck: preparation (highly input-bound: the loop waited 67% of step "
+                                      "time: fetch stall 5%, preparation stall 62%)")
+
+
+def test_no_difference_splits_the_wait_as_the_real_run_did() -> None:
+    stalls = differential_stalls(0.02, 0.02, 0.02, 0.3, "highly input-bound", fallback="preparation",
+                                 fallback_shares=(0.1, 0.2))
+    assert (stalls.fetch_stall_share, stalls.prep_stall_share) == pytest.approx((0.1, 0.2))
+    assert stalls.bottleneck == "preparation"
+
+
+_STEP = st.floats(1e-4, 10.0)
+
+
+@given(ideal=_STEP, cached=_STEP, real=_STEP, measured=st.floats(0.0, 1.0),
+       fallback=st.tuples(st.floats(0.0, 0.5), st.floats(0.0, 0.5)))
+def test_stalls_never_exceed_the_wait_and_the_headline_names_only_a_wait(
+        ideal: float, cached: float, real: float, measured: float, fallback: tuple[float, float]) -> None:
+    stalls = differential_stalls(ideal, cached, real, measured, "v", fallback_shares=fallback)
+    total = stalls.fetch_stall_share + stalls.prep_stall_share
+    assert min(stalls.fetch_stall_share, stalls.prep_stall_share) >= 0
+    assert total == pytest.approx(measured) or total == 0.0
+    if measured < 0.05:
+        assert stalls.bottleneck == "compute" and "stall" not in headline(vars(stalls))
 
 
 def test_noisy_runs_are_flagged() -> None:
