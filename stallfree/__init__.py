@@ -15,8 +15,9 @@ if TYPE_CHECKING:
     from stallfree.pipeline.shards import ShardReader
     from stallfree.resume import Resumable
     from stallfree.stage_runtime.profile import profile
+    from stallfree.stage_runtime.profile_run import profile_dataset
 
-__all__ = ["BadSampleError", "DatasetReader", "Loader", "Resumable", "ShardReader", "profile"]
+__all__ = ["BadSampleError", "DatasetReader", "Loader", "Resumable", "ShardReader", "profile", "profile_dataset"]
 
 __version__ = "0.1.0"
 
@@ -27,6 +28,7 @@ _HOMES = {
     "Resumable": "stallfree.resume",
     "ShardReader": "stallfree.pipeline.shards",
     "profile": "stallfree.stage_runtime.profile",
+    "profile_dataset": "stallfree.stage_runtime.profile_run",
 }
 
 
