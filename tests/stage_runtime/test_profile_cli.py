@@ -11,6 +11,7 @@ import torch
 
 from stallfree.cli import main
 from stallfree.stage_runtime.profile_report import check_schema, headline
+from stallfree.stage_runtime.profile_text import report
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +110,16 @@ def test_png_and_report(profiled: tuple[Path, str, str]) -> None:
     assert "3 compute (ideal)" in text and "6 torch DataLoader" in text
     assert "what if: echo=k" in text or "echo=k would not help" in text
     assert "what if: the dataset" in text and ("try first:" in text)
+
+
+def test_the_report_says_when_the_page_cache_stayed(profiled: tuple[Path, str, str]) -> None:
+    # Regression (issue 10, item 21): a warm "cold" read was reported as cold, with nothing said.
+    result = _result(profiled)
+    note = "could not drop the page cache: 100% of the dataset's pages are still cached"
+    result["phases"]["storage"].update(cold_note=note, cache_dropped=False)
+    result["phases"]["real_run"].update(cold=False, cold_note=note)
+    rows = [line for line in report(result).splitlines() if note in line]
+    assert [row.split("|")[1].strip() for row in rows] == ["1 storage, cold", "4 real run"]
 
 
 def test_too_small_a_dataset_is_a_one_line_error(image_folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
