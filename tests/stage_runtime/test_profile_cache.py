@@ -62,7 +62,8 @@ def test_files_just_written_leave_the_cache(tmp_path: Path) -> None:
     assert resident_fraction(paths) > STILL_CACHED  # dirty, as after an ingest
     drop = drop_page_cache(paths)
     assert drop.dropped and drop.note is None and drop.files == 3
-    assert drop.resident_fraction == resident_fraction(paths) == 0
+    assert drop.resident_fraction is not None and drop.resident_fraction <= STILL_CACHED
+    assert resident_fraction(paths) <= STILL_CACHED
 
 
 def test_cold_storage_read_right_after_writing_is_cold(tmp_path: Path) -> None:
@@ -70,7 +71,8 @@ def test_cold_storage_read_right_after_writing_is_cold(tmp_path: Path) -> None:
         pytest.skip("this filesystem keeps clean pages cached (tmpfs?)")
     paths = [_written(tmp_path / f"{i}.bin") for i in range(3)]
     result = measure_storage(paths, threads=2)
-    assert result.cache_dropped and result.cold_note is None and result.cold_resident_fraction == 0
+    assert result.cache_dropped and result.cold_note is None
+    assert result.cold_resident_fraction is not None and result.cold_resident_fraction <= STILL_CACHED
 
 
 def test_tmpfs_pages_cannot_be_dropped_and_the_report_says_so() -> None:
