@@ -2,7 +2,7 @@
 
 DS-Analyzer (Mohan et al., VLDB 2021) isolates each stage by removing the others: storage is read with nothing
 decoded; preparation runs from bytes already in memory; compute runs on synthetic tensors already on the device
-(the ideal rate). ``stallfree profile`` then runs them together (see ``stallfree/commands/profile.py``).
+(the ideal rate). :func:`.profile_run.profile_dataset` then runs them together.
 """
 
 from __future__ import annotations
