@@ -13,6 +13,7 @@ from PIL import Image
 from stallfree.stage_runtime.profile_chart import title
 from stallfree.stage_runtime.profile_phases import InMemoryReader, measure_storage
 from stallfree.stage_runtime.profile_report import Observed, check_schema, differential_stalls, headline, what_ifs
+from stallfree.stage_runtime.profile_text import verify_line
 from stallfree.stage_runtime.profile_verify import chosen
 
 
@@ -167,6 +168,8 @@ def test_nothing_to_try_when_no_what_if_gains_five_percent() -> None:
     assert chosen(out, "cores") == "cannot verify more cores: " + out["cores"]["how"]
     with pytest.raises(ValueError, match="--verify must be top, echo, max-side or cores, got 'x'"):
         chosen(out, "x")
+    nothing = {"what_if": None, "note": chosen(out, "top")}
+    assert verify_line(nothing) == "verify: no what-if predicts a gain over 5%: nothing to verify"
 
 
 def test_check_schema_names_the_place() -> None:
