@@ -148,6 +148,7 @@ def profile(
     clock: StageClock | None = None,
     sample_interval: float = 0.1,
     progress: Callable[[int], None] | None = None,
+    timer: Callable[[], float] = time.perf_counter,
 ) -> LoaderProfile:
     """Profile any iterable loader: wait per batch, its distribution, the stall share against ``step``.
 
@@ -162,6 +163,8 @@ def profile(
             ``step`` (busy) spans for the consumer's side.
         sample_interval: seconds between psutil samples.
         progress: called with 1 after each timed batch (e.g. ``tqdm.update``).
+        timer: the clock the loop is timed with, in seconds; the loader's spans must come from the same one
+            (``time.perf_counter``, as :class:`stallfree.Loader`'s do). Tests pass a simulated one.
 
     Returns:
         a :class:`LoaderProfile`.
@@ -191,18 +194,18 @@ def profile(
                     break
                 if step is not None:
                     step(batch)
-            start = time.perf_counter()
+            start = timer()
             index = 0
             while batches is None or index < batches:
-                t0 = time.perf_counter()
+                t0 = timer()
                 try:
                     batch = next(iterator)
                 except StopIteration:
                     break
-                t1 = time.perf_counter()
+                t1 = timer()
                 if step is not None:
                     step(batch)
-                t2 = time.perf_counter()
+                t2 = timer()
                 clock.record("wait", "waiting", t0, t1, index)
                 if step is not None:
                     clock.record("step", "busy", t1, t2, index)
@@ -212,7 +215,7 @@ def profile(
                 index += 1
                 if progress is not None:
                     progress(1)
-            end = time.perf_counter()
+            end = timer()
     finally:
         close = getattr(iterator, "close", None)
         if close is not None:

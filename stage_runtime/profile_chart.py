@@ -5,7 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["draw_profile"]
+from .profile_report import headline
+
+__all__ = ["draw_profile", "title"]
+
+
+def title(result: dict[str, Any]) -> str:
+    """The chart's title: the model, the batch and the report's headline (which names only stalls the run had)."""
+    return f"{result['model']} on {result['device']}, batch {result['batch_size']}: {headline(result['stalls'])}"
 
 
 def draw_profile(result: dict[str, Any], path: str | Path) -> Path:
@@ -37,10 +44,7 @@ def draw_profile(result: dict[str, Any], path: str | Path) -> Path:
         top.set_xscale("log")  # storage and compute rates often differ by orders of magnitude
     top.invert_yaxis()
     top.set_xlabel("images / s")
-    stalls = result["stalls"]
-    top.set_title(f"{result['model']} on {result['device']}, batch {result['batch_size']}: bottleneck "
-                  f"{stalls['bottleneck']}, fetch stall {stalls['fetch_stall_share']:.0%}, "
-                  f"prep stall {stalls['prep_stall_share']:.0%}")
+    top.set_title(title(result), fontsize=9)
     top.legend(loc="lower right")
 
     samples = result["resources"]

@@ -2,7 +2,7 @@
 
 DS-Analyzer (Mohan et al., VLDB 2021) isolates each stage by removing the others: storage is read with nothing
 decoded; preparation runs from bytes already in memory; compute runs on synthetic tensors already on the device
-(the ideal rate). ``stallfree profile`` then runs them together (see ``stallfree/commands/profile.py``).
+(the ideal rate). :func:`.profile_run.profile_dataset` then runs them together.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from .clock import StageClock
+from .profile_cache import drop_page_cache
 
 __all__ = [
     "ComputeResult", "InMemoryReader", "PrepPoint", "StorageResult", "build_model", "dataset_files", "drop_page_cache",
@@ -39,31 +40,6 @@ def dataset_files(data: str | os.PathLike[str], reader: Any = None) -> list[Path
     return sorted(p for p in root.rglob("*") if p.is_file())
 
 
-def drop_page_cache(paths: Sequence[Path]) -> str | None:
-    """Ask the kernel to drop these files' cached pages (``posix_fadvise(DONTNEED)``).
-
-    Returns:
-        ``None`` when it was asked for every file, else why it could not be (the reads are then not cold).
-        DONTNEED drops only clean pages that no other process maps; it needs no privileges.
-    """
-    if not hasattr(os, "posix_fadvise"):
-        return f"os.posix_fadvise is not available on {os.name}: the cold read is not cold"
-    failed = 0
-    for path in paths:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            failed += 1
-            continue
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        except OSError:
-            failed += 1
-        finally:
-            os.close(fd)
-    return f"posix_fadvise failed for {failed} of {len(paths)} files" if failed else None
-
-
 @dataclass(frozen=True)
 class StorageResult:
     """Read throughput of the dataset's files, cold (page cache dropped) and warm."""
@@ -76,6 +52,8 @@ class StorageResult:
     cold_files_per_s: float
     warm_files_per_s: float
     cold_note: str | None  # why the cold read may not be cold; None when the cache was dropped
+    cold_resident_fraction: float | None  # of the files' pages still cached before the cold read (mincore)
+    cache_dropped: bool  # the pages were checked and had left the cache: the cold figures are cold
 
 
 def _read_all(paths: Sequence[Path], threads: int, clock: StageClock | None, stage: str,
@@ -102,16 +80,21 @@ def _read_all(paths: Sequence[Path], threads: int, clock: StageClock | None, sta
 
 def measure_storage(paths: Sequence[Path], threads: int = 4, clock: StageClock | None = None,
                     progress: Progress = None) -> StorageResult:
-    """Read every file whole with ``threads`` threads: once after dropping its cached pages, once warm."""
+    """Read every file whole with ``threads`` threads: once after dropping its cached pages, once warm.
+
+    ``cold_note`` says when the pages did not leave the cache (see :mod:`.profile_cache`): the cold figures are
+    then warm ones.
+    """
     if not paths:
         raise ValueError("no files to read for the storage phase")
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
-    note = drop_page_cache(paths)
+    drop = drop_page_cache(paths)
     size, cold = _read_all(paths, threads, clock, "storage (cold)", progress)
     _, warm = _read_all(paths, threads, clock, "storage (warm)", progress)
     n = len(paths)
-    return StorageResult(n, size, threads, size / cold, size / warm, n / cold, n / warm, note)
+    return StorageResult(n, size, threads, size / cold, size / warm, n / cold, n / warm, drop.note,
+                         drop.resident_fraction, drop.dropped)
 
 
 class InMemoryReader:

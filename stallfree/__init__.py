@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from stallfree.resume import Resumable
     from stallfree.stage_runtime.clock import StageClock
     from stallfree.stage_runtime.profile import profile
+    from stallfree.stage_runtime.profile_run import profile_dataset
     from stallfree.stage_runtime.trainer import TrainConfig, train
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "StageClock",
     "TrainConfig",
     "profile",
+    "profile_dataset",
     "train",
 ]
 
@@ -42,6 +44,7 @@ _HOMES = {
     "StageClock": "stallfree.stage_runtime.clock",
     "TrainConfig": "stallfree.stage_runtime.trainer",
     "profile": "stallfree.stage_runtime.profile",
+    "profile_dataset": "stallfree.stage_runtime.profile_run",
     "train": "stallfree.stage_runtime.trainer",
 }
 
