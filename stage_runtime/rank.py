@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import datetime
 import json
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -100,12 +101,13 @@ class Rank:
         if c.resume and c.balance is None and self.rank == 0 and ckpt.latest(c.ckpt_root) is not None:
             chosen = [tuple(ckpt.load_meta(c.ckpt_root, ckpt.latest(c.ckpt_root))["balance"])]
             if c.progress:
-                print(f"split: balance {','.join(map(str, chosen[0]))} (from the checkpoint)", flush=True)
+                print(f"split: balance {','.join(map(str, chosen[0]))} (from the checkpoint)", file=sys.stderr,
+                      flush=True)
         elif self.rank == 0:
             sample = torch.randn(c.batch_size // c.microbatches, 3, c.image_size, c.image_size)
             partition = plan(layers, c.model_stages, sample=sample, balance=c.balance)
             if c.progress:
-                print(partition.describe(), flush=True)
+                print(partition.describe(), file=sys.stderr, flush=True)
             chosen = [partition.balance]
         dist.broadcast_object_list(chosen, 0)
         self.balance = tuple(chosen[0])

@@ -17,8 +17,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
-from torch.distributed import pipelining
-
 __all__ = [
     "SCHEDULES",
     "ScheduleName",
@@ -32,12 +30,14 @@ __all__ = [
 ScheduleName = Literal["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv"]
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv")
 
+# torch's class per name, looked up only when a schedule is built: importing torch.distributed.pipelining takes
+# seconds, and `stallfree --help` and the config checks need only the names.
 _CLASSES = {
-    "gpipe": pipelining.ScheduleGPipe,
-    "1f1b": pipelining.Schedule1F1B,
-    "interleaved-1f1b": pipelining.ScheduleInterleaved1F1B,
-    "zero-bubble": pipelining.ScheduleInterleavedZeroBubble,
-    "zbv": pipelining.ScheduleZBVZeroBubble,
+    "gpipe": "ScheduleGPipe",
+    "1f1b": "Schedule1F1B",
+    "interleaved-1f1b": "ScheduleInterleaved1F1B",
+    "zero-bubble": "ScheduleInterleavedZeroBubble",
+    "zbv": "ScheduleZBVZeroBubble",
 }
 
 
@@ -98,8 +98,10 @@ def check_microbatches(name: str, ranks: int, microbatches: int) -> None:
 
 def build_schedule(name: str, stages: list, microbatches: int, loss_fn: Callable) -> object:
     """The torch schedule object for this rank's ``stages`` (a list of ``PipelineStage``)."""
+    from torch.distributed import pipelining
+
     _check(name)
-    cls = _CLASSES[name]
+    cls = getattr(pipelining, _CLASSES[name])
     if name in ("gpipe", "1f1b"):
         return cls(stages[0], microbatches, loss_fn=loss_fn)
     return cls(stages, microbatches, loss_fn=loss_fn)

@@ -1,0 +1,40 @@
+"""How every command reports its result: one rule for ``--json`` and ``--json-file``.
+
+- without flags: the human text on stdout, progress on stderr;
+- ``--json``: the result as JSON alone on stdout (so ``| jq`` works), the human text and progress on stderr;
+- ``--json-file PATH``: the result also written to PATH (atomically), whichever of the above prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+__all__ = ["add_json_arguments", "emit", "human"]
+
+
+def add_json_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--json`` and ``--json-file PATH`` to a command's parser."""
+    parser.add_argument("--json", action="store_true",
+                        help="print the result as JSON alone on stdout (the text and progress go to stderr)")
+    parser.add_argument("--json-file", type=Path, metavar="PATH", help="also write the result as JSON to PATH")
+
+
+def human(args: argparse.Namespace) -> TextIO:
+    """Where the human text goes: stdout, or stderr when stdout carries the JSON."""
+    return sys.stderr if getattr(args, "json", False) else sys.stdout
+
+
+def emit(args: argparse.Namespace, result: Any) -> None:
+    """Print ``result`` as JSON with ``--json`` and write it to ``--json-file``'s path when given."""
+    text = json.dumps(result, indent=1, default=str) + "\n"
+    path = getattr(args, "json_file", None)
+    if path is not None:
+        from stallfree.ingest.atomic import atomic_write
+
+        atomic_write(Path(path), text.encode())
+    if getattr(args, "json", False):
+        sys.stdout.write(text)
