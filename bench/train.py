@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, TextIO
 
-__all__ = ["EXAMPLES", "add_arguments", "run"]
+__all__ = ["EXAMPLES", "add_arguments", "run", "schedule_jobs"]
 
 EXAMPLES = """examples:
   stallfree bench train                                   # every schedule at 2, 4, 8 micro-batches, then the feeds
@@ -40,18 +40,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", choices=("schedules", "feeds"), help="run one part")
 
 
-def _schedules(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
-    from stallfree.stage_runtime.trainer import TrainConfig, train_many
+def schedule_jobs(args: argparse.Namespace, out: Path) -> tuple[list[Any], list[str]]:
+    """The sweep's training jobs, and why each (schedule, micro-batches) pair left out cannot run."""
+    from stallfree.stage_runtime.config import TrainConfig
+    from stallfree.stage_runtime.schedules import schedule_spec
 
-    configs = []
+    configs, skipped = [], []
     for schedule in args.schedules:
         for m in args.microbatches:
-            if schedule in ("interleaved-1f1b", "zero-bubble") and m % args.stages:
+            try:
+                schedule_spec(schedule).check(args.stages, m)
+            except ValueError as err:
+                skipped.append(f"{schedule} M={m}: {err}")
                 continue
             configs.append(TrainConfig(
                 model="mlp", model_kwargs={"hidden": 512, "depth": 8}, image_size=16, samples=args.batch_size * 200,
                 stages=args.stages, schedule=schedule, microbatches=m, batch_size=args.batch_size,
                 max_steps=args.steps, progress=False, out_dir=str(out / f"{schedule}-m{m}")))
+    return configs, skipped
+
+
+def _schedules(configs: list[Any]) -> list[dict[str, Any]]:
+    from stallfree.stage_runtime.trainer import train_many
+
     rows = []
     for config, s in zip(configs, train_many(configs), strict=True):
         rows.append({"schedule": config.schedule, "microbatches": config.microbatches,
@@ -86,13 +97,16 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="stallfree-bench-train-") as tmp:
         if args.only in (None, "schedules"):
-            result["schedules"] = _schedules(args, Path(tmp))
+            configs, result["skipped"] = schedule_jobs(args, Path(tmp))
+            result["schedules"] = _schedules(configs)
             print(f"\nschedules, {args.stages} pipeline ranks, batch {args.batch_size}, {args.steps} steps", file=out)
             print(f"| {'schedule':<17} | {'M':>3} | {'images/s':>9} | {'bubble':>7} | {'theory':>7} |", file=out)
             print(f"|{'-' * 19}|{'-' * 5}|{'-' * 11}|{'-' * 9}|{'-' * 9}|", file=out)
             for r in result["schedules"]:
                 print(f"| {r['schedule']:<17} | {r['microbatches']:>3} | {r['images_per_s']:>9.1f} | "
                       f"{r['bubble']:>7.1%} | {_theory(r['bubble_theory']):>7} |", file=out)
+            for reason in result["skipped"]:
+                print(f"skipped {reason}", file=out)
         if args.only in (None, "feeds"):
             result["feeds"] = _feeds(args, Path(tmp))
             print(f"\nfeeds, small_cnn 2 stages 1F1B, batch {args.batch_size}, {args.workers} threads/workers",

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stallfree.stage_runtime.schedules import SCHEDULES, check_microbatches, stages_per_rank
+from stallfree.stage_runtime.schedules import ScheduleSpec, schedule_spec
 
 __all__ = ["BUNDLED_MODELS", "TrainConfig"]
 
@@ -59,22 +59,24 @@ class TrainConfig:
     crash_at: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"unknown schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
+        schedule_spec(self.schedule)  # an unknown name fails first, listing the known ones
         for name in ("stages", "microbatches", "dp", "batch_size", "epochs", "image_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.batch_size % self.microbatches:
             raise ValueError(f"batch_size must divide into micro-batches: batch_size={self.batch_size}, "
                              f"microbatches={self.microbatches}; use a multiple of {self.microbatches}")
-        check_microbatches(self.schedule, self.stages, self.microbatches)
-        if self.schedule == "zbv" and self.stages < 2:
-            raise ValueError("schedule 'zbv' needs at least 2 pipeline ranks (--stages 2)")
+        self.spec.check(self.stages, self.microbatches)
+
+    @property
+    def spec(self) -> ScheduleSpec:
+        """The schedule's entry in the table: its torch class, placement, rules and bubble theory."""
+        return schedule_spec(self.schedule)
 
     @property
     def model_stages(self) -> int:
         """How many pieces the model is cut into: pipeline ranks x stages per rank."""
-        return self.stages * stages_per_rank(self.schedule, self.virtual_stages)
+        return self.stages * self.spec.stages_per_rank(self.virtual_stages)
 
     @property
     def world_size(self) -> int:

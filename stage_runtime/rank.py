@@ -23,7 +23,7 @@ from stallfree.stage_runtime.clock import StageClock
 from stallfree.stage_runtime.feed import make_feed, unpadded_samples
 from stallfree.stage_runtime.models import build_model
 from stallfree.stage_runtime.partition import plan
-from stallfree.stage_runtime.schedules import build_schedule, stage_owner
+from stallfree.stage_runtime.schedules import build_schedule
 from stallfree.stage_runtime.stage import TimedStage, chain_forward
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ class Rank:
             if p == self.pp:
                 self.dp_group = g
         self.base = self.replica * c.stages  # global rank of this replica's pipeline rank 0
-        self.owner = [self.base + stage_owner(c.schedule, s, c.stages) for s in range(c.model_stages)]
+        self.owner = [self.base + c.spec.owner(s, c.stages) for s in range(c.model_stages)]
         self.clock = StageClock()
         self.feed = self.eval_feed = None
         info = torch.zeros(2, dtype=torch.int64, device=self.comm)

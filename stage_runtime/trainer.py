@@ -34,7 +34,6 @@ from stallfree.stage_runtime.launcher import PeerWatch, StageFailure, failure, f
 from stallfree.stage_runtime.models import build_model, resolve
 from stallfree.stage_runtime.rank import Rank
 from stallfree.stage_runtime.report import Report
-from stallfree.stage_runtime.schedules import stage_owner, theoretical_bubble
 
 __all__ = ["StageFailure", "TrainConfig", "demo_config", "train", "train_many"]
 
@@ -124,7 +123,7 @@ def check(config: TrainConfig) -> None:
 
 def _stages_of(config: TrainConfig, rank: int) -> list[int]:
     pp = rank % config.stages
-    return [s for s in range(config.model_stages) if stage_owner(config.schedule, s, config.stages) == pp]
+    return [s for s in range(config.model_stages) if config.spec.owner(s, config.stages) == pp]
 
 
 def _worker(rank: int, configs: list[TrainConfig], port: int | None, local_rank: int | None) -> None:
@@ -202,7 +201,7 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
                    "schedule": c.schedule, "microbatches": c.microbatches, "balance": list(job.balance),
                    "steps": step, "wall_s": wall, "final_loss": report.last_loss,
                    "eval_top1": accuracy if accuracy is not None and accuracy >= 0 else None,
-                   "bubble_theory": theoretical_bubble(c.schedule, c.stages, c.microbatches, c.virtual_stages),
+                   "bubble_theory": c.spec.bubble(c.stages, c.microbatches, c.virtual_stages),
                    "num_classes": job.num_classes, "checkpoint": str(ckpt.step_dir(c.ckpt_root, step)),
                    "config": {k: v for k, v in asdict(c).items() if k != "crash_at"}, **report.fractions()}
         report.close()
