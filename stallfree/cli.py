@@ -62,8 +62,10 @@ def _stdout_closed() -> int:
     Python's documented recipe (library/signal, "Note on SIGPIPE"): point stdout at devnull so that the flush at
     interpreter exit does not raise again.
     """
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # a stdout without a file descriptor (a caller's StringIO) has nothing to flush
+        pass
     return 128 + 13  # 141: the status a shell reports for a process ended by SIGPIPE
 
 
