@@ -10,19 +10,17 @@ states the result against a batch: the Loader records 4 spans per batch, so at 1
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import threading
 import time
 import tracemalloc
-from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 __all__ = ["add_arguments", "run"]
 
 EXAMPLES = """examples:
   stallfree bench clock
-  stallfree bench clock --spans 200000 --threads 4 --repeats 5 --json clock.json
+  stallfree bench clock --spans 200000 --threads 4 --repeats 5 --json-file clock.json
 """
 
 
@@ -31,7 +29,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spans", type=int, default=100_000, help="spans per timed pass (default 100000)")
     parser.add_argument("--threads", type=int, default=4, help="threads recording at once in the contended pass")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per case (the median is shown)")
-    parser.add_argument("--json", type=Path, help="also write the results here")
 
 
 def _record(clock: Any, n: int) -> None:
@@ -68,8 +65,8 @@ def _bytes_per_span(n: int) -> float:
     return sum(s.size_diff for s in after.compare_to(before, "filename")) / n
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the benchmark and print its table; returns the exit code."""
+def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
+    """Run the benchmark, print its table to ``out`` and return its results (JSON-able)."""
     from stallfree.stage_runtime.clock import StageClock
 
     if args.spans < 1 or args.threads < 1 or args.repeats < 1:
@@ -92,14 +89,11 @@ def run(args: argparse.Namespace) -> int:
             results[name].append((time.perf_counter() - start) / args.spans * 1e9)
     bytes_per_span = _bytes_per_span(min(args.spans, 100_000))
     medians = {name: statistics.median(v) for name, v in results.items()}
-    print(f"StageClock cost per span, median of {args.repeats} passes of {args.spans} spans")
-    print(f"| {'case':<26} | {'ns / span':>9} | {'share of a 10 ms batch at 4 spans':>33} |")
-    print(f"|{'-' * 28}|{'-' * 10}:|{'-' * 34}:|")
+    print(f"StageClock cost per span, median of {args.repeats} passes of {args.spans} spans", file=out)
+    print(f"| {'case':<26} | {'ns / span':>9} | {'share of a 10 ms batch at 4 spans':>33} |", file=out)
+    print(f"|{'-' * 28}|{'-' * 10}:|{'-' * 34}:|", file=out)
     for name, ns in medians.items():
-        print(f"| {name:<26} | {ns:>9.0f} | {4 * ns / 1e7:>32.4%} |")
+        print(f"| {name:<26} | {ns:>9.0f} | {4 * ns / 1e7:>32.4%} |", file=out)
     print(f"memory: {bytes_per_span:.0f} bytes per kept span (the default capacity of 200,000 spans: "
-          f"{bytes_per_span * 2e5 / 2**20:.0f} MiB at most)")
-    if args.json:
-        args.json.write_text(json.dumps({"spans": args.spans, "runs_ns": results, "median_ns": medians,
-                                         "bytes_per_span": bytes_per_span}, indent=2))
-    return 0
+          f"{bytes_per_span * 2e5 / 2**20:.0f} MiB at most)", file=out)
+    return {"spans": args.spans, "runs_ns": results, "median_ns": medians, "bytes_per_span": bytes_per_span}

@@ -93,21 +93,21 @@ print("dali", nvidia.dali.__version__)
 PY
 step gpu_tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests
 step bench_loader 120 stallfree bench loader /tmp/stallfree-bench --synthetic 2000 --batches 20 --repeats 3 \
-  --device cuda --threads "$(nproc)" --json "$out/bench_loader.json"
+  --device cuda --threads "$(nproc)" --json-file "$out/bench_loader.json"
 if stallfree bench e2e --help > /dev/null 2>&1; then
-  step bench_e2e 90 stallfree bench e2e --device cuda --json "$out/bench_e2e.json"
+  step bench_e2e 90 stallfree bench e2e --device cuda --json-file "$out/bench_e2e.json"
 else
   echo "== bench_e2e: not in this version of stallfree (skipped)"
 fi
 step train 60 stallfree train --synthetic 512 --model small_cnn --stages 1 --device cuda --max-steps 20 \
-  --out /tmp/stallfree-train --no-progress --json
+  --out /tmp/stallfree-train --no-progress --json-file "$out/train.json"
 
 # One JSON of everything: each step's rc and time, and the benchmarks' own results where they wrote them.
 python3 - "$out" <<'PY'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
 report = {"steps": [json.loads(line) for line in (out / "gpu_check.jsonl").read_text().splitlines() if line]}
-for name in ("bench_loader", "bench_e2e"):
+for name in ("bench_loader", "bench_e2e", "train"):
     path = out / f"{name}.json"
     if path.is_file():
         report[name] = json.loads(path.read_text())

@@ -13,19 +13,18 @@ contenders and the timing of ``stallfree bench loader``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 __all__ = ["EXAMPLES", "add_arguments", "run"]
 
 EXAMPLES = """examples:
   stallfree bench ingest ./bench-data --synthetic 1000 --workers 1 2
-  stallfree bench ingest ./bench-data --synthetic 2000 --loader --batches 20 --json ingest.json
+  stallfree bench ingest ./bench-data --synthetic 2000 --loader --batches 20 --json-file ingest.json
 """
 
 
@@ -45,7 +44,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per contender (--loader)")
     parser.add_argument("--threads", type=int, default=cores, help="Loader threads / DataLoader workers (--loader)")
     parser.add_argument("--device", default="cpu", help="where batches are delivered (--loader)")
-    parser.add_argument("--json", type=Path, help="also write the results here")
 
 
 def _ingest_rates(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
@@ -76,8 +74,8 @@ def _loader_rates(args: argparse.Namespace, work: Path) -> dict[str, list[float]
     return bench_loader.measure_runs(runs, args)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the benchmark and print its tables; returns the exit code."""
+def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
+    """Run the benchmark, print its tables to ``out`` and return its results (JSON-able)."""
     from stallfree.bench.loader import write_synthetic
 
     write_synthetic(args.data, args.synthetic)
@@ -89,25 +87,23 @@ def run(args: argparse.Namespace) -> int:
         work.mkdir(parents=True, exist_ok=True)
         rows = _ingest_rates(args, work)
         print(f"ingest of {args.data} ({rows[0]['images']} images, {rows[0]['source_mb']:.0f} MB)"
-              + (f", --max-side {args.max_side}" if args.max_side else ""))
-        print(f"| {'workers':>7} | {'images/s':>9} | {'MB/s':>7} | {'seconds':>7} | {'vs 1 worker':>11} |")
-        print(f"|{'-' * 8}:|{'-' * 10}:|{'-' * 8}:|{'-' * 8}:|{'-' * 12}:|")
+              + (f", --max-side {args.max_side}" if args.max_side else ""), file=out)
+        print(f"| {'workers':>7} | {'images/s':>9} | {'MB/s':>7} | {'seconds':>7} | {'vs 1 worker':>11} |", file=out)
+        print(f"|{'-' * 8}:|{'-' * 10}:|{'-' * 8}:|{'-' * 8}:|{'-' * 12}:|", file=out)
         first = rows[0]["images_per_s"]
         for row in rows:
             print(f"| {row['workers']:>7} | {row['images_per_s']:>9.0f} | {row['mb_per_s']:>7.1f} | "
-                  f"{row['seconds']:>7.1f} | {row['images_per_s'] / first:>10.2f}x |")
+                  f"{row['seconds']:>7.1f} | {row['images_per_s'] / first:>10.2f}x |", file=out)
         result: dict[str, Any] = {"ingest": rows}
         if args.loader:
             rates = _loader_rates(args, work)
             medians = {label: statistics.median(r) for label, r in rates.items()}
             torch_rate = medians["torch DataLoader, folder"]
             print(f"\nLoader sources, batch {args.batch_size}, {args.threads} threads, {args.device}, "
-                  f"median of {args.repeats} x {args.batches} batches")
-            print(f"| {'source':<30} | {'img/s (median)':>14} | {'vs torch DataLoader':>19} |")
-            print(f"|{'-' * 32}|{'-' * 15}:|{'-' * 20}:|")
+                  f"median of {args.repeats} x {args.batches} batches", file=out)
+            print(f"| {'source':<30} | {'img/s (median)':>14} | {'vs torch DataLoader':>19} |", file=out)
+            print(f"|{'-' * 32}|{'-' * 15}:|{'-' * 20}:|", file=out)
             for label, median in medians.items():
-                print(f"| {label:<30} | {median:>14.0f} | {median / torch_rate:>18.2f}x |")
+                print(f"| {label:<30} | {median:>14.0f} | {median / torch_rate:>18.2f}x |", file=out)
             result["loader"] = {"runs": rates, "median": medians}
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
-    return 0
+    return result

@@ -13,7 +13,6 @@ Each contender runs one warm-up pass (so the page cache is warm for everyone), t
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
@@ -22,16 +21,14 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import Any, TextIO
 
 __all__ = ["add_arguments", "run"]
 
 EXAMPLES = """examples:
   stallfree bench loader ./bench-data --synthetic 2000     # make 2,000 ImageNet-sized JPEGs there first
   stallfree bench loader ./bench-data --shards             # and the Loader over Arrow shards of the same files
-  stallfree bench loader ~/imagenet/train --batches 50 --repeats 5 --json result.json
+  stallfree bench loader ~/imagenet/train --batches 50 --repeats 5 --json-file result.json
 """
 
 MEAN = (0.485, 0.456, 0.406)
@@ -56,7 +53,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "Loader over both (torch's DataLoader stays on the original folder)")
     parser.add_argument("--only", nargs="+", choices=CONTENDERS,
                         help="run only these: stallfree, torch (DataLoader), dali (plain pipeline), decode (DALI)")
-    parser.add_argument("--json", type=Path, help="also write the results here")
 
 
 def _files(data: Path) -> list[tuple[str, int]]:
@@ -85,6 +81,7 @@ class _TorchvisionStyle:
         self.rrc = RandomResizedCrop(224)
 
     def __call__(self, path: str, rng: Any) -> Any:
+        import numpy as np
         import torch
         from PIL import Image
 
@@ -102,6 +99,8 @@ class _TorchvisionStyle:
 
 class _FileDataset:
     def __init__(self, files: list[tuple[str, int]]):
+        import numpy as np
+
         self.files, self.transform = files, _TorchvisionStyle()
         self.rng = np.random.default_rng()
 
@@ -216,8 +215,8 @@ def measure_runs(runs: list[tuple[str, str, Path]], args: argparse.Namespace) ->
     return {label: _measure(name, argparse.Namespace(**{**vars(args), "data": data})) for label, name, data in runs}
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the benchmark and print its table; returns the exit code."""
+def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
+    """Run the benchmark, print its table to ``out`` and return its results (JSON-able)."""
     write_synthetic(args.data, args.synthetic)
     if args.batches < 1 or args.repeats < 1 or args.batch_size < 1:
         raise ValueError("--batches, --repeats and --batch-size must be positive")
@@ -232,14 +231,12 @@ def run(args: argparse.Namespace) -> int:
     medians = {label: statistics.median(rates) for label, rates in results.items()}
     base = medians.get(LABELS["torch"])
     print(f"{len(files)} images in {args.data}, batch {args.batch_size}, {args.threads} threads, {args.device}, "
-          f"median of {args.repeats} x {args.batches} batches")
-    print(f"| {'loader':<33} | {'img/s (median)':>14} | {'runs':<28} | {'vs torch DataLoader':>19} |")
-    print(f"|{'-' * 35}|{'-' * 15}:|{'-' * 30}|{'-' * 20}:|")
+          f"median of {args.repeats} x {args.batches} batches", file=out)
+    print(f"| {'loader':<33} | {'img/s (median)':>14} | {'runs':<28} | {'vs torch DataLoader':>19} |", file=out)
+    print(f"|{'-' * 35}|{'-' * 15}:|{'-' * 30}|{'-' * 20}:|", file=out)
     for label, median in medians.items():
         ratio = f"{median / base:.2f}x" if base else "-"
         runs_text = ", ".join(f"{r:.0f}" for r in results[label])
-        print(f"| {label:<33} | {median:>14.0f} | {runs_text:<28} | {ratio:>19} |")
-    if args.json:
-        args.json.write_text(json.dumps({"images": len(files), "batch_size": args.batch_size, "threads": args.threads,
-                                         "device": args.device, "runs": results, "median": medians}, indent=2))
-    return 0
+        print(f"| {label:<33} | {median:>14.0f} | {runs_text:<28} | {ratio:>19} |", file=out)
+    return {"images": len(files), "batch_size": args.batch_size, "threads": args.threads, "device": args.device,
+            "runs": results, "median": medians}

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import statistics
 import sys
@@ -20,19 +19,20 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TextIO
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported where it is used: building the CLI's parser imports this module
+    import numpy as np
 
 __all__ = ["add_arguments", "run"]
 
 EXAMPLES = """examples:
   stallfree bench resize ./bench-data --synthetic 1000
-  stallfree bench resize ./imagenet-subset/train --batches 10 --repeats 5 --json resize.json
+  stallfree bench resize ./imagenet-subset/train --batches 10 --repeats 5 --json-file resize.json
 """
 
 OUT = (224, 224)
-Batch = list[np.ndarray]
+Batch = list["np.ndarray"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,10 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed passes per contender (the median is shown)")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                         help="threads for every contender (default: the cores this process may use)")
-    parser.add_argument("--json", type=Path, help="also write the results here")
 
 
 def _crops(data: Path, count: int) -> Batch:
+    import numpy as np
     from PIL import Image
 
     from stallfree.pipeline.readers import FolderReader
@@ -66,6 +66,7 @@ def _crops(data: Path, count: int) -> Batch:
 
 
 def _dali(batch_size: int, threads: int, resampler: bool) -> Callable[[Batch], Batch]:
+    import numpy as np
     import nvidia.dali.fn as fn
     import nvidia.dali.types as types
     from nvidia.dali import pipeline_def
@@ -96,6 +97,7 @@ def _dali(batch_size: int, threads: int, resampler: bool) -> Callable[[Batch], B
 
 
 def _pil(threads: int) -> Callable[[Batch], Batch]:
+    import numpy as np
     from PIL import Image
 
     pool = ThreadPoolExecutor(threads)
@@ -118,8 +120,9 @@ def _time(run_batch: Callable[[Batch], Batch], batches: list[Batch], repeats: in
     return rates
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the benchmark and print its table; returns the exit code."""
+def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
+    """Run the benchmark, print its table to ``out`` and return its results (JSON-able)."""
+    import numpy as np
     from tqdm import tqdm
 
     from stallfree.bench.loader import write_synthetic
@@ -146,13 +149,12 @@ def run(args: argparse.Namespace) -> int:
             rows.append({"resize": name, "img_per_s": statistics.median(rates), "runs": rates, "max_diff": worst})
     mean_px = statistics.fmean(c.shape[0] * c.shape[1] for c in crops)
     print(f"{len(crops)} RandomResizedCrop windows of {args.data} (mean {mean_px:,.0f} px) to 224x224, "
-          f"{args.threads} threads, median of {args.repeats} x {args.batches} batches of {args.batch_size}")
+          f"{args.threads} threads, median of {args.repeats} x {args.batches} batches of {args.batch_size}", file=out)
     dali = next(r["img_per_s"] for r in rows if r["resize"] == "DALI fn.resize")
-    print("| resize | img/s (median) | vs DALI fn.resize | max difference from PIL |")
-    print("| --- | ---: | ---: | ---: |")
+    print("| resize | img/s (median) | vs DALI fn.resize | max difference from PIL |", file=out)
+    print("| --- | ---: | ---: | ---: |", file=out)
     for row in rows:
-        print(f"| {row['resize']} | {row['img_per_s']:,.0f} | {row['img_per_s'] / dali:.2f}x | {row['max_diff']} |")
-    if args.json:
-        args.json.write_text(json.dumps({"threads": args.threads, "batch_size": args.batch_size,
-                                         "batches": args.batches, "repeats": args.repeats, "rows": rows}, indent=2))
-    return 0
+        print(f"| {row['resize']} | {row['img_per_s']:,.0f} | {row['img_per_s'] / dali:.2f}x | {row['max_diff']} |",
+              file=out)
+    return {"threads": args.threads, "batch_size": args.batch_size, "batches": args.batches, "repeats": args.repeats,
+            "rows": rows}

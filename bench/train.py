@@ -11,17 +11,16 @@ The first step of every job, which includes warm-up, is counted: use enough ``--
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
-__all__ = ["EXAMPLES", "add_arguments", "run"]
+__all__ = ["EXAMPLES", "add_arguments", "run", "schedule_jobs"]
 
 EXAMPLES = """examples:
   stallfree bench train                                   # every schedule at 2, 4, 8 micro-batches, then the feeds
-  stallfree bench train --microbatches 4 8 16 --steps 30 --json bench-train.json
+  stallfree bench train --microbatches 4 8 16 --steps 30 --json-file bench-train.json
   stallfree bench train --only feeds --images 2000
 """
 
@@ -39,21 +38,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),
                         help="Loader threads = DataLoader workers")
     parser.add_argument("--only", choices=("schedules", "feeds"), help="run one part")
-    parser.add_argument("--json", type=Path, help="also write the results here")
 
 
-def _schedules(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
-    from stallfree.stage_runtime.trainer import TrainConfig, train_many
+def schedule_jobs(args: argparse.Namespace, out: Path) -> tuple[list[Any], list[str]]:
+    """The sweep's training jobs, and why each (schedule, micro-batches) pair left out cannot run."""
+    from stallfree.stage_runtime.config import TrainConfig
+    from stallfree.stage_runtime.schedules import schedule_spec
 
-    configs = []
+    configs, skipped = [], []
     for schedule in args.schedules:
         for m in args.microbatches:
-            if schedule in ("interleaved-1f1b", "zero-bubble") and m % args.stages:
+            try:
+                schedule_spec(schedule).check(args.stages, m)
+            except ValueError as err:
+                skipped.append(f"{schedule} M={m}: {err}")
                 continue
             configs.append(TrainConfig(
                 model="mlp", model_kwargs={"hidden": 512, "depth": 8}, image_size=16, samples=args.batch_size * 200,
                 stages=args.stages, schedule=schedule, microbatches=m, batch_size=args.batch_size,
                 max_steps=args.steps, progress=False, out_dir=str(out / f"{schedule}-m{m}")))
+    return configs, skipped
+
+
+def _schedules(configs: list[Any]) -> list[dict[str, Any]]:
+    from stallfree.stage_runtime.trainer import train_many
+
     rows = []
     for config, s in zip(configs, train_many(configs), strict=True):
         rows.append({"schedule": config.schedule, "microbatches": config.microbatches,
@@ -83,26 +92,28 @@ def _theory(value: float | None) -> str:
     return f"{value:.1%}" if value is not None else "n/a"
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the benchmark and print its tables."""
+def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
+    """Run the benchmark, print its tables to ``out`` and return its results (JSON-able)."""
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="stallfree-bench-train-") as tmp:
         if args.only in (None, "schedules"):
-            result["schedules"] = _schedules(args, Path(tmp))
-            print(f"\nschedules, {args.stages} pipeline ranks, batch {args.batch_size}, {args.steps} steps")
-            print(f"| {'schedule':<17} | {'M':>3} | {'images/s':>9} | {'bubble':>7} | {'theory':>7} |")
-            print(f"|{'-' * 19}|{'-' * 5}|{'-' * 11}|{'-' * 9}|{'-' * 9}|")
+            configs, result["skipped"] = schedule_jobs(args, Path(tmp))
+            result["schedules"] = _schedules(configs)
+            print(f"\nschedules, {args.stages} pipeline ranks, batch {args.batch_size}, {args.steps} steps", file=out)
+            print(f"| {'schedule':<17} | {'M':>3} | {'images/s':>9} | {'bubble':>7} | {'theory':>7} |", file=out)
+            print(f"|{'-' * 19}|{'-' * 5}|{'-' * 11}|{'-' * 9}|{'-' * 9}|", file=out)
             for r in result["schedules"]:
                 print(f"| {r['schedule']:<17} | {r['microbatches']:>3} | {r['images_per_s']:>9.1f} | "
-                      f"{r['bubble']:>7.1%} | {_theory(r['bubble_theory']):>7} |")
+                      f"{r['bubble']:>7.1%} | {_theory(r['bubble_theory']):>7} |", file=out)
+            for reason in result["skipped"]:
+                print(f"skipped {reason}", file=out)
         if args.only in (None, "feeds"):
             result["feeds"] = _feeds(args, Path(tmp))
-            print(f"\nfeeds, small_cnn 2 stages 1F1B, batch {args.batch_size}, {args.workers} threads/workers")
-            print(f"| {'feed':<17} | {'images/s':>9} | {'input stall':>11} | {'bubble':>7} |")
-            print(f"|{'-' * 19}|{'-' * 11}|{'-' * 13}|{'-' * 9}|")
+            print(f"\nfeeds, small_cnn 2 stages 1F1B, batch {args.batch_size}, {args.workers} threads/workers",
+                  file=out)
+            print(f"| {'feed':<17} | {'images/s':>9} | {'input stall':>11} | {'bubble':>7} |", file=out)
+            print(f"|{'-' * 19}|{'-' * 11}|{'-' * 13}|{'-' * 9}|", file=out)
             for r in result["feeds"]:
                 print(f"| {r['feed']:<17} | {r['images_per_s']:>9.1f} | {r['input_stall']:>11.1%} | "
-                      f"{r['bubble']:>7.1%} |")
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
-    return 0
+                      f"{r['bubble']:>7.1%} |", file=out)
+    return result

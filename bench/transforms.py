@@ -11,23 +11,22 @@ then ``--repeats`` timed passes of ``--batches`` batches; the table shows the me
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TextIO
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported where it is used: building the CLI's parser imports this module
+    import numpy as np
 
 __all__ = ["add_arguments", "run"]
 
 EXAMPLES = """examples:
   stallfree bench transforms
-  stallfree bench transforms --size 224 --batch-size 64 --batches 10 --json transforms.json
+  stallfree bench transforms --size 224 --batch-size 64 --batches 10 --json-file transforms.json
   stallfree bench transforms --only ColorJitter RandomErasing
 """
 
@@ -67,7 +66,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                         help="DALI threads and torch intra-op threads (default: the cores this process may use)")
     parser.add_argument("--only", nargs="+", choices=NAMES, help="run only these kernels")
-    parser.add_argument("--json", type=Path, help="also write the results here")
 
 
 # --- torch versions, torchvision's tensor formulas, CHW uint8 -------------------------------------------------
@@ -215,8 +213,9 @@ def _time(run_batch: Callable[[list[np.ndarray], dict], None], step: Any, images
     return statistics.median(rates)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the benchmark and print the table (images per second, median of the repeats)."""
+def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
+    """Run the benchmark, print its table to ``out`` and return its results (JSON-able)."""
+    import numpy as np
     import torch
     from tqdm import tqdm
 
@@ -235,15 +234,13 @@ def run(args: argparse.Namespace) -> int:
             ref = _time(_torch_runner(ops[name]), steps[name], images, args, bar)
             rows.append({"kernel": name, "stallfree_dali_cpu": dali, "torch_cpu": ref, "ratio": dali / ref})
     print(f"{args.batch_size} x {args.size}x{args.size}x3 uint8 per batch, {args.threads} threads, median of "
-          f"{args.repeats} x {args.batches} batches, images/s")
-    print("| kernel | stallfree (Numba in DALI CPU graph) | torch (CPU tensors) | ratio |")
-    print("| --- | ---: | ---: | ---: |")
+          f"{args.repeats} x {args.batches} batches, images/s", file=out)
+    print("| kernel | stallfree (Numba in DALI CPU graph) | torch (CPU tensors) | ratio |", file=out)
+    print("| --- | ---: | ---: | ---: |", file=out)
     for row in rows:
         print(f"| {row['kernel']} | {row['stallfree_dali_cpu']:,.0f} | {row['torch_cpu']:,.0f} | "
-              f"{row['ratio']:.2f}x |")
+              f"{row['ratio']:.2f}x |", file=out)
     geo = math.exp(statistics.fmean(math.log(float(r["ratio"])) for r in rows)) if rows else float("nan")
-    print(f"geometric mean ratio: {geo:.2f}x")
-    if args.json:
-        args.json.write_text(json.dumps({"size": args.size, "batch_size": args.batch_size, "threads": args.threads,
-                                         "batches": args.batches, "repeats": args.repeats, "rows": rows}, indent=2))
-    return 0
+    print(f"geometric mean ratio: {geo:.2f}x", file=out)
+    return {"size": args.size, "batch_size": args.batch_size, "threads": args.threads, "batches": args.batches,
+            "repeats": args.repeats, "rows": rows, "geometric_mean_ratio": geo}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import datetime
 import json
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,7 @@ from stallfree.stage_runtime.clock import StageClock
 from stallfree.stage_runtime.feed import make_feed, unpadded_samples
 from stallfree.stage_runtime.models import build_model
 from stallfree.stage_runtime.partition import plan
-from stallfree.stage_runtime.schedules import build_schedule, stage_owner
+from stallfree.stage_runtime.schedules import build_schedule
 from stallfree.stage_runtime.stage import TimedStage, chain_forward
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ class Rank:
             if p == self.pp:
                 self.dp_group = g
         self.base = self.replica * c.stages  # global rank of this replica's pipeline rank 0
-        self.owner = [self.base + stage_owner(c.schedule, s, c.stages) for s in range(c.model_stages)]
+        self.owner = [self.base + c.spec.owner(s, c.stages) for s in range(c.model_stages)]
         self.clock = StageClock()
         self.feed = self.eval_feed = None
         info = torch.zeros(2, dtype=torch.int64, device=self.comm)
@@ -100,12 +101,13 @@ class Rank:
         if c.resume and c.balance is None and self.rank == 0 and ckpt.latest(c.ckpt_root) is not None:
             chosen = [tuple(ckpt.load_meta(c.ckpt_root, ckpt.latest(c.ckpt_root))["balance"])]
             if c.progress:
-                print(f"split: balance {','.join(map(str, chosen[0]))} (from the checkpoint)", flush=True)
+                print(f"split: balance {','.join(map(str, chosen[0]))} (from the checkpoint)", file=sys.stderr,
+                      flush=True)
         elif self.rank == 0:
             sample = torch.randn(c.batch_size // c.microbatches, 3, c.image_size, c.image_size)
             partition = plan(layers, c.model_stages, sample=sample, balance=c.balance)
             if c.progress:
-                print(partition.describe(), flush=True)
+                print(partition.describe(), file=sys.stderr, flush=True)
             chosen = [partition.balance]
         dist.broadcast_object_list(chosen, 0)
         self.balance = tuple(chosen[0])

@@ -1,105 +1,129 @@
-"""The pipeline schedules by name: the ``torch.distributed.pipelining`` class, stage placement, theory.
+"""The pipeline schedules as a table: one :class:`ScheduleSpec` per name.
 
-With P ranks, M micro-batches and V stages per rank (``F``: a forward, ``B``: a backward, ``.``: idle)::
+The trainer, ``stallfree bench train`` and the docs read it (``docs/train.md``'s table is checked against it);
+nothing else tests a schedule's name.
 
-    GPipe, P=2, M=3                     1F1B, P=2, M=3
+With S ranks, M micro-batches and V stages per rank (``F``: a forward, ``B``: a backward, ``.``: idle)::
+
+    GPipe, S=2, M=3                     1F1B, S=2, M=3
     rank0: F0 F1 F2 .  .  B0 B1 B2      rank0: F0 F1 .  B0 F2 B1 .  B2
     rank1: .  F0 F1 F2 B0 B1 B2 .       rank1: .  F0 B0 F1 B1 F2 B2 .
 
-Both leave each rank idle for (P-1) of its M+P-1 slots: bubble (P-1)/(M+P-1) (1F1B holds fewer activations).
-Interleaving (loop placement: stage s on rank s % P) divides the warm-up by V: (P-1)/(V*M+P-1). Zero-bubble
+Both leave each rank idle for (S-1) of its M+S-1 slots: bubble (S-1)/(M+S-1) (1F1B holds fewer activations).
+Interleaving (loop placement: stage s on rank s % S) divides the warm-up by V: (S-1)/(V*M+S-1). Zero-bubble
 schedules split backward into input- and weight-gradients and fill the bubble with the latter; their ideal is 0.
-ZBV places stages in a V: rank r holds stages r and 2P-1-r, so rank 0 holds both the first and the last.
+ZBV places stages in a V: rank r holds stages r and 2S-1-r, so rank 0 holds both the first and the last.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
-
-from torch.distributed import pipelining
 
 __all__ = [
     "SCHEDULES",
+    "SCHEDULE_SPECS",
     "ScheduleName",
+    "ScheduleSpec",
     "build_schedule",
-    "check_microbatches",
-    "stage_owner",
-    "stages_per_rank",
-    "theoretical_bubble",
+    "schedule_spec",
 ]
 
 ScheduleName = Literal["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv"]
-SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv")
-
-_CLASSES = {
-    "gpipe": pipelining.ScheduleGPipe,
-    "1f1b": pipelining.Schedule1F1B,
-    "interleaved-1f1b": pipelining.ScheduleInterleaved1F1B,
-    "zero-bubble": pipelining.ScheduleInterleavedZeroBubble,
-    "zbv": pipelining.ScheduleZBVZeroBubble,
-}
 
 
-def _check(name: str) -> None:
-    if name not in _CLASSES:
-        raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """What stallfree needs to know of one schedule.
 
-
-def stages_per_rank(name: str, virtual: int = 2) -> int:
-    """How many stages each rank holds: 1 for GPipe/1F1B, ``virtual`` for the looped ones, 2 for ZBV."""
-    _check(name)
-    if name in ("gpipe", "1f1b"):
-        return 1
-    if name == "zbv":
-        return 2
-    if virtual < 1:
-        raise ValueError(f"--virtual-stages must be >= 1, got {virtual}")
-    return virtual
-
-
-def stage_owner(name: str, stage: int, ranks: int) -> int:
-    """The pipeline rank that runs global ``stage`` (loop placement, or V placement for ZBV)."""
-    _check(name)
-    if name == "zbv":
-        return stage if stage < ranks else 2 * ranks - 1 - stage
-    return stage % ranks
-
-
-def theoretical_bubble(name: str, ranks: int, microbatches: int, virtual: int = 2) -> float | None:
-    """The idle share of the ideal schedule with equal stage times; ``None`` where torch's plan has no closed form.
-
-    Zero-bubble schedules are 0 in the ideal with equal F, B and W times; 0.0 is returned for them.
+    torch's class is named, and looked up only when a schedule is built: importing ``torch.distributed.pipelining``
+    takes seconds, and ``--help`` and the config checks need none of it.
     """
-    _check(name)
-    if ranks <= 1:
-        return 0.0
-    if name in ("gpipe", "1f1b"):
-        return (ranks - 1) / (microbatches + ranks - 1)
-    if name == "interleaved-1f1b":
-        v = stages_per_rank(name, virtual)
+
+    name: ScheduleName
+    torch_class: str  # the class in torch.distributed.pipelining
+    placement: Literal["one", "loop", "v"]  # one stage per rank; stage s on rank s % S; rank r holds r and 2S-1-r
+    stages_fixed: int | None  # stages per rank, or None: --virtual-stages
+    microbatches_per_rank: bool  # torch requires M to be a multiple of the pipeline ranks
+    bubble_theory: Literal["(S-1)/(M+S-1)", "(S-1)/(V*M+S-1)", "0"]  # the ideal with equal stage times, S ranks
+    min_ranks: int = 1
+
+    def stages_per_rank(self, virtual: int = 2) -> int:
+        """How many stages each rank holds: fixed by the schedule, else ``virtual`` (``--virtual-stages``)."""
+        if self.stages_fixed is not None:
+            return self.stages_fixed
+        if virtual < 1:
+            raise ValueError(f"--virtual-stages must be >= 1, got {virtual}")
+        return virtual
+
+    def owner(self, stage: int, ranks: int) -> int:
+        """The pipeline rank that runs global ``stage``."""
+        if self.placement == "v":
+            return stage if stage < ranks else 2 * ranks - 1 - stage
+        return stage % ranks
+
+    def bubble(self, ranks: int, microbatches: int, virtual: int = 2) -> float:
+        """The idle share of the ideal schedule with equal stage times.
+
+        For the zero-bubble schedules it is their ideal, 0, not torch's exact plan.
+        """
+        if ranks <= 1 or self.bubble_theory == "0":
+            return 0.0
+        v = 1 if self.bubble_theory == "(S-1)/(M+S-1)" else self.stages_per_rank(virtual)
         return (ranks - 1) / (v * microbatches + ranks - 1)
-    return 0.0
+
+    def check(self, ranks: int, microbatches: int) -> None:
+        """Reject the rank and micro-batch counts this schedule cannot run, with the fix.
+
+        Raises:
+            ValueError: fewer ranks than the schedule needs, or ``M`` not a multiple of the ranks where torch
+                requires it.
+        """
+        if microbatches < 1:
+            raise ValueError(f"--microbatches must be >= 1, got {microbatches}")
+        if ranks < self.min_ranks:
+            raise ValueError(f"schedule {self.name!r} needs at least {self.min_ranks} pipeline ranks "
+                             f"(--stages {self.min_ranks}), got {ranks}")
+        if self.microbatches_per_rank and ranks > 1 and microbatches % ranks:
+            raise ValueError(f"schedule {self.name!r} needs --microbatches to be a multiple of the {ranks} pipeline "
+                             f"ranks, got {microbatches}; use {ranks * max(1, round(microbatches / ranks))}")
+
+    def runs(self, ranks: int, microbatches: int) -> bool:
+        """Whether :meth:`check` accepts these counts (a sweep skips the others)."""
+        try:
+            self.check(ranks, microbatches)
+        except ValueError:
+            return False
+        return True
 
 
-def check_microbatches(name: str, ranks: int, microbatches: int) -> None:
-    """Reject micro-batch counts a schedule cannot run, with the fix.
+SCHEDULE_SPECS: dict[str, ScheduleSpec] = {s.name: s for s in (
+    ScheduleSpec("gpipe", "ScheduleGPipe", "one", 1, False, "(S-1)/(M+S-1)"),
+    ScheduleSpec("1f1b", "Schedule1F1B", "one", 1, False, "(S-1)/(M+S-1)"),
+    ScheduleSpec("interleaved-1f1b", "ScheduleInterleaved1F1B", "loop", None, True, "(S-1)/(V*M+S-1)"),
+    ScheduleSpec("zero-bubble", "ScheduleInterleavedZeroBubble", "loop", None, True, "0"),
+    ScheduleSpec("zbv", "ScheduleZBVZeroBubble", "v", 2, False, "0", min_ranks=2),
+)}
+SCHEDULES: tuple[str, ...] = tuple(SCHEDULE_SPECS)
+
+
+def schedule_spec(name: str) -> ScheduleSpec:
+    """The spec of schedule ``name``.
 
     Raises:
-        ValueError: the looped schedules need ``M`` to be a multiple of the ranks (torch's requirement).
+        ValueError: an unknown name; the message lists the known ones.
     """
-    _check(name)
-    if microbatches < 1:
-        raise ValueError(f"--microbatches must be >= 1, got {microbatches}")
-    if name in ("interleaved-1f1b", "zero-bubble") and ranks > 1 and microbatches % ranks:
-        raise ValueError(f"schedule {name!r} needs --microbatches to be a multiple of the {ranks} pipeline ranks, "
-                         f"got {microbatches}; use {ranks * max(1, round(microbatches / ranks))}")
+    if name not in SCHEDULE_SPECS:
+        raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
+    return SCHEDULE_SPECS[name]
 
 
 def build_schedule(name: str, stages: list, microbatches: int, loss_fn: Callable) -> object:
     """The torch schedule object for this rank's ``stages`` (a list of ``PipelineStage``)."""
-    _check(name)
-    cls = _CLASSES[name]
-    if name in ("gpipe", "1f1b"):
-        return cls(stages[0], microbatches, loss_fn=loss_fn)
-    return cls(stages, microbatches, loss_fn=loss_fn)
+    from torch.distributed import pipelining
+
+    spec = schedule_spec(name)
+    cls = getattr(pipelining, spec.torch_class)
+    # The one-stage-per-rank classes take the stage itself, the others the list of the rank's stages.
+    return cls(stages[0] if spec.placement == "one" else stages, microbatches, loss_fn=loss_fn)

@@ -19,7 +19,7 @@ import json
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -29,96 +29,24 @@ import torch.distributed as dist
 from stallfree.ingest.atomic import atomic_write
 from stallfree.stage_runtime import checkpoint as ckpt
 from stallfree.stage_runtime.clock import StageClock
+from stallfree.stage_runtime.config import TrainConfig
 from stallfree.stage_runtime.launcher import PeerWatch, StageFailure, failure, free_port, launch, torchrun_env
 from stallfree.stage_runtime.models import build_model, resolve
 from stallfree.stage_runtime.rank import Rank
-from stallfree.stage_runtime.report import Report, format_summary
-from stallfree.stage_runtime.schedules import (
-    SCHEDULES,
-    check_microbatches,
-    stage_owner,
-    stages_per_rank,
-    theoretical_bubble,
-)
+from stallfree.stage_runtime.report import Report
 
 __all__ = ["StageFailure", "TrainConfig", "demo_config", "train", "train_many"]
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Everything one training job needs; ``stallfree train`` builds it from its flags."""
-
-    model: str = "small_cnn"  # a bundled name (stallfree.stage_runtime.models.MODELS) or package.module:factory
-    model_kwargs: dict[str, Any] = field(default_factory=dict)
-    data: str | None = None  # training ImageFolder / file list / shard folder; None: generated tensors
-    eval_data: str | None = None  # held-out split, evaluated each epoch (top-1); None with data=None: generated
-    image_size: int = 32
-    num_classes: int | None = None  # default: the Loader's class count (10 for generated tensors)
-    samples: int = 2048  # generated tensors only: training samples
-    feed: str = "stallfree"  # "stallfree" (the Loader) or "torch" (torch's DataLoader, for comparison)
-    loader_threads: int | None = None  # Loader threads / DataLoader workers (default: the Loader's / 2)
-    stages: int = 2  # pipeline ranks (processes) per replica
-    schedule: str = "1f1b"
-    virtual_stages: int = 2  # stages per rank for interleaved-1f1b and zero-bubble
-    microbatches: int = 4
-    balance: tuple[int, ...] | None = None  # layers per model stage; None: measured
-    dp: int = 1  # data-parallel pipeline replicas
-    batch_size: int = 32  # per replica and step, split into `microbatches`
-    epochs: int = 1
-    max_steps: int | None = None  # stop after this many steps in all
-    lr: float = 0.01
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    seed: int = 0
-    device: str = "cpu"  # "cuda" gives rank r the GPU LOCAL_RANK and NCCL
-    threads: int | None = None  # torch threads per process (default: cores / processes)
-    out_dir: str = "stallfree-train"  # train.jsonl, summary.json, trace.json
-    checkpoint_dir: str | None = None  # default: out_dir/checkpoints
-    checkpoint_every: int = 0  # steps; 0: only at the end
-    keep_checkpoints: int = 2
-    resume: bool = False  # continue from checkpoint_dir's latest.json
-    progress: bool = True
-    log_every: int = 1
-    timeout_s: float = 300.0  # a collective that waits longer fails the job instead of hanging it
-    # Fault injection for tests: (global rank, step[, signal]) sends itself the signal (default SIGKILL).
-    crash_at: tuple[int, ...] | None = None
-
-    def __post_init__(self) -> None:
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"unknown schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
-        for name in ("stages", "microbatches", "dp", "batch_size", "epochs", "image_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.batch_size % self.microbatches:
-            raise ValueError(f"batch_size must divide into micro-batches: batch_size={self.batch_size}, "
-                             f"microbatches={self.microbatches}; use a multiple of {self.microbatches}")
-        check_microbatches(self.schedule, self.stages, self.microbatches)
-        if self.schedule == "zbv" and self.stages < 2:
-            raise ValueError("schedule 'zbv' needs at least 2 pipeline ranks (--stages 2)")
-
-    @property
-    def model_stages(self) -> int:
-        """How many pieces the model is cut into: pipeline ranks x stages per rank."""
-        return self.stages * stages_per_rank(self.schedule, self.virtual_stages)
-
-    @property
-    def world_size(self) -> int:
-        """All processes: pipeline ranks x replicas."""
-        return self.stages * self.dp
-
-    @property
-    def ckpt_root(self) -> Path:
-        """Where checkpoints go."""
-        return Path(self.checkpoint_dir) if self.checkpoint_dir else Path(self.out_dir) / "checkpoints"
 
 
 def train(config: TrainConfig) -> dict[str, Any]:
     """Train ``config`` end to end and return the summary (also written to ``out_dir/summary.json``).
 
     On one machine the stage processes are spawned here; under ``torchrun`` this process is one rank.
+    It prints nothing to stdout (progress bars go to stderr); ``report.format_summary`` turns the summary into
+    the text ``stallfree train`` prints.
 
     Raises:
-        StageFailure: a stage process died; names the stage and the cause. The last checkpoint is intact.
+        StageFailure: a stage process died; names the stage and the cause. Checkpoints written before it stay.
     """
     return train_many([config])[0]
 
@@ -195,7 +123,7 @@ def check(config: TrainConfig) -> None:
 
 def _stages_of(config: TrainConfig, rank: int) -> list[int]:
     pp = rank % config.stages
-    return [s for s in range(config.model_stages) if stage_owner(config.schedule, s, config.stages) == pp]
+    return [s for s in range(config.model_stages) if config.spec.owner(s, config.stages) == pp]
 
 
 def _worker(rank: int, configs: list[TrainConfig], port: int | None, local_rank: int | None) -> None:
@@ -273,7 +201,7 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
                    "schedule": c.schedule, "microbatches": c.microbatches, "balance": list(job.balance),
                    "steps": step, "wall_s": wall, "final_loss": report.last_loss,
                    "eval_top1": accuracy if accuracy is not None and accuracy >= 0 else None,
-                   "bubble_theory": theoretical_bubble(c.schedule, c.stages, c.microbatches, c.virtual_stages),
+                   "bubble_theory": c.spec.bubble(c.stages, c.microbatches, c.virtual_stages),
                    "num_classes": job.num_classes, "checkpoint": str(ckpt.step_dir(c.ckpt_root, step)),
                    "config": {k: v for k, v in asdict(c).items() if k != "crash_at"}, **report.fractions()}
         report.close()
@@ -286,8 +214,6 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
         merged.to_chrome_trace(out / "trace.json")
         summary["trace"] = str(out / "trace.json")
         atomic_write(out / "summary.json", json.dumps(summary, indent=1, default=str).encode())
-        if c.progress:
-            print(format_summary(summary), flush=True)
 
 
 def demo_config(train_dir: str, eval_dir: str, out_dir: str, *, epochs: int = 6, progress: bool = True) -> TrainConfig:

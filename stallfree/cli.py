@@ -3,12 +3,16 @@
 Each command module exposes ``register(subparsers)``, which adds its parser and sets ``func`` to a callable
 taking the parsed namespace and returning the exit code. Errors a user can fix are :class:`CliError` (or a
 ``ValueError``/``FileNotFoundError`` from the library) and end as one readable line on stderr and exit code 2.
+
+Building the parser imports no torch, DALI or Numba (each command imports them inside its function), so that
+every ``--help`` answers at once and the ingest worker processes, forked from this one, start light.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -39,13 +43,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit code."""
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # here, not at exit, so that a closed pipe is caught below
+        return code
+    except BrokenPipeError:
+        return _stdout_closed()
     except (CliError, ValueError, FileNotFoundError, NotADirectoryError) as err:
         print(f"stallfree {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"stallfree {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout left (``stallfree info DIR --json | head``): end quietly, as a tool killed by SIGPIPE.
+
+    Python's documented recipe (library/signal, "Note on SIGPIPE"): point stdout at devnull so that the flush at
+    interpreter exit does not raise again.
+    """
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # a stdout without a file descriptor (a caller's StringIO) has nothing to flush
+        pass
+    return 128 + 13  # 141: the status a shell reports for a process ended by SIGPIPE
 
 
 if __name__ == "__main__":

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+from types import ModuleType
+
+from stallfree.commands.output import add_json_arguments, emit, human
 
 __all__ = ["register"]
 
-# Each name is a module stallfree.bench.<name> exposing `add_arguments(parser)` and `run(args) -> int`.
+# Each name is a module stallfree.bench.<name> exposing `add_arguments(parser)` and `run(args, out) -> results`:
+# it prints its table to `out` and returns what --json prints and --json-file writes.
 BENCHMARKS = ("loader", "resize", "clock", "ingest", "transforms", "train")
 
 
@@ -17,7 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "bench",
         help="benchmark stallfree against the alternatives on the same data",
         description="Benchmarks that report medians and ratios against the alternative measured in the same run.",
-        epilog="examples:\n  stallfree bench loader ./imagenet-subset/train --batches 30",
+        epilog="examples:\n  stallfree bench loader ./imagenet-subset/train --batches 30\n"
+        "  stallfree bench loader ./imagenet-subset/train --json | jq .median",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     which = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
@@ -31,4 +36,10 @@ def register(sub: argparse._SubParsersAction) -> None:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         module.add_arguments(bench_parser)
-        bench_parser.set_defaults(func=module.run)
+        add_json_arguments(bench_parser)
+        bench_parser.set_defaults(func=lambda args, module=module: _run(module, args))
+
+
+def _run(module: ModuleType, args: argparse.Namespace) -> int:
+    emit(args, module.run(args, human(args)))
+    return 0

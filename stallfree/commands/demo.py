@@ -13,6 +13,9 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
+
+from stallfree.commands.output import add_json_arguments, emit, human
 
 __all__ = ["register"]
 
@@ -23,7 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "demo",
         help="run stallfree end to end on built-in synthetic data",
         description=__doc__,
-        epilog="examples:\n  stallfree demo\n  stallfree demo --out ./demo --images 1280 --epochs 8",
+        epilog="examples:\n  stallfree demo\n  stallfree demo --out ./demo --images 1280 --epochs 8\n"
+        "  stallfree demo --skip-bench --json | jq .train.eval_top1",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--out", type=Path, help="where to write data and results (default: a temporary folder)")
@@ -31,6 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="ImageNet-sized JPEGs for the loader comparison (default 640)")
     parser.add_argument("--epochs", type=int, default=6, help="training epochs (default 6)")
     parser.add_argument("--skip-bench", action="store_true", help="skip step 1, the loader comparison")
+    add_json_arguments(parser)
     parser.set_defaults(func=_demo)
 
 
@@ -42,12 +47,15 @@ def _demo(args: argparse.Namespace) -> int:
     from stallfree.bench import loader as bench
     from stallfree.ingest.runner import ingest
     from stallfree.ingest.synthetic import make_image_folder
+    from stallfree.stage_runtime.report import format_summary
     from stallfree.stage_runtime.trainer import demo_config, train
 
     if args.images < 64:
         raise ValueError(f"--images must be at least one batch of 64, got {args.images}")
     if args.epochs < 1:
         raise ValueError(f"--epochs must be positive, got {args.epochs}")
+    out = human(args)
+    result: dict[str, Any] = {"bench": None, "ingest": {}}
     with tempfile.TemporaryDirectory(prefix="stallfree-demo-") as tmp:
         root = args.out or Path(tmp)
         if not args.skip_bench:
@@ -55,19 +63,22 @@ def _demo(args: argparse.Namespace) -> int:
             bench_args = argparse.Namespace(
                 data=root / "imagenet-like", synthetic=args.images, batch_size=64,
                 batches=max(1, args.images // 64 // 2), repeats=3, threads=len(os.sched_getaffinity(0)),
-                only=["stallfree", "torch"], json=None, device="cpu",
+                only=["stallfree", "torch"], device="cpu",
             )
-            bench.run(bench_args)
+            result["bench"] = bench.run(bench_args, out)
         _step("2/3 ingest a learnable synthetic dataset (shapes in random colours) into Arrow shards")
         for split, per_class, seed in (("train", 150, 0), ("val", 25, 1)):
             folder = make_image_folder(root / "shapes" / split, num_classes=4, per_class=per_class, size=(48, 48),
                                        seed=seed)
             summary = ingest(folder, root / "shards" / split, workers=1, progress=True)
+            result["ingest"][split] = summary
             print(f"{split}: {summary['images']} images into {summary['shards']} shard(s)", file=sys.stderr)
         _step("3/3 train a small CNN in 2 pipeline stages with 1F1B, fed by the Loader over the shards")
-        result = train(demo_config(str(root / "shards" / "train"), str(root / "shards" / "val"), str(root / "run"),
-                                   epochs=args.epochs))
-        accuracy = result.get("eval_top1")
+        result["train"] = train(demo_config(str(root / "shards" / "train"), str(root / "shards" / "val"),
+                                            str(root / "run"), epochs=args.epochs))
+        print(format_summary(result["train"]), file=out)
+        accuracy = result["train"].get("eval_top1")
         if accuracy is not None:
-            print(f"\neval top-1 {accuracy:.1%} against 25.0% for chance (4 classes)")
+            print(f"\neval top-1 {accuracy:.1%} against 25.0% for chance (4 classes)", file=out)
+    emit(args, result)
     return 0

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
 from pathlib import Path
+from typing import Any
+
+from stallfree.commands.output import add_json_arguments, emit, human
 
 __all__ = ["register"]
 
@@ -53,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="reject images whose header claims more pixels (default 178956970)")
     parser.add_argument("--part", default="0/1", metavar="i/N", help="ingest slice i of N (shards i, i+N, ...)")
     parser.add_argument("--merge", action="store_true", help="join OUT's manifest.part-*.json into manifest.json")
-    parser.add_argument("--json", type=Path, help="also write the summary here")
+    add_json_arguments(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(func=_ingest)
 
@@ -67,17 +69,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     verify.add_argument("out", type=Path, help="an ingested folder (holding manifest.json)")
     verify.add_argument("--decode", action="store_true", help="also decode every image")
+    add_json_arguments(verify)
     verify.set_defaults(func=_verify)
 
     info = sub.add_parser(
         "info",
         help="summarise an ingested dataset: rows, classes, size, per-class counts",
         description="Print what OUT's manifest says: rows, shards, size, classes with counts, source and options.",
-        epilog="examples:\n  stallfree info ./shards/train\n  stallfree info ./shards/train --json",
+        epilog="examples:\n  stallfree info ./shards/train\n  stallfree info ./shards/train --json | jq .classes",
         formatter_class=_FORMAT,
     )
     info.add_argument("out", type=Path, help="an ingested folder (holding manifest.json)")
-    info.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_json_arguments(info)
     info.set_defaults(func=_info)
 
 
@@ -91,8 +94,9 @@ def _ingest(args: argparse.Namespace) -> int:
             raise ValueError(f"--merge takes only the output folder, got {len(args.paths)} paths")
         summary = merge(args.paths[0])
         print(f"merged {summary['parts']} parts: {summary['images']} images in {summary['shards']} shards, "
-              f"{summary['rejected']} rejected")
-        return 0
+              f"{summary['rejected']} rejected", file=human(args))
+        emit(args, summary)
+        return _nothing_ingested(summary, args.paths[0] / "rejected.jsonl")
     if len(args.paths) != 2:
         raise ValueError(f"ingest takes SRC and OUT, got {len(args.paths)} paths")
     options = IngestOptions(
@@ -102,16 +106,27 @@ def _ingest(args: argparse.Namespace) -> int:
     src, out = args.paths
     summary = ingest(src, out, options, workers=args.workers, part=parse_part(args.part),
                      progress=not args.quiet and sys.stderr.isatty())
+    index, count = parse_part(args.part)
+    record = out / ("rejected.jsonl" if count == 1 else f"manifest.part-{index}-of-{count}.json")
     print(
         f"{summary['images']} images in {summary['shards']} shards ({summary['shard_mb']:.1f} MB from "
         f"{summary['source_mb']:.1f} MB), {summary['rejected']} rejected"
-        + (f" (see {out / 'rejected.jsonl'})" if summary["rejected"] and args.part == "0/1" else "")
+        + (f" (see {record})" if summary["rejected"] else "")
         + f"; {summary['written_shards']} shards written, {summary['resumed_shards']} already done; "
-        f"{summary['seconds']:.1f} s, {summary['images_per_s']:.0f} images/s, {summary['mb_per_s']:.1f} MB/s"
+        f"{summary['seconds']:.1f} s, {summary['images_per_s']:.0f} images/s, {summary['mb_per_s']:.1f} MB/s",
+        file=human(args),
     )
-    if args.json:
-        args.json.write_text(json.dumps(summary, indent=1) + "\n")
-    return 0
+    emit(args, summary)
+    return _nothing_ingested(summary, record)
+
+
+def _nothing_ingested(summary: dict[str, Any], record: Path) -> int:
+    """Exit code 1 and one line when every sample was rejected: a dataset of no images is not a success."""
+    if summary["images"] or not summary["rejected"]:
+        return 0
+    print(f"stallfree ingest: error: nothing was ingested: all {summary['rejected']} samples were rejected; "
+          f"the reasons are in {record}", file=sys.stderr)
+    return 1
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -119,8 +134,9 @@ def _verify(args: argparse.Namespace) -> int:
 
     problems = verify(args.out, decode=args.decode)
     for problem in problems:
-        print(problem)
+        print(problem, file=human(args))
     print(f"{args.out}: {'OK' if not problems else f'{len(problems)} problem(s)'}", file=sys.stderr)
+    emit(args, {"out": str(args.out), "ok": not problems, "problems": problems})
     return 1 if problems else 0
 
 
@@ -128,9 +144,9 @@ def _info(args: argparse.Namespace) -> int:
     from stallfree.ingest.verify import info
 
     summary = info(args.out)
+    emit(args, summary)
     if args.json:
-        print(json.dumps(summary, indent=1))
-        return 0
+        return 0  # the JSON holds everything the text would say
     kind = summary["image"]["kind"] + (f" {summary['image']['shape']}" if summary["image"]["shape"] else "")
     print(f"{args.out}: {summary['rows']} rows in {summary['shards']} shards, {summary['bytes'] / 1e6:.1f} MB, "
           f"images {kind}, {summary['rejected']} rejected at ingest")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
+
+from stallfree.commands.output import add_json_arguments, emit, human
 
 __all__ = ["register"]
 
@@ -14,6 +15,7 @@ EXAMPLES = """examples:
   stallfree train ./data/train --model small_cnn --balance 3,4 --checkpoint-every 100 --out ./run
   stallfree train ./data/train --out ./run --resume            # continue exactly from ./run/checkpoints
   stallfree train --synthetic 4096 --model mlp --schedule interleaved-1f1b --stages 2 --microbatches 8
+  stallfree train ./data/train --no-progress --json | jq .images_per_s   # the summary alone on stdout
   torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint host:29500 -m stallfree.cli train ./data/train \\
       --stages 4 --dp 2 --device cuda                          # the same command across machines
 """
@@ -29,10 +31,11 @@ def _balance(text: str) -> tuple[int, ...]:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``stallfree train``."""
-    from stallfree.stage_runtime.models import MODELS
+    # Neither imports torch: `stallfree --help` builds this parser.
+    from stallfree.stage_runtime.config import BUNDLED_MODELS, TrainConfig
     from stallfree.stage_runtime.schedules import SCHEDULES
 
-    d = {f.name: f.default for f in dataclasses.fields(_config_class())}
+    d = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     p = sub.add_parser(
         "train",
         help="train a model split into pipeline stages, fed by the Loader",
@@ -46,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("data", nargs="?", help="training data: ImageFolder, CSV/Parquet file list or shard folder")
     p.add_argument("--eval", dest="eval_data", help="held-out split, evaluated each epoch (top-1)")
     p.add_argument("--synthetic", type=int, metavar="N", help="no dataset: N generated learnable samples")
-    p.add_argument("--model", default=d["model"], help=f"{', '.join(MODELS)} or package.module:factory "
+    p.add_argument("--model", default=d["model"], help=f"{', '.join(BUNDLED_MODELS)} or package.module:factory "
                    f"(default {d['model']})")
     p.add_argument("--image-size", type=int, default=d["image_size"])
     p.add_argument("--classes", dest="num_classes", type=int, help="default: the dataset's class count")
@@ -72,19 +75,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
     p.add_argument("--timeout", dest="timeout_s", type=float, default=d["timeout_s"],
                    help="seconds a collective may wait before the job fails instead of hanging")
-    p.add_argument("--no-progress", dest="progress", action="store_false")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bars (the summary still prints)")
+    add_json_arguments(p)
     p.set_defaults(func=_train)
-
-
-def _config_class() -> type:
-    from stallfree.stage_runtime.trainer import TrainConfig
-
-    return TrainConfig
 
 
 def _train(args: argparse.Namespace) -> int:
     from stallfree.stage_runtime import checkpoint
+    from stallfree.stage_runtime.report import format_summary
     from stallfree.stage_runtime.trainer import StageFailure, TrainConfig, train
 
     if (args.data is None) == (args.synthetic is None):
@@ -102,6 +101,16 @@ def _train(args: argparse.Namespace) -> int:
                 f"the last checkpoint, step {step} under {config.ckpt_root}, is intact (--resume continues it)")
         print(f"stallfree train: error: {err}; {kept}", file=sys.stderr)
         return 1
-    if args.json:
-        print(json.dumps(summary, indent=1, default=str))
+    if not summary or not _reports():  # under torchrun only rank 0 holds and prints it
+        return 0
+    print(format_summary(summary), file=human(args), flush=True)
+    emit(args, summary)
     return 0
+
+
+def _reports() -> bool:
+    """Whether this process prints the summary: always, except under torchrun, where global rank 0 does."""
+    from stallfree.stage_runtime.launcher import torchrun_env
+
+    env = torchrun_env()
+    return env is None or env[0] == 0

@@ -111,3 +111,21 @@ def test_without_the_checksum_list_the_check_says_to_carry_it(parts: Path, tmp_p
 def test_help_shows_usage_and_an_example(script: str) -> None:
     done = _sh(script, "--help")
     assert done.returncode == 0 and "Usage: bash " + script in done.stdout and "Example" in done.stdout
+
+
+def test_the_stallfree_commands_of_the_check_parse_with_this_cli() -> None:
+    # Was: the check called `bench loader ... --json PATH` after --json became a flag (the path is --json-file).
+    import shlex
+
+    from stallfree.cli import build_parser
+
+    script = (ROOT / "bench" / "gpu_check.sh").read_text().replace("\\\n", " ")
+    commands = [line.split("stallfree ", 1)[1] for line in script.splitlines()
+                if line.lstrip().startswith("step ") and " stallfree " in line]
+    assert len(commands) >= 3
+    for command in commands:
+        words = shlex.split(command.replace("$out", "/tmp/out").replace("$(nproc)", "2"))
+        if words[:2] == ["bench", "e2e"]:
+            continue  # the script runs it only where `stallfree bench e2e --help` succeeds
+        args = build_parser().parse_args(words)
+        assert args.json_file is not None, command

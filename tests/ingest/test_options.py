@@ -59,7 +59,7 @@ def test_bad_options_show_their_values():
 def test_command_line(folder, tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["ingest", str(folder), str(out), "--workers", "1", "--shard-size", "0.01", "--quiet",
-                 "--json", str(tmp_path / "s.json")]) == 0
+                 "--json-file", str(tmp_path / "s.json")]) == 0
     assert "18 images in" in capsys.readouterr().out
     assert json.loads((tmp_path / "s.json").read_text())["images"] == 18
     assert main(["verify", str(out)]) == 0
@@ -82,6 +82,6 @@ def test_command_line(folder, tmp_path, capsys):
 
 
 def test_bench_ingest_runs(folder, tmp_path, capsys):
-    assert main(["bench", "ingest", str(folder), "--workers", "1", "--json", str(tmp_path / "b.json")]) == 0
+    assert main(["bench", "ingest", str(folder), "--workers", "1", "--json-file", str(tmp_path / "b.json")]) == 0
     assert "images/s" in capsys.readouterr().out
     assert json.loads((tmp_path / "b.json").read_text())["ingest"][0]["images"] == 18

@@ -1,0 +1,89 @@
+"""The training job's configuration: ``TrainConfig``, checked when built.
+
+It lives apart from the trainer so that reading it (``stallfree train --help``, the argument checks) does not
+import torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stallfree.stage_runtime.schedules import ScheduleSpec, schedule_spec
+
+__all__ = ["BUNDLED_MODELS", "TrainConfig"]
+
+# The names of stallfree.stage_runtime.models.MODELS, listed here because that module needs torch to define
+# them; tests/cli/test_imports.py keeps the two equal.
+BUNDLED_MODELS = ("mlp", "small_cnn", "resnet_cifar", "resnet18", "resnet50", "vit_small")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything one training job needs; ``stallfree train`` builds it from its flags."""
+
+    model: str = "small_cnn"  # a bundled name (stallfree.stage_runtime.models.MODELS) or package.module:factory
+    model_kwargs: dict[str, Any] = field(default_factory=dict)
+    data: str | None = None  # training ImageFolder / file list / shard folder; None: generated tensors
+    eval_data: str | None = None  # held-out split, evaluated each epoch (top-1); None with data=None: generated
+    image_size: int = 32
+    num_classes: int | None = None  # default: the Loader's class count (10 for generated tensors)
+    samples: int = 2048  # generated tensors only: training samples
+    feed: str = "stallfree"  # "stallfree" (the Loader) or "torch" (torch's DataLoader, for comparison)
+    loader_threads: int | None = None  # Loader threads / DataLoader workers (default: the Loader's / 2)
+    stages: int = 2  # pipeline ranks (processes) per replica
+    schedule: str = "1f1b"
+    virtual_stages: int = 2  # stages per rank for interleaved-1f1b and zero-bubble
+    microbatches: int = 4
+    balance: tuple[int, ...] | None = None  # layers per model stage; None: measured
+    dp: int = 1  # data-parallel pipeline replicas
+    batch_size: int = 32  # per replica and step, split into `microbatches`
+    epochs: int = 1
+    max_steps: int | None = None  # stop after this many steps in all
+    lr: float = 0.01
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    seed: int = 0
+    device: str = "cpu"  # "cuda" gives rank r the GPU LOCAL_RANK and NCCL
+    threads: int | None = None  # torch threads per process (default: cores / processes)
+    out_dir: str = "stallfree-train"  # train.jsonl, summary.json, trace.json
+    checkpoint_dir: str | None = None  # default: out_dir/checkpoints
+    checkpoint_every: int = 0  # steps; 0: only at the end
+    keep_checkpoints: int = 2
+    resume: bool = False  # continue from checkpoint_dir's latest.json
+    progress: bool = True
+    log_every: int = 1
+    timeout_s: float = 300.0  # a collective that waits longer fails the job instead of hanging it
+    # Fault injection for tests: (global rank, step[, signal]) sends itself the signal (default SIGKILL).
+    crash_at: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        schedule_spec(self.schedule)  # an unknown name fails first, listing the known ones
+        for name in ("stages", "microbatches", "dp", "batch_size", "epochs", "image_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.batch_size % self.microbatches:
+            raise ValueError(f"batch_size must divide into micro-batches: batch_size={self.batch_size}, "
+                             f"microbatches={self.microbatches}; use a multiple of {self.microbatches}")
+        self.spec.check(self.stages, self.microbatches)
+
+    @property
+    def spec(self) -> ScheduleSpec:
+        """The schedule's entry in the table: its torch class, placement, rules and bubble theory."""
+        return schedule_spec(self.schedule)
+
+    @property
+    def model_stages(self) -> int:
+        """How many pieces the model is cut into: pipeline ranks x stages per rank."""
+        return self.stages * self.spec.stages_per_rank(self.virtual_stages)
+
+    @property
+    def world_size(self) -> int:
+        """All processes: pipeline ranks x replicas."""
+        return self.stages * self.dp
+
+    @property
+    def ckpt_root(self) -> Path:
+        """Where checkpoints go."""
+        return Path(self.checkpoint_dir) if self.checkpoint_dir else Path(self.out_dir) / "checkpoints"
