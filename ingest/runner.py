@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
+import signal
 import sys
+import threading
 import time
 from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -41,6 +44,8 @@ __all__ = ["REJECTED", "ingest", "merge", "parse_part"]
 REJECTED = "rejected.jsonl"
 #: Samples per unit of work sent to a worker process.
 CHUNK = 64
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+_log = logging.getLogger(__name__)
 
 
 def parse_part(text: str) -> tuple[int, int]:
@@ -49,6 +54,31 @@ def parse_part(text: str) -> tuple[int, int]:
     if not match or not int(match[1]) < int(match[2]):
         raise ValueError(f"--part must be i/N with 0 <= i < N (e.g. 0/4), got {text!r}")
     return int(match[1]), int(match[2])
+
+
+def _die_with_parent(parent: int) -> None:
+    """A worker's initializer: end this worker when the ingest process dies, even by ``kill -9``.
+
+    An idle worker waits on the task queue, whose write end its sibling workers hold too, so a dead parent closes
+    nothing a worker would notice: it would wait forever, holding its memory. Linux's parent-death signal ends it
+    at once (the pool forks its workers from the thread that runs :func:`ingest`, and that thread outlives them);
+    a thread polling the parent's pid is the fallback elsewhere, and where ``prctl`` fails.
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            _log.debug("prctl(PR_SET_PDEATHSIG) failed (errno %d); polling the parent", ctypes.get_errno())
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
+    threading.Thread(target=_watch_parent, args=(parent,), name="stallfree-watch-parent", daemon=True).start()
+
+
+def _watch_parent(parent: int, interval: float = 0.5) -> None:
+    """Exit this process as soon as its parent is no longer ``parent`` (an orphan is adopted by another pid)."""
+    while os.getppid() == parent:
+        time.sleep(interval)
+    os._exit(1)
 
 
 def _cut(items: list[Item], options: IngestOptions) -> list[tuple[int, int]]:
@@ -167,7 +197,7 @@ def ingest(
         raise ValueError(f"--part must be i/N with 0 <= i < N, got {index}/{count}")
     out = Path(out)
     started = time.perf_counter()
-    plan = plan_source(source)
+    plan = plan_source(source, max_sample_bytes=options.max_sample_bytes)
     bounds = _cut(plan.items, options)
     digest = _digest(plan, bounds, options)
     out.mkdir(parents=True, exist_ok=True)
@@ -223,7 +253,8 @@ def ingest(
             import pyarrow as pa
 
             pa.array([0])  # its first call imports pandas (most of a second): once here, not in every child
-            with ProcessPoolExecutor(workers, mp_context=context) as pool:
+            with ProcessPoolExecutor(workers, mp_context=context, initializer=_die_with_parent,
+                                     initargs=(os.getpid(),)) as pool:
                 pending: deque[tuple[int, Future[Converted]]] = deque()
                 for i, start, end in chunks:
                     pending.append((i, pool.submit(convert_items, plan.items[start:end], options, plan.extra_columns)))
