@@ -49,6 +49,6 @@ def _end_problem(tar_path: Path, offset: int, previous: str) -> str | None:
     with open(tar_path, "rb") as f:
         f.seek(offset)
         block = f.read(tarfile.BLOCKSIZE)
-    if not block or block == tarfile.NUL * tarfile.BLOCKSIZE:
+    if not block.strip(tarfile.NUL):  # end of file, or end-of-archive zeros (perhaps cut short)
         return None
     return f"invalid tar header at byte {offset}, after {previous}"

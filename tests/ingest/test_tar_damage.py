@@ -133,3 +133,39 @@ def test_max_sample_bytes_defaults_to_256_mib_and_is_a_cli_flag(tmp_path, encode
         "x.tar:huge.jpg": "5000 bytes, over the 4999-byte limit (--max-sample-bytes); not read"}
     with pytest.raises(ValueError, match="--max-sample-bytes must be positive, got 0"):
         IngestOptions(max_sample_bytes=0)
+
+
+def test_a_tar_cut_inside_a_header_keeps_the_members_before_it(tmp_path, encode, shard_rows):
+    path = tmp_path / "x.tar"
+    _write_tar(path, _sample("s0", encode(0), 0) + _sample("s1", encode(1), 1))
+    cut = _offset_of(path, "s1.jpg") + 100
+    with open(path, "r+b") as f:
+        f.truncate(cut)
+    ingest(path, tmp_path / "out")
+    assert [r["key"] for r in shard_rows(tmp_path / "out")] == ["x.tar:s0"]
+    assert _rejected(tmp_path / "out") == {
+        "x.tar": f"invalid tar header at byte {cut - 100}, after member 's0.cls'; the rest of x.tar is rejected"}
+
+
+def test_a_parquet_cell_over_max_sample_bytes_is_refused(tmp_path, encode, shard_rows):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    small, large = encode(0), encode(1, (200, 200))
+    pq.write_table(pa.table({"image": [small, large], "label": [0, 1]}), tmp_path / "x.parquet")
+    ingest(tmp_path / "x.parquet", tmp_path / "out", IngestOptions(max_sample_bytes=len(small)))
+    assert [r["key"] for r in shard_rows(tmp_path / "out")] == ["x.parquet:0"]
+    assert _rejected(tmp_path / "out") == {
+        "x.parquet:1": f"{len(large)} bytes, over the {len(small)}-byte limit (--max-sample-bytes); not read"}
+
+
+def test_end_of_archive_zeros_cut_short_are_not_damage(tmp_path, encode, shard_rows):
+    path = tmp_path / "x.tar"
+    _write_tar(path, _sample("s0", encode(0), 0))
+    with tarfile.open(path, "r:") as tar:
+        last = tar.getmember("s0.cls")
+    with open(path, "r+b") as f:
+        f.truncate(last.offset_data + tarfile.BLOCKSIZE + 100)  # the data block, then 100 of the 1024 zero bytes
+    ingest(path, tmp_path / "out")
+    assert [r["key"] for r in shard_rows(tmp_path / "out")] == ["x.tar:s0"]
+    assert _rejected(tmp_path / "out") == {}
