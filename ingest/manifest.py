@@ -22,6 +22,7 @@ __all__ = [
     "VERSION",
     "file_sha256",
     "read_manifest",
+    "schema_problem",
     "shard_name",
     "write_manifest",
 ]
@@ -74,3 +75,22 @@ def read_manifest(folder: str | os.PathLike[str]) -> dict[str, Any]:
         if key not in manifest:
             raise ValueError(f"{path} lacks the {key!r} entry")
     return manifest
+
+
+def schema_problem(schema: Any, expected: list[dict[str, str]]) -> str | None:
+    """How a shard's Arrow ``schema`` differs from the manifest's ``expected`` ``[{"name", "type"}]``, or None.
+
+    A damaged footer can rename or retype a field while the file still parses; every reader of a shard compares
+    the schema when it opens one, so that the damage is reported by field and file, not met later as a lookup error.
+    """
+    found = {field.name: str(field.type) for field in schema}
+    for column in expected:
+        name, kind = column["name"], column["type"]
+        if name not in found:
+            return f"lacks the column {name!r} ({kind}) that the manifest lists; its columns are {list(found)}"
+        if found[name] != kind:
+            return f"has column {name!r} of type {found[name]}, the manifest says {kind}"
+    extra = [name for name in found if name not in {c["name"] for c in expected}]
+    if extra:
+        return f"has column(s) {extra} that the manifest does not list"
+    return None

@@ -15,12 +15,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
+import signal
 import sys
+import threading
 import time
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Generator
 from concurrent.futures import Future, ProcessPoolExecutor
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +46,8 @@ __all__ = ["REJECTED", "ingest", "merge", "parse_part"]
 REJECTED = "rejected.jsonl"
 #: Samples per unit of work sent to a worker process.
 CHUNK = 64
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+_log = logging.getLogger(__name__)
 
 
 def parse_part(text: str) -> tuple[int, int]:
@@ -49,6 +56,31 @@ def parse_part(text: str) -> tuple[int, int]:
     if not match or not int(match[1]) < int(match[2]):
         raise ValueError(f"--part must be i/N with 0 <= i < N (e.g. 0/4), got {text!r}")
     return int(match[1]), int(match[2])
+
+
+def _die_with_parent(parent: int) -> None:
+    """A worker's initializer: end this worker when the ingest process dies, even by ``kill -9``.
+
+    An idle worker waits on the task queue, whose write end its sibling workers hold too, so a dead parent closes
+    nothing a worker would notice: it would wait forever, holding its memory. Linux's parent-death signal ends it
+    at once (the pool forks its workers from the thread that runs :func:`ingest`, and that thread outlives them);
+    a thread polling the parent's pid is the fallback elsewhere, and where ``prctl`` fails.
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            _log.debug("prctl(PR_SET_PDEATHSIG) failed (errno %d); polling the parent", ctypes.get_errno())
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
+    threading.Thread(target=_watch_parent, args=(parent,), name="stallfree-watch-parent", daemon=True).start()
+
+
+def _watch_parent(parent: int, interval: float = 0.5) -> None:
+    """Exit this process as soon as its parent is no longer ``parent`` (an orphan is adopted by another pid)."""
+    while os.getppid() == parent:
+        time.sleep(interval)
+    os._exit(1)
 
 
 def _cut(items: list[Item], options: IngestOptions) -> list[tuple[int, int]]:
@@ -167,87 +199,22 @@ def ingest(
         raise ValueError(f"--part must be i/N with 0 <= i < N, got {index}/{count}")
     out = Path(out)
     started = time.perf_counter()
-    plan = plan_source(source)
+    plan = plan_source(source, max_sample_bytes=options.max_sample_bytes)
     bounds = _cut(plan.items, options)
     digest = _digest(plan, bounds, options)
     out.mkdir(parents=True, exist_ok=True)
     _check_plan(out, digest)
     mine = [i for i in range(len(bounds)) if i % count == index]
-    records: dict[int, dict[str, Any]] = {}
-    todo = []
-    for i in mine:
-        (out / f".{shard_name(i)}.tmp").unlink(missing_ok=True)  # left by a crash mid-write (only this part's)
-        record = _done(out, i)
-        if record is None:
-            todo.append(i)
-        else:
-            records[i] = record
+    records = _resume(out, mine)
+    todo = [i for i in mine if i not in records]
     bar = _progress(sum(bounds[i][1] - bounds[i][0] for i in mine), progress)
     bar.update(sum(bounds[i][1] - bounds[i][0] for i in records))
-    source_bytes = 0
-
-    def finished(i: int, record: dict[str, Any]) -> None:
-        nonlocal source_bytes
-        records[i] = record
-        source_bytes += record["source_bytes"]
-        elapsed = max(time.perf_counter() - started, 1e-9)
-        bar.set_postfix_str(f"{source_bytes / 1e6 / elapsed:.1f} MB/s, {len(records)}/{len(mine)} shards")
-
-    # The unit of parallel work is a chunk of a shard, not a shard, so that a dataset of one shard still uses
-    # every worker; chunks are consumed in order, at most 4 per worker in flight, and a shard is written by this
-    # process as soon as its last chunk is in.
-    chunks = [(i, start, min(start + CHUNK, bounds[i][1])) for i in todo for start in range(*bounds[i], CHUNK)]
-    chunks += [(i, bounds[i][0], bounds[i][0]) for i in todo if bounds[i][0] == bounds[i][1]]  # an empty shard
-    chunks.sort()
-    pieces: dict[int, list[Converted]] = {i: [] for i in todo}
-    left = {i: sum(1 for c in chunks if c[0] == i) for i in todo}
-
-    def collect(i: int, piece: Converted) -> None:
-        pieces[i].append(piece)
-        bar.update(len(piece[0]["key"]) + len(piece[1]))
-        left[i] -= 1
-        if not left[i]:
-            finished(i, write_shard(out, i, pieces.pop(i), options, plan.extra_columns))
-
     try:
-        if workers == 1 or len(chunks) <= 1:
-            for i, start, end in chunks:
-                collect(i, convert_items(plan.items[start:end], options, plan.extra_columns))
-        else:
-            import multiprocessing
-
-            # fork where there is one: a spawned child re-imports stallfree, torch and DALI first (seconds each).
-            # The children touch only PIL, pyarrow (fork-safe thread pools) and files, never the parent's threads.
-            methods = multiprocessing.get_all_start_methods()
-            context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-            import pyarrow as pa
-
-            pa.array([0])  # its first call imports pandas (most of a second): once here, not in every child
-            with ProcessPoolExecutor(workers, mp_context=context) as pool:
-                pending: deque[tuple[int, Future[Converted]]] = deque()
-                for i, start, end in chunks:
-                    pending.append((i, pool.submit(convert_items, plan.items[start:end], options, plan.extra_columns)))
-                    if len(pending) >= 4 * workers:
-                        shard, future = pending.popleft()
-                        collect(shard, future.result())
-                while pending:
-                    shard, future = pending.popleft()
-                    collect(shard, future.result())
+        source_bytes = _write_shards(out, plan, options, bounds, todo, records, workers=workers, bar=bar,
+                                     started=started, total=len(mine))
     finally:
         bar.close()
-    manifest = _manifest(plan, options, digest, len(bounds), records)
-    rejected = plan.rejected if index == 0 else []
-    rejected = rejected + [r for i in sorted(records) for r in records[i]["rejected"]]
-    if count == 1:
-        _write_rejected(out, REJECTED, rejected)
-        write_manifest(out / MANIFEST, manifest)
-    else:
-        manifest["part"] = [index, count]
-        # Kept apart so that the merge lists them in a single run's order: the listing's, then shard by shard.
-        manifest["rejected_listing"] = plan.rejected if index == 0 else []
-        manifest["rejected_by_shard"] = {str(i): records[i]["rejected"] for i in sorted(records)}
-        manifest["rejected"] = len(rejected)
-        write_manifest(out / f"manifest.part-{index}-of-{count}.json", manifest)
+    manifest, rejected = _write_manifest(out, plan, options, digest, len(bounds), records, part)
     seconds = time.perf_counter() - started
     written = sum(records[i]["rows"] for i in todo)
     return {
@@ -263,6 +230,104 @@ def ingest(
         "mb_per_s": source_bytes / 1e6 / seconds if seconds else 0.0,
         "part": f"{index}/{count}",
     }
+
+
+def _resume(out: Path, mine: list[int]) -> dict[int, dict[str, Any]]:
+    """The records of those of shards ``mine`` already complete in ``out``; the others' leftovers removed."""
+    records: dict[int, dict[str, Any]] = {}
+    for i in mine:
+        (out / f".{shard_name(i)}.tmp").unlink(missing_ok=True)  # left by a crash mid-write (only this part's)
+        record = _done(out, i)
+        if record is not None:
+            records[i] = record
+    return records
+
+
+def _chunks(bounds: list[tuple[int, int]], todo: list[int]) -> list[tuple[int, int, int]]:
+    """``(shard, start, end)`` per unit of work, in order: an empty shard is one empty chunk."""
+    chunks = [(i, start, min(start + CHUNK, bounds[i][1])) for i in todo for start in range(*bounds[i], CHUNK)]
+    chunks += [(i, bounds[i][0], bounds[i][0]) for i in todo if bounds[i][0] == bounds[i][1]]
+    return sorted(chunks)
+
+
+def _write_shards(out: Path, plan: Plan, options: IngestOptions, bounds: list[tuple[int, int]], todo: list[int],
+                  records: dict[int, dict[str, Any]], *, workers: int, bar: Any, started: float, total: int) -> int:
+    """Write shards ``todo``, adding their records to ``records``; returns the source bytes read.
+
+    The unit of parallel work is a chunk of a shard, not a shard, so that a dataset of one shard still uses every
+    worker; a shard is written by this process as soon as its last chunk is in.
+    """
+    chunks = _chunks(bounds, todo)
+    pieces: dict[int, list[Converted]] = {i: [] for i in todo}
+    left = Counter(i for i, _, _ in chunks)
+    source_bytes = 0
+    with closing(_converted(plan, options, chunks, workers)) as converted:
+        for i, piece in converted:
+            pieces[i].append(piece)
+            bar.update(len(piece[0]["key"]) + len(piece[1]))
+            left[i] -= 1
+            if left[i]:
+                continue
+            records[i] = write_shard(out, i, pieces.pop(i), options, plan.extra_columns)
+            source_bytes += records[i]["source_bytes"]
+            elapsed = max(time.perf_counter() - started, 1e-9)
+            bar.set_postfix_str(f"{source_bytes / 1e6 / elapsed:.1f} MB/s, {len(records)}/{total} shards")
+    return source_bytes
+
+
+def _converted(plan: Plan, options: IngestOptions, chunks: list[tuple[int, int, int]],
+               workers: int) -> Generator[tuple[int, Converted], None, None]:
+    """``(shard, piece)`` for every chunk, in order: converted here, or by ``workers`` processes.
+
+    At most 4 chunks per worker are in flight, so that pieces waiting for their shard's write stay few.
+    """
+    if workers == 1 or len(chunks) <= 1:
+        for i, start, end in chunks:
+            yield i, convert_items(plan.items[start:end], options, plan.extra_columns)
+        return
+    import multiprocessing
+
+    # fork where there is one: a spawned child re-imports stallfree, torch and DALI first (seconds each).
+    # The children touch only PIL, pyarrow (fork-safe thread pools) and files, never the parent's threads.
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    import pyarrow as pa
+
+    pa.array([0])  # its first call imports pandas (most of a second): once here, not in every child
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_die_with_parent,
+                             initargs=(os.getpid(),)) as pool:
+        pending: deque[tuple[int, Future[Converted]]] = deque()
+        for i, start, end in chunks:
+            pending.append((i, pool.submit(convert_items, plan.items[start:end], options, plan.extra_columns)))
+            if len(pending) >= 4 * workers:
+                shard, future = pending.popleft()
+                yield shard, future.result()
+        while pending:
+            shard, future = pending.popleft()
+            yield shard, future.result()
+
+
+def _write_manifest(out: Path, plan: Plan, options: IngestOptions, digest: str, total_shards: int,
+                    records: dict[int, dict[str, Any]], part: tuple[int, int]) -> tuple[dict[str, Any], list[Any]]:
+    """Write the manifest (a part's, with ``--part``), and ``rejected.jsonl`` for a whole run.
+
+    Returns the manifest and every rejected record of this run or part.
+    """
+    index, count = part
+    manifest = _manifest(plan, options, digest, total_shards, records)
+    rejected = plan.rejected if index == 0 else []
+    rejected = rejected + [r for i in sorted(records) for r in records[i]["rejected"]]
+    if count == 1:
+        _write_rejected(out, REJECTED, rejected)
+        write_manifest(out / MANIFEST, manifest)
+    else:
+        manifest["part"] = [index, count]
+        # Kept apart so that the merge lists them in a single run's order: the listing's, then shard by shard.
+        manifest["rejected_listing"] = plan.rejected if index == 0 else []
+        manifest["rejected_by_shard"] = {str(i): records[i]["rejected"] for i in sorted(records)}
+        manifest["rejected"] = len(rejected)
+        write_manifest(out / f"manifest.part-{index}-of-{count}.json", manifest)
+    return manifest, rejected
 
 
 def merge(out: str | os.PathLike[str]) -> dict[str, Any]:

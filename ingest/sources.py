@@ -8,6 +8,7 @@ resumed and split ingests produce the same shards. Bytes are fetched later, in t
 
 from __future__ import annotations
 
+import errno
 import os
 import tarfile
 from dataclasses import dataclass, field
@@ -15,10 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from stallfree.ingest.folders import inside_root, scan_image_folder
+from stallfree.ingest.tars import members
 
-__all__ = ["Item", "Plan", "fetch_many", "plan_source"]
+__all__ = ["DEFAULT_MAX_SAMPLE_BYTES", "Item", "Plan", "fetch_many", "plan_source"]
 
 _TAR_IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+#: The default ``--max-sample-bytes``: no training image is this large, and a worker holds a few at once.
+DEFAULT_MAX_SAMPLE_BYTES = 256 << 20
 
 #: Where a sample's bytes are: ("file", path) | ("tar", tar path, offset, size) | ("parquet", path, row).
 Locator = tuple[Any, ...]
@@ -173,14 +177,19 @@ def _tars(source: Path) -> list[Path]:
     return tars
 
 
-def _webdataset(source: Path) -> Plan:
+def _webdataset(source: Path, max_sample_bytes: int | None) -> Plan:
     plan = Plan("webdataset", str(source.resolve()), [])
     found: list[tuple[str, str, int, int, int]] = []  # key, tar, offset, size, label
     for tar_path in _tars(source):
         samples: dict[str, dict[str, Any]] = {}
         order: list[str] = []
-        with tarfile.open(tar_path, "r:") as tar:
-            for member in tar:  # headers only: nothing is extracted to disk
+        try:
+            tar = tarfile.open(tar_path, "r:")
+        except tarfile.ReadError as err:
+            plan.rejected.append({"path": tar_path.name, "reason": f"not a readable tar ({err}); all of it rejected"})
+            continue
+        with tar:
+            for member in members(tar, tar_path, plan.rejected):  # headers only: nothing is extracted to disk
                 name = member.name
                 where = f"{tar_path.name}:{name}"
                 if name.startswith("/") or os.path.isabs(name):
@@ -191,6 +200,9 @@ def _webdataset(source: Path) -> Plan:
                     continue
                 if member.issym() or member.islnk():
                     plan.rejected.append({"path": where, "reason": "link in tar (links are not followed)"})
+                    continue
+                if member.issparse():  # its bytes in the tar are not the file's: they need the sparse map
+                    plan.rejected.append({"path": where, "reason": "sparse tar member (GNU sparse is not read)"})
                     continue
                 if not member.isfile():
                     continue
@@ -208,6 +220,10 @@ def _webdataset(source: Path) -> Plan:
                 if image is None or "cls" not in parts:
                     plan.rejected.append({"path": where, "reason": "sample lacks an image (.jpg/.png) or a .cls"})
                     continue
+                if max_sample_bytes is not None and image.size > max_sample_bytes:  # named by member, not sample
+                    plan.rejected.append({"path": f"{tar_path.name}:{image.name}",
+                                          "reason": _too_large(image.size, max_sample_bytes)})
+                    continue
                 cls = parts["cls"]
                 handle = tar.extractfile(cls)
                 text = handle.read(64).decode("utf-8", "replace").strip() if handle else ""
@@ -222,14 +238,30 @@ def _webdataset(source: Path) -> Plan:
     return plan
 
 
-def plan_source(source: str | os.PathLike[str]) -> Plan:
+def plan_source(source: str | os.PathLike[str], *, max_sample_bytes: int | None = None) -> Plan:
     """List ``source``: a ``.csv``/``.parquet`` file, a ``.tar`` or a folder of them, or an ImageFolder tree.
+
+    ``max_sample_bytes`` refuses samples whose listed size (a file's ``stat``, a tar header, a Parquet cell's
+    length) is larger, before any of their bytes are read: a tar header or a sparse file may claim gigabytes.
 
     Raises:
         FileNotFoundError: ``source`` does not exist.
         ValueError: a source of no known kind, missing columns, bad labels, compressed tars.
     """
-    path = Path(source)
+    plan = _list(Path(source), max_sample_bytes)
+    if max_sample_bytes is not None:  # the files' and Parquet cells' sizes (a tar's were checked by member)
+        kept = [item for item in plan.items if item.size <= max_sample_bytes]
+        plan.rejected += [{"path": item.key, "reason": _too_large(item.size, max_sample_bytes)}
+                          for item in plan.items if item.size > max_sample_bytes]
+        plan.items = kept
+    return plan
+
+
+def _too_large(size: int, limit: int) -> str:
+    return f"{size} bytes, over the {limit}-byte limit (--max-sample-bytes); not read"
+
+
+def _list(path: Path, max_sample_bytes: int | None) -> Plan:
     if not path.exists():
         raise FileNotFoundError(f"source {path} does not exist")
     if path.is_file():
@@ -237,17 +269,21 @@ def plan_source(source: str | os.PathLike[str]) -> Plan:
         if suffix in (".csv", ".parquet"):
             return _table_source(path)
         if suffix == ".tar":
-            return _webdataset(path)
+            return _webdataset(path, max_sample_bytes)
         raise ValueError(f"source {path}: expected an image folder, a .csv/.parquet list or a .tar, got {suffix!r}")
     with os.scandir(path) as entries:
         has_dirs = any(entry.is_dir() for entry in entries)
     if not has_dirs and any(path.glob("*.tar")):
-        return _webdataset(path)
+        return _webdataset(path, max_sample_bytes)
     return _folder(path)
 
 
-def fetch_many(items: list[Item]) -> list[bytes | OSError]:
-    """Every item's bytes, in order (an ``OSError`` in place of a file that cannot be read)."""
+def fetch_many(items: list[Item], max_bytes: int | None = None) -> list[bytes | OSError]:
+    """Every item's bytes, in order (an ``OSError`` in place of a file that cannot be read, or is over ``max_bytes``).
+
+    The listing already refused items over the limit; a file is read only up to it again because it may have grown
+    since (the other kinds' sizes are fixed by their tar header or Parquet cell).
+    """
     out: list[bytes | OSError] = [b""] * len(items)
     tables: dict[tuple[str, str], list[int]] = {}
     for i, item in enumerate(items):
@@ -255,7 +291,10 @@ def fetch_many(items: list[Item]) -> list[bytes | OSError]:
         try:
             if kind == "file":
                 with open(item.locator[1], "rb") as f:
-                    out[i] = f.read()
+                    data = f.read(-1 if max_bytes is None else max_bytes + 1)
+                if max_bytes is not None and len(data) > max_bytes:
+                    raise OSError(errno.EFBIG, _too_large(os.path.getsize(item.locator[1]), max_bytes))
+                out[i] = data
             elif kind == "tar":
                 with open(item.locator[1], "rb") as f:
                     f.seek(item.locator[2])

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from stallfree.ingest.manifest import file_sha256, read_manifest
+from stallfree.ingest.manifest import file_sha256, read_manifest, schema_problem
 from stallfree.ingest.validate import Rejected, check_image
 
 __all__ = ["info", "verify"]
@@ -37,7 +37,7 @@ def verify(out: str | os.PathLike[str], *, decode: bool = False) -> list[str]:
     """Every problem found in ``out``'s shards (empty when all is well).
 
     Checks that each shard exists, has the manifest's size and SHA-256, and opens as an Arrow file with the
-    manifest's row count; with ``decode``, decodes every image.
+    manifest's schema and row count; with ``decode``, decodes every image.
 
     Raises:
         FileNotFoundError, ValueError: there is no valid manifest.
@@ -57,16 +57,23 @@ def verify(out: str | os.PathLike[str], *, decode: bool = False) -> list[str]:
         if size != shard["bytes"]:
             problems.append(f"{shard['file']}: {size} bytes, the manifest says {shard['bytes']} (truncated?)")
             continue
-        if file_sha256(path) != shard["sha256"]:
+        altered = file_sha256(path) != shard["sha256"]
+        if altered:
             problems.append(f"{shard['file']}: SHA-256 differs from the manifest's (the file was altered)")
-            continue
         try:
             with pa.memory_map(str(path)) as source:
-                rows = ipc.open_file(source).read_all().num_rows
+                reader = ipc.open_file(source)
+                # An altered file still gets its schema compared: a damaged footer is then named by its column.
+                schema = schema_problem(reader.schema, manifest["schema"])
+                rows = None if altered or schema else reader.read_all().num_rows
         except (pa.ArrowException, OSError) as err:
             problems.append(f"{shard['file']}: not a readable Arrow file ({err})")
             continue
-        if rows != shard["rows"]:
+        if schema is not None:
+            problems.append(f"{shard['file']}: {schema} (a damaged footer?)")
+        elif rows is None:  # altered: its rows are not worth reading
+            continue
+        elif rows != shard["rows"]:
             problems.append(f"{shard['file']}: {rows} rows, the manifest says {shard['rows']}")
         elif decode:
             problems.extend(_decode_all(path, manifest["image"]["shape"]))

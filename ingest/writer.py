@@ -7,6 +7,7 @@ only when its record exists, so a crash at any point leaves either a finished sh
 
 from __future__ import annotations
 
+import errno
 import json
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -15,7 +16,7 @@ from typing import Any
 
 from stallfree.ingest.atomic import atomic_path, atomic_write
 from stallfree.ingest.manifest import file_sha256, shard_name
-from stallfree.ingest.sources import Item
+from stallfree.ingest.sources import DEFAULT_MAX_SAMPLE_BYTES, Item
 from stallfree.ingest.validate import DEFAULT_MAX_PIXELS, Rejected, check_image, convert
 
 __all__ = ["BATCH_ROWS", "RECORDS", "Converted", "IngestOptions", "convert_items", "record_path", "write_shard"]
@@ -38,6 +39,7 @@ class IngestOptions:
         raw: ``(height, width)``: store decoded RGB pixels resized to this instead of encoded bytes.
         validate: decode every image fully (else only its header and end marker are checked).
         max_pixels: reject images whose header claims more pixels.
+        max_sample_bytes: reject samples (files, tar members, Parquet cells) larger than this, before reading them.
     """
 
     shard_mb: float = 256.0
@@ -46,6 +48,7 @@ class IngestOptions:
     raw: tuple[int, int] | None = None
     validate: bool = False
     max_pixels: int = DEFAULT_MAX_PIXELS
+    max_sample_bytes: int = DEFAULT_MAX_SAMPLE_BYTES
 
     def __post_init__(self) -> None:
         if not self.shard_mb > 0:
@@ -60,6 +63,8 @@ class IngestOptions:
             raise ValueError("--raw and --max-side exclude each other (--raw already fixes the size)")
         if self.max_pixels < 1:
             raise ValueError(f"--max-pixels must be positive, got {self.max_pixels}")
+        if self.max_sample_bytes < 1:
+            raise ValueError(f"--max-sample-bytes must be positive, got {self.max_sample_bytes}")
 
     def to_json(self) -> dict[str, Any]:
         """The options as JSON values."""
@@ -110,9 +115,10 @@ def convert_items(items: list[Item], options: IngestOptions, extra_columns: list
     columns: dict[str, list[Any]] = {name: [] for name in schema.names}
     rejected: list[dict[str, str]] = []
     source_bytes = 0
-    for item, data in zip(items, fetch_many(items), strict=True):
+    for item, data in zip(items, fetch_many(items, options.max_sample_bytes), strict=True):
         if isinstance(data, OSError):
-            rejected.append({"path": item.key, "reason": f"unreadable: {data.strerror or data}"})
+            why = data.strerror or str(data)
+            rejected.append({"path": item.key, "reason": why if data.errno == errno.EFBIG else f"unreadable: {why}"})
             continue
         source_bytes += len(data)
         try:

@@ -7,8 +7,9 @@ file open per sample, random access by row.
 Checks, and when they run:
 
 - **on open**, cheap ones: each shard exists with the manifest's size (a truncated copy is caught here), its Arrow
-  footer parses, and every record batch passes Arrow's full structural validation (offsets inside their buffers),
-  so a damaged file raises :class:`ShardError` instead of crashing inside native code.
+  footer parses and gives the manifest's schema (column names and types: a damaged footer can rename a column),
+  and every record batch passes Arrow's full structural validation (offsets inside their buffers), so a damaged
+  file raises :class:`ShardError` instead of a ``KeyError`` later or a crash inside native code.
 - **lazily, on the first read from each shard**, its SHA-256 against the manifest's. Hashing every shard on open
   would read the whole dataset before the first batch (minutes for ImageNet); hashing a shard when it is first
   touched costs one sequential read of a file the epoch reads anyway, and an altered shard still fails before any
@@ -25,7 +26,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from stallfree.ingest.manifest import MANIFEST, read_manifest
+from stallfree.ingest.manifest import MANIFEST, read_manifest, schema_problem
 
 __all__ = ["ShardError", "ShardReader", "is_shard_folder"]
 
@@ -43,7 +44,7 @@ def is_shard_folder(path: str | os.PathLike[str]) -> bool:
 class _Shard:
     """One mapped shard: its batches' image offsets and data as NumPy views, and its checksum state."""
 
-    def __init__(self, folder: Path, entry: dict[str, Any]):
+    def __init__(self, folder: Path, entry: dict[str, Any], schema: list[dict[str, str]]):
         import pyarrow as pa
         import pyarrow.ipc as ipc
 
@@ -58,9 +59,14 @@ class _Shard:
         try:
             self.map = pa.memory_map(str(self.path))
             reader = ipc.open_file(self.map)
+            problem = schema_problem(reader.schema, schema)
+            if problem is not None:
+                raise ShardError(f"{self.path} {problem} (a damaged footer?); {fix}")
             self.batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
             for batch in self.batches:
                 batch.validate(full=True)
+        except ShardError:
+            raise
         except (pa.ArrowException, OSError, ValueError) as err:
             raise ShardError(f"{self.path} is not a valid Arrow shard ({err}); {fix}") from err
         counted = sum(b.num_rows for b in self.batches)
@@ -121,7 +127,8 @@ class ShardReader:
 
     Raises:
         FileNotFoundError: no manifest.
-        ShardError: a shard missing, truncated or structurally damaged (or altered, with ``verify="open"``).
+        ShardError: a shard missing, truncated, structurally damaged or of another schema than the manifest's (or
+            altered, with ``verify="open"``).
     """
 
     def __init__(self, folder: str | os.PathLike[str], verify: Literal["lazy", "open", "none"] = "lazy"):
@@ -134,7 +141,7 @@ class ShardReader:
         shape = self.manifest["image"].get("shape")
         self.encoded = self.manifest["image"]["kind"] == "encoded"
         self.shape = tuple(shape) if shape else None
-        self._shards = [_Shard(self.folder, entry) for entry in self.manifest["shards"]]
+        self._shards = [_Shard(self.folder, entry, self.manifest["schema"]) for entry in self.manifest["shards"]]
         self._verify = verify
         self._starts = np.cumsum([0] + [s.rows for s in self._shards])
         self.columns = [c["name"] for c in self.manifest["schema"] if c["name"] != "image"]

@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     from stallfree.stage_runtime.clock import StageClock
     from stallfree.stage_runtime.profile import profile
     from stallfree.stage_runtime.profile_run import profile_dataset
-    from stallfree.stage_runtime.trainer import TrainConfig, train
+    from stallfree.stage_runtime.config import TrainConfig
+    from stallfree.stage_runtime.trainer import train
 
 __all__ = [
     "BadSampleError",
@@ -42,7 +43,7 @@ _HOMES = {
     "Resumable": "stallfree.resume",
     "ShardReader": "stallfree.pipeline.shards",
     "StageClock": "stallfree.stage_runtime.clock",
-    "TrainConfig": "stallfree.stage_runtime.trainer",
+    "TrainConfig": "stallfree.stage_runtime.config",
     "profile": "stallfree.stage_runtime.profile",
     "profile_dataset": "stallfree.stage_runtime.profile_run",
     "train": "stallfree.stage_runtime.trainer",

@@ -53,6 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--validate", action="store_true", help="decode every image fully, not only its header")
     parser.add_argument("--max-pixels", type=int, default=None,
                         help="reject images whose header claims more pixels (default 178956970)")
+    parser.add_argument("--max-sample-bytes", type=int, default=None, metavar="BYTES",
+                        help="reject samples (files, tar members, Parquet cells) larger than this before reading "
+                        "them (default 268435456 = 256 MiB)")
     parser.add_argument("--part", default="0/1", metavar="i/N", help="ingest slice i of N (shards i, i+N, ...)")
     parser.add_argument("--merge", action="store_true", help="join OUT's manifest.part-*.json into manifest.json")
     add_json_arguments(parser)
@@ -86,6 +89,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _ingest(args: argparse.Namespace) -> int:
     from stallfree.ingest.runner import ingest, merge, parse_part
+    from stallfree.ingest.sources import DEFAULT_MAX_SAMPLE_BYTES
     from stallfree.ingest.validate import DEFAULT_MAX_PIXELS
     from stallfree.ingest.writer import IngestOptions
 
@@ -102,6 +106,7 @@ def _ingest(args: argparse.Namespace) -> int:
     options = IngestOptions(
         shard_mb=args.shard_size, max_side=args.max_side, quality=args.quality, raw=args.raw,
         validate=args.validate, max_pixels=args.max_pixels or DEFAULT_MAX_PIXELS,
+        max_sample_bytes=DEFAULT_MAX_SAMPLE_BYTES if args.max_sample_bytes is None else args.max_sample_bytes,
     )
     src, out = args.paths
     summary = ingest(src, out, options, workers=args.workers, part=parse_part(args.part),
