@@ -108,6 +108,9 @@ class RandomErasing(KernelTransform):
         if not 0.0 <= self.p <= 1.0:
             raise ValueError(f"RandomErasing: random erasing probability should be between 0 and 1, got {self.p}")
 
+    def is_identity(self) -> bool:
+        return self.p == 0
+
     def check(self, state: GraphState) -> None:
         if self.value == "random" and state.dtype == "uint8":
             raise ValueError("RandomErasing(value='random') needs a float image: put it after Normalize")
@@ -262,6 +265,9 @@ class RandomSolarize(KernelTransform):
     def __post_init__(self) -> None:
         _probability("RandomSolarize", self.p)
 
+    def is_identity(self) -> bool:
+        return self.p == 0
+
     def check(self, state: GraphState) -> None:
         bound = 255.0 if state.dtype == "uint8" else 1.0
         if self.threshold > bound:
@@ -294,6 +300,9 @@ class RandomPosterize(KernelTransform):
         if not isinstance(self.bits, int) or not 0 <= self.bits <= 8:
             raise ValueError(f"RandomPosterize: the number of bits should be between 0 and 8, got {self.bits!r}")
         _probability("RandomPosterize", self.p)
+
+    def is_identity(self) -> bool:
+        return self.p == 0
 
     def check(self, state: GraphState) -> None:
         if state.dtype != "uint8":
@@ -333,6 +342,9 @@ class RandomGrayscale(KernelTransform):
 
     def __post_init__(self) -> None:
         _probability("RandomGrayscale", self.p)
+
+    def is_identity(self) -> bool:
+        return self.p == 0
 
     def kernel_for(self, state: GraphState) -> Kernel:
         return _GRAYSCALE[state.dtype]

@@ -13,7 +13,7 @@ and transpose become one ``crop_mirror_normalize``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -29,10 +29,30 @@ Dtype = Literal["float32", "float16", "bfloat16", "uint8"]
 Layout = Literal["NCHW", "NHWC", "channels_last"]
 
 
-def _step_params(params: dict[str, Any], i: int) -> dict[str, Any]:
-    """Step ``i``'s parameter nodes, under the names its ``params`` declares (graph inputs are ``"{i}.{name}"``)."""
-    prefix = f"{i}."
-    return {name[len(prefix) :]: node for name, node in params.items() if name.startswith(prefix)}
+class _Reads(Mapping[str, Any]):
+    """Parameter input nodes by name (graph inputs are ``"{i}.{name}"``), recording in ``read`` the ones looked up.
+
+    ``prefix`` selects one step's inputs, under the names its ``params`` declares; all views share one ``read``.
+    """
+
+    def __init__(self, nodes: Mapping[str, Any], prefix: str = "", read: set[str] | None = None):
+        self._nodes, self._prefix = nodes, prefix
+        self.read: set[str] = set() if read is None else read
+
+    def step(self, i: int) -> _Reads:
+        return _Reads(self._nodes, f"{i}.", self.read)
+
+    def __getitem__(self, name: str) -> Any:
+        node = self._nodes[self._prefix + name]
+        self.read.add(self._prefix + name)
+        return node
+
+    def __iter__(self) -> Iterator[str]:
+        n = len(self._prefix)
+        return (name[n:] for name in self._nodes if name.startswith(self._prefix))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 class CompiledTransforms:
@@ -69,7 +89,7 @@ class CompiledTransforms:
             step.prepare(state)
             if isinstance(step, Normalize):
                 state = GraphState("cpu", "float32")
-        # A step that changes nothing (ColorJitter() with every factor disabled, as torchvision allows) is left
+        # A step that changes nothing (p=0, ColorJitter() with every factor disabled, as torchvision allows) is left
         # out of the graph: it draws nothing and feeds nothing, so no parameter input goes unread.
         self.steps = [step for step in steps if not step.is_identity()]
         steps = self.steps
@@ -114,7 +134,7 @@ class CompiledTransforms:
     def build(
         self,
         source: Any,
-        params: dict[str, Any],
+        params: Mapping[str, Any],
         *,
         device: Literal["cpu", "gpu"],
         encoded: bool,
@@ -128,13 +148,14 @@ class CompiledTransforms:
         import nvidia.dali.fn as fn
         import nvidia.dali.types as types
 
+        inputs = _Reads(params)
         state = GraphState(device)
         steps = list(enumerate(self.steps))
         image = source
         if encoded:
             decoder_device = "mixed" if device == "gpu" else "cpu"
             if self.roi_decode:
-                window = params["0.window"]
+                window = inputs["0.window"]
                 image = fn.decoders.image_slice(
                     source,
                     window[0:2],
@@ -146,7 +167,7 @@ class CompiledTransforms:
                     adjust_orientation=adjust_orientation,
                     device=decoder_device,
                 )
-                image, state = self.steps[0].build_decoded_window(image, _step_params(params, 0), state)
+                image, state = self.steps[0].build_decoded_window(image, inputs.step(0), state)
                 steps = steps[1:]
             else:
                 image = fn.decoders.image(
@@ -162,10 +183,23 @@ class CompiledTransforms:
         mirror: Any = 0
         if steps and isinstance(steps[-1][1], RandomHorizontalFlip):
             i, _ = steps.pop()
-            mirror = params[f"{i}.flip"]
+            mirror = inputs[f"{i}.flip"]
         for i, step in steps:
-            image, state = step.build(image, _step_params(params, i), state)
+            image, state = step.build(image, inputs.step(i), state)
+        self._check_read(inputs.read)
         return self._output(image, state, tail_normalize, mirror)
+
+    def _check_read(self, read: set[str]) -> None:
+        """Refuse a step whose ``build`` left a declared input unread: DALI drops it, and feeding it would fail."""
+        unread = [name for name in self.param_inputs if name not in read]
+        if unread:
+            index, _ = unread[0].split(".", 1)
+            names = [name.split(".", 1)[1] for name in unread if name.startswith(f"{index}.")]
+            raise TypeError(
+                f"{self.steps[int(index)]!r} declares the per-sample inputs {names} in params "
+                "but its build() does not read them; build must read every input it declares, and a step that "
+                "leaves the image as it is should return True from is_identity()"
+            )
 
     def _output(self, image: Any, state: GraphState, normalize: Normalize | None, mirror: Any) -> Any:
         import nvidia.dali.fn as fn

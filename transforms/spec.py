@@ -129,7 +129,11 @@ class Transform:
         return None
 
     def is_identity(self) -> bool:
-        """Whether the step, as configured, leaves every image unchanged (then it is left out of the graph)."""
+        """Whether the step leaves every image as it is, whatever it draws (``p=0``, a ``ColorJitter()``).
+
+        The compiler drops such a step, as torchvision never changes the image there: it draws nothing, feeds the
+        graph nothing and builds nothing, so the inputs fed always equal the inputs the graph reads.
+        """
         return False
 
 
@@ -282,6 +286,9 @@ class RandomHorizontalFlip(Transform):
     def __post_init__(self) -> None:
         if not 0.0 <= self.p <= 1.0:
             raise ValueError(f"RandomHorizontalFlip: p must be in [0, 1], got {self.p}")
+
+    def is_identity(self) -> bool:
+        return self.p == 0
 
     def draw(self, rng: SampleRandom, size: Size) -> tuple[dict[str, Any], Size]:
         return {"flip": np.array(rng.random() < self.p, np.int32)}, size
