@@ -36,7 +36,7 @@ from stallfree.pipeline.arguments import (
 )
 from stallfree.pipeline.epoch import EpochRun
 from stallfree.pipeline.graph import Graph
-from stallfree.pipeline.readers import Reader, open_source
+from stallfree.pipeline.readers import Reader, open_source, unwrap_torchvision_dataset
 from stallfree.pipeline.sampler import Sampler, process_shard
 from stallfree.pipeline.samples import BadSampleError, Batch
 from stallfree.resume import check_fingerprint
@@ -73,7 +73,9 @@ class Loader:
     Args:
         source: an ImageFolder tree, a CSV or Parquet file list (``path``, ``label``), an ingested shard folder,
             a map-style torch ``Dataset`` of ``(image, label)`` items (see :class:`DatasetReader`), or a
-            :class:`Reader`.
+            :class:`Reader`. A torchvision dataset (``ImageFolder(root, transform=...)``) brings its transforms
+            (see :func:`~stallfree.pipeline.readers.unwrap_torchvision_dataset`), so ``DataLoader(dataset, ...)``
+            becomes ``Loader(dataset, ...)``.
         batch_size: samples per batch.
         transform: the augmentation spec: a ``stallfree.transforms`` step, a list or a ``Compose`` of them, or
             torchvision's own transforms (``T.Compose``, ``v2.Compose``, one transform, a list), translated with
@@ -156,6 +158,7 @@ class Loader:
         **dataloader_keywords: Any,
     ):
         check_dataloader_keywords(dataloader_keywords)
+        source, transform, target_transform = unwrap_torchvision_dataset(source, transform, target_transform)
         check_arguments(dict(locals()))
         if exif not in EXIF_MODES:
             raise ValueError(f"exif must be 'ignore' or 'apply', got {exif!r}")

@@ -258,8 +258,8 @@ class _Translation:
 
     def random_erasing(self, where: str, t: Any) -> None:
         value = "random" if t.value is None else t.value  # v2 keeps value="random" as None
-        if isinstance(value, list):
-            value = tuple(value)
+        if isinstance(value, (list, tuple)):
+            value = value[0] if len(value) == 1 else tuple(value)  # v2 keeps value=0 as [0.0]
         self._emit(RandomErasing(float(t.p), tuple(t.scale), tuple(t.ratio), value), where)
 
     # --- policies -------------------------------------------------------------------------------------------------
