@@ -13,7 +13,60 @@ import torch
 from stallfree.pipeline.readers import Reader
 from stallfree.transforms.spec import Transform
 
-__all__ = ["check_arguments", "describe_spec", "device_of", "is_int", "source_identity"]
+__all__ = [
+    "BUILTIN_COLUMNS",
+    "check_arguments",
+    "check_dataloader_keywords",
+    "describe_spec",
+    "device_of",
+    "dtype_name",
+    "is_int",
+    "source_identity",
+]
+
+#: Columns every source has (``Loader(columns=...)``): the sample's row in the source, and where it lives.
+BUILTIN_COLUMNS = ("index", "path")
+
+#: ``torch.utils.data.DataLoader`` keywords the Loader does not take, and what it does instead.
+_INSTEAD = {
+    "num_workers": "decoding runs on DALI's threads, not worker processes: use num_threads=N (DALI's threads, "
+    "default: the cores this process may use) and io_threads=N (file reads)",
+    "persistent_workers": "the Loader keeps its DALI graph and threads from one epoch to the next already; drop it",
+    "prefetch_factor": "use prefetch=N (batches each stage runs ahead of the training loop)",
+    "collate_fn": "batches are stacked in the DALI graph (images in dtype/layout, labels int64, columns= for "
+    "extra fields); change labels with target_transform=, or the batch in your loop",
+    "sampler": "the Loader's sampler owns the order (shuffle=, seed=, rank=/world_size=), which is what makes it "
+    "exactly-once and resumable; for a subset, pass a Reader or Dataset of that subset",
+    "batch_sampler": "batches are batch_size= consecutive samples of the Loader's own order (shuffle=, seed=)",
+    "worker_init_fn": "there are no worker processes; seed= seeds every random augmentation parameter",
+    "generator": "use seed= (it seeds the order and every augmentation parameter, keyed by sample)",
+    "multiprocessing_context": "there are no worker processes (DALI's threads decode)",
+    "timeout": "there are no worker processes to time out",
+    "pin_memory_device": "pin_memory=True pins CPU batches; device='cuda' delivers them on the GPU directly",
+    "in_order": "batches always come in the sampler's order",
+    "transforms": "use transform= (torchvision's objects are translated) and target_transform=",
+}
+
+_TORCH_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16", torch.uint8: "uint8"}
+
+
+def dtype_name(dtype: Any) -> Any:
+    """``dtype`` as the spec's name: a string as it is, a ``torch.dtype`` the Loader outputs by its name."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in _TORCH_DTYPES:
+            raise ValueError(f"dtype must be one of {list(_TORCH_DTYPES)} or their names, got {dtype}")
+        return _TORCH_DTYPES[dtype]
+    return dtype
+
+
+def check_dataloader_keywords(kwargs: dict[str, Any]) -> None:
+    """Refuse every keyword the Loader does not take: DataLoader's with what to do instead, others as Python does."""
+    for name in kwargs:
+        if name in _INSTEAD:
+            raise TypeError(f"Loader does not take DataLoader's {name}=: {_INSTEAD[name]}")
+    if kwargs:
+        name = next(iter(kwargs))
+        raise TypeError(f"Loader() got an unexpected keyword argument {name!r}")
 
 
 def device_of(device: str | torch.device) -> torch.device:
@@ -61,12 +114,15 @@ def check_arguments(args: dict[str, Any]) -> None:
     if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
         example = [columns] if isinstance(columns, str) else ["key"]
         raise ValueError(f"columns must be a list of column names, e.g. columns={example!r}; got {columns!r}")
+    if not isinstance(args["pin_memory"], (bool, np.bool_)):
+        raise ValueError(f"pin_memory must be True or False, got {args['pin_memory']!r}")
+    if args["target_transform"] is not None and not callable(args["target_transform"]):
+        raise ValueError(f"target_transform must be a callable applied to each label, got "
+                         f"{type(args['target_transform']).__name__}")
     clock = args["clock"]
     if clock is not None and not callable(getattr(clock, "record", None)):
         raise ValueError(f"clock must have a record(stage, state, start, end, batch) method (a StageClock has), "
                          f"got {type(clock).__name__}")
-    if isinstance(args["transform"], Transform):
-        raise ValueError(f"transform must be a list of transforms: transform=[{args['transform']!r}]")
 
 
 def source_identity(reader: Reader) -> str:

@@ -86,6 +86,7 @@ class Graph:
         exif: ``"ignore"`` decodes the stored pixels; ``"apply"`` turns each image by its EXIF orientation.
         seed: seeds DALI's own random operators (only the auto-augment policies use them; every other random
             parameter comes from the sample-keyed generator and is fed in).
+        pin_memory: copy each CPU batch into page-locked memory (on the graph's thread, off the training loop).
     """
 
     def __init__(
@@ -98,7 +99,9 @@ class Graph:
         encoded: bool,
         seed: int = 0,
         exif: Exif = "ignore",
+        pin_memory: bool = False,
     ):
+        self.pin_memory = pin_memory
         self.compiled, self.batch_size, self.num_threads = compiled, batch_size, num_threads
         self.device_id, self.encoded, self.seed, self.exif = device_id, encoded, seed, exif
         self._pipe = self._build(batch_size)
@@ -207,4 +210,6 @@ class Graph:
             tensor = tensor.to(torch.bfloat16)
         if self.compiled.layout == "channels_last":
             tensor = tensor.permute(0, 3, 1, 2)  # NCHW shape over NHWC memory: torch.channels_last
+        if self.pin_memory and tensor.device.type == "cpu":
+            tensor = tensor.pin_memory()
         return tensor

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal, Protocol
@@ -23,15 +24,24 @@ import numpy as np
 import torch
 
 from stallfree.ingest.images import DEFAULT_MAX_PIXELS, EXIF_MODES, Exif
-from stallfree.pipeline.arguments import check_arguments, describe_spec, device_of, is_int, source_identity
+from stallfree.pipeline.arguments import (
+    BUILTIN_COLUMNS,
+    check_arguments,
+    check_dataloader_keywords,
+    describe_spec,
+    device_of,
+    dtype_name,
+    is_int,
+    source_identity,
+)
 from stallfree.pipeline.epoch import EpochRun
 from stallfree.pipeline.graph import Graph
-from stallfree.pipeline.readers import Reader, open_source
+from stallfree.pipeline.readers import Reader, open_source, unwrap_torchvision_dataset
 from stallfree.pipeline.sampler import Sampler, process_shard
 from stallfree.pipeline.samples import BadSampleError, Batch
 from stallfree.resume import check_fingerprint
 from stallfree.transforms.compile import CompiledTransforms, Dtype, Layout
-from stallfree.transforms.spec import Transform
+from stallfree.transforms.from_torchvision import to_steps
 
 __all__ = ["BadSampleError", "Clock", "Loader"]
 
@@ -63,9 +73,13 @@ class Loader:
     Args:
         source: an ImageFolder tree, a CSV or Parquet file list (``path``, ``label``), an ingested shard folder,
             a map-style torch ``Dataset`` of ``(image, label)`` items (see :class:`DatasetReader`), or a
-            :class:`Reader`.
+            :class:`Reader`. A torchvision dataset (``ImageFolder(root, transform=...)``) brings its transforms
+            (see :func:`~stallfree.pipeline.readers.unwrap_torchvision_dataset`), so ``DataLoader(dataset, ...)``
+            becomes ``Loader(dataset, ...)``.
         batch_size: samples per batch.
-        transform: the augmentation spec (``stallfree.transforms``); it must end at a fixed size.
+        transform: the augmentation spec: a ``stallfree.transforms`` step, a list or a ``Compose`` of them, or
+            torchvision's own transforms (``T.Compose``, ``v2.Compose``, one transform, a list), translated with
+            their parameters (``stallfree.transforms.from_torchvision``). It must end at a fixed size.
         shuffle: a global permutation per ``(seed, epoch)``; ``False`` for evaluation (row order).
         seed: seeds the order and every random augmentation parameter; the same on every rank.
         drop_last: as ``DistributedSampler(drop_last=True)`` plus ``DataLoader(drop_last=True)``: truncate so
@@ -90,14 +104,27 @@ class Loader:
         exif: ``"ignore"`` (default) decodes the stored pixels, as PIL's ``Image.open(f).convert("RGB")`` and
             torchvision's ImageFolder do; ``"apply"`` turns each image by its EXIF orientation first, as
             ``ImageOps.exif_transpose``, and draws crops on the turned size (not for ``--raw`` shards).
-        dtype: ``"float32"``, ``"float16"``, ``"bfloat16"`` or ``"uint8"``.
+        dtype: ``"float32"``, ``"float16"``, ``"bfloat16"`` or ``"uint8"``, or that ``torch.dtype``. Default:
+            what a translated torchvision pipeline ends with (uint8 after ``PILToTensor``), else float32.
         layout: ``"NCHW"``, ``"NHWC"`` or ``"channels_last"`` (NCHW shape, NHWC memory).
+        channels: 3 (RGB) or 1 (grayscale: PIL's ``convert("L")`` luma, as a ``Grayscale(1)`` step first, after a
+            leading ``RandomResizedCrop`` so that its window is still all that is decoded).
         clock: where to report stage spans (see :class:`Clock`), e.g. a ``StageClock``.
-        columns: extra columns of an ingested source (``stallfree ingest`` keeps a file list's further columns);
-            when given, each batch is ``(images, labels, {name: tensor for numbers, list otherwise})``.
+        columns: extra fields with each batch: ``"index"`` (the sample's row in the source) and ``"path"`` (its
+            file, or the shard row or dataset item) for every source, and an ingested source's own columns
+            (``stallfree ingest`` keeps a file list's further columns); when given, each batch is
+            ``(images, labels, {name: tensor for numbers, list otherwise})``.
+        pin_memory: as DataLoader's: CPU batches (images and labels) in page-locked memory, for a fast
+            ``.to("cuda", non_blocking=True)``. Without a CUDA device it warns and does nothing, as DataLoader does.
+        target_transform: as ImageFolder's: called on each label (an int); the batch's results are collated as
+            DataLoader's ``default_collate`` does (numbers become a tensor).
+
+    DataLoader's other keywords (``num_workers``, ``persistent_workers``, ``collate_fn``, ``sampler``, ...) are
+    refused with a ``TypeError`` that says what the Loader does instead.
 
     Raises:
         ValueError: for bad arguments or an empty dataset, before any work starts.
+        TypeError: a keyword the Loader does not take, or a transform that cannot run in the graph (named).
     """
 
     def __init__(
@@ -105,7 +132,7 @@ class Loader:
         source: str | os.PathLike[str] | Reader | torch.utils.data.Dataset[Any],
         batch_size: int,
         *,
-        transform: Sequence[Transform] = (),
+        transform: Any = (),
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
@@ -121,17 +148,33 @@ class Loader:
         on_error: Literal["raise", "skip"] = "raise",
         max_pixels: int = DEFAULT_MAX_PIXELS,
         exif: Exif = "ignore",
-        dtype: Dtype = "float32",
+        dtype: Dtype | torch.dtype | None = None,
         layout: Layout = "NCHW",
+        channels: int = 3,
         clock: Clock | None = None,
         columns: Sequence[str] = (),
+        pin_memory: bool = False,
+        target_transform: Any = None,
+        **dataloader_keywords: Any,
     ):
+        check_dataloader_keywords(dataloader_keywords)
+        source, transform, target_transform = unwrap_torchvision_dataset(source, transform, target_transform)
         check_arguments(dict(locals()))
         if exif not in EXIF_MODES:
             raise ValueError(f"exif must be 'ignore' or 'apply', got {exif!r}")
         self.exif: Exif = exif  # decides pixels: part of what a resumed state must match
-        self.compiled = CompiledTransforms(transform, dtype=dtype, layout=layout)
+        spec = to_steps(transform)
+        out_dtype = dtype_name(dtype) if dtype is not None else (spec.dtype or "float32")
+        self.compiled = CompiledTransforms(spec.steps, dtype=out_dtype, layout=layout, channels=channels)
         self.device = device_of(device)
+        if pin_memory and self.device.type != "cpu":
+            raise ValueError(f"pin_memory=True pins CPU batches, but device={str(self.device)!r} delivers them on the "
+                             "GPU already; drop pin_memory, or use device='cpu' to copy them yourself")
+        if pin_memory and not torch.cuda.is_available():
+            warnings.warn("pin_memory=True but torch sees no CUDA device: batches stay in ordinary memory (as "
+                          "DataLoader does)", UserWarning, stacklevel=2)
+            pin_memory = False
+        self.pin_memory, self.target_transform = bool(pin_memory), target_transform
         if placement == "gpu" and self.device.type != "cuda":
             raise ValueError("placement='gpu' needs a CUDA device=; got device='cpu'")
         on_gpu = placement == "gpu" or (placement == "auto" and self.device.type == "cuda")
@@ -151,10 +194,10 @@ class Loader:
         self.prefetch, self.io_threads, self.clock = prefetch, io_threads, clock
         self.encoded = bool(self.reader.encoded)
         self.columns = tuple(columns)
-        available = list(self.reader.columns)
+        available = list(self.reader.columns) + [c for c in BUILTIN_COLUMNS if c not in self.reader.columns]
         if self.columns and not set(self.columns) <= set(available):
             raise ValueError(f"columns={list(self.columns)} but the source has columns {available} (only ingested "
-                             "shard folders have extra columns: see `stallfree ingest`)")
+                             "shard folders have further columns: see `stallfree ingest`)")
         self.labels = self.reader.labels()
         self.num_threads = num_threads or len(os.sched_getaffinity(0))
         self._graph_device = self.device.index if on_gpu else None
@@ -303,16 +346,34 @@ class Loader:
                 encoded=self.encoded,
                 seed=self.seed,
                 exif=self.exif,
+                pin_memory=self.pin_memory,
             )
         run = EpochRun(self, self._graph, self._epoch, position, (delivered - repeat) // self._batch_echo)
         ongoing = _Pass(self, run, (position, repeat, delivered))
         self._pass = weakref.ref(ongoing)
         return ongoing
 
+    def _labels(self, rows: np.ndarray) -> Any:
+        """The batch's labels on the delivery device, through ``target_transform`` if there is one."""
+        labels: Any = torch.from_numpy(self.labels[rows])
+        if self.target_transform is not None:
+            from torch.utils.data import default_collate
+
+            labels = default_collate([self.target_transform(int(label)) for label in self.labels[rows]])
+        if isinstance(labels, torch.Tensor):
+            labels = labels.pin_memory() if self.pin_memory else labels.to(self.device)
+        return labels
+
     def _extras(self, rows: np.ndarray) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for name in self.columns:
-            values = self.reader.column(name, rows)
+            values: np.ndarray | list[Any]
+            if name in self.reader.columns:
+                values = self.reader.column(name, rows)
+            elif name == "index":
+                values = np.asarray(rows, np.int64)
+            else:  # "path"
+                values = [self.reader.describe(int(row)) for row in rows]
             numeric = isinstance(values, np.ndarray)
             out[name] = torch.from_numpy(np.ascontiguousarray(values)).to(self.device) if numeric else values
         return out
@@ -354,7 +415,7 @@ class _Pass:
                 self.run.stop()
                 raise
             loader.skipped.extend(batch.skipped)
-            labels = torch.from_numpy(loader.labels[batch.rows]).to(loader.device)
+            labels = loader._labels(batch.rows)
             out = (batch.output, labels, loader._extras(batch.rows)) if loader.columns else (batch.output, labels)
             self._repeat = self._repeat if self._batch is None else 0
             self._batch = batch, out

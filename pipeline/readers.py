@@ -20,7 +20,7 @@ from stallfree.ingest.folders import inside_root, scan_image_folder
 from stallfree.ingest.images import Exif
 from stallfree.pipeline.shards import ShardReader, is_shard_folder
 
-__all__ = ["DatasetReader", "FileListReader", "FolderReader", "Reader", "open_source"]
+__all__ = ["DatasetReader", "FileListReader", "FolderReader", "Reader", "open_source", "unwrap_torchvision_dataset"]
 
 
 @runtime_checkable
@@ -296,6 +296,44 @@ class DatasetReader:
             f"{self.describe(index)}: the image is {type(image).__name__} of dtype {array.dtype} and shape "
             f"{array.shape}; expected encoded bytes, a PIL image or an HWC uint8 RGB array"
         )
+
+
+def unwrap_torchvision_dataset(source: Any, transform: Any, target_transform: Any) -> tuple[Any, Any, Any]:
+    """A torchvision dataset as a source, and the transforms it carries as the Loader's (``DataLoader(dataset)``).
+
+    ``ImageFolder``/``DatasetFolder`` with torchvision's default loader become its files, in its order, with its
+    labels and classes (decoded in the graph as ``pil_loader`` decodes them); any other torchvision dataset (one
+    with a custom ``loader=``, CIFAR10, MNIST...) is read through a copy of it with its transforms removed, so that
+    its items are the PIL images the transforms would have got. Other sources are returned as they are.
+
+    Raises:
+        ValueError: a transform both on the dataset and in ``Loader(transform=...)`` (or ``target_transform``), or
+            a joint ``transforms=`` of (image, target), which the graph cannot run.
+    """
+    if not type(source).__module__.startswith("torchvision.datasets"):
+        return source, transform, target_transform
+    name = type(source).__name__
+    own, own_target = getattr(source, "transform", None), getattr(source, "target_transform", None)
+    joint = getattr(source, "transforms", None)
+    if joint is not None and own is None and own_target is None:
+        raise ValueError(f"{name} has a joint transforms= of (image, target), which the graph cannot run; pass the "
+                         "image transform as transform= and the label's as target_transform=")
+    for arg, mine, theirs in (("transform", transform, own), ("target_transform", target_transform, own_target)):
+        if theirs is not None and mine not in (None, ()):
+            raise ValueError(f"{name} has its own {arg} and Loader got {arg}= too: give one of them")
+    transform = own if own is not None else transform
+    target_transform = own_target if own_target is not None else target_transform
+    loader = getattr(source, "loader", None)
+    default = getattr(loader, "__module__", "") == "torchvision.datasets.folder" and getattr(
+        loader, "__name__", "") in ("default_loader", "pil_loader")
+    samples = getattr(source, "samples", None)
+    if default and samples is not None:
+        paths = [Path(path) for path, _ in samples]
+        labels = np.asarray([label for _, label in samples], np.int64)
+        return _PathReader(paths, labels, list(source.classes)), transform, target_transform
+    bare = copy.copy(source)
+    bare.transform = bare.target_transform = bare.transforms = None
+    return DatasetReader(bare), transform, target_transform
 
 
 def open_source(source: str | os.PathLike[str] | Reader | Any, *, exif: Exif = "ignore") -> Reader:

@@ -12,6 +12,8 @@ from stallfree.transforms.bundled import (
     Solarize,
 )
 from stallfree.transforms.color import ColorJitter
+from stallfree.transforms.compose import Compose
+from stallfree.transforms.grayscale import Grayscale
 from stallfree.transforms.kernels import Kernel, KernelError, KernelTransform, kernel, normal_at, uniform_at
 from stallfree.transforms.policies import AutoAugment, RandAugment, TrivialAugmentWide
 from stallfree.transforms.spec import (
@@ -19,6 +21,7 @@ from stallfree.transforms.spec import (
     Normalize,
     RandomHorizontalFlip,
     RandomResizedCrop,
+    RandomVerticalFlip,
     Resize,
     Transform,
 )
@@ -27,9 +30,11 @@ __all__ = [
     "AutoAugment",
     "CenterCrop",
     "ColorJitter",
+    "Compose",
     "CutMix",
     "Cutout",
     "GaussianNoise",
+    "Grayscale",
     "Kernel",
     "KernelError",
     "KernelTransform",
@@ -43,6 +48,7 @@ __all__ = [
     "RandomPosterize",
     "RandomResizedCrop",
     "RandomSolarize",
+    "RandomVerticalFlip",
     "Resize",
     "Solarize",
     "Transform",

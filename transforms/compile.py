@@ -62,6 +62,7 @@ class CompiledTransforms:
         steps: the transforms, in order.
         dtype: output element type. ``bfloat16`` leaves DALI as float32 and is cast by the hand-off to torch.
         layout: ``NCHW``; ``NHWC``; or ``channels_last`` (NCHW shape in NHWC memory, as torch names it).
+        channels: 3 (RGB) or 1 (luma, as ``Grayscale(num_output_channels=1)``); a ``Grayscale(1)`` step sets it to 1.
 
     Raises:
         TypeError: a step that is not a :class:`Transform`.
@@ -70,7 +71,11 @@ class CompiledTransforms:
             differs between samples (batches need one size: end with a crop or a fixed-size ``Resize``).
     """
 
-    def __init__(self, steps: Sequence[Transform], *, dtype: Dtype = "float32", layout: Layout = "NCHW"):
+    def __init__(
+        self, steps: Sequence[Transform], *, dtype: Dtype = "float32", layout: Layout = "NCHW", channels: int = 3
+    ):
+        from stallfree.transforms.grayscale import Grayscale
+
         steps = list(steps)
         for i, step in enumerate(steps):
             if not isinstance(step, Transform):
@@ -82,6 +87,10 @@ class CompiledTransforms:
             raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        if channels not in (1, 3):
+            raise ValueError(f"channels must be 1 (grayscale) or 3 (RGB), got {channels!r}")
+        if channels == 1 and not any(isinstance(s, Grayscale) for s in steps):
+            steps.insert(1 if steps and isinstance(steps[0], RandomResizedCrop) else 0, Grayscale(1))
         if dtype == "uint8" and any(isinstance(s, Normalize) for s in steps):
             raise ValueError("dtype='uint8' cannot follow Normalize (its output is float); drop one of them")
         state = GraphState("cpu")
@@ -95,6 +104,8 @@ class CompiledTransforms:
         steps = self.steps
         self.dtype: Dtype = dtype
         self.layout: Layout = layout
+        # The graph keeps 3 equal channels after a Grayscale (so every step sees RGB); the output keeps one.
+        self.channels = 1 if any(isinstance(s, Grayscale) and s.num_output_channels == 1 for s in steps) else 3
         self.output_size = self._output_size()
         self.conditionals = any(step.conditionals for step in steps)
         self.param_inputs: dict[str, type] = {
@@ -212,7 +223,7 @@ class CompiledTransforms:
         else:
             mean, std = [0.0] * 3, [1.0] * 3
         out_type = {"uint8": types.UINT8, "float16": types.FLOAT16}.get(self.dtype, types.FLOAT)
-        return fn.crop_mirror_normalize(
+        out = fn.crop_mirror_normalize(
             image,
             mean=mean,
             std=std,
@@ -221,3 +232,6 @@ class CompiledTransforms:
             output_layout="CHW" if self.layout == "NCHW" else "HWC",
             device=state.device,
         )
+        if self.channels == 1:
+            out = out[0:1, :, :] if self.layout == "NCHW" else out[:, :, 0:1]
+        return out

@@ -157,7 +157,8 @@ def test_header_reader() -> None:
         ({"rank": 0, "world_size": 0}, ValueError, "world_size must be an int >= 1"),
         ({"columns": "key"}, ValueError, r"columns must be a list of column names, e.g. columns=\['key'\]"),
         ({"clock": object()}, ValueError, "clock must have a record"),
-        ({"transform": CenterCrop(8)}, ValueError, r"transform must be a list of transforms: transform=\[CenterCrop"),
+        ({"pin_memory": "yes"}, ValueError, "pin_memory must be True or False"),
+        ({"channels": 4}, ValueError, r"channels must be 1 \(grayscale\) or 3"),
     ],
 )
 def test_bad_arguments_fail_before_any_work(dataset: Path, kwargs: dict, error: type, match: str) -> None:

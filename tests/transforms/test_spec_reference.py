@@ -190,7 +190,7 @@ def test_random_resized_crop_falls_back_to_center_crop() -> None:
         (lambda: Resize("big"), "size must be an int"),
         (lambda: CenterCrop((0, 3)), "size must be positive"),
         (lambda: RandomHorizontalFlip(1.5), "p must be in"),
-        (lambda: Normalize((0.5,), (0.2,)), "3 values"),
+        (lambda: Normalize((0.5, 0.5), (0.2, 0.2)), "1 or 3 values"),
         (lambda: Normalize(std=(0.2, 0.0, 0.1)), "std must be positive"),
     ],
 )

@@ -1,0 +1,136 @@
+"""torchvision's own transform objects, translated into the spec with their parameters (needs torchvision)."""
+
+from __future__ import annotations
+
+import pytest
+
+from stallfree.transforms import (
+    AutoAugment,
+    CenterCrop,
+    ColorJitter,
+    Grayscale,
+    Normalize,
+    RandAugment,
+    RandomErasing,
+    RandomGrayscale,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    RandomVerticalFlip,
+    Resize,
+    TrivialAugmentWide,
+)
+from stallfree.transforms.from_torchvision import to_steps
+
+pytestmark = pytest.mark.torchvision
+
+
+@pytest.fixture(params=["v1", "v2"])
+def T(request):  # noqa: N802 - torchvision's own alias
+    if request.param == "v1":
+        import torchvision.transforms as T
+    else:
+        import torchvision.transforms.v2 as T
+    return T
+
+
+def tensor_steps(T):
+    """The conversion to a [0, 1] float tensor in each API."""
+    import torch
+
+    return [T.ToTensor()] if hasattr(T, "ToTensor") and not hasattr(T, "ToImage") else [
+        T.ToImage(), T.ToDtype(torch.float32, scale=True)]
+
+
+def test_imagenet_train_and_eval_recipes(T) -> None:
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    train = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), *tensor_steps(T), T.Normalize(mean, std)])
+    val = T.Compose([T.Resize(256), T.CenterCrop(224), *tensor_steps(T), T.Normalize(mean, std)])
+    assert to_steps(train).steps == (RandomResizedCrop((224, 224)), RandomHorizontalFlip(0.5), Normalize(mean, std))
+    assert to_steps(val).steps == (Resize(256), CenterCrop((224, 224)), Normalize(mean, std))
+    assert to_steps(val).dtype in (None, "float32")
+
+
+def test_every_listed_class_with_its_parameters(T) -> None:
+    pipeline = [
+        T.RandomResizedCrop((30, 40), scale=(0.2, 0.9), ratio=(0.5, 2.0)),
+        T.Resize([32], max_size=60),
+        T.CenterCrop(24),
+        T.RandomHorizontalFlip(0.3),
+        T.RandomVerticalFlip(0.7),
+        T.ColorJitter(0.4, (0.5, 1.5), 0.2, 0.1),
+        T.RandomGrayscale(0.2),
+        T.AutoAugment(T.AutoAugmentPolicy.CIFAR10),
+        T.RandAugment(num_ops=3, magnitude=5),
+        T.TrivialAugmentWide(num_magnitude_bins=21),
+        *tensor_steps(T),
+        T.Normalize((0.5,), (0.25,)),
+        T.RandomErasing(p=0.4, scale=(0.1, 0.2), ratio=(0.5, 1.5), value=0),
+    ]
+    assert to_steps(pipeline).steps == (
+        RandomResizedCrop((30, 40), (0.2, 0.9), (0.5, 2.0)),
+        Resize(32, max_size=60),
+        CenterCrop((24, 24)),
+        RandomHorizontalFlip(0.3),
+        RandomVerticalFlip(0.7),
+        ColorJitter((0.6, 1.4), (0.5, 1.5), (0.8, 1.2), (-0.1, 0.1)),
+        RandomGrayscale(0.2),
+        AutoAugment("cifar10"),
+        RandAugment(3, 5),
+        TrivialAugmentWide(21),
+        Normalize((0.5,), (0.25,)),
+        RandomErasing(0.4, (0.1, 0.2), (0.5, 1.5), 0),
+    )
+
+
+def test_random_erasing_value_random_and_grayscale(T) -> None:
+    steps = to_steps([T.Grayscale(1), *tensor_steps(T), T.RandomErasing(value="random")]).steps
+    assert steps == (Grayscale(1), Normalize((0.0,), (1.0,)), RandomErasing(value="random"))
+
+
+def test_a_float_step_before_normalize_sees_floats_as_torchvision(T) -> None:
+    # ToTensor, then RandomErasing on [0, 1] floats, then Normalize: the graph converts where torchvision does.
+    steps = to_steps([T.CenterCrop(8), *tensor_steps(T), T.RandomErasing(), T.Normalize((0.5,), (0.5,))]).steps
+    assert steps == (CenterCrop((8, 8)), Normalize((0.0,), (1.0,)), RandomErasing(), Normalize((0.5,), (0.5,)))
+
+
+def test_uint8_tensor_pipelines_ask_for_uint8_output() -> None:
+    import torch
+    import torchvision.transforms as T1
+    import torchvision.transforms.v2 as T2
+
+    assert to_steps([T1.CenterCrop(8), T1.PILToTensor()]).dtype == "uint8"
+    assert to_steps([T2.CenterCrop(8), T2.ToImage()]).dtype == "uint8"
+    half = to_steps([T2.CenterCrop(8), T2.ToImage(), T2.ToDtype(torch.float16, scale=True)])
+    assert half.dtype == "float16" and half.steps == (CenterCrop((8, 8)),)
+    unscaled = to_steps([T2.CenterCrop(8), T2.ToImage(), T2.ToDtype(torch.float32), T2.Normalize([127.5], [2.0])])
+    assert unscaled.steps == (CenterCrop((8, 8)), Normalize((0.5,), (2 / 255,)))
+
+
+def test_normalize_before_to_tensor_is_refused(T) -> None:
+    with pytest.raises(ValueError, match=r"transform\[1\]: Normalize before ToTensor"):
+        to_steps(T.Compose([T.CenterCrop(8), T.Normalize((0.5,), (0.5,))]))
+
+
+def test_other_torchvision_classes_and_lambdas_are_refused_by_name(T) -> None:
+    with pytest.raises(TypeError, match=r"transform\[1\] is torchvision.*GaussianBlur: .*no stallfree counterpart.*"
+                                        r"@kernel"):
+        to_steps(T.Compose([T.CenterCrop(8), T.GaussianBlur(3)]))
+    with pytest.raises(TypeError, match=r"transform\[0\] is torchvision.*Lambda: .*@kernel"):
+        to_steps([T.Lambda(lambda x: x)])
+
+
+def test_other_interpolations_are_refused(T) -> None:
+    with pytest.raises(ValueError, match=r"Resize\(interpolation='bicubic'\) is not reproduced.*BILINEAR"):
+        to_steps(T.Resize(8, interpolation=T.InterpolationMode.BICUBIC))
+
+
+def test_the_translation_imports_torchvision_only_for_its_objects() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, stallfree; from stallfree.transforms.from_torchvision import to_steps; "
+        "from stallfree.transforms import CenterCrop; to_steps([CenterCrop(8)]); "
+        "assert not [m for m in sys.modules if m.startswith('torchvision')]"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
