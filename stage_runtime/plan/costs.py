@@ -80,7 +80,13 @@ class Link:
 
     def describe(self) -> str:
         """The link as ``--link`` writes it."""
-        return f"{self.bytes_per_s / 1e9:g}GB/s,{self.latency_s * 1e6:g}us"
+        if self.bytes_per_s == float("inf"):
+            return "free"
+        rate = next(f"{self.bytes_per_s / f:g}{u}/s" for f, u in ((1e9, "GB"), (1e6, "MB"), (1e3, "KB"), (1, "B"))
+                    if self.bytes_per_s >= f or u == "B")
+        lat = next(f"{self.latency_s / f:g}{u}" for f, u in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us"), (1e-9, "ns"))
+                   if self.latency_s >= f or u == "ns")
+        return f"{rate},{lat}"
 
 
 FREE_LINK = Link(float("inf"), 0.0)

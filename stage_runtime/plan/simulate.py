@@ -66,6 +66,7 @@ class StepResult:
     peak_stage_activation_bytes: tuple[int, ...]  # per model stage
     spans: tuple[Span, ...]
     transfers: int  # messages between ranks
+    optimizer_s: tuple[float, ...] = ()  # per rank, the optimizer step after the schedule (0 if in the program)
     bubble: Bubble | None = field(default=None)
 
     @property
@@ -186,11 +187,8 @@ def simulate(program: Mapping[int, Sequence[Op]], owner: Sequence[int], costs: S
     busy = [0.0] * ranks
     for span in compute:
         busy[span.rank] += span.end - span.start
-    step_s = 0.0
-    for r in range(ranks):  # an optimizer already in the program (O) is not charged twice
-        in_program = any(o.kind == "O" for o in program[r])
-        end = max((x.end for x in spans if x.rank == r), default=0.0)
-        step_s = max(step_s, end + (0.0 if in_program else opt[r]))
+    after = [0.0 if any(o.kind == "O" for o in program[r]) else opt[r] for r in range(ranks)]  # not twice
+    step_s = max(max((x.end for x in spans if x.rank == r), default=0.0) + after[r] for r in range(ranks))
     peak_rank, peak_stage = [0] * ranks, [0] * len(costs)
     held_rank, held_stage = [0] * ranks, [0] * len(costs)
     for _, delta, r, s in sorted(memory, key=lambda e: (e[0], e[1])):  # frees before allocations at a tie
@@ -199,7 +197,7 @@ def simulate(program: Mapping[int, Sequence[Op]], owner: Sequence[int], costs: S
         peak_rank[r] = max(peak_rank[r], held_rank[r])
         peak_stage[s] = max(peak_stage[s], held_stage[s])
     return StepResult(step_s, schedule_s, tuple(busy), tuple(schedule_s - b for b in busy), tuple(peak_rank),
-                      tuple(peak_stage), tuple(spans), transfers)
+                      tuple(peak_stage), tuple(spans), transfers, tuple(after))
 
 
 def _mean_costs(costs: Sequence[StageCost]) -> list[StageCost]:
