@@ -21,7 +21,7 @@ from stallfree.commands import CliError
 __all__ = ["CliError", "main"]
 
 # Subcommand modules under stallfree.commands, in the order `stallfree --help` lists them.
-COMMANDS = ("demo", "ingest", "train", "bench", "profile")
+COMMANDS = ("demo", "ingest", "train", "bench", "profile", "plan")
 
 
 def build_parser() -> argparse.ArgumentParser:

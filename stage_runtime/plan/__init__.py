@@ -1,0 +1,8 @@
+"""The schedule simulator and planner behind ``stallfree plan``.
+
+``costs`` (what a stage and a link cost), ``orders`` (each rank's operations, from torch's schedule objects),
+``simulate`` (one step as events), ``asynchronous`` (no-flush schedules, predicted only), ``planner`` (rank
+every schedule, stage count, virtual stages, micro-batch count and split), ``timeline`` (the PNG).
+"""
+
+__all__: list[str] = []

@@ -1,0 +1,195 @@
+"""What the simulator charges: per-stage compute times and sizes, links between devices, and their parsing.
+
+Costs come from the partitioner's measurement (:func:`stallfree.stage_runtime.partition.measure_layers`, the one
+``stallfree train`` balances with) or from a JSON file a user writes for hardware they do not have::
+
+    {"microbatch": 8,                        # the micro-batch size these figures are for
+     "optimizer_s": 0.002,                   # one optimizer step over the whole model (optional, default 0)
+     "layers": [{"forward_s": 0.001, "backward_s": 0.002, "weight_s": 0.001,  # weight_s: optional
+                 "param_bytes": 1048576, "activation_bytes": 65536}, ...]}
+
+Times and activation sizes scale linearly with the micro-batch size; parameter sizes do not.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "BACKWARD_SHARE",
+    "LayerTimes",
+    "Link",
+    "StageCost",
+    "layers_from_json",
+    "parse_bytes",
+    "parse_link",
+    "scale_layers",
+    "stage_costs",
+]
+
+# The partitioner measures forward + backward together. A backward costs about two forwards (one product for
+# the input gradient, one for the weight gradient), so the simulator charges 1/3 forward, 1/3 input gradient,
+# 1/3 weight gradient; a JSON file can give its own split.
+BACKWARD_SHARE = 2 / 3
+
+
+@dataclass(frozen=True)
+class LayerTimes:
+    """One layer's cost for one micro-batch: seconds per pass, parameter bytes, output activation bytes."""
+
+    forward_s: float
+    backward_s: float  # input + weight gradient
+    weight_s: float  # the weight-gradient part of backward_s
+    param_bytes: int
+    activation_bytes: int
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """One model stage (a run of layers) as the simulator charges it, for one micro-batch."""
+
+    forward_s: float
+    backward_s: float  # the full backward: input gradient + weight gradient
+    weight_s: float  # the weight-gradient part (run separately by the zero-bubble schedules)
+    activation_bytes: int  # held from a micro-batch's forward until its backward is done
+    output_bytes: int  # sent to the next stage after a forward (and the same size back after a backward)
+    param_bytes: int
+    optimizer_s: float  # this stage's share of one optimizer step
+
+    @property
+    def input_s(self) -> float:
+        """The input-gradient part of the backward."""
+        return self.backward_s - self.weight_s
+
+
+@dataclass(frozen=True)
+class Link:
+    """A link between two devices: ``bytes_per_s`` of bandwidth and ``latency_s`` per message."""
+
+    bytes_per_s: float
+    latency_s: float
+
+    def busy_s(self, nbytes: int) -> float:
+        """How long a message of ``nbytes`` occupies the link (latency does not occupy it)."""
+        return nbytes / self.bytes_per_s if self.bytes_per_s != float("inf") else 0.0
+
+    def describe(self) -> str:
+        """The link as ``--link`` writes it."""
+        if self.bytes_per_s == float("inf"):
+            return "free"
+        rate = next(f"{self.bytes_per_s / f:g}{u}/s" for f, u in ((1e9, "GB"), (1e6, "MB"), (1e3, "KB"), (1, "B"))
+                    if self.bytes_per_s >= f or u == "B")
+        lat = next(f"{self.latency_s / f:g}{u}" for f, u in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us"), (1e-9, "ns"))
+                   if self.latency_s >= f or u == "ns")
+        return f"{rate},{lat}"
+
+
+FREE_LINK = Link(float("inf"), 0.0)
+
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20,
+               "gib": 2**30, "tib": 2**40, "kbit": 125, "mbit": 125e3, "gbit": 125e6, "tbit": 125e9}
+_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+_NUMBER = r"\s*([0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)\s*"
+
+
+def parse_bytes(text: str, what: str = "--memory-per-device") -> int:
+    """``16GiB``, ``512MB``, ``2e9`` -> bytes.
+
+    Raises:
+        ValueError: not a number with one of the units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB.
+    """
+    match = re.fullmatch(_NUMBER + r"([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in _SIZE_UNITS or "bit" in unit:
+        raise ValueError(f"{what} wants a size like 16GiB or 512MB, got {text!r}")
+    return int(float(match.group(1)) * _SIZE_UNITS[unit])
+
+
+def parse_link(text: str, what: str = "--link") -> Link:
+    """``25GB/s,5us`` (bandwidth, latency) -> :class:`Link`; bandwidth in B/s, KB/s ... GiB/s or Gbit/s.
+
+    Raises:
+        ValueError: not ``BANDWIDTH/s,LATENCY`` with known units.
+    """
+    hint = f"{what} wants BANDWIDTH,LATENCY like 25GB/s,5us or 10Gbit/s,20ms, got {text!r}"
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) != 2 or not parts[0].lower().endswith("/s"):
+        raise ValueError(hint)
+    bw = re.fullmatch(_NUMBER + r"([a-zA-Z]*)", parts[0][:-2])
+    lat = re.fullmatch(_NUMBER + r"([a-zµ]*)\s*", parts[1])
+    if not bw or not lat or bw.group(2).lower() not in _SIZE_UNITS or lat.group(2) not in _TIME_UNITS:
+        raise ValueError(hint)
+    rate = float(bw.group(1)) * _SIZE_UNITS[bw.group(2).lower()]
+    if rate <= 0:
+        raise ValueError(f"{what}: bandwidth must be > 0, got {text!r}")
+    return Link(rate, float(lat.group(1)) * _TIME_UNITS[lat.group(2)])
+
+
+def _number(row: dict[str, Any], key: str, where: str, default: float | None = None) -> float:
+    value = row.get(key, default)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{where}: {key!r} must be a number >= 0, got {value!r}")
+    return float(value)
+
+
+def layers_from_json(path: str | Path) -> tuple[list[LayerTimes], int, float]:
+    """Read a user's cost file (format in this module's docstring): (layers, micro-batch size, optimizer seconds).
+
+    Raises:
+        ValueError: unreadable JSON or a missing or negative field; the message names the file and the layer.
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"--costs {path}: not JSON ({err})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("layers"), list) or not data["layers"]:
+        raise ValueError(f"--costs {path}: wants an object with a non-empty 'layers' list "
+                         "(see docs/plan.md, 'Costs from a file')")
+    micro = data.get("microbatch", 1)
+    if not isinstance(micro, int) or micro < 1:
+        raise ValueError(f"--costs {path}: 'microbatch' must be an integer >= 1, got {micro!r}")
+    layers = []
+    for i, row in enumerate(data["layers"]):
+        where = f"--costs {path}, layer {i}"
+        if not isinstance(row, dict):
+            raise ValueError(f"{where}: wants an object, got {row!r}")
+        backward = _number(row, "backward_s", where)
+        weight = _number(row, "weight_s", where, backward / 2)
+        if weight > backward:
+            raise ValueError(f"{where}: weight_s {weight} is part of backward_s {backward} and cannot exceed it")
+        layers.append(LayerTimes(_number(row, "forward_s", where), backward, weight,
+                                 int(_number(row, "param_bytes", where, 0)),
+                                 int(_number(row, "activation_bytes", where))))
+    return layers, micro, _number(data, "optimizer_s", f"--costs {path}", 0.0)
+
+
+def scale_layers(layers: Sequence[LayerTimes], factor: float) -> list[LayerTimes]:
+    """The same layers for a micro-batch ``factor`` times larger (times and activations scale, parameters not)."""
+    return [LayerTimes(c.forward_s * factor, c.backward_s * factor, c.weight_s * factor, c.param_bytes,
+                       int(c.activation_bytes * factor)) for c in layers]
+
+
+def stage_costs(layers: Sequence[LayerTimes], balance: Sequence[int], optimizer_s: float = 0.0) -> list[StageCost]:
+    """Sum each stage's layers; the optimizer step is shared out by parameter bytes.
+
+    Raises:
+        ValueError: ``balance`` does not cover the layers with non-empty stages.
+    """
+    if any(b < 1 for b in balance) or sum(balance) != len(layers):
+        raise ValueError(f"balance {list(balance)} must be positive counts summing to {len(layers)} layers")
+    total_params = sum(c.param_bytes for c in layers) or 1
+    out, start = [], 0
+    for b in balance:
+        run = layers[start:start + b]
+        params = sum(c.param_bytes for c in run)
+        out.append(StageCost(sum(c.forward_s for c in run), sum(c.backward_s for c in run),
+                             sum(c.weight_s for c in run), sum(c.activation_bytes for c in run),
+                             run[-1].activation_bytes, params, optimizer_s * params / total_params))
+        start += b
+    return out

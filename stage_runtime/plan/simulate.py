@@ -1,0 +1,223 @@
+"""An event simulation of one pipeline step: step time, idle time, bubble causes and activation memory.
+
+Each rank runs its operations in order, each as soon as its inputs have arrived.
+
+Dependencies (``N`` model stages, stage ``s`` on rank ``owner[s]``)::
+
+    F(s, m)  needs F(s-1, m)'s output, sent over the link owner[s-1] -> owner[s]
+    B(s, m)  needs F(s, m) and B(s+1, m)'s input gradient, sent back over owner[s+1] -> owner[s]
+    I(s, m)  as B; W(s, m) needs I(s, m);  O (optimizer) needs nothing but its rank's earlier operations
+
+A send occupies its directed link for bytes / bandwidth (messages on one link queue first-come first-served),
+arrives a latency later, and costs the sender nothing (torch's sends are asynchronous). A rank busy computing is
+busy; a rank waiting is idle, and the idle share of ranks x schedule time is the bubble, measured as the trainer
+measures it. The bubble is split into causes by simulating the same order twice more: with every stage's cost
+the mean of the stages' and free links (what is left is the schedule's own warm-up and cool-down), then with the
+real costs and free links (what that adds is imbalance); the rest is communication.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from .costs import FREE_LINK, Link, StageCost
+from .orders import Op
+
+__all__ = ["Bubble", "Span", "StepResult", "simulate", "simulate_step"]
+
+LinkFor = Callable[[int, int], Link]
+
+
+@dataclass(frozen=True)
+class Span:
+    """One operation as it ran: ``rank`` computed ``op`` from ``start`` to ``end`` (seconds from step start)."""
+
+    rank: int
+    op: Op
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Bubble:
+    """The idle share of ranks x schedule time, and its causes (they sum to ``total``)."""
+
+    total: float
+    warmup_cooldown: float
+    imbalance: float
+    communication: float
+
+    def to_dict(self) -> dict[str, float]:
+        """As JSON."""
+        return {"total": self.total, "warmup_cooldown": self.warmup_cooldown, "imbalance": self.imbalance,
+                "communication": self.communication}
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One simulated step."""
+
+    step_s: float  # schedule, then each rank's optimizer step: when the last rank is done
+    schedule_s: float  # the schedule alone (the trainer's bubble is measured over this)
+    busy_s: tuple[float, ...]  # per rank, compute inside the schedule
+    idle_s: tuple[float, ...]  # per rank, schedule_s - busy
+    peak_activation_bytes: tuple[int, ...]  # per rank
+    peak_stage_activation_bytes: tuple[int, ...]  # per model stage
+    spans: tuple[Span, ...]
+    transfers: int  # messages between ranks
+    optimizer_s: tuple[float, ...] = ()  # per rank, the optimizer step after the schedule (0 if in the program)
+    bubble: Bubble | None = field(default=None)
+
+    @property
+    def bubble_share(self) -> float:
+        """1 - sum(busy) / (ranks x schedule time)."""
+        ranks = len(self.busy_s)
+        return 1.0 - sum(self.busy_s) / (ranks * self.schedule_s) if self.schedule_s > 0 else 0.0
+
+
+def _duration(op: Op, cost: StageCost, optimizer_s: float) -> float:
+    if op.kind == "F":
+        return cost.forward_s
+    if op.kind == "B":
+        return cost.backward_s
+    if op.kind == "I":
+        return cost.input_s
+    if op.kind == "W":
+        return cost.weight_s
+    return optimizer_s
+
+
+def simulate(program: Mapping[int, Sequence[Op]], owner: Sequence[int], costs: Sequence[StageCost],
+             link: LinkFor, optimizer_s: Sequence[float] | None = None) -> StepResult:
+    """Run ``program`` (each rank's operations in order) and return what happened.
+
+    Args:
+        program: rank -> its operations; ranks are 0..R-1.
+        owner: the rank of each model stage.
+        costs: each model stage's cost per micro-batch.
+        link: the link from one rank to another.
+        optimizer_s: the optimizer step per rank after the schedule (default: the sum of its stages' shares);
+            O operations inside the program cost the same.
+
+    Raises:
+        ValueError: the program cannot finish (an operation waits for one that never runs), naming them.
+    """
+    ranks = len(program)
+    last = len(costs) - 1
+    if optimizer_s is None:
+        opt = [0.0] * ranks
+        for s, r in enumerate(owner):
+            opt[r] += costs[s].optimizer_s
+    else:
+        opt = list(optimizer_s)
+    done: dict[tuple[str, int, int], float] = {}  # (kind, stage, mb) -> end
+    ready: dict[tuple[str, int, int], float] = {}  # ("act"|"grad", receiving stage, mb) -> arrival
+    link_free: dict[tuple[int, int], float] = {}
+    now = [0.0] * ranks
+    nxt = [0] * ranks
+    spans: list[Span] = []
+    memory: list[tuple[float, int, int, int]] = []  # (time, +bytes/-bytes, rank, stage)
+    transfers = 0
+
+    def inputs_at(op: Op) -> float | None:
+        s, m = op.stage, op.mb
+        if op.kind == "F":
+            return 0.0 if s == 0 else ready.get(("act", s, m))
+        if op.kind in ("B", "I"):
+            forward = done.get(("F", s, m))
+            if forward is None:
+                return None
+            if s == last:
+                return forward
+            grad = ready.get(("grad", s, m))
+            return None if grad is None else max(forward, grad)
+        if op.kind == "W":
+            return done.get(("I", s, m))
+        return 0.0
+
+    def send(kind: str, src_stage: int, dst_stage: int, m: int, at: float, nbytes: int) -> None:
+        nonlocal transfers
+        src, dst = owner[src_stage], owner[dst_stage]
+        if src == dst:
+            ready[(kind, dst_stage, m)] = at
+            return
+        ln = link(src, dst)
+        start = max(at, link_free.get((src, dst), 0.0))
+        link_free[(src, dst)] = start + ln.busy_s(nbytes)
+        ready[(kind, dst_stage, m)] = start + ln.busy_s(nbytes) + ln.latency_s
+        transfers += 1
+
+    total_ops = sum(len(p) for p in program.values())
+    for _ in range(total_ops):
+        best: tuple[float, int] | None = None
+        for r in range(ranks):
+            if nxt[r] < len(program[r]):
+                at = inputs_at(program[r][nxt[r]])
+                if at is not None and (best is None or max(at, now[r]) < best[0]):
+                    best = (max(at, now[r]), r)
+        if best is None:
+            stuck = [str(program[r][nxt[r]]) for r in range(ranks) if nxt[r] < len(program[r])]
+            raise ValueError(f"the schedule cannot finish: each rank's next operation waits for one that never "
+                             f"runs (rank by rank: {', '.join(stuck)})")
+        start, r = best
+        op = program[r][nxt[r]]
+        nxt[r] += 1
+        cost = costs[op.stage] if op.kind != "O" else None
+        end = start + (_duration(op, cost, opt[r]) if cost is not None else opt[r])
+        now[r] = end
+        spans.append(Span(r, op, start, end))
+        if cost is None:
+            continue
+        done[(op.kind, op.stage, op.mb)] = end
+        if op.kind == "F":
+            memory.append((start, cost.activation_bytes, r, op.stage))
+            if op.stage < last:
+                send("act", op.stage, op.stage + 1, op.mb, end, cost.output_bytes)
+        elif op.kind in ("B", "I"):
+            if op.kind == "B":
+                memory.append((end, -cost.activation_bytes, r, op.stage))
+            if op.stage > 0:
+                send("grad", op.stage, op.stage - 1, op.mb, end, costs[op.stage - 1].output_bytes)
+        elif op.kind == "W":  # the weight gradient still reads the stage's saved inputs: freed only now
+            memory.append((end, -cost.activation_bytes, r, op.stage))
+
+    compute = [s for s in spans if s.op.kind != "O"]
+    schedule_s = max((s.end for s in compute), default=0.0)
+    busy = [0.0] * ranks
+    for span in compute:
+        busy[span.rank] += span.end - span.start
+    after = [0.0 if any(o.kind == "O" for o in program[r]) else opt[r] for r in range(ranks)]  # not twice
+    step_s = max(max((x.end for x in spans if x.rank == r), default=0.0) + after[r] for r in range(ranks))
+    peak_rank, peak_stage = [0] * ranks, [0] * len(costs)
+    held_rank, held_stage = [0] * ranks, [0] * len(costs)
+    for _, delta, r, s in sorted(memory, key=lambda e: (e[0], e[1])):  # frees before allocations at a tie
+        held_rank[r] += delta
+        held_stage[s] += delta
+        peak_rank[r] = max(peak_rank[r], held_rank[r])
+        peak_stage[s] = max(peak_stage[s], held_stage[s])
+    return StepResult(step_s, schedule_s, tuple(busy), tuple(schedule_s - b for b in busy), tuple(peak_rank),
+                      tuple(peak_stage), tuple(spans), transfers, tuple(after))
+
+
+def _mean_costs(costs: Sequence[StageCost]) -> list[StageCost]:
+    n = len(costs)
+    mean = StageCost(sum(c.forward_s for c in costs) / n, sum(c.backward_s for c in costs) / n,
+                     sum(c.weight_s for c in costs) / n, 0, 0, 0, sum(c.optimizer_s for c in costs) / n)
+    return [replace(mean, activation_bytes=c.activation_bytes, output_bytes=c.output_bytes,
+                    param_bytes=c.param_bytes) for c in costs]
+
+
+def simulate_step(program: Mapping[int, Sequence[Op]], owner: Sequence[int], costs: Sequence[StageCost],
+                  link: LinkFor, causes: bool = True) -> StepResult:
+    """:func:`simulate`, with the bubble split into its causes (two more runs) when ``causes``."""
+    result = simulate(program, owner, costs, link)
+    if not causes or result.schedule_s <= 0:
+        return result
+    ranks, t, busy = len(program), result.schedule_s, sum(result.busy_s)
+    free: LinkFor = lambda a, b: FREE_LINK  # noqa: E731
+    ideal = simulate(program, owner, _mean_costs(costs), free).schedule_s
+    no_comm = simulate(program, owner, costs, free).schedule_s
+    bubble = Bubble(result.bubble_share, (ranks * ideal - busy) / (ranks * t), (no_comm - ideal) / t,
+                    (t - no_comm) / t)
+    return replace(result, bubble=bubble)

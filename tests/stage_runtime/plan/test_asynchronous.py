@@ -1,0 +1,50 @@
+"""No-flush schedules: throughput without the bubble, paid for in weight versions and staleness."""
+
+from __future__ import annotations
+
+import pytest
+
+from stallfree.stage_runtime.plan.asynchronous import simulate_async
+from stallfree.stage_runtime.plan.costs import FREE_LINK, StageCost
+from stallfree.stage_runtime.plan.orders import torch_order
+from stallfree.stage_runtime.plan.simulate import simulate
+
+FREE = lambda a, b: FREE_LINK  # noqa: E731
+COSTS = [StageCost(1.0, 2.0, 1.0, 10, 1, 100, 0.0)] * 4
+
+
+@pytest.mark.parametrize("name", ["pipedream-2bw", "async-1f1b"])
+def test_no_flush_removes_the_bubble_in_the_steady_state(name):
+    result = simulate_async(name, 4, 8, 8, COSTS, FREE)
+    assert result.step_s == pytest.approx(8 * 3.0)  # M x (F + B): every rank busy all the time
+    flushed = simulate(torch_order("1f1b", 4, 8), [0, 1, 2, 3], COSTS, FREE).step_s
+    assert result.step_s < flushed
+
+
+def test_2bw_keeps_two_versions_and_is_one_update_stale_before_the_last_stage():
+    result = simulate_async("pipedream-2bw", 4, 8, 8, COSTS, FREE)
+    # The last stage runs each backward right after its forward, so no update falls in between.
+    assert result.weight_versions == (2, 2, 2, 1)
+    assert result.staleness == (1, 1, 1, 0)
+    assert result.memory_bytes[0] == (2 + 2) * 100 + result.result.peak_activation_bytes[0]
+
+
+def test_async_1f1b_is_stale_by_the_backwards_in_flight():
+    result = simulate_async("async-1f1b", 4, 8, 8, COSTS, FREE)
+    assert result.staleness == (3, 2, 1, 0)  # S - 1 - r updates land between a forward and its backward
+    assert result.weight_versions == (1, 1, 1, 1)
+
+
+def test_async_updates_cost_an_optimizer_step_each():
+    costly = [StageCost(1.0, 2.0, 1.0, 10, 1, 100, 0.5)] * 4
+    per_step = simulate_async("pipedream-2bw", 4, 8, 8, costly, FREE).step_s
+    per_micro = simulate_async("async-1f1b", 4, 8, 8, costly, FREE).step_s
+    assert per_step == pytest.approx(8 * 3.0 + 0.5)
+    assert per_micro == pytest.approx(8 * 3.5)
+
+
+def test_async_rejects_what_it_cannot_simulate():
+    with pytest.raises(ValueError, match="choose one of pipedream-2bw, async-1f1b"):
+        simulate_async("xpipe", 4, 8, 8, COSTS, FREE)
+    with pytest.raises(ValueError, match="one stage per rank"):
+        simulate_async("async-1f1b", 2, 8, 8, COSTS, FREE)

@@ -1,0 +1,79 @@
+"""``stallfree plan`` end to end: a measured tiny model and a costs file; errors as one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stallfree.cli import main
+
+
+def _costs(tmp_path: Path, layers: int = 6) -> Path:
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps({"microbatch": 1, "optimizer_s": 1e-3, "layers": [
+        {"forward_s": 1e-4, "backward_s": 2e-4, "param_bytes": 2**20, "activation_bytes": 2**16}] * layers}))
+    return path
+
+
+def test_plan_measures_a_tiny_model_and_writes_plan_and_timeline(tmp_path, capsys):
+    out = tmp_path / "plan"
+    code = main(["plan", "--model", "mlp", "--image-size", "8", "--batch-size", "4", "--devices", "2",
+                 "--microbatches", "1,2,4", "--threads", "1", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert code == 0
+    assert "plan for mlp (6 layers), batch 4, 2 devices" in text
+    assert "run the best: stallfree train DATA --model mlp" in text
+    plan = json.loads((out / "plan.json").read_text())
+    best = plan["best"]
+    assert plan["format"] == "stallfree-plan/1" and plan["costs"]["source"] == "measured"
+    assert best == plan["candidates"][0] and best["stages"] == 2 and sum(best["balance"]) == 6
+    parts = best["bubble"]
+    assert parts["warmup_cooldown"] + parts["imbalance"] + parts["communication"] == pytest.approx(parts["total"])
+    assert [c["step_s"] for c in plan["candidates"]] == sorted(c["step_s"] for c in plan["candidates"])
+    assert {a["schedule"] for a in plan["asynchronous"]} == {"pipedream-2bw", "async-1f1b"}
+    assert (out / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plan_from_a_costs_file_prints_json_alone_on_stdout(tmp_path, capsys):
+    code = main(["plan", "--costs", str(_costs(tmp_path)), "--devices", "4", "--batch-size", "8",
+                 "--memory-per-device", "64MiB", "--sites", "2", "--cross-link", "1GB/s,20ms",
+                 "--out", str(tmp_path / "o"), "--json"])
+    captured = capsys.readouterr()
+    assert code == 0
+    plan = json.loads(captured.out)
+    assert plan["costs"] == {"source": str(tmp_path / "costs.json"), "microbatch": 1}
+    assert plan["cross_link"] == "1GB/s,20ms" and plan["best"]["cross_site_cuts"] == 0
+    assert plan["best"]["fits"] and max(plan["best"]["memory_bytes"]) <= 64 * 2**20
+    assert "plan for" in captured.err  # the table went to stderr
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--link", "fast"], "--link wants BANDWIDTH,LATENCY like 25GB/s,5us"),
+    (["--devices", "1"], "--devices must be >= 2"),
+    (["--schedules", "gpipe,pipedream"], "--schedules: unknown pipedream; choose from gpipe"),
+    (["--devices", "3", "--sites", "2"], "--devices 3 must split evenly into --sites 2"),
+    (["--memory-per-device", "lots"], "--memory-per-device wants a size like 16GiB"),
+    (["--batch-size", "6", "--microbatches", "4"], "none divides --batch-size 6"),
+])
+def test_bad_arguments_are_one_line(tmp_path, capsys, argv, message):
+    code = main(["plan", "--costs", str(_costs(tmp_path)), "--out", str(tmp_path / "o"), *argv])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("stallfree plan: error: ") and message in err and err.count("\n") == 1
+
+
+def test_missing_costs_file_is_one_line(tmp_path, capsys):
+    assert main(["plan", "--costs", str(tmp_path / "nope.json")]) == 2
+    assert "--costs" in capsys.readouterr().err
+
+
+def test_registering_plan_imports_no_torch():
+    code = ("import argparse, sys\nfrom stallfree.commands import plan\n"
+            "plan.register(argparse.ArgumentParser().add_subparsers())\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -1,0 +1,87 @@
+"""The simulator against the textbook: equal stages and free links give each schedule's known bubble."""
+
+from __future__ import annotations
+
+import pytest
+
+from stallfree.stage_runtime.plan.costs import FREE_LINK, Link, StageCost
+from stallfree.stage_runtime.plan.orders import Op, placement, torch_order
+from stallfree.stage_runtime.plan.simulate import simulate, simulate_step
+from stallfree.stage_runtime.schedules import theoretical_bubble
+
+FREE = lambda a, b: FREE_LINK  # noqa: E731
+
+
+def _equal(n: int, forward: float = 1.0, backward: float = 2.0, act: int = 10) -> list[StageCost]:
+    return [StageCost(forward, backward, backward / 2, act, 1, 0, 0.0)] * n
+
+
+def _run(schedule: str, ranks: int, m: int, virtual: int = 2, **kw):
+    order = torch_order(schedule, ranks, m, virtual)
+    per_rank = 1 if schedule in ("gpipe", "1f1b") else (2 if schedule == "zbv" else virtual)
+    n = ranks * per_rank
+    return simulate_step(order, placement(schedule, ranks, n), kw.pop("costs", None) or _equal(n), FREE, **kw)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved-1f1b"])
+@pytest.mark.parametrize(("ranks", "m"), [(2, 2), (2, 4), (3, 6), (4, 4), (4, 8), (4, 16)])
+def test_textbook_bubble_exactly(schedule, ranks, m):
+    result = _run(schedule, ranks, m)
+    assert result.bubble_share == pytest.approx(theoretical_bubble(schedule, ranks, m, 2), abs=1e-12)
+    assert result.bubble.warmup_cooldown == pytest.approx(result.bubble_share, abs=1e-12)
+    assert result.bubble.imbalance == pytest.approx(0, abs=1e-12)
+    assert result.bubble.communication == pytest.approx(0, abs=1e-12)
+
+
+@pytest.mark.parametrize("schedule", ["zero-bubble", "zbv"])
+@pytest.mark.parametrize(("ranks", "m"), [(2, 4), (3, 6), (4, 8), (4, 16)])
+def test_zero_bubble_leaves_only_the_first_forward_walking_down(schedule, ranks, m):
+    # With F = I = W (the zero-bubble paper's ideal), what torch's plans leave idle is the first micro-batch's
+    # forward reaching the last rank: (S-1) forward slots per rank whatever M is, so the share tends to 0.
+    result = _run(schedule, ranks, m, costs=None)
+    assert result.idle_s == pytest.approx([ranks - 1] * ranks, abs=1e-12)
+    assert result.bubble_share < theoretical_bubble("1f1b", ranks, m) / 3  # ZB-H1's "a third of 1F1B's"
+
+
+def test_bubble_falls_toward_zero_with_more_microbatches():
+    shares = [_run("zbv", 4, m).bubble_share for m in (8, 16, 32)]
+    assert shares[0] > shares[1] > shares[2] and shares[2] < 0.02
+
+
+def test_1f1b_holds_fewer_activations_than_gpipe():
+    gpipe, one = _run("gpipe", 4, 8), _run("1f1b", 4, 8)
+    assert gpipe.peak_activation_bytes == (80, 80, 80, 80)  # all 8 micro-batches, 10 bytes each
+    assert one.peak_activation_bytes == (40, 30, 20, 10)  # rank r holds S - r in flight
+
+
+def test_uneven_stage_shows_as_imbalance_not_warmup():
+    costs = _equal(2)
+    costs = [costs[0], StageCost(2.0, 4.0, 2.0, 10, 1, 0, 0.0)]
+    result = _run("1f1b", 2, 4, costs=costs)
+    assert result.bubble.imbalance > 0.1
+    assert result.bubble.communication == pytest.approx(0, abs=1e-12)
+    parts = result.bubble.warmup_cooldown + result.bubble.imbalance + result.bubble.communication
+    assert parts == pytest.approx(result.bubble_share, abs=1e-12)
+
+
+def test_slow_link_shows_as_communication():
+    order = torch_order("1f1b", 2, 4)
+    slow = lambda a, b: Link(1e3, 0.5)  # noqa: E731  1000 B/s, half a second per message
+    costs = [StageCost(1.0, 2.0, 1.0, 10, 1000, 0, 0.0)] * 2
+    result = simulate_step(order, [0, 1], costs, slow)
+    assert result.transfers == 8  # 4 activations forward, 4 gradients back
+    assert result.bubble.communication > 0.2
+    assert result.schedule_s > simulate(order, [0, 1], costs, FREE).schedule_s + 1.5  # at least one round trip
+
+
+def test_optimizer_step_counts_in_step_time_not_in_the_schedules_bubble():
+    costs = [StageCost(1.0, 2.0, 1.0, 10, 1, 0, 5.0)] * 2
+    result = _run("gpipe", 2, 2, costs=costs)
+    assert result.step_s == pytest.approx(result.schedule_s + 5.0)
+    assert result.bubble_share == pytest.approx(theoretical_bubble("gpipe", 2, 2))
+
+
+def test_an_order_that_cannot_finish_names_the_waiting_ops():
+    order = {0: [Op(0, "B", 0), Op(0, "F", 0)], 1: [Op(1, "F", 0), Op(1, "B", 0)]}
+    with pytest.raises(ValueError, match=r"cannot finish.*0B0, 1F0"):
+        simulate(order, [0, 1], _equal(2), FREE)
