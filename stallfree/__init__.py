@@ -16,9 +16,9 @@ if TYPE_CHECKING:
     from stallfree.pipeline.shards import ShardReader
     from stallfree.resume import Resumable
     from stallfree.stage_runtime.clock import StageClock
+    from stallfree.stage_runtime.config import TrainConfig
     from stallfree.stage_runtime.profile import profile
     from stallfree.stage_runtime.profile_run import profile_dataset
-    from stallfree.stage_runtime.config import TrainConfig
     from stallfree.stage_runtime.trainer import train
 
 __all__ = [
