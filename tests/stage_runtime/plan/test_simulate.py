@@ -7,7 +7,11 @@ import pytest
 from stallfree.stage_runtime.plan.costs import FREE_LINK, Link, StageCost
 from stallfree.stage_runtime.plan.orders import Op, placement, torch_order
 from stallfree.stage_runtime.plan.simulate import simulate, simulate_step
-from stallfree.stage_runtime.schedules import theoretical_bubble
+from stallfree.stage_runtime.schedules import SCHEDULE_SPECS
+
+
+def theoretical_bubble(schedule: str, ranks: int, microbatches: int, virtual: int = 2) -> float:
+    return SCHEDULE_SPECS[schedule].bubble(ranks, microbatches, virtual)
 
 FREE = lambda a, b: FREE_LINK  # noqa: E731
 
