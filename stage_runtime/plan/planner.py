@@ -112,7 +112,7 @@ def rank_plans(layers_for: Callable[[int], Sequence[LayerTimes]], optimizer_s: f
     Raises:
         ValueError: nothing can be simulated (say, a model of one layer).
     """
-    from stallfree.stage_runtime.schedules import check_microbatches
+    from stallfree.stage_runtime.schedules import schedule_spec
 
     out: list[Candidate] = []
     n_layers = len(layers_for(batch))
@@ -129,7 +129,7 @@ def rank_plans(layers_for: Callable[[int], Sequence[LayerTimes]], optimizer_s: f
                     if batch % m:
                         continue
                     try:
-                        check_microbatches(schedule, ranks, m)
+                        schedule_spec(schedule).check(ranks, m)
                         order = torch_order(schedule, ranks, m, per_rank)
                     except ValueError as err:
                         if skipped is not None:
