@@ -36,9 +36,10 @@ from stallfree.pipeline.arguments import (
 )
 from stallfree.pipeline.epoch import EpochRun
 from stallfree.pipeline.graph import Graph
+from stallfree.pipeline.passes import Pass
 from stallfree.pipeline.readers import Reader, open_source, unwrap_torchvision_dataset
 from stallfree.pipeline.sampler import Sampler, process_shard
-from stallfree.pipeline.samples import BadSampleError, Batch
+from stallfree.pipeline.samples import BadSampleError
 from stallfree.resume import check_fingerprint
 from stallfree.transforms.compile import CompiledTransforms, Dtype, Layout
 from stallfree.transforms.from_torchvision import to_steps
@@ -206,7 +207,7 @@ class Loader:
         self._epoch = 0  # the epoch of the pass in progress, else of the next pass
         self._start = (0, 0, 0)  # where the next pass starts: (position, repeat, batches delivered)
         self._loaded = False  # whether _start and skipped come from load_state_dict
-        self._pass: weakref.ref[_Pass] | None = None
+        self._pass: weakref.ref[Pass] | None = None
         self.skipped: list[dict[str, Any]] = []  # this epoch's, so it is also what a resumed Loader carries on
 
     @property
@@ -240,7 +241,7 @@ class Loader:
         """How many times each batch is yielded (``echo`` in batch mode, else 1)."""
         return self.echo if self.echo_mode == "batch" else 1
 
-    def _current(self) -> _Pass | None:
+    def _current(self) -> Pass | None:
         """The pass in progress; once a pass has ended (exhausted, failed, dropped), the next epoch is next."""
         ongoing = self._pass() if self._pass is not None else None
         if ongoing is not None and not ongoing.over:
@@ -349,7 +350,7 @@ class Loader:
                 pin_memory=self.pin_memory,
             )
         run = EpochRun(self, self._graph, self._epoch, position, (delivered - repeat) // self._batch_echo)
-        ongoing = _Pass(self, run, (position, repeat, delivered))
+        ongoing = Pass(self, run, (position, repeat, delivered))
         self._pass = weakref.ref(ongoing)
         return ongoing
 
@@ -376,51 +377,4 @@ class Loader:
                 values = [self.reader.describe(int(row)) for row in rows]
             numeric = isinstance(values, np.ndarray)
             out[name] = torch.from_numpy(np.ascontiguousarray(values)).to(self.device) if numeric else values
-        return out
-
-
-class _Pass:
-    """The iterator of one pass: batches from an :class:`EpochRun`, each yielded ``echo`` times in batch mode."""
-
-    def __init__(self, loader: Loader, run: EpochRun, cursor: tuple[int, int, int]):
-        self.loader, self.run = loader, run
-        self.cursor = cursor  # after the last batch delivered: (position, repeat, batches delivered)
-        self.over = False
-        self._why: str | None = None
-        self._batches = iter(run)
-        self._batch: tuple[Batch, Any] | None = None
-        self._repeat = cursor[1]
-        weakref.finalize(self, run.stop)  # a dropped iterator stops its threads
-
-    def end(self, why: str) -> None:
-        """End this pass from outside: its threads stop and its next ``next`` raises."""
-        self.over, self._why = True, why
-        self.run.stop()
-
-    def __iter__(self) -> _Pass:
-        return self
-
-    def __next__(self) -> Any:
-        if self._why is not None:
-            raise RuntimeError(f"this Loader iterator's pass is over: {self._why}; iterate the Loader again "
-                               "(`for batch in loader`) to go on")
-        if self.over:
-            raise StopIteration
-        loader, k = self.loader, self.loader._batch_echo
-        if self._batch is None or self._repeat == k:
-            try:
-                batch = next(self._batches)
-            except BaseException:  # exhausted or failed: either way this pass is over
-                self.over = True
-                self.run.stop()
-                raise
-            loader.skipped.extend(batch.skipped)
-            labels = loader._labels(batch.rows)
-            out = (batch.output, labels, loader._extras(batch.rows)) if loader.columns else (batch.output, labels)
-            self._repeat = self._repeat if self._batch is None else 0
-            self._batch = batch, out
-        batch, out = self._batch
-        r, self._repeat = self._repeat, self._repeat + 1
-        delivered = self.cursor[2] + 1
-        self.cursor = (batch.end, 0, delivered) if r == k - 1 else (batch.start, r + 1, delivered)
         return out

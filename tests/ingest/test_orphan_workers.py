@@ -12,6 +12,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import IO, Any
 
 import psutil
 import pytest
@@ -58,6 +59,16 @@ def busy_source(tmp_path: Path) -> Path:
     return root
 
 
+def _end(process: subprocess.Popen[Any], stream: IO[Any] | None, pids: list[int]) -> None:
+    """Whatever the test found: kill the process it started, close its pipe, and kill any survivor it left."""
+    if process.poll() is None:
+        process.kill()
+        process.wait(10)
+    if stream is not None:
+        stream.close()
+    _kill_survivors(pids)
+
+
 def test_kill_9_of_ingest_ends_its_workers(busy_source: Path, tmp_path: Path) -> None:
     command = [sys.executable, "-c", "import sys; from stallfree.cli import main; sys.exit(main())", "ingest",
                str(busy_source), str(tmp_path / "out"), "--workers", "2", "--max-side", "32", "--validate"]
@@ -76,12 +87,7 @@ def test_kill_9_of_ingest_ends_its_workers(busy_source: Path, tmp_path: Path) ->
         survivors = _wait_until_gone(workers, 5)
         assert not survivors, f"workers {survivors} outlived the ingest killed with -9"
     finally:
-        if parent.poll() is None:
-            parent.kill()
-            parent.wait(10)
-        if parent.stderr is not None:
-            parent.stderr.close()
-        _kill_survivors(workers)
+        _end(parent, parent.stderr, workers)
 
 
 def test_the_watchdog_alone_ends_an_orphan(tmp_path: Path) -> None:
@@ -109,9 +115,4 @@ def test_the_watchdog_alone_ends_an_orphan(tmp_path: Path) -> None:
         middle.wait(10)
         assert not _wait_until_gone(orphan, 5), f"the orphan {orphan} outlived its parent's kill -9"
     finally:
-        if middle.poll() is None:
-            middle.kill()
-            middle.wait(10)
-        if middle.stdout is not None:
-            middle.stdout.close()
-        _kill_survivors(orphan)
+        _end(middle, middle.stdout, orphan)

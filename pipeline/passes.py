@@ -1,0 +1,64 @@
+"""The iterator of one pass over a Loader: its batches in order, each yielded ``echo`` times in batch mode.
+
+It keeps the cursor a checkpoint holds (after the last batch *delivered*, never one prefetched), and once its pass
+ends (exhausted, failed, dropped, or ended by a newer ``iter()``) its ``next`` raises instead of changing the Loader.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stallfree.pipeline.epoch import EpochRun
+    from stallfree.pipeline.loader import Loader
+    from stallfree.pipeline.samples import Batch
+
+__all__ = ["Pass"]
+
+
+class Pass:
+    """The iterator of one pass: batches from an :class:`EpochRun`, each yielded ``echo`` times in batch mode."""
+
+    def __init__(self, loader: Loader, run: EpochRun, cursor: tuple[int, int, int]):
+        self.loader, self.run = loader, run
+        self.cursor = cursor  # after the last batch delivered: (position, repeat, batches delivered)
+        self.over = False
+        self._why: str | None = None
+        self._batches = iter(run)
+        self._batch: tuple[Batch, Any] | None = None
+        self._repeat = cursor[1]
+        weakref.finalize(self, run.stop)  # a dropped iterator stops its threads
+
+    def end(self, why: str) -> None:
+        """End this pass from outside: its threads stop and its next ``next`` raises."""
+        self.over, self._why = True, why
+        self.run.stop()
+
+    def __iter__(self) -> Pass:
+        return self
+
+    def __next__(self) -> Any:
+        if self._why is not None:
+            raise RuntimeError(f"this Loader iterator's pass is over: {self._why}; iterate the Loader again "
+                               "(`for batch in loader`) to go on")
+        if self.over:
+            raise StopIteration
+        loader, k = self.loader, self.loader._batch_echo
+        if self._batch is None or self._repeat == k:
+            try:
+                batch = next(self._batches)
+            except BaseException:  # exhausted or failed: either way this pass is over
+                self.over = True
+                self.run.stop()
+                raise
+            loader.skipped.extend(batch.skipped)
+            labels = loader._labels(batch.rows)
+            out = (batch.output, labels, loader._extras(batch.rows)) if loader.columns else (batch.output, labels)
+            self._repeat = self._repeat if self._batch is None else 0
+            self._batch = batch, out
+        batch, out = self._batch
+        r, self._repeat = self._repeat, self._repeat + 1
+        delivered = self.cursor[2] + 1
+        self.cursor = (batch.end, 0, delivered) if r == k - 1 else (batch.start, r + 1, delivered)
+        return out
