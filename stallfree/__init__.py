@@ -16,10 +16,10 @@ if TYPE_CHECKING:
     from stallfree.pipeline.shards import ShardReader
     from stallfree.resume import Resumable
     from stallfree.stage_runtime.clock import StageClock
-    from stallfree.stage_runtime.config import TrainConfig
-    from stallfree.stage_runtime.profile import profile
-    from stallfree.stage_runtime.profile_run import profile_dataset
-    from stallfree.stage_runtime.trainer import train
+    from stallfree.stage_runtime.profile.dataset import profile_dataset
+    from stallfree.stage_runtime.profile.loop import profile
+    from stallfree.stage_runtime.train.config import TrainConfig
+    from stallfree.stage_runtime.train.trainer import train
 
 __all__ = [
     "BadSampleError",
@@ -43,10 +43,10 @@ _HOMES = {
     "Resumable": "stallfree.resume",
     "ShardReader": "stallfree.pipeline.shards",
     "StageClock": "stallfree.stage_runtime.clock",
-    "TrainConfig": "stallfree.stage_runtime.config",
-    "profile": "stallfree.stage_runtime.profile",
-    "profile_dataset": "stallfree.stage_runtime.profile_run",
-    "train": "stallfree.stage_runtime.trainer",
+    "TrainConfig": "stallfree.stage_runtime.train.config",
+    "profile": "stallfree.stage_runtime.profile.loop",
+    "profile_dataset": "stallfree.stage_runtime.profile.dataset",
+    "train": "stallfree.stage_runtime.train.trainer",
 }
 
 

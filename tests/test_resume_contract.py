@@ -20,7 +20,7 @@ import torch
 from stallfree import DatasetReader, Loader
 from stallfree.ingest.runner import ingest
 from stallfree.resume import Resumable
-from stallfree.stage_runtime.feed import TensorBatches, TorchFeed
+from stallfree.stage_runtime.train.feed import TensorBatches, TorchFeed
 from stallfree.transforms import CutMix, MixUp, Normalize, RandomHorizontalFlip, RandomResizedCrop
 
 SPEC = [RandomResizedCrop(12), RandomHorizontalFlip(), Normalize()]

@@ -1,6 +1,6 @@
 """What the simulator charges: per-stage compute times and sizes, links between devices, and their parsing.
 
-Costs come from the partitioner's measurement (:func:`stallfree.stage_runtime.partition.measure_layers`, the one
+Costs come from the partitioner's measurement (:func:`stallfree.stage_runtime.train.partition.measure_layers`, the one
 ``stallfree train`` balances with) or from a JSON file a user writes for hardware they do not have::
 
     {"microbatch": 8,                        # the micro-batch size these figures are for

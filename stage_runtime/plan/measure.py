@@ -15,12 +15,12 @@ def measure_model(model: Any, image_size: int, micro: int, device: str = "cpu",
     """Time every layer of ``model`` (an ``nn.Sequential``) on one micro-batch of ``micro`` images.
 
     Returns the layers' costs (forward + backward measured together by
-    :func:`~stallfree.stage_runtime.partition.measure_layers`, split by :data:`~.costs.BACKWARD_SHARE`) and the
+    :func:`~stallfree.stage_runtime.train.partition.measure_layers`, split by :data:`~.costs.BACKWARD_SHARE`) and the
     seconds of one SGD-with-momentum step over the whole model, the trainer's optimizer.
     """
     import torch
 
-    from stallfree.stage_runtime.partition import measure_layers
+    from stallfree.stage_runtime.train.partition import measure_layers
 
     model = model.to(device)
     sample = torch.randn(micro, 3, image_size, image_size, device=device)

@@ -81,7 +81,7 @@ class Candidate:
 
 def splits(layers: Sequence[LayerTimes], stages: int) -> dict[str, tuple[int, ...]]:
     """The splits tried: balanced by time alone, and by the trainer's rule (time share + 0.5 x memory share)."""
-    from stallfree.stage_runtime.partition import LayerCost, balance_costs, plan
+    from stallfree.stage_runtime.train.partition import LayerCost, balance_costs, plan
 
     times = [c.forward_s + c.backward_s for c in layers]
     measured = [LayerCost(t, c.param_bytes, c.activation_bytes) for t, c in zip(times, layers, strict=True)]
@@ -112,7 +112,7 @@ def rank_plans(layers_for: Callable[[int], Sequence[LayerTimes]], optimizer_s: f
     Raises:
         ValueError: nothing can be simulated (say, a model of one layer).
     """
-    from stallfree.stage_runtime.schedules import schedule_spec
+    from stallfree.stage_runtime.train.schedules import schedule_spec
 
     out: list[Candidate] = []
     n_layers = len(layers_for(batch))

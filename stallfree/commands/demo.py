@@ -47,8 +47,8 @@ def _demo(args: argparse.Namespace) -> int:
     from stallfree.bench import loader as bench
     from stallfree.ingest.runner import ingest
     from stallfree.ingest.synthetic import make_image_folder
-    from stallfree.stage_runtime.report import format_summary
-    from stallfree.stage_runtime.trainer import demo_config, train
+    from stallfree.stage_runtime.train.report import format_summary
+    from stallfree.stage_runtime.train.trainer import demo_config, train
 
     if args.images < 64:
         raise ValueError(f"--images must be at least one batch of 64, got {args.images}")

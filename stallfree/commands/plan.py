@@ -109,8 +109,8 @@ def _layer_source(args: argparse.Namespace) -> tuple[Any, float, dict[str, Any]]
                                                                           "microbatch": micro}
     import torch
 
-    from stallfree.stage_runtime.models import build_model
     from stallfree.stage_runtime.plan.measure import measure_model
+    from stallfree.stage_runtime.train.models import build_model
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = build_model(args.model, args.classes, args.image_size)

@@ -57,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Profile ``args.data``, write the three files, print the report; returns the exit code."""
-    from stallfree.stage_runtime.profile_run import profile_dataset
+    from stallfree.stage_runtime.profile.dataset import profile_dataset
 
     profiled = profile_dataset(args.data, model=args.model, batch_size=args.batch_size, image_size=args.image_size,
                                batches=args.batches, threads=args.threads, torch_threads=args.torch_threads,

@@ -32,8 +32,8 @@ def _balance(text: str) -> tuple[int, ...]:
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``stallfree train``."""
     # Neither imports torch: `stallfree --help` builds this parser.
-    from stallfree.stage_runtime.config import BUNDLED_MODELS, TrainConfig
-    from stallfree.stage_runtime.schedules import SCHEDULES
+    from stallfree.stage_runtime.train.config import BUNDLED_MODELS, TrainConfig
+    from stallfree.stage_runtime.train.schedules import SCHEDULES
 
     d = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     p = sub.add_parser(
@@ -82,9 +82,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from stallfree.stage_runtime import checkpoint
-    from stallfree.stage_runtime.report import format_summary
-    from stallfree.stage_runtime.trainer import StageFailure, TrainConfig, train
+    from stallfree.stage_runtime.train import checkpoint as checkpoint
+    from stallfree.stage_runtime.train.report import format_summary
+    from stallfree.stage_runtime.train.trainer import StageFailure, TrainConfig, train
 
     if (args.data is None) == (args.synthetic is None):
         raise ValueError("give a dataset folder or --synthetic N (not both)")
@@ -110,7 +110,7 @@ def _train(args: argparse.Namespace) -> int:
 
 def _reports() -> bool:
     """Whether this process prints the summary: always, except under torchrun, where global rank 0 does."""
-    from stallfree.stage_runtime.launcher import torchrun_env
+    from stallfree.stage_runtime.train.launcher import torchrun_env
 
     env = torchrun_env()
     return env is None or env[0] == 0

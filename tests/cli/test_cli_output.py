@@ -90,7 +90,7 @@ def test_train_json_is_alone_on_stdout_and_no_progress_still_prints_the_summary(
 
 
 def test_demo_json(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from stallfree.stage_runtime import trainer
+    from stallfree.stage_runtime.train import trainer as trainer
 
     # The demo's own training is tested in tests/stage_runtime/test_train_demo.py; here only what it prints.
     summary = {"model": "small_cnn", "stages": 2, "replicas": 1, "schedule": "1f1b", "microbatches": 4, "steps": 3,
@@ -126,7 +126,7 @@ SUMMARY = {"model": "mlp", "stages": 1, "replicas": 1, "schedule": "1f1b", "micr
 def test_train_prints_the_summary_on_stdout_with_or_without_progress(
         flags: list[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # Was: the trainer printed the summary only `if c.progress`, so --no-progress printed nothing at all.
-    from stallfree.stage_runtime import trainer
+    from stallfree.stage_runtime.train import trainer as trainer
 
     monkeypatch.setattr(trainer, "train", lambda config: SUMMARY)
     assert main([*TINY_TRAIN, "--out", str(tmp_path / "run"), *flags]) == 0

@@ -64,7 +64,7 @@ def test_importing_the_package_and_the_ingest_library_leaves_torch_out() -> None
     done = _python(f"""
         import sys
         import stallfree, stallfree.cli, stallfree.ingest.runner, stallfree.ingest.verify, stallfree.ingest.sources
-        import stallfree.stage_runtime.config, stallfree.stage_runtime.schedules
+        import stallfree.stage_runtime.train.config, stallfree.stage_runtime.train.schedules
         assert stallfree.__version__
         loaded = [m for m in {HEAVY!r} if m in sys.modules]
         assert not loaded, loaded
@@ -113,8 +113,8 @@ def test_ingest_worker_processes_import_no_torch_dali_or_numba(image_folder: Pat
 
 
 def test_bundled_model_names_match_the_models_module() -> None:
-    from stallfree.stage_runtime.config import BUNDLED_MODELS
-    from stallfree.stage_runtime.models import MODELS
+    from stallfree.stage_runtime.train.config import BUNDLED_MODELS
+    from stallfree.stage_runtime.train.models import MODELS
 
     assert BUNDLED_MODELS == tuple(MODELS)
 

@@ -53,7 +53,7 @@ def test_every_writer_goes_through_it(tmp_path: Path, monkeypatch, writer: str) 
         StageClock().dump(tmp_path / "spans.json")
         assert written == [".spans.json"]
     else:
-        from stallfree.stage_runtime import checkpoint
+        from stallfree.stage_runtime.train import checkpoint as checkpoint
 
         checkpoint.save_rank(tmp_path, 3, 0, {"x": 1})
         assert written == [".rank-0.pt"]

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from stallfree.stage_runtime import checkpoint as ckpt
+from stallfree.stage_runtime.train import checkpoint as ckpt
 
 
 def test_round_trip_and_latest_moves_only_with_the_manifest(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from stallfree.stage_runtime.partition import LayerCost, balance_costs, measure_layers, plan, split
+from stallfree.stage_runtime.train.partition import LayerCost, balance_costs, measure_layers, plan, split
 
 
 @pytest.mark.parametrize(

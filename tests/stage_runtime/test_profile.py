@@ -11,7 +11,7 @@ import torch
 
 import stallfree
 from stallfree.stage_runtime.clock import StageClock
-from stallfree.stage_runtime.profile import attribute_stall, profile, verdict
+from stallfree.stage_runtime.profile.loop import attribute_stall, profile, verdict
 
 
 class SimulatedTime:

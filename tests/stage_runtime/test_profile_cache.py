@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from stallfree.stage_runtime.profile_cache import STILL_CACHED, drop_page_cache, resident_fraction, resident_pages
-from stallfree.stage_runtime.profile_phases import measure_storage
+from stallfree.stage_runtime.profile.cache import STILL_CACHED, drop_page_cache, resident_fraction, resident_pages
+from stallfree.stage_runtime.profile.phases import measure_storage
 
 
 def _written(path: Path, size: int = 1 << 20) -> Path:

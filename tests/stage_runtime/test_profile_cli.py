@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from stallfree.cli import main
-from stallfree.stage_runtime.profile_report import check_schema, headline
-from stallfree.stage_runtime.profile_text import report
+from stallfree.stage_runtime.profile.report import check_schema, headline
+from stallfree.stage_runtime.profile.text import report
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import stallfree
-from stallfree.stage_runtime.profile_phases import build_model, make_train_step, measure_compute
+from stallfree.stage_runtime.profile.phases import build_model, make_train_step, measure_compute
 
 
 @pytest.mark.gpu

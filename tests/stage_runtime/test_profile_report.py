@@ -10,11 +10,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from PIL import Image
 
-from stallfree.stage_runtime.profile_chart import title
-from stallfree.stage_runtime.profile_phases import InMemoryReader, measure_storage
-from stallfree.stage_runtime.profile_report import Observed, check_schema, differential_stalls, headline, what_ifs
-from stallfree.stage_runtime.profile_text import verify_line
-from stallfree.stage_runtime.profile_verify import chosen
+from stallfree.stage_runtime.profile.chart import title
+from stallfree.stage_runtime.profile.phases import InMemoryReader, measure_storage
+from stallfree.stage_runtime.profile.report import Observed, check_schema, differential_stalls, headline, what_ifs
+from stallfree.stage_runtime.profile.text import verify_line
+from stallfree.stage_runtime.profile.verify import chosen
 
 
 @pytest.mark.parametrize(("ideal", "cached", "real", "measured", "bottleneck", "fetch", "prep"), [

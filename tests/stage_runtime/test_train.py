@@ -16,11 +16,11 @@ import psutil
 import pytest
 import torch
 
-from stallfree.stage_runtime import checkpoint as ckpt
-from stallfree.stage_runtime.feed import TensorBatches
-from stallfree.stage_runtime.launcher import StageFailure
-from stallfree.stage_runtime.models import build_model
-from stallfree.stage_runtime.trainer import TrainConfig, train_many
+from stallfree.stage_runtime.train import checkpoint as ckpt
+from stallfree.stage_runtime.train.feed import TensorBatches
+from stallfree.stage_runtime.train.launcher import StageFailure
+from stallfree.stage_runtime.train.models import build_model
+from stallfree.stage_runtime.train.trainer import TrainConfig, train_many
 
 STEPS = 4
 MODEL = {"model": "mlp", "model_kwargs": {"hidden": 16, "depth": 6}, "image_size": 4}  # 8 layers

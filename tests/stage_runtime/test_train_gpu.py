@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from stallfree.stage_runtime.trainer import TrainConfig, train
+from stallfree.stage_runtime.train.trainer import TrainConfig, train
 
 
 @pytest.mark.gpu

@@ -19,10 +19,10 @@ import psutil
 import pytest
 import torch
 
-from stallfree.stage_runtime import checkpoint as ckpt
-from stallfree.stage_runtime.feed import TensorBatches
-from stallfree.stage_runtime.launcher import free_port
-from stallfree.stage_runtime.models import build_model
+from stallfree.stage_runtime.train import checkpoint as ckpt
+from stallfree.stage_runtime.train.feed import TensorBatches
+from stallfree.stage_runtime.train.launcher import free_port
+from stallfree.stage_runtime.train.models import build_model
 
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 # samples // 4 = 40 held-out samples: 5 batches of 8 over 2 replicas, so replica 0 alone would count 24.
@@ -30,7 +30,7 @@ JOB = {"model": "small_cnn", "model_kwargs": {"width": 4}, "image_size": 16, "sa
        "microbatches": 1, "stages": 1, "dp": 2, "max_steps": 3, "lr": 0.05, "progress": False, "timeout_s": 20}
 SCRIPT = """
 import json, sys
-from stallfree.stage_runtime.trainer import StageFailure, TrainConfig, train
+from stallfree.stage_runtime.train.trainer import StageFailure, TrainConfig, train
 try:
     train(TrainConfig(**json.loads(sys.argv[1])))
 except StageFailure as err:

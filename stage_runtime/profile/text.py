@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .profile_report import headline
+from stallfree.stage_runtime.profile.report import headline
 
 __all__ = ["report", "verify_line"]
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from .clock import StageClock
-from .profile_cache import drop_page_cache
+from stallfree.stage_runtime.clock import StageClock
+from stallfree.stage_runtime.profile.cache import drop_page_cache
 
 __all__ = [
     "ComputeResult", "InMemoryReader", "PrepPoint", "StorageResult", "build_model", "dataset_files", "drop_page_cache",
@@ -180,7 +180,7 @@ def measure_preparation(make_loader: Callable[[int], Any], thread_counts: Sequen
 
 def build_model(name: str, num_classes: int, image_size: int) -> Any:
     """The model for ``--model``: the trainer's factory (``stage_runtime.models``); ``cnn`` means ``small_cnn``."""
-    from .models import build_model as factory
+    from stallfree.stage_runtime.train.models import build_model as factory
 
     return factory({"cnn": "small_cnn"}.get(name, name), num_classes=num_classes, image_size=image_size)
 

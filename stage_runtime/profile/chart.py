@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .profile_report import headline
+from stallfree.stage_runtime.profile.report import headline
 
 __all__ = ["draw_profile", "title"]
 

@@ -28,9 +28,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from stallfree.ingest.atomic import atomic_write
-
-from .clock import StageClock
-from .profile_report import Observed, headline
+from stallfree.stage_runtime.clock import StageClock
+from stallfree.stage_runtime.profile.report import Observed, headline
 
 __all__ = ["DatasetProfile", "profile_dataset"]
 
@@ -56,7 +55,7 @@ class DatasetProfile:
 
     def save(self, folder: str | os.PathLike[str]) -> list[Path]:
         """Write ``profile.json``, ``trace.json`` (open it in https://ui.perfetto.dev) and ``profile.png``."""
-        from .profile_chart import draw_profile
+        from stallfree.stage_runtime.profile.chart import draw_profile
 
         out = Path(folder)
         out.mkdir(parents=True, exist_ok=True)
@@ -66,7 +65,7 @@ class DatasetProfile:
 
     def table(self) -> str:
         """The human report: one row per phase, the headline, the what-ifs with their assumptions."""
-        from .profile_text import report
+        from stallfree.stage_runtime.profile.text import report
 
         return report(self.result)
 
@@ -157,9 +156,8 @@ class _Run:
         import torch
 
         from stallfree.pipeline.readers import open_source
+        from stallfree.stage_runtime.profile import phases as ph
         from stallfree.transforms import Normalize, RandomHorizontalFlip, RandomResizedCrop
-
-        from . import profile_phases as ph
 
         self.data, self.model_name, self.batch, self.image_size, self.batches = data, model, batch, image_size, batches
         self.cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -194,7 +192,7 @@ class _Run:
                       **{"num_threads": self.threads, "device": self.device, **settings})
 
     def timed(self, name: str, loader: Any) -> Any:
-        from .profile import profile
+        from stallfree.stage_runtime.profile.loop import profile
 
         runs = min(self.batches, len(loader) - 2)
         with self.phase(name, runs) as tick:
@@ -202,7 +200,7 @@ class _Run:
 
     def result(self, compare: str | None, max_side: int | None, storage_files: int | None,
                verify: Verify | None) -> DatasetProfile:
-        from .profile_sampler import ResourceSampler
+        from stallfree.stage_runtime.profile.sampler import ResourceSampler
 
         self.sampler = ResourceSampler(0.1).start()
         origin = time.perf_counter()
@@ -215,7 +213,7 @@ class _Run:
             self.sampler.stop()
         out["resources"] = self.sampler.to_dicts(origin)
         out["clock"] = {"spans": len(self.clock), "dropped": self.clock.dropped}
-        from .profile_report import check_schema
+        from stallfree.stage_runtime.profile.report import check_schema
 
         check_schema(out)
         return DatasetProfile(out, self.clock)
@@ -223,8 +221,8 @@ class _Run:
     def _phases(self, compare: str | None, storage_files: int | None) -> dict[str, Any]:
         import torch
 
-        from . import profile_phases as ph
-        from .profile_compare import torch_dataloader
+        from stallfree.stage_runtime.profile import phases as ph
+        from stallfree.stage_runtime.profile.compare import torch_dataloader
 
         batch = self.batch
         storage_paths = self.paths[:storage_files] if storage_files else self.paths
@@ -272,7 +270,7 @@ class _Run:
     def _conclusions(self, out: dict[str, Any], max_side: int | None) -> dict[str, Any]:
         import psutil
 
-        from .profile_report import differential_stalls, what_ifs
+        from stallfree.stage_runtime.profile.report import differential_stalls, what_ifs
 
         real, cached = self.real, self.cached
         stalls = differential_stalls(self.compute.step_s, cached.wall_s / cached.batches, real.wall_s / real.batches,
@@ -289,8 +287,8 @@ class _Run:
                                     crop_size=self.image_size)}
 
     def _verify(self, out: dict[str, Any], which: Verify) -> dict[str, Any]:
-        from . import profile_phases as ph
-        from .profile_verify import chosen, resized_copy, verdict_of
+        from stallfree.stage_runtime.profile import phases as ph
+        from stallfree.stage_runtime.profile.verify import chosen, resized_copy, verdict_of
 
         pick = chosen(out["what_if"], which)
         if isinstance(pick, str):

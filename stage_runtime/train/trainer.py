@@ -27,13 +27,13 @@ import torch
 import torch.distributed as dist
 
 from stallfree.ingest.atomic import atomic_write
-from stallfree.stage_runtime import checkpoint as ckpt
 from stallfree.stage_runtime.clock import StageClock
-from stallfree.stage_runtime.config import TrainConfig
-from stallfree.stage_runtime.launcher import PeerWatch, StageFailure, failure, free_port, launch, torchrun_env
-from stallfree.stage_runtime.models import build_model, resolve
-from stallfree.stage_runtime.rank import Rank
-from stallfree.stage_runtime.report import Report
+from stallfree.stage_runtime.train import checkpoint as ckpt
+from stallfree.stage_runtime.train.config import TrainConfig
+from stallfree.stage_runtime.train.launcher import PeerWatch, StageFailure, failure, free_port, launch, torchrun_env
+from stallfree.stage_runtime.train.models import build_model, resolve
+from stallfree.stage_runtime.train.rank import Rank
+from stallfree.stage_runtime.train.report import Report
 
 __all__ = ["StageFailure", "TrainConfig", "demo_config", "train", "train_many"]
 

@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .clock import Span, StageClock, percentile
-from .profile_sampler import ResourceSampler
+from stallfree.stage_runtime.clock import Span, StageClock, percentile
+from stallfree.stage_runtime.profile.sampler import ResourceSampler
 
 __all__ = ["FETCH_STAGES", "PREP_STAGES", "LoaderProfile", "attribute_stall", "profile", "verdict"]
 

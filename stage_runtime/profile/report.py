@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .profile import FETCH_STAGES, PREP_STAGES
+from stallfree.stage_runtime.profile.loop import FETCH_STAGES, PREP_STAGES
 
 __all__ = ["NOT_INPUT_BOUND", "PROFILE_FORMAT", "PROFILE_SCHEMA", "WORTH_IT", "Observed", "Stalls", "check_schema",
            "differential_stalls", "headline", "what_ifs"]

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stallfree.stage_runtime.schedules import ScheduleSpec, schedule_spec
+from stallfree.stage_runtime.train.schedules import ScheduleSpec, schedule_spec
 
 __all__ = ["BUNDLED_MODELS", "TrainConfig"]
 
-# The names of stallfree.stage_runtime.models.MODELS, listed here because that module needs torch to define
+# The names of stallfree.stage_runtime.train.models.MODELS, listed here because that module needs torch to define
 # them; tests/cli/test_imports.py keeps the two equal.
 BUNDLED_MODELS = ("mlp", "small_cnn", "resnet_cifar", "resnet18", "resnet50", "vit_small")
 
@@ -23,7 +23,7 @@ BUNDLED_MODELS = ("mlp", "small_cnn", "resnet_cifar", "resnet18", "resnet50", "v
 class TrainConfig:
     """Everything one training job needs; ``stallfree train`` builds it from its flags."""
 
-    model: str = "small_cnn"  # a bundled name (stallfree.stage_runtime.models.MODELS) or package.module:factory
+    model: str = "small_cnn"  # a bundled name (stallfree.stage_runtime.train.models.MODELS) or package.module:factory
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     data: str | None = None  # training ImageFolder / file list / shard folder; None: generated tensors
     eval_data: str | None = None  # held-out split, evaluated each epoch (top-1); None with data=None: generated

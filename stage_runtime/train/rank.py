@@ -1,6 +1,6 @@
 """One rank of a training job: its process groups, stages, schedule, optimizer, feeds, step and checkpoint.
 
-The trainer (:mod:`stallfree.stage_runtime.trainer`) runs the loop; this is what each step and save does on
+The trainer (:mod:`stallfree.stage_runtime.train.trainer`) runs the loop; this is what each step and save does on
 one rank. Global rank = replica x stages + pipeline rank; every rank builds the whole model from the seed, so
 all processes start from the same weights, and keeps the stage(s) it owns.
 """
@@ -18,16 +18,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from stallfree.stage_runtime import checkpoint as ckpt
 from stallfree.stage_runtime.clock import StageClock
-from stallfree.stage_runtime.feed import make_feed, unpadded_samples
-from stallfree.stage_runtime.models import build_model
-from stallfree.stage_runtime.partition import plan
-from stallfree.stage_runtime.schedules import build_schedule
-from stallfree.stage_runtime.stage import TimedStage, chain_forward
+from stallfree.stage_runtime.train import checkpoint as ckpt
+from stallfree.stage_runtime.train.feed import make_feed, unpadded_samples
+from stallfree.stage_runtime.train.models import build_model
+from stallfree.stage_runtime.train.partition import plan
+from stallfree.stage_runtime.train.schedules import build_schedule
+from stallfree.stage_runtime.train.stage import TimedStage, chain_forward
 
 if TYPE_CHECKING:
-    from stallfree.stage_runtime.trainer import TrainConfig
+    from stallfree.stage_runtime.train.trainer import TrainConfig
 
 __all__ = ["Rank"]
 

@@ -1,0 +1,3 @@
+"""The pipeline-parallel trainer: config, partitioner, schedules, launcher, rank, feeds, checkpoints, report."""
+
+__all__: list[str] = []
