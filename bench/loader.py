@@ -1,7 +1,8 @@
 """Images per second of stallfree's Loader beside torch's DataLoader and a plain DALI pipeline, same data, one run.
 
 All three run the standard ImageNet train augmentation: RandomResizedCrop(224), horizontal flip, normalize,
-float32 NCHW, batch 64. torch's DataLoader decodes with PIL and augments as torchvision does on PIL images, with
+float32 NCHW, batch 64. torch's DataLoader is the one baseline (:mod:`stallfree.stage_runtime.baseline`): PIL
+decode, torchvision's transforms when torchvision is importable (a labelled PIL stand-in when not), with
 ``num_workers`` = the cores this process may use. The plain DALI pipeline is ``fn.readers.file`` +
 ``fn.decoders.image`` + ``fn.random_resized_crop`` + ``fn.crop_mirror_normalize``. A decode-only DALI pipeline
 gives the ceiling: no loader that decodes whole JPEGs on these cores can beat it.
@@ -23,7 +24,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "options", "run"]
 
 EXAMPLES = """examples:
   stallfree bench loader ./bench-data --synthetic 2000     # make 2,000 ImageNet-sized JPEGs there first
@@ -55,6 +56,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run only these: stallfree, torch (DataLoader), dali (plain pipeline), decode (DALI)")
 
 
+def options(data: Path, **overrides: Any) -> argparse.Namespace:
+    """The benchmark's options as its command line would give them, with ``overrides`` (for ``stallfree demo``)."""
+    parser = argparse.ArgumentParser(prog="stallfree bench loader")
+    add_arguments(parser)
+    args = parser.parse_args([str(data)])
+    unknown = sorted(set(overrides) - set(vars(args)))
+    if unknown:
+        raise TypeError(f"bench loader has no option {', '.join(unknown)}")
+    return argparse.Namespace(**{**vars(args), **overrides})
+
+
 def _files(data: Path) -> list[tuple[str, int]]:
     from stallfree.pipeline.readers import FolderReader
 
@@ -72,59 +84,20 @@ def _stallfree(args: argparse.Namespace) -> Iterable[Any]:
         yield from loader
 
 
-class _TorchvisionStyle:
-    """torchvision's ImageNet train transform on PIL images, written out (torchvision is not a dependency)."""
-
-    def __init__(self) -> None:
-        from stallfree.transforms import RandomResizedCrop
-
-        self.rrc = RandomResizedCrop(224)
-
-    def __call__(self, path: str, rng: Any) -> Any:
-        import numpy as np
-        import torch
-        from PIL import Image
-
-        from stallfree.transforms.random import SampleRandom
-
-        with Image.open(path) as img:
-            img = img.convert("RGB")
-            top, left, h, w = self.rrc.window(SampleRandom(0, 0, int(rng.integers(1 << 62))), img.height, img.width)
-            img = img.resize((224, 224), Image.Resampling.BILINEAR, box=(left, top, left + w, top + h))
-        if rng.random() < 0.5:
-            img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-        tensor = torch.from_numpy(np.asarray(img, np.uint8).copy()).permute(2, 0, 1).float().div_(255)
-        return tensor.sub_(torch.tensor(MEAN)[:, None, None]).div_(torch.tensor(STD)[:, None, None])
-
-
-class _FileDataset:
-    def __init__(self, files: list[tuple[str, int]]):
-        import numpy as np
-
-        self.files, self.transform = files, _TorchvisionStyle()
-        self.rng = np.random.default_rng()
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    def __getitem__(self, index: int) -> Any:
-        path, label = self.files[index]
-        return self.transform(path, self.rng), label
-
-
 def _torch(args: argparse.Namespace) -> Iterable[Any]:
     import torch
 
-    dataset = _FileDataset(_files(args.data))
+    from stallfree.stage_runtime.baseline import torch_dataloader
+
     device = torch.device(args.device)
-    loader: torch.utils.data.DataLoader[Any] = torch.utils.data.DataLoader(
-        dataset,  # type: ignore[arg-type]  # a map-style dataset by protocol (__len__, __getitem__)
-        batch_size=args.batch_size, shuffle=True, drop_last=True,
-                                         num_workers=args.threads, persistent_workers=True, prefetch_factor=2,
-                                         pin_memory=device.type == "cuda")
+    loader = torch_dataloader(_files(args.data), batch_size=args.batch_size, image_size=224, workers=args.threads,
+                              persistent=True, pin_memory=device.type == "cuda")
+    epoch = 0
     while True:
+        loader.sampler.inner.set_epoch(epoch)  # the baseline's EpochKeyed over a DistributedSampler
         for images, labels in loader:
             yield images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+        epoch += 1
 
 
 def _dali(args: argparse.Namespace, decode_only: bool) -> Iterable[Any]:
@@ -238,5 +211,9 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
         ratio = f"{median / base:.2f}x" if base else "-"
         runs_text = ", ".join(f"{r:.0f}" for r in results[label])
         print(f"| {label:<33} | {median:>14.0f} | {runs_text:<28} | {ratio:>19} |", file=out)
+    from stallfree.stage_runtime.baseline import transform_label
+
+    if LABELS["torch"] in results:
+        print(f"torch DataLoader: PIL decode, {transform_label()}", file=out)
     return {"images": len(files), "batch_size": args.batch_size, "threads": args.threads, "device": args.device,
-            "runs": results, "median": medians}
+            "runs": results, "median": medians, "torch_transform": transform_label()}

@@ -1,7 +1,8 @@
-"""Shared fixtures: a fixed seed for every test, the `gpu` marker's skip, and small generated datasets."""
+"""Shared fixtures: a fixed seed for every test, the `gpu` and `torchvision` markers' skips, small generated data."""
 
 from __future__ import annotations
 
+import importlib.util
 import random
 from pathlib import Path
 
@@ -19,12 +20,16 @@ def _seed() -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    skips = {}
+    if not torch.cuda.is_available():
+        skips["gpu"] = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    if importlib.util.find_spec("torchvision") is None:
+        skips["torchvision"] = pytest.mark.skip(
+            reason="needs torchvision (pip install torch==2.14.1 torchvision==0.29.1)")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        for marker, skip in skips.items():
+            if marker in item.keywords:
+                item.add_marker(skip)
 
 
 def write_indexed_list(root: Path, count: int, size: tuple[int, int] = (20, 24), fmt: str = "PNG") -> Path:

@@ -221,8 +221,8 @@ class _Run:
     def _phases(self, compare: str | None, storage_files: int | None) -> dict[str, Any]:
         import torch
 
+        from stallfree.stage_runtime.baseline import torch_dataloader, transform_label
         from stallfree.stage_runtime.profile import phases as ph
-        from stallfree.stage_runtime.profile.compare import torch_dataloader
 
         batch = self.batch
         storage_paths = self.paths[:storage_files] if storage_files else self.paths
@@ -262,9 +262,10 @@ class _Run:
         if compare == "torch":
             ph.drop_page_cache(self.paths)
             labels = [int(x) for x in self.reader.labels()]
-            loader = torch_dataloader(self.paths, labels, batch_size=batch, image_size=self.image_size,
-                                      workers=self.threads)
-            out["compare"] = {"torch": self.timed("6 torch DataLoader", loader).to_dict()}
+            files = [(str(path), label) for path, label in zip(self.paths, labels, strict=True)]
+            loader = torch_dataloader(files, batch_size=batch, image_size=self.image_size, workers=self.threads)
+            out["compare"] = {"torch": {**self.timed("6 torch DataLoader", loader).to_dict(),
+                                        "transform": transform_label()}}
         return out
 
     def _conclusions(self, out: dict[str, Any], max_side: int | None) -> dict[str, Any]:

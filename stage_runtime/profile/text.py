@@ -29,7 +29,7 @@ def _rows(r: Mapping[str, Any]) -> list[tuple[str, float, str]]:
                  f"waited {p['cached_run']['stall_share']:.0%}"))
     for name, run in r.get("compare", {}).items():
         rows.append((f"6 {name} DataLoader", run["samples_per_s"],
-                     f"waited {run['stall_share']:.0%} ({run['verdict']})"))
+                     f"waited {run['stall_share']:.0%} ({run['verdict']}); {run['transform']}"))
     return rows
 
 

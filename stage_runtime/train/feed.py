@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from stallfree.resume import check_fingerprint
+from stallfree.stage_runtime.baseline import transform_label
 
 __all__ = ["TensorBatches", "TorchFeed", "make_feed", "unpadded_samples"]
 
@@ -89,61 +90,10 @@ class TensorBatches:
         return self.patterns[label] + self.noise * noise, label
 
 
-class _PilFolder(torch.utils.data.Dataset):
-    """An ImageFolder decoded with PIL and augmented as torchvision would (torchvision is not a dependency)."""
-
-    def __init__(self, root: str, image_size: int, train: bool, seed: int):
-        from stallfree.pipeline.readers import FolderReader
-
-        reader = FolderReader(root)
-        self.files = [(str(p), int(y)) for p, y in zip(reader.paths, reader.labels(), strict=True)]
-        self.classes, self.size, self.train, self.seed = reader.classes, image_size, train, seed
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, int]:
-        import numpy as np
-        from PIL import Image
-
-        epoch, index = key
-        path, label = self.files[index]
-        rng = np.random.default_rng((self.seed, epoch, index))
-        with Image.open(path) as img:
-            img = img.convert("RGB")
-            w, h = img.size
-            scale = rng.uniform(0.6, 1.0) if self.train else 1.0
-            side = max(1, int(min(w, h) * scale ** 0.5))
-            left, top = (int(rng.integers(0, w - side + 1)), int(rng.integers(0, h - side + 1))) if self.train \
-                else ((w - side) // 2, (h - side) // 2)
-            img = img.resize((self.size, self.size), Image.Resampling.BILINEAR,
-                             box=(left, top, left + side, top + side))
-            if self.train and rng.random() < 0.5:
-                img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-            x = torch.from_numpy(np.asarray(img, np.uint8).copy()).permute(2, 0, 1).float().div_(255)
-        return (x - 0.5) / 0.25, label
-
-
-class _EpochKeyed(torch.utils.data.Sampler):
-    """``(epoch, index)`` keys from a ``DistributedSampler``.
-
-    Persistent workers hold a copy of the dataset made when they started, so the epoch that keys the
-    augmentation travels with each index instead of living on the dataset.
-    """
-
-    def __init__(self, inner: torch.utils.data.DistributedSampler[Any]):
-        self.inner = inner
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    def __iter__(self) -> Iterator[tuple[int, int]]:
-        epoch = self.inner.epoch
-        return ((epoch, int(i)) for i in self.inner)
-
-
 class TorchFeed:
-    """torch's ``DataLoader`` over an ImageFolder (PIL decode), behind the feed contract: the benchmark's rival.
+    """The baseline torch ``DataLoader`` over an ImageFolder, behind the feed contract: the benchmark's rival.
+
+    The DataLoader and its augmentation are :mod:`stallfree.stage_runtime.baseline`'s.
 
     Resume restarts the epoch's iteration and skips the batches already delivered (the DataLoader has no
     cursor of its own).
@@ -151,14 +101,19 @@ class TorchFeed:
 
     def __init__(self, root: str, batch_size: int, image_size: int, *, train: bool, seed: int, replica: int,
                  replicas: int, workers: int):
-        self.dataset = _PilFolder(root, image_size, train, seed)
+        from stallfree.pipeline.readers import FolderReader
+        from stallfree.stage_runtime.baseline import BaselineImages, EpochKeyed
+
+        reader = FolderReader(root)
+        files = [(str(p), int(y)) for p, y in zip(reader.paths, reader.labels(), strict=True)]
+        self.dataset = BaselineImages(files, image_size, train=train, seed=seed)
         data = torch.utils.data
         self.sampler: data.DistributedSampler[Any] = data.DistributedSampler(
             self.dataset, replicas, replica, shuffle=train, seed=seed, drop_last=train)
         self.loader: data.DataLoader[Any] = data.DataLoader(
-            self.dataset, batch_size, sampler=_EpochKeyed(self.sampler), drop_last=train, num_workers=workers,
+            self.dataset, batch_size, sampler=EpochKeyed(self.sampler), drop_last=train, num_workers=workers,
             persistent_workers=workers > 0)
-        self.batch_size, self.classes = batch_size, self.dataset.classes
+        self.batch_size, self.classes = batch_size, reader.classes
         self.epoch, self._position, self._loaded = 0, 0, False
 
     def __len__(self) -> int:
@@ -172,8 +127,8 @@ class TorchFeed:
         """What decides the order and the pixels: the files and labels, the augmentation and the shard."""
         digest = hashlib.sha256(json.dumps(self.dataset.files).encode()).hexdigest()
         return {"kind": "TorchFeed", "files": digest, "batch_size": self.batch_size, "image_size": self.dataset.size,
-                "train": self.dataset.train, "seed": self.dataset.seed, "replica": self.sampler.rank,
-                "replicas": self.sampler.num_replicas}
+                "train": self.dataset.train, "seed": self.dataset.seed, "transform": transform_label(),
+                "replica": self.sampler.rank, "replicas": self.sampler.num_replicas}
 
     def state_dict(self) -> dict[str, Any]:
         """Epoch and batches delivered in it (JSON-able), with the fingerprint."""
@@ -221,13 +176,14 @@ def make_feed(data: str | None, *, train: bool, batch_size: int, image_size: int
                              image_size, num_classes, seed=seed, rank=replica, world_size=replicas,
                              shuffle=train, split=0 if train else 1)
     from stallfree import Loader
+    from stallfree.stage_runtime.baseline import MEAN, STD
     from stallfree.transforms import CenterCrop, Normalize, RandomHorizontalFlip, RandomResizedCrop, Resize
 
-    mean, std = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
+    # the baseline's augmentation, so that a run fed by torch's DataLoader does the same work per image
     if train:
-        transform = [RandomResizedCrop(image_size, scale=(0.6, 1.0)), RandomHorizontalFlip(), Normalize(mean, std)]
+        transform = [RandomResizedCrop(image_size), RandomHorizontalFlip(), Normalize(MEAN, STD)]
     else:
-        transform = [Resize(image_size), CenterCrop(image_size), Normalize(mean, std)]
+        transform = [Resize(image_size * 256 // 224), CenterCrop(image_size), Normalize(MEAN, STD)]
     return Loader(data, batch_size, transform=transform, shuffle=train, seed=seed, drop_last=train, rank=replica,
                   world_size=replicas, device=device, clock=clock, num_threads=workers)
 

@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -60,11 +59,8 @@ def _demo(args: argparse.Namespace) -> int:
         root = args.out or Path(tmp)
         if not args.skip_bench:
             _step("1/3 stallfree's Loader beside torch's DataLoader (ImageNet-sized synthetic JPEGs)")
-            bench_args = argparse.Namespace(
-                data=root / "imagenet-like", synthetic=args.images, batch_size=64,
-                batches=max(1, args.images // 64 // 2), repeats=3, threads=len(os.sched_getaffinity(0)),
-                only=["stallfree", "torch"], device="cpu",
-            )
+            bench_args = bench.options(root / "imagenet-like", synthetic=args.images,
+                                       batches=max(1, args.images // 64 // 2), only=["stallfree", "torch"])
             result["bench"] = bench.run(bench_args, out)
         _step("2/3 ingest a learnable synthetic dataset (shapes in random colours) into Arrow shards")
         for split, per_class, seed in (("train", 150, 0), ("val", 25, 1)):
