@@ -106,6 +106,7 @@ def profile_dataset(
     max_side: int | None = None,
     storage_files: int | None = None,
     verify: Verify | None = None,
+    accelerator: str | None = None,
     progress: bool = True,
 ) -> DatasetProfile:
     """Profile training on ``data``: which stage stalls the step, by how much, and what would remove it.
@@ -125,6 +126,9 @@ def profile_dataset(
         storage_files: read at most this many files in the storage phase.
         verify: run one what-if for real and compare it with its prediction: ``"top"`` (the suggested one),
             ``"echo"``, ``"max-side"`` or ``"cores"``.
+        accelerator: ``"sim:R"``: the step is a simulated device training ``R`` img/s (it waits, holding no
+            CPU; see ``stallfree.stage_runtime.train.accelerator``) instead of the model on this machine, so the
+            real runs answer "with a device of this speed, would this loader stall?".
         progress: progress bars on stderr.
 
     Raises:
@@ -138,14 +142,23 @@ def profile_dataset(
         raise ValueError(f"verify must be one of {', '.join(VERIFY_CHOICES)} or None, got {verify!r}")
     if compare not in (None, "torch"):
         raise ValueError(f"compare must be 'torch' or None, got {compare!r}")
+    from stallfree.stage_runtime.train.accelerator import parse_accelerator
+
+    device_model = parse_accelerator(accelerator)
     previous = torch.get_num_threads()
     if torch_threads:
         torch.set_num_threads(torch_threads)
     try:
-        return _Run(Path(data), model, batch_size, image_size, batches, threads, device, progress).result(
-            compare, max_side, storage_files, verify)
+        run = _Run(Path(data), model, batch_size, image_size, batches, threads, device, progress)
+        run.accelerator = device_model
+        return run.result(compare, max_side, storage_files, verify)
     finally:
         torch.set_num_threads(previous)  # the setting is process-wide; leave it as we found it
+
+
+def _slowdown(step_s: float, alone_s: float) -> float:
+    """How much longer the step took while the Loader fed it than alone (0.05: 5% longer)."""
+    return step_s / alone_s - 1 if alone_s > 0 else 0.0
 
 
 class _Run:
@@ -173,6 +186,7 @@ class _Run:
         self.clock = StageClock()
         self.progress = progress
         self.sampler: Any = None
+        self.accelerator: Any = None  # a SimAccelerator: the step waits as that device would
 
     @contextmanager
     def phase(self, name: str, total: int) -> Iterator[Callable[[int], Any]]:
@@ -235,12 +249,17 @@ class _Run:
             def make(k: int) -> Iterator[Any]:
                 return _forever(lambda: self.loader(self.in_memory, num_threads=k, device="cpu"))
             prep = ph.measure_preparation(make, counts, prep_batches, batch, progress=tick)
-        classes = len(self.reader.classes)
-        model = ph.build_model(self.model_name, classes, self.image_size)
-        with self.phase("3 compute", self.batches) as tick:
-            compute = ph.measure_compute(self.model_name, model, self.device, batch, self.image_size, classes,
-                                         self.batches, clock=self.clock, progress=tick)
-        self.step = ph.make_train_step(model, self.device)
+        if self.accelerator is None:
+            classes = len(self.reader.classes)
+            model = ph.build_model(self.model_name, classes, self.image_size)
+            with self.phase("3 compute", self.batches) as tick:
+                compute = ph.measure_compute(self.model_name, model, self.device, batch, self.image_size, classes,
+                                             self.batches, clock=self.clock, progress=tick)
+            self.step = ph.make_train_step(model, self.device)
+        else:
+            rate = self.accelerator.images_per_s
+            compute = ph.ComputeResult(self.model_name, str(self.accelerator), batch, batch / rate, rate)
+            self.step = ph.simulated_step(rate)
         cold = ph.drop_page_cache(self.paths)
         real = self.timed("4 real run", self.loader(self.data))
         cached = self.timed("5 real run, from memory", self.loader(self.in_memory))
@@ -258,7 +277,11 @@ class _Run:
                 "real_run": {**real.to_dict(), "cold": cold.dropped, "cold_note": cold.note},
                 "cached_run": cached.to_dict(),
             },
+            # the step in the real run against the step alone: what the Loader's host work cost the step itself
+            "step_slowdown": _slowdown(real.to_dict()["step_s"]["mean"], compute.step_s),
         }
+        if self.accelerator is not None:
+            out["accelerator"] = self._device(prep, storage, real)
         if compare == "torch":
             ph.drop_page_cache(self.paths)
             labels = [int(x) for x in self.reader.labels()]
@@ -267,6 +290,14 @@ class _Run:
             out["compare"] = {"torch": {**self.timed("6 torch DataLoader", loader).to_dict(),
                                         "transform": transform_label()}}
         return out
+
+    def _device(self, prep: list[Any], storage: Any, real: Any) -> dict[str, Any]:
+        """The simulated device's verdict: the stall predicted from the loader's stand-alone rate, and measured."""
+        rate = self.accelerator.images_per_s
+        at_threads = [p.images_per_s for p in prep if p.threads == self.threads] or [prep[-1].images_per_s]
+        loader_rate = min(at_threads[0], storage.warm_files_per_s)
+        return {"name": str(self.accelerator), "images_per_s": rate, "loader_images_per_s": loader_rate,
+                "predicted_stall": max(0.0, 1 - loader_rate / rate), "measured_stall": real.stall_share}
 
     def _conclusions(self, out: dict[str, Any], max_side: int | None) -> dict[str, Any]:
         import psutil

@@ -220,6 +220,13 @@ class ComputeResult:
     images_per_s: float
 
 
+def simulated_step(images_per_s: float) -> Callable[[Any], None]:
+    """A training step on a simulated device: it waits ``len(labels) / images_per_s`` seconds (holds no CPU)."""
+    def step(batch: Any) -> None:
+        time.sleep(len(batch[1]) / images_per_s)
+    return step
+
+
 def measure_compute(model_name: str, model: Any, device: Any, batch_size: int, image_size: int,
                     num_classes: int, steps: int, clock: StageClock | None = None,
                     progress: Progress = None) -> ComputeResult:

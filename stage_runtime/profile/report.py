@@ -320,6 +320,8 @@ PROFILE_SCHEMA: dict[str, Any] = {
         "resources": {"type": "array", "items": {"type": "object", "required": [
             "t", "phase", "cpu_percent_per_core", "process_cores", "rss_bytes", "disk_read_bytes_per_s"]}},
         "compare": {"type": "object"},
+        "step_slowdown": {"type": "number"},
+        "accelerator": {"type": "object"},  # with --accelerator only
     },
 }
 _TYPES: dict[str, type | tuple[type, ...]] = {"object": dict, "array": list, "string": str, "integer": int,

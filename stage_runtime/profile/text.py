@@ -19,8 +19,13 @@ def _rows(r: Mapping[str, Any]) -> list[tuple[str, float, str]]:
             ("1 storage, warm", storage["warm_images_per_s"], f"{storage['warm_bytes_per_s'] / 2**20:.0f} MiB/s")]
     rows += [(f"2 prepare, {q['threads']} thread(s)", q["images_per_s"], "decode + augment from memory")
              for q in p["preparation"]["points"]]
-    rows.append(("3 compute (ideal)", p["compute"]["images_per_s"],
-                 f"{r['model']} on {r['device']}, synthetic, {r['torch_threads']} torch thread(s)"))
+    if r.get("accelerator"):
+        rows.append(("3 compute (simulated)", p["compute"]["images_per_s"],
+                     f"a device training {r['accelerator']['images_per_s']:g} img/s ({r['accelerator']['name']}); "
+                     "waits, holds no CPU"))
+    else:
+        rows.append(("3 compute (ideal)", p["compute"]["images_per_s"],
+                     f"{r['model']} on {r['device']}, synthetic, {r['torch_threads']} torch thread(s)"))
     real = p["real_run"]
     real_note = "" if real["cold_note"] is None else f"; {real['cold_note']}"
     rows.append(("4 real run", real["samples_per_s"], f"waited {real['stall_share']:.0%} ({real['verdict']})"
@@ -95,6 +100,14 @@ def report(r: Mapping[str, Any]) -> str:
     lines.append("")
     lines.append(f"{headline(s)}. Step time {s['real_step_s'] * 1e3:.1f} ms (ideal {s['ideal_step_s'] * 1e3:.1f} "
                  f"ms, from memory {s['cached_step_s'] * 1e3:.1f} ms).")
+    if r.get("step_slowdown") is not None:
+        lines.append(f"the input pipeline slowed the step by {r['step_slowdown']:.1%} (its mean in the real run "
+                     "against the step alone)")
+    a = r.get("accelerator")
+    if a:
+        lines.append(f"with a device of {a['images_per_s']:g} img/s, this loader stalls {a['measured_stall']:.1%} "
+                     f"(measured in run 4; predicted {a['predicted_stall']:.1%} from its stand-alone rate of "
+                     f"{a['loader_images_per_s']:.0f} img/s)")
     lines += [f"note: {n}" for n in s["notes"]]
     lines += _what_ifs(r["what_if"])
     if "verify" in r:

@@ -32,6 +32,7 @@ class TrainConfig:
     samples: int = 2048  # generated tensors only: training samples
     feed: str = "stallfree"  # "stallfree" (the Loader) or "torch" (torch's DataLoader, for comparison)
     loader_threads: int | None = None  # Loader threads / DataLoader workers (default: the Loader's / 2)
+    accelerator: str | None = None  # "sim:R": each stage waits as a device training R img/s per replica would
     stages: int = 2  # pipeline ranks (processes) per replica
     schedule: str = "1f1b"
     virtual_stages: int = 2  # stages per rank for interleaved-1f1b and zero-bubble
@@ -67,6 +68,12 @@ class TrainConfig:
             raise ValueError(f"batch_size must divide into micro-batches: batch_size={self.batch_size}, "
                              f"microbatches={self.microbatches}; use a multiple of {self.microbatches}")
         self.spec.check(self.stages, self.microbatches)
+        if self.feed not in ("stallfree", "torch"):
+            raise ValueError(f"feed must be 'stallfree' or 'torch', got {self.feed!r}")
+        if self.accelerator is not None:
+            from stallfree.stage_runtime.train.accelerator import parse_accelerator
+
+            parse_accelerator(self.accelerator)
 
     @property
     def spec(self) -> ScheduleSpec:

@@ -20,11 +20,12 @@ from torch import nn
 
 from stallfree.stage_runtime.clock import StageClock
 from stallfree.stage_runtime.train import checkpoint as ckpt
+from stallfree.stage_runtime.train.accelerator import parse_accelerator
 from stallfree.stage_runtime.train.feed import make_feed, unpadded_samples
 from stallfree.stage_runtime.train.models import build_model
 from stallfree.stage_runtime.train.partition import plan
 from stallfree.stage_runtime.train.schedules import build_schedule
-from stallfree.stage_runtime.train.stage import TimedStage, chain_forward
+from stallfree.stage_runtime.train.stage import SimulatedCompute, TimedStage, chain_forward
 
 if TYPE_CHECKING:
     from stallfree.stage_runtime.train.trainer import TrainConfig
@@ -97,26 +98,34 @@ class Rank:
         c = self.config
         torch.manual_seed(c.seed)
         layers = list(build_model(c.model, self.num_classes, c.image_size, **c.model_kwargs))
-        chosen: list[Any] = [c.balance]
+        micro = c.batch_size // c.microbatches
+        accelerator = parse_accelerator(c.accelerator)
+        balance = c.balance
         if c.resume and c.balance is None and self.rank == 0 and ckpt.latest(c.ckpt_root) is not None:
-            chosen = [tuple(ckpt.load_meta(c.ckpt_root, ckpt.latest(c.ckpt_root))["balance"])]
+            balance = tuple(ckpt.load_meta(c.ckpt_root, ckpt.latest(c.ckpt_root))["balance"])
             if c.progress:
-                print(f"split: balance {','.join(map(str, chosen[0]))} (from the checkpoint)", file=sys.stderr,
+                print(f"split: balance {','.join(map(str, balance))} (from the checkpoint)", file=sys.stderr,
                       flush=True)
-        elif self.rank == 0:
-            sample = torch.randn(c.batch_size // c.microbatches, 3, c.image_size, c.image_size)
-            partition = plan(layers, c.model_stages, sample=sample, balance=c.balance)
-            if c.progress:
+        # [balance, each model stage's measured cost (for the simulated device)]
+        chosen: list[Any] = [balance, None]
+        if self.rank == 0 and (balance is None or accelerator is not None):
+            sample = torch.randn(micro, 3, c.image_size, c.image_size)
+            partition = plan(layers, c.model_stages, sample=sample, balance=balance)
+            if c.progress and balance is None:
                 print(partition.describe(), file=sys.stderr, flush=True)
-            chosen = [partition.balance]
+            chosen = [partition.balance, partition.stage_time_s]
         dist.broadcast_object_list(chosen, 0)
         self.balance = tuple(chosen[0])
         bounds = [sum(self.balance[:i]) for i in range(len(self.balance) + 1)]
         self.modules = {s: nn.Sequential(*layers[bounds[s]:bounds[s + 1]]).to(self.device)
                         for s in range(c.model_stages) if self.owner[s] == self.rank}
-        shapes = _stage_shapes(layers, bounds, (c.batch_size // c.microbatches, 3, c.image_size, c.image_size))
+        shapes = _stage_shapes(layers, bounds, (micro, 3, c.image_size, c.image_size))
+        sim: list[Any] = [None] * c.model_stages
+        if accelerator is not None:
+            sim = list(accelerator.stage_times(micro, chosen[1]))
+            self.modules = {s: SimulatedCompute(m, shapes[s][1].shape[1:]) for s, m in self.modules.items()}
         self.stages = [TimedStage(m, s, c.model_stages, self.device, input_args=shapes[s][0],
-                                  output_args=shapes[s][1], group=self.pp_group, clock=self.clock)
+                                  output_args=shapes[s][1], group=self.pp_group, clock=self.clock, sim=sim[s])
                        for s, m in self.modules.items()]
         self.schedule = build_schedule(c.schedule, self.stages, c.microbatches, nn.functional.cross_entropy)
         self.params = [p for m in self.modules.values() for p in m.parameters()]
@@ -226,6 +235,9 @@ class Rank:
         else:
             self.schedule.step()
         pipe_s = time.perf_counter() - start
+        for module in self.modules.values():
+            if isinstance(module, SimulatedCompute):
+                module.zero_grads()
         if c.dp > 1:
             for p in self.params:
                 if p.grad is not None:

@@ -120,11 +120,18 @@ def format_summary(summary: dict[str, Any]) -> str:
     theory = summary.get("bubble_theory")
     theory_s = f"{theory:.1%}" if theory is not None else "n/a"
     acc = summary.get("eval_top1")
-    lines = [
+    ideal = summary.get("accelerator_images_per_s")
+    headline = []
+    if ideal:
+        headline = [f"the pipeline could do {ideal:.0f} img/s on this accelerator ({summary['accelerator']}); it did "
+                    f"{summary['images_per_s']:.0f}; the input cost {summary['input_stall_fraction']:.1%}, the bubble "
+                    f"{summary['bubble_fraction']:.1%} (simulated device: the figures measure the input path and "
+                    "the pipeline, not the model)"]
+    lines = [*headline,
         f"trained {summary['model']} in {summary['stages']} pipeline ranks x {summary['replicas']} replicas, "
         f"schedule {summary['schedule']}, {summary['microbatches']} micro-batches: {summary['steps']} steps "
         f"in {summary['wall_s']:.1f} s",
-        f"  throughput     {summary['images_per_s']:10.1f} images/s",
+        f"  throughput     {summary['images_per_s']:10.1f} images/s  (fed by {summary.get('feed', 'stallfree')})",
         f"  final loss     {summary['final_loss']:10.4f}",
         f"  eval top-1     {acc:10.1%}" if acc is not None else "  eval top-1            n/a",
         f"  input stall    {summary['input_stall_fraction']:10.1%}  (stage 0 waiting for the Loader / step time)",

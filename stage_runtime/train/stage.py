@@ -3,12 +3,14 @@
 :class:`TimedStage` is a ``torch.distributed.pipelining.PipelineStage`` whose forward, backward and
 weight-gradient chunks are timed: their sum is the rank's busy time, and the rest of the schedule's step is its
 bubble (waiting for neighbours). Communication is issued by the schedule outside these calls, so it counts as
-idle, which is what the bubble is.
+idle, which is what the bubble is. Under a simulated accelerator (:mod:`.accelerator`) each chunk lasts the
+device's time: it sleeps for what its (stand-in) compute left of it.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -16,36 +18,44 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
 
-__all__ = ["TimedStage", "chain_forward"]
+from stallfree.stage_runtime.train.accelerator import StageTimes
+
+__all__ = ["SimulatedCompute", "TimedStage", "chain_forward"]
 
 
 class TimedStage(PipelineStage):
     """``PipelineStage`` adding ``busy_s`` (seconds computing since the last :meth:`take_busy`) and clock spans."""
 
-    def __init__(self, *args: Any, clock: Any = None, **kwargs: Any):
+    def __init__(self, *args: Any, clock: Any = None, sim: StageTimes | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.busy_s, self.clock, self.step_number = 0.0, clock, 0
+        self.busy_s, self.clock, self.step_number, self.sim = 0.0, clock, 0, sim
 
-    def _timed(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def _timed(self, sim_s: float | None, fn: Any, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
+            if sim_s is not None:
+                time.sleep(max(0.0, start + sim_s - time.perf_counter()))  # waits: holds no core, no GIL
             end = time.perf_counter()
             self.busy_s += end - start
             if self.clock is not None:
                 self.clock.record(f"stage{self.stage_index}", "busy", start, end, self.step_number)
 
     def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
-        return self._timed(super().forward_one_chunk, *args, **kwargs)
+        return self._timed(None if self.sim is None else self.sim.forward_s, super().forward_one_chunk, *args, **kwargs)
 
-    def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
-        return self._timed(super().backward_one_chunk, *args, **kwargs)
+    def backward_one_chunk(self, bwd_chunk_id: int, loss: Any = None, full_backward: bool = True,
+                           last_backward: bool = False) -> Any:
+        sim = None if self.sim is None else self.sim.backward_s if full_backward else self.sim.backward_input_s
+        return self._timed(sim, super().backward_one_chunk, bwd_chunk_id, loss=loss, full_backward=full_backward,
+                           last_backward=last_backward)
 
     def backward_weight_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
-        return self._timed(super().backward_weight_one_chunk, *args, **kwargs)
+        sim = None if self.sim is None else self.sim.backward_weight_s
+        return self._timed(sim, super().backward_weight_one_chunk, *args, **kwargs)
 
     def take_busy(self) -> float:
         """Busy seconds since the last call, and reset."""
@@ -94,3 +104,33 @@ def chain_forward(modules: dict[int, nn.Module], num_stages: int, owner: list[in
         if s < num_stages - 1 and owner[s + 1] != me:
             _send_tensor(x, owner[s + 1])
     return x if owner[num_stages - 1] == me else None
+
+
+class SimulatedCompute(nn.Module):
+    """A stage module that computes nothing: the real layers' parameters, and an output of the real shape.
+
+    The output is zeros plus one element of the input times zero: it costs one write of the activation (what a
+    device hands to the send), and autograd reaches the input, so the gradient sent upstream has the real shape.
+    The parameters are outside the graph (touching each would cost the host a few operations per parameter and
+    micro-batch, for a resnet50 more than its simulated compute); :meth:`zero_grads` gives each a zero gradient
+    before the data-parallel all-reduce and the optimizer step, which then run on the real tensors.
+    """
+
+    def __init__(self, real: nn.Module, output_shape: Sequence[int]):
+        super().__init__()
+        for name, child in real.named_children():  # the real layers, never called: state_dict keys stay the same
+            self.add_module(name, child)
+        self.output_shape = tuple(output_shape)  # per sample
+        self._zeros: list[torch.Tensor] | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        touch = x.reshape(-1)[:1].sum() * 0
+        return torch.zeros((x.shape[0], *self.output_shape), dtype=torch.float32, device=x.device) + touch
+
+    def zero_grads(self) -> None:
+        """Give every parameter a zero gradient (allocated once, cleared each step), as a step's backward would."""
+        params = list(self.parameters())
+        if self._zeros is None:
+            self._zeros = [torch.zeros_like(p) for p in params]
+        for p, zero in zip(params, self._zeros, strict=True):
+            p.grad = zero.zero_()

@@ -202,6 +202,7 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
                    "steps": step, "wall_s": wall, "final_loss": report.last_loss,
                    "eval_top1": accuracy if accuracy is not None and accuracy >= 0 else None,
                    "bubble_theory": c.spec.bubble(c.stages, c.microbatches, c.virtual_stages),
+                   "feed": c.feed, "accelerator": c.accelerator, "accelerator_images_per_s": _ideal(c),
                    "num_classes": job.num_classes, "checkpoint": str(ckpt.step_dir(c.ckpt_root, step)),
                    "config": {k: v for k, v in asdict(c).items() if k != "crash_at"}, **report.fractions()}
         report.close()
@@ -214,6 +215,14 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
         merged.to_chrome_trace(out / "trace.json")
         summary["trace"] = str(out / "trace.json")
         atomic_write(out / "summary.json", json.dumps(summary, indent=1, default=str).encode())
+
+
+def _ideal(c: TrainConfig) -> float | None:
+    """What the replicas could train on the simulated device with no input wait and no bubble (None: real)."""
+    from stallfree.stage_runtime.train.accelerator import parse_accelerator
+
+    device = parse_accelerator(c.accelerator)
+    return None if device is None else device.images_per_s * c.dp
 
 
 def demo_config(train_dir: str, eval_dir: str, out_dir: str, *, epochs: int = 6, progress: bool = True) -> TrainConfig:

@@ -44,6 +44,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "shared with the loader's threads, fewer can be much faster")
     parser.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda when available)")
     parser.add_argument("--compare", choices=["torch"], help="also run torch's DataLoader (PIL decode) the same way")
+    parser.add_argument("--accelerator", metavar="sim:R",
+                        help="the step is a simulated device training R img/s (it waits, holding no CPU) instead "
+                        "of --model here: would this loader stall a device of that speed?")
     parser.add_argument("--max-side", type=int, default=None,
                         help="the what-if's ingest --max-side (default: image size x 256/224)")
     parser.add_argument("--storage-files", type=int, default=None, help="read at most this many files in phase 1")
@@ -62,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     profiled = profile_dataset(args.data, model=args.model, batch_size=args.batch_size, image_size=args.image_size,
                                batches=args.batches, threads=args.threads, torch_threads=args.torch_threads,
                                device=args.device, compare=args.compare, max_side=args.max_side,
-                               storage_files=args.storage_files, verify=args.verify)
+                               storage_files=args.storage_files, verify=args.verify, accelerator=args.accelerator)
     written = profiled.save(args.out)
     out = human(args)
     print(profiled.table(), file=out)

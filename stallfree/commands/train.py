@@ -15,6 +15,7 @@ EXAMPLES = """examples:
   stallfree train ./data/train --model small_cnn --balance 3,4 --checkpoint-every 100 --out ./run
   stallfree train ./data/train --out ./run --resume            # continue exactly from ./run/checkpoints
   stallfree train --synthetic 4096 --model mlp --schedule interleaved-1f1b --stages 2 --microbatches 8
+  stallfree train ./data/train --accelerator sim:1000 --feed torch   # would a 1,000 img/s device wait for data?
   stallfree train ./data/train --no-progress --json | jq .images_per_s   # the summary alone on stdout
   torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint host:29500 -m stallfree.cli train ./data/train \\
       --stages 4 --dp 2 --device cuda                          # the same command across machines
@@ -68,7 +69,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--weight-decay", type=float, default=d["weight_decay"])
     p.add_argument("--seed", type=int, default=d["seed"])
     p.add_argument("--device", default=d["device"], help="cpu (gloo) or cuda (NCCL, one GPU per rank)")
-    p.add_argument("--threads", type=int, help="torch threads per process")
+    p.add_argument("--threads", type=int, help="torch threads per process (default: cores / processes)")
+    p.add_argument("--feed", choices=("stallfree", "torch"), default=d["feed"],
+                   help="what feeds stage 0: stallfree's Loader or torch's DataLoader (the baseline, ImageFolder "
+                   "only) (default %(default)s)")
+    p.add_argument("--loader-threads", type=int,
+                   help="Loader threads or DataLoader workers (default: the Loader's own / 2 workers)")
+    p.add_argument("--accelerator", metavar="sim:R",
+                   help="simulate a device that trains R img/s per replica: each stage waits the device's time "
+                   "instead of computing, holding no CPU (throughput then measures the input path and the "
+                   "pipeline, not the model)")
     p.add_argument("--out", dest="out_dir", default=d["out_dir"], help=f"run folder (default {d['out_dir']})")
     p.add_argument("--checkpoint-dir", help="default: OUT/checkpoints")
     p.add_argument("--checkpoint-every", type=int, default=d["checkpoint_every"], help="steps; 0: at the end only")

@@ -38,3 +38,24 @@ def test_profile_dataset_returns_the_result_and_prints_nothing(image_folder: Pat
 def test_bad_arguments_are_named(image_folder: Path, kwargs: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         stallfree.profile_dataset(image_folder, progress=False, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_simulated_accelerator_is_the_step(image_folder: Path) -> None:
+    profiled = stallfree.profile_dataset(image_folder, batch_size=4, image_size=16, batches=2, threads=1,
+                                         accelerator="sim:200", progress=False).to_dict()
+    compute, device = profiled["phases"]["compute"], profiled["accelerator"]
+    assert compute["images_per_s"] == 200 and compute["step_s"] == pytest.approx(4 / 200)
+    assert device["name"] == "sim:200" and 0.0 <= device["measured_stall"] <= 1.0
+    assert device["predicted_stall"] == max(0.0, 1 - device["loader_images_per_s"] / 200)
+    # the real run's step is the device's wait: it cannot be shorter
+    assert profiled["phases"]["real_run"]["step_s"]["mean"] >= 4 / 200
+    from stallfree.stage_runtime.profile.text import report
+
+    lines = report(profiled)
+    assert "3 compute (simulated)" in lines and "with a device of 200 img/s, this loader stalls" in lines
+    assert "the input pipeline slowed the step by" in lines
+
+
+def test_a_malformed_accelerator_is_refused_before_any_work(image_folder: Path) -> None:
+    with pytest.raises(ValueError, match="--accelerator must be sim:IMAGES_PER_S"):
+        stallfree.profile_dataset(image_folder, accelerator="gpu", progress=False)

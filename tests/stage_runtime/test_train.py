@@ -42,6 +42,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     configs["half"] = _config(out, "half", "1f1b", 2, (3, 5), max_steps=STEPS // 2)
     configs["resumed"] = _config(out, "resumed", "1f1b", 2, (3, 5), resume=True,
                                  checkpoint_dir=str(out / "half" / "checkpoints"))
+    for schedule, balance in (("1f1b", (3, 5)), ("zero-bubble", (2, 2, 2, 2))):
+        configs[f"sim-{schedule}"] = _config(out, f"sim-{schedule}", schedule, 2, balance, accelerator="sim:400")
     # Rank 1 dies after step 4, when rank 0 has logged step 3 past the checkpoint of step 2.
     configs["crash"] = _config(out, "crash", "1f1b", 2, (3, 5), max_steps=6, checkpoint_every=2, crash_at=(1, 4))
     before = {p.pid for p in psutil.Process().children(recursive=True)}
@@ -108,6 +110,18 @@ def test_summary_reports_fractions_beside_theory(runs: dict) -> None:
     assert Path(summary["trace"]).is_file()
 
 
+@pytest.mark.parametrize("schedule", ["1f1b", "zero-bubble"])
+def test_a_simulated_accelerator_trains_the_real_parameters_at_its_speed(runs: dict, schedule: str) -> None:
+    config = runs["configs"][f"sim-{schedule}"]
+    summary = json.loads((Path(config.out_dir) / "summary.json").read_text())
+    assert summary["accelerator"] == "sim:400" and summary["accelerator_images_per_s"] == 400
+    assert summary["steps"] == STEPS
+    # no device can beat itself: each step waits at least M x (slowest stage's micro-batch time)
+    assert summary["images_per_s"] <= 400 * 1.02
+    # the checkpoint holds the real model's parameters, under the real keys
+    assert _weights(config).keys() == _weights(runs["configs"]["1f1b-m2"]).keys()
+
+
 def test_resume_after_a_crash_logs_each_step_once(runs: dict) -> None:
     crashed = runs["configs"]["crash"]
     logged = [json.loads(line)["step"] for line in (Path(crashed.out_dir) / "train.jsonl").read_text().splitlines()]
@@ -146,3 +160,4 @@ def test_two_replicas_equal_single_process_over_both_shards(tmp_path: Path) -> N
         opt.zero_grad()
     got, want = _weights(config), model.state_dict()
     assert max(float((got[k] - want[k]).abs().max()) for k in want) <= 1e-5
+

@@ -1,0 +1,125 @@
+"""The simulated accelerator: its device model, the stand-in compute, and a stage that waits without a core."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import ScheduleGPipe
+
+from stallfree.stage_runtime.train.accelerator import SimAccelerator, StageTimes, parse_accelerator
+from stallfree.stage_runtime.train.config import TrainConfig
+from stallfree.stage_runtime.train.stage import SimulatedCompute, TimedStage
+
+
+@pytest.mark.parametrize(("text", "rate"), [("sim:500", 500.0), ("sim:2.5e3", 2500.0)])
+def test_sim_r_is_r_images_per_second(text: str, rate: float) -> None:
+    device = parse_accelerator(text)
+    assert device == SimAccelerator(rate) and str(device) == f"sim:{rate:g}"
+
+
+@pytest.mark.parametrize("text", [None, "none"])
+def test_no_accelerator_is_the_real_device(text: str | None) -> None:
+    assert parse_accelerator(text) is None
+
+
+@pytest.mark.parametrize("text", ["sim", "sim:", "sim:fast", "gpu:100", "500"])
+def test_a_malformed_accelerator_names_the_form(text: str) -> None:
+    with pytest.raises(ValueError, match=r"--accelerator must be sim:IMAGES_PER_S .* got"):
+        parse_accelerator(text)
+
+
+@pytest.mark.parametrize("text", ["sim:0", "sim:-3"])
+def test_a_speed_must_be_positive(text: str) -> None:
+    with pytest.raises(ValueError, match="accelerator speed must be > 0"):
+        parse_accelerator(text)
+
+
+def test_the_slowest_stage_takes_a_micro_batch_over_r_split_in_thirds() -> None:
+    times = SimAccelerator(400).stage_times(8, [0.002, 0.004, 0.001])
+    slowest = 8 / 400
+    assert times[1] == StageTimes(slowest / 3, slowest / 3, slowest / 3)
+    assert times[0].forward_s + times[0].backward_s == pytest.approx(slowest / 2)
+    assert times[2].backward_input_s == pytest.approx(slowest / 4 / 3)
+    with pytest.raises(ValueError, match="micro_batch"):
+        SimAccelerator(400).stage_times(0, [1.0])
+
+
+def test_train_config_checks_accelerator_and_feed() -> None:
+    assert TrainConfig(accelerator="sim:100").accelerator == "sim:100"
+    with pytest.raises(ValueError, match="--accelerator must be"):
+        TrainConfig(accelerator="tpu")
+    with pytest.raises(ValueError, match="feed must be 'stallfree' or 'torch'"):
+        TrainConfig(feed="ffcv")
+
+
+def _real() -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(8 * 16 * 16, 10))
+
+
+def test_stand_in_has_the_real_shape_keys_and_gradients() -> None:
+    real = _real()
+    x = torch.randn(4, 3, 16, 16, requires_grad=True)
+    sim = SimulatedCompute(real, real(x).shape[1:])
+    assert sim.state_dict().keys() == real.state_dict().keys()
+    out = sim(x)
+    assert out.shape == (4, 10) and out.dtype == torch.float32
+    out.sum().backward()
+    assert x.grad is not None and x.grad.shape == x.shape
+    sim.zero_grads()
+    for p in sim.parameters():
+        assert p.grad is not None and p.grad.shape == p.shape and not p.grad.any()
+        p.grad.add_(1.0)  # an optimizer that scribbles on a gradient
+    sim.zero_grads()
+    assert not any(p.grad.any() for p in sim.parameters() if p.grad is not None)
+
+
+def test_a_simulated_stage_waits_without_holding_the_cpu(tmp_path: Path) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        real, micro = _real(), 4
+        times = SimAccelerator(100).stage_times(micro, [1.0])[0]  # 40 ms a micro-batch
+        sim = SimulatedCompute(real, (10,))
+        stage = TimedStage(sim, 0, 1, torch.device("cpu"), input_args=torch.empty(micro, 3, 16, 16),
+                           output_args=torch.empty(micro, 10, requires_grad=True), sim=times)
+        schedule = ScheduleGPipe(stage, 4, loss_fn=nn.functional.cross_entropy)
+        x, y = torch.randn(4 * micro, 3, 16, 16), torch.randint(0, 10, (4 * micro,))
+        schedule.step(x, target=y)  # warm-up: first-call costs are not the stage's
+        stage.take_busy()
+        cpu, wall = time.thread_time(), time.perf_counter()
+        for _ in range(3):
+            schedule.step(x, target=y)
+        cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
+        busy = stage.take_busy()
+    finally:
+        dist.destroy_process_group()
+    assert busy >= 3 * 4 * (times.forward_s + times.backward_s) * 0.99  # every chunk lasted the device's time
+    assert cpu / wall < 0.10, f"the simulated stage used {cpu / wall:.0%} of a core"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["train", "--synthetic", "64", "--accelerator", "tpu:9"], "--accelerator must be sim:IMAGES_PER_S"),
+    (["train", "--synthetic", "64", "--accelerator", "sim:0"], "accelerator speed must be > 0"),
+    (["profile", "missing-folder", "--accelerator", "sim"], "--accelerator must be sim:IMAGES_PER_S"),
+])
+def test_the_cli_refuses_a_bad_accelerator_in_one_line(argv: list[str], message: str,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from stallfree.cli import main
+
+    assert main(argv) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+def test_train_offers_feed_loader_threads_and_accelerator(capsys: pytest.CaptureFixture[str]) -> None:
+    from stallfree.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = capsys.readouterr().out
+    assert "--feed {stallfree,torch}" in text and "--loader-threads" in text and "--accelerator sim:R" in text
