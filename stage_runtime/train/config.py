@@ -32,6 +32,7 @@ class TrainConfig:
     samples: int = 2048  # generated tensors only: training samples
     feed: str = "stallfree"  # "stallfree" (the Loader) or "torch" (torch's DataLoader, for comparison)
     loader_threads: int | None = None  # Loader threads / DataLoader workers (default: the Loader's / 2)
+    plan_prediction: dict[str, Any] | None = None  # from --plan: step_s, images_per_s, bubble, plan (the file)
     accelerator: str | None = None  # "sim:R": each stage waits as a device training R img/s per replica would
     stages: int = 2  # pipeline ranks (processes) per replica
     schedule: str = "1f1b"

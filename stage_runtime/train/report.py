@@ -137,4 +137,9 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"  input stall    {summary['input_stall_fraction']:10.1%}  (stage 0 waiting for the Loader / step time)",
         f"  bubble         {summary['bubble_fraction']:10.1%}  measured; theory {theory_s}",
     ]
+    predicted = summary.get("plan_prediction")
+    if predicted:
+        ratio = summary["images_per_s"] / predicted["images_per_s"]
+        lines.append(f"  the plan      {predicted['images_per_s']:10.1f} images/s and a {predicted['bubble']:.1%} "
+                     f"bubble predicted ({predicted['plan']}); measured {ratio:.2f}x its rate")
     return "\n".join(lines)

@@ -202,7 +202,8 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
                    "steps": step, "wall_s": wall, "final_loss": report.last_loss,
                    "eval_top1": accuracy if accuracy is not None and accuracy >= 0 else None,
                    "bubble_theory": c.spec.bubble(c.stages, c.microbatches, c.virtual_stages),
-                   "feed": c.feed, "accelerator": c.accelerator, "accelerator_images_per_s": _ideal(c),
+                   "feed": c.feed, "plan_prediction": c.plan_prediction, "accelerator": c.accelerator,
+                   "accelerator_images_per_s": _ideal(c),
                    "num_classes": job.num_classes, "checkpoint": str(ckpt.step_dir(c.ckpt_root, step)),
                    "config": {k: v for k, v in asdict(c).items() if k != "crash_at"}, **report.fractions()}
         report.close()

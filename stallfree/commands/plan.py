@@ -12,7 +12,6 @@ from typing import Any
 
 __all__ = ["register"]
 
-PLAN_FORMAT = "stallfree-plan/1"
 
 EXAMPLES = """examples:
   stallfree plan --model small_cnn --devices 4                      # measured here, 25GB/s,5us links
@@ -151,8 +150,10 @@ def _run(args: argparse.Namespace) -> int:
     from stallfree.ingest.atomic import atomic_write
     from stallfree.stage_runtime.plan.asynchronous import ASYNC_SCHEDULES, simulate_async
     from stallfree.stage_runtime.plan.costs import parse_bytes, parse_link
+    from stallfree.stage_runtime.plan.handoff import PLAN_FORMAT
     from stallfree.stage_runtime.plan.planner import Network, rank_plans
     from stallfree.stage_runtime.plan.timeline import draw_timeline
+    from stallfree.stage_runtime.train.schedules import schedule_spec
 
     link = parse_link(args.link)
     cross = parse_link(args.cross_link, "--cross-link") if args.cross_link else link
@@ -200,7 +201,7 @@ def _run(args: argparse.Namespace) -> int:
     train = (f"stallfree train DATA --model {args.model} --image-size {args.image_size} --batch-size "
              f"{args.batch_size} --schedule {best.schedule} --stages {best.ranks} --microbatches "
              f"{best.microbatches} --balance {','.join(map(str, best.balance))}"
-             + (f" --virtual-stages {best.virtual}" if best.schedule in ("interleaved-1f1b", "zero-bubble") else ""))
+             + (f" --virtual-stages {best.virtual}" if schedule_spec(best.schedule).stages_fixed is None else ""))
     result = {"format": PLAN_FORMAT, "model": args.model, "image_size": args.image_size, "classes": args.classes,
               "batch_size": args.batch_size, "devices": args.devices, "sites": sites, "link": link.describe(),
               "cross_link": cross.describe(), "memory_per_device": limit, "costs": source,
@@ -212,7 +213,7 @@ def _run(args: argparse.Namespace) -> int:
                         f"{best.schedule}, {best.ranks} ranks x {best.virtual} stages, {best.microbatches} "
                         f"micro-batches, balance {','.join(map(str, best.balance))}: step "
                         f"{best.result.step_s * 1e3:.3f} ms, bubble {best.result.bubble_share:.0%} (predicted)")
-    print(f"run the best: {train}", file=out)
+    print(f"run the best: {train}  (or: stallfree train DATA --plan {args.out / 'plan.json'})", file=out)
     print(f"wrote {args.out / 'plan.json'} and {png}", file=out)
     if args.json:
         print(json.dumps(result, indent=1))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from pathlib import Path
+from typing import Any
 
 from stallfree.commands.output import add_json_arguments, emit, human
 
@@ -50,6 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("data", nargs="?", help="training data: ImageFolder, CSV/Parquet file list or shard folder")
     p.add_argument("--eval", dest="eval_data", help="held-out split, evaluated each epoch (top-1)")
     p.add_argument("--synthetic", type=int, metavar="N", help="no dataset: N generated learnable samples")
+    p.add_argument("--plan", type=Path, metavar="PLAN_JSON",
+                   help="run the best configuration of `stallfree plan`'s plan.json: its model, image size, schedule, "
+                   "stages, virtual stages, micro-batches, balance and batch size (a flag that disagrees is an error)")
     p.add_argument("--model", default=d["model"], help=f"{', '.join(BUNDLED_MODELS)} or package.module:factory "
                    f"(default {d['model']})")
     p.add_argument("--image-size", type=int, default=d["image_size"])
@@ -102,6 +107,8 @@ def _train(args: argparse.Namespace) -> int:
     values = {k: v for k, v in vars(args).items() if k in fields and v is not None}
     if args.synthetic is not None:
         values["samples"] = args.synthetic
+    if args.plan is not None:
+        values = _with_plan(values, args.plan, d={f.name: f.default for f in dataclasses.fields(TrainConfig)})
     config = TrainConfig(**values)
     try:
         summary = train(config)
@@ -116,6 +123,20 @@ def _train(args: argparse.Namespace) -> int:
     print(format_summary(summary), file=human(args), flush=True)
     emit(args, summary)
     return 0
+
+
+def _with_plan(values: dict[str, Any], plan: Path, d: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with the plan's settings; a flag given with another value than the plan's is refused."""
+    from stallfree.stage_runtime.plan.handoff import train_settings
+
+    settings = train_settings(plan)
+    for key, value in settings.items():
+        given = values.get(key, d.get(key))
+        if key in values and given != d.get(key) and given != value:
+            shown = ",".join(map(str, given)) if isinstance(given, tuple) else given
+            raise ValueError(f"--{key.replace('_', '-')} {shown} disagrees with {plan}'s {value}: drop the flag "
+                             "or the --plan")
+    return {**values, **settings}
 
 
 def _reports() -> bool:
