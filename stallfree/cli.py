@@ -2,7 +2,8 @@
 
 Each command module exposes ``register(subparsers)``, which adds its parser and sets ``func`` to a callable
 taking the parsed namespace and returning the exit code. Errors a user can fix are :class:`CliError` (or a
-``ValueError``/``FileNotFoundError`` from the library) and end as one readable line on stderr and exit code 2.
+``ValueError``/``FileNotFoundError`` from the library, or :class:`~stallfree.dali.DaliMissing`: no DALI installed)
+and end as one readable line on stderr and exit code 2.
 
 Building the parser imports no torch, DALI or Numba (each command imports them inside its function), so that
 every ``--help`` answers at once and the ingest worker processes, forked from this one, start light.
@@ -17,6 +18,7 @@ import sys
 from collections.abc import Sequence
 
 from stallfree.commands import CliError
+from stallfree.dali import DaliMissing
 
 __all__ = ["CliError", "main"]
 
@@ -48,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except BrokenPipeError:
         return _stdout_closed()
-    except (CliError, ValueError, FileNotFoundError, NotADirectoryError) as err:
+    except (CliError, ValueError, FileNotFoundError, NotADirectoryError, DaliMissing) as err:
         print(f"stallfree {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

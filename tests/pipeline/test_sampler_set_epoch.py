@@ -27,7 +27,9 @@ def batches(loader: Loader) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tens
 
 
 def same(a: list[tuple[torch.Tensor, ...]], b: list[tuple[torch.Tensor, ...]]) -> bool:
-    return len(a) == len(b) and all(torch.equal(x, y) for p, q in zip(a, b, strict=True) for x, y in zip(p, q))
+    if len(a) != len(b):
+        return False
+    return all(torch.equal(x, y) for p, q in zip(a, b, strict=True) for x, y in zip(p, q, strict=True))
 
 
 def test_it_is_the_loaders_set_epoch(indexed_list: Path) -> None:
