@@ -18,8 +18,9 @@ EXIF orientation: by default (``exif="ignore"``) the size is the stored one, as 
 as the graph decodes it (DALI's ``adjust_orientation=False``). With ``exif="apply"`` the orientation tag is read
 (a JPEG's first ``Exif`` APP1 segment, a PNG's ``eXIf`` chunk) and orientations 5-8, a quarter turn, swap height
 and width: the displayed size, which ``ImageOps.exif_transpose`` gives and the graph decodes, so that crop windows
-are drawn on it. Values outside 1-8 turn nothing, as in PIL and DALI. The orientation of the other formats is not
-read (``orientation`` is 1).
+are drawn on it. Values outside 1-8 turn nothing, as in PIL and DALI. A WebP's ``EXIF`` chunk is read as well. A
+TIFF's own orientation tag is applied under both modes, because PIL's TIFF plugin turns the image on ``Image.open``
+(the graph hands such a TIFF to PIL under ``exif="ignore"``). BMP, JPEG 2000 and PNM carry no orientation.
 """
 
 from __future__ import annotations
@@ -169,7 +170,19 @@ def _png(data: bytes, exif: bool) -> ImageHeader:
 # otherwise than PIL: each message says so and how to get the image in.
 
 
-def _webp(data: bytes) -> ImageHeader:
+def _webp_orientation(data: bytes) -> int:
+    """The orientation in an extended WebP's ``EXIF`` chunk (chunks are padded to an even size), 1 without one."""
+    pos = 12
+    while pos + 8 <= len(data):
+        kind, size = data[pos : pos + 4], struct.unpack_from("<I", data, pos + 4)[0]
+        if kind == b"EXIF":
+            tiff = data[pos + 8 : pos + 8 + size]
+            return _tiff_orientation(tiff[6:] if tiff.startswith(b"Exif\x00\x00") else tiff)
+        pos += 8 + size + (size & 1)
+    return 1
+
+
+def _webp(data: bytes, exif: bool) -> ImageHeader:
     (riff_size,) = struct.unpack_from("<I", data, 4)
     if len(data) < 8 + riff_size or len(data) < 30:
         raise BadImage(f"truncated WebP (its RIFF header says {8 + riff_size} bytes, the file has {len(data)})")
@@ -187,7 +200,8 @@ def _webp(data: bytes) -> ImageHeader:
             raise BadImage("animated WebP: DALI's decoder takes still images only; save one frame")
         width = int.from_bytes(data[24:27], "little") + 1
         height = int.from_bytes(data[27:30], "little") + 1
-        return ImageHeader("webp", height, width, 4 if data[20] & 0x10 else 3)
+        orientation = _webp_orientation(data) if exif and data[20] & 0x08 else 1  # flag 0x08: an EXIF chunk
+        return ImageHeader("webp", height, width, 4 if data[20] & 0x10 else 3, orientation)
     raise BadImage(f"corrupt WebP: unknown first chunk {chunk!r}")
 
 
@@ -248,7 +262,8 @@ def _tiff(data: bytes) -> ImageHeader:
         raise BadImage("uncompressed TIFF without a BitsPerSample tag (as PIL saves 1-bit images): DALI's decoder "
                        "refuses it; save it with compression='tiff_lzw', or as PNG")
     depth = max(tags.get(258, [1]))
-    return ImageHeader("tiff", tags[257][0], tags[256][0], tags.get(277, [1])[0], depth=depth)
+    orientation = tags.get(_EXIF_ORIENTATION, [1])[0]  # applied whatever ``exif`` says (module docstring)
+    return ImageHeader("tiff", tags[257][0], tags[256][0], tags.get(277, [1])[0], orientation, depth)
 
 
 _JP2_SIGNATURE = b"\x00\x00\x00\x0cjP  \r\n\x87\n"
@@ -337,7 +352,7 @@ def read_header(
     elif raw[:8] == _PNG_SIGNATURE:
         header = _png(raw, exif == "apply")
     elif raw[:4] == b"RIFF" and raw[8:12] == b"WEBP":
-        header = _webp(raw)
+        header = _webp(raw, exif == "apply")
     elif raw[:2] == b"BM":
         header = _bmp(raw)
     elif raw[:4] in (b"II*\x00", b"MM\x00*"):

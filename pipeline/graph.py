@@ -6,9 +6,10 @@ graph; each output batch becomes a torch tensor through DLPack, without a copy.
 Decoding agrees with PIL's ``Image.open(f).convert("RGB")``, torchvision's ImageFolder decode: the decoders do not
 turn images by their EXIF orientation unless ``exif="apply"`` (then as ``ImageOps.exif_transpose`` does). One kind
 of file DALI decodes otherwise: more than 8 bits per sample (a 16-bit PNG, TIFF, JPEG 2000 or PNM), whose samples
-DALI scales to 8 bits where PIL clips grayscale (``I;16``) to 255 and keeps the high byte of colour. Those few files
-are decoded by PIL on the host and enter the graph as an 8-bit PNG of PIL's pixels (already turned under
-``exif="apply"``).
+DALI scales to 8 bits where PIL clips grayscale (``I;16``) to 255 and keeps the high byte of colour; and, under
+``exif="ignore"``, a TIFF with an orientation tag, which PIL's TIFF plugin turns on ``Image.open`` while DALI keeps
+it as stored. Those few files are decoded by PIL on the host and enter the graph as an 8-bit PNG of PIL's pixels
+(already turned under ``exif="apply"``).
 """
 
 from __future__ import annotations
@@ -57,15 +58,16 @@ def _reason(err: BaseException) -> str:
     return f"{operator.group(1)}: {message}" if operator else message
 
 
-def _is_deep(data: np.ndarray) -> bool:
-    """An image whose header says more than 8 bits per sample (the reader's check has passed it already)."""
-    if data.size > 2 and data[0] == 0xFF and data[1] == 0xD8:  # JPEG: 8 bits as both decode it; the common case
+def _pil_decodes(data: np.ndarray, exif: Exif) -> bool:
+    """Whether DALI would decode ``data`` otherwise than PIL (see the module docstring); the reader checked it."""
+    if data.size > 2 and data[0] == 0xFF and data[1] == 0xD8:  # JPEG: both decode it alike; the common case
         return False
-    return read_header(data, sys.maxsize).depth > 8
+    header = read_header(data, sys.maxsize)
+    return header.depth > 8 or (exif == "ignore" and header.format == "tiff" and header.orientation in range(2, 9))
 
 
 def _as_pil_decodes(data: np.ndarray, exif: Exif) -> np.ndarray:
-    """PIL's ``convert("RGB")`` pixels of a 16-bit image (turned if ``exif="apply"``), as an 8-bit PNG."""
+    """PIL's ``convert("RGB")`` pixels of an image (turned if ``exif="apply"``), as an 8-bit PNG."""
     from PIL import Image, ImageOps
 
     with warnings.catch_warnings():
@@ -158,7 +160,7 @@ class Graph:
             GraphError: DALI failed; the graph is rebuilt and each sample retried alone to name the bad ones (all
                 of them when every sample fails alone, while a sample that ran before still runs).
             RuntimeError: every sample fails, and so does a sample that ran before: the graph, not the data, fails.
-                Or a 16-bit image that PIL cannot decode (named by its position).
+                Or an image left to PIL (16-bit, or a turned TIFF) that PIL cannot decode (named by its position).
         """
         if self.encoded:
             images = self._decodable(images)
@@ -179,8 +181,8 @@ class Graph:
         return self._to_torch(out)
 
     def _decodable(self, images: list[np.ndarray]) -> list[np.ndarray]:
-        """``images`` with each 16-bit image replaced by PIL's pixels of it (see the module docstring)."""
-        deep = [_is_deep(data) for data in images]
+        """``images`` with each image DALI decodes otherwise replaced by PIL's pixels of it (the module docstring)."""
+        deep = [_pil_decodes(data, self.exif) for data in images]
         if not any(deep):
             return images
         out, bad = list(images), []
@@ -191,7 +193,7 @@ class Graph:
                 except Exception as err:  # noqa: BLE001 - PIL raises many types for bad input; each names the sample
                     bad.append((i, f"{type(err).__name__}: {err}"))
         if bad:
-            raise GraphError(f"PIL cannot decode this 16-bit image ({bad[0][1]})", [i for i, _ in bad])
+            raise GraphError(f"PIL cannot decode this image ({bad[0][1]})", [i for i, _ in bad])
         return out
 
     def _find_bad(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image, features
+from PIL import Image, ImageOps, features
 
 from stallfree import BadSampleError, Loader
 from stallfree.transforms import CenterCrop
@@ -84,3 +84,22 @@ def test_a_format_dali_does_not_decode_is_refused_naming_the_file(tmp_path: Path
     loader = Loader(tmp_path / "list.csv", batch_size=2, transform=[CenterCrop(8)], shuffle=False, num_threads=1)
     with pytest.raises(BadSampleError, match=r"x\.gif.*not an image the Loader decodes.*WebP, BMP, TIFF"):
         list(loader)
+
+
+@pytest.mark.parametrize(("fmt", "name"), [("WEBP", "x.webp"), ("TIFF", "x.tif")])
+@pytest.mark.parametrize("exif", ["ignore", "apply"])
+def test_webp_and_tiff_orientation_under_both_exif_modes(tmp_path: Path, fmt: str, name: str, exif: str) -> None:
+    if not features.check(NEEDS[fmt]):
+        pytest.skip(f"this PIL was built without {NEEDS[fmt]}")
+    tag = Image.Exif()
+    tag[0x0112] = 6  # a quarter turn: the displayed image is 16 high, 12 wide
+    (tmp_path / "cls").mkdir()
+    Image.fromarray(PIXELS).save(tmp_path / "cls" / name, fmt, exif=tag.tobytes(),
+                                 **({"lossless": True} if fmt == "WEBP" else {}))
+    image = Image.open(tmp_path / "cls" / name)
+    reference = np.asarray((ImageOps.exif_transpose(image) if exif == "apply" else image).convert("RGB"))
+    size = reference.shape[:2]
+    loader = Loader(tmp_path, batch_size=1, transform=[CenterCrop(size)], dtype="uint8", layout="NHWC",
+                    num_threads=1, exif=exif)  # type: ignore[arg-type]
+    (images, _), = list(loader)
+    np.testing.assert_array_equal(images[0].numpy(), reference)
