@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-side", type=int, default=None, help="ingest with --max-side N in part one")
     parser.add_argument("--out", type=Path, help="where to write shards (default: a temporary folder, removed)")
     parser.add_argument("--loader", action="store_true", help="also time the Loader over folder and shards")
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=64, help="images per batch")
     parser.add_argument("--batches", type=int, default=20, help="batches per timed pass (--loader)")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per contender (--loader)")
     parser.add_argument("--threads", type=int, default=cores, help="Loader threads / DataLoader workers (--loader)")

@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("data", type=Path, help="an ImageFolder tree of JPEGs")
     parser.add_argument("--synthetic", type=int, metavar="N", default=0,
                         help="first write N synthetic ImageNet-sized JPEGs into DATA if it is empty")
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=64, help="images per batch")
     parser.add_argument("--batches", type=int, default=8, help="batches per timed pass (distinct crops each)")
     parser.add_argument("--repeats", type=int, default=5, help="timed passes per contender (the median is shown)")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),

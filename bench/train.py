@@ -29,11 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The benchmark's options."""
     from stallfree.stage_runtime.train.schedules import SCHEDULES
 
-    parser.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES))
-    parser.add_argument("--microbatches", nargs="+", type=int, default=[2, 4, 8])
+    parser.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES), help="schedules to run")
+    parser.add_argument("--microbatches", nargs="+", type=int, default=[2, 4, 8], help="micro-batch counts to try")
     parser.add_argument("--steps", type=int, default=20, help="steps per job")
     parser.add_argument("--stages", type=int, default=2, help="pipeline ranks")
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=64, help="images per step")
     parser.add_argument("--images", type=int, default=1200, help="synthetic JPEGs for the feed comparison")
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),
                         help="Loader threads = DataLoader workers")

@@ -60,7 +60,7 @@ NAMES = ("RandomErasing", "Cutout", "GaussianNoise", "RandomSolarize", "RandomPo
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The benchmark's options."""
     parser.add_argument("--size", type=int, default=224, help="images are SIZE x SIZE x 3 uint8")
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=32, help="images per batch")
     parser.add_argument("--batches", type=int, default=8, help="batches per timed pass")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per contender (the median is shown)")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),

@@ -1,4 +1,7 @@
-"""The one image check: what a complete, safe JPEG or PNG is, for ingest and for the Loader alike.
+"""The one image check: what a complete, safe image is, for ingest and for the Loader alike.
+
+The formats are those DALI's image decoder takes: JPEG, PNG, WebP, BMP, TIFF, JPEG 2000 (a ``.jp2`` file or a bare
+codestream) and PNM (PBM, PGM, PPM); anything else is refused with the list, before it reaches the graph.
 
 DALI cannot skip a sample that fails inside a running pipeline (NVIDIA/DALI#3913), so the Loader's reader stage
 looks at every image first, and ingest applies the same rule before an image goes into a shard (so that what
@@ -7,24 +10,36 @@ decompression bomb is refused here), its channel count, and whether it is comple
 end-of-image marker follows its last start-of-scan (entropy-coded data stuffs every 0xFF, so neither marker
 occurs inside it; an EXIF thumbnail's markers sit inside an APP1 segment, which is skipped by its length). A PNG
 is complete when its IEND chunk is at the end, or followed by at most 64 bytes of trailing data (which PIL and
-DALI's decoders ignore). Headers are parsed without decoding, in a few microseconds.
+DALI's decoders ignore). The other formats are complete when the data their header points to is all there (a
+WebP's RIFF size, a BMP's rows, a TIFF's strips or tiles, a JPEG 2000 codestream's end marker, a PNM's samples).
+Headers are parsed without decoding, in a few microseconds.
 
 EXIF orientation: by default (``exif="ignore"``) the size is the stored one, as PIL's ``Image.open`` reports it and
 as the graph decodes it (DALI's ``adjust_orientation=False``). With ``exif="apply"`` the orientation tag is read
 (a JPEG's first ``Exif`` APP1 segment, a PNG's ``eXIf`` chunk) and orientations 5-8, a quarter turn, swap height
 and width: the displayed size, which ``ImageOps.exif_transpose`` gives and the graph decodes, so that crop windows
-are drawn on it. Values outside 1-8 turn nothing, as in PIL and DALI.
+are drawn on it. Values outside 1-8 turn nothing, as in PIL and DALI. A WebP's ``EXIF`` chunk is read as well. A
+TIFF's own orientation tag is applied under both modes, because PIL's TIFF plugin turns the image on ``Image.open``
+(the graph hands such a TIFF to PIL under ``exif="ignore"``). BMP, JPEG 2000 and PNM carry no orientation.
 """
 
 from __future__ import annotations
 
+import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
 
-__all__ = ["DEFAULT_MAX_PIXELS", "EXIF_MODES", "BadImage", "Exif", "ImageHeader", "read_header"]
+__all__ = [
+    "DEFAULT_MAX_PIXELS", "EXIF_MODES", "FORMATS", "FORMAT_NAMES", "BadImage", "Exif", "ImageHeader", "read_header"
+]
+
+#: The formats the one check takes (``ImageHeader.format``): those DALI's ``fn.decoders.image`` decodes.
+FORMATS = ("jpeg", "png", "webp", "bmp", "tiff", "jpeg2000", "pnm")
+#: How messages name them.
+FORMAT_NAMES = ("JPEG", "PNG", "WebP", "BMP", "TIFF", "JPEG 2000", "PNM (PBM/PGM/PPM)")
 
 #: What a Loader does with an image's EXIF orientation (see the module docstring).
 EXIF_MODES = ("ignore", "apply")
@@ -50,10 +65,11 @@ class BadImage(ValueError):
 
 @dataclass(frozen=True)
 class ImageHeader:
-    """What the header says: ``format`` ("jpeg" or "png"), ``height``, ``width``, ``channels``.
+    """What the header says: ``format`` (one of :data:`FORMATS`), ``height``, ``width``, ``channels``.
 
     ``orientation`` is the EXIF orientation (1 when absent, or when it was not read: ``exif="ignore"``);
-    ``height`` and ``width`` are the displayed size when it was applied, else the stored size.
+    ``height`` and ``width`` are the displayed size when it was applied, else the stored size. ``depth`` is the
+    bits per sample where the header of a format other than JPEG says more than 8 (PNG, TIFF, JPEG 2000, PNM).
     """
 
     format: str
@@ -61,6 +77,7 @@ class ImageHeader:
     width: int
     channels: int
     orientation: int = 1
+    depth: int = 8
 
 
 _EXIF_ORIENTATION = 0x0112
@@ -137,14 +154,185 @@ def _png_orientation(data: bytes) -> int:
 def _png(data: bytes, exif: bool) -> ImageHeader:
     if len(data) < 33 or data[12:16] != b"IHDR":
         raise BadImage("truncated PNG (no IHDR chunk)")
-    width, height, _depth, colour = struct.unpack_from(">IIBB", data, 16)
+    width, height, depth, colour = struct.unpack_from(">IIBB", data, 16)
     # IEND: zero length, the type, a 4-byte CRC; then at most PNG_TRAILING_LIMIT bytes of anything
     if data.rfind(b"\x00\x00\x00\x00IEND", max(0, len(data) - 12 - PNG_TRAILING_LIMIT)) < 0:
         raise BadImage(f"truncated PNG (no IEND chunk at the end, or more than {PNG_TRAILING_LIMIT} bytes after it)")
     channels = {0: 1, 2: 3, 3: 3, 4: 2, 6: 4}.get(colour)
     if channels is None:
         raise BadImage(f"corrupt PNG: colour type {colour}")
-    return ImageHeader("png", height, width, channels, _png_orientation(data) if exif else 1)
+    return ImageHeader("png", height, width, channels, _png_orientation(data) if exif else 1, depth=depth)
+
+
+# --- The formats DALI's decoder (fn.decoders.image) takes besides JPEG and PNG ------------------------------------
+# Each parser returns the header and refuses a file that ends before its image data does (DALI would fail on it
+# inside the graph). What is refused beyond that is what DALI 2.4's decoder was seen to fail on, or to decode
+# otherwise than PIL: each message says so and how to get the image in.
+
+
+def _webp_orientation(data: bytes) -> int:
+    """The orientation in an extended WebP's ``EXIF`` chunk (chunks are padded to an even size), 1 without one."""
+    pos = 12
+    while pos + 8 <= len(data):
+        kind, size = data[pos : pos + 4], struct.unpack_from("<I", data, pos + 4)[0]
+        if kind == b"EXIF":
+            tiff = data[pos + 8 : pos + 8 + size]
+            return _tiff_orientation(tiff[6:] if tiff.startswith(b"Exif\x00\x00") else tiff)
+        pos += 8 + size + (size & 1)
+    return 1
+
+
+def _webp(data: bytes, exif: bool) -> ImageHeader:
+    (riff_size,) = struct.unpack_from("<I", data, 4)
+    if len(data) < 8 + riff_size or len(data) < 30:
+        raise BadImage(f"truncated WebP (its RIFF header says {8 + riff_size} bytes, the file has {len(data)})")
+    chunk = data[12:16]
+    if chunk == b"VP8 ":  # lossy: a 3-byte frame tag, the start code 9d 01 2a, then 14-bit width and height
+        if data[23:26] != b"\x9d\x01\x2a":
+            raise BadImage("corrupt WebP: no VP8 start code")
+        width, height = (v & 0x3FFF for v in struct.unpack_from("<HH", data, 26))
+        return ImageHeader("webp", height, width, 3)
+    if chunk == b"VP8L":  # lossless: the signature 0x2f, then 14 bits width - 1, 14 bits height - 1, 1 bit alpha
+        (bits,) = struct.unpack_from("<I", data, 21)
+        return ImageHeader("webp", ((bits >> 14) & 0x3FFF) + 1, (bits & 0x3FFF) + 1, 4 if bits >> 28 & 1 else 3)
+    if chunk == b"VP8X":  # extended: flags, then 24-bit canvas width - 1 and height - 1
+        if data[20] & 0x02:
+            raise BadImage("animated WebP: DALI's decoder takes still images only; save one frame")
+        width = int.from_bytes(data[24:27], "little") + 1
+        height = int.from_bytes(data[27:30], "little") + 1
+        orientation = _webp_orientation(data) if exif and data[20] & 0x08 else 1  # flag 0x08: an EXIF chunk
+        return ImageHeader("webp", height, width, 4 if data[20] & 0x10 else 3, orientation)
+    raise BadImage(f"corrupt WebP: unknown first chunk {chunk!r}")
+
+
+def _bmp(data: bytes) -> ImageHeader:
+    if len(data) < 26:
+        raise BadImage("truncated BMP (no bitmap header)")
+    offset, dib = struct.unpack_from("<II", data, 10)
+    if dib == 12:  # OS/2 BITMAPCOREHEADER
+        width, height, _planes, bits = struct.unpack_from("<HHHH", data, 18)
+        compression, image_size = 0, 0
+    elif dib >= 40 and len(data) >= 54:
+        width, height, _planes, bits, compression, image_size = struct.unpack_from("<iiHHII", data, 18)
+    else:
+        raise BadImage(f"corrupt BMP: bitmap header of {dib} bytes")
+    if compression in (0, 3, 6):  # uncompressed (BI_RGB, BI_BITFIELDS, BI_ALPHABITFIELDS): rows padded to 4 bytes
+        needed = offset + (abs(width) * bits + 31) // 32 * 4 * abs(height)
+    elif compression in (1, 2):  # RLE8, RLE4: the header's image size
+        needed = offset + image_size
+    else:
+        raise BadImage(f"BMP with compression {compression} (JPEG or PNG inside a BMP): DALI's decoder does not take "
+                       "it; save the image as JPEG or PNG")
+    if len(data) < needed:
+        raise BadImage(f"truncated BMP (its header needs {needed} bytes, the file has {len(data)})")
+    return ImageHeader("bmp", abs(height), abs(width), 4 if bits == 32 else 3)
+
+
+_TIFF_SIZES = {1: 1, 3: 2, 4: 4, 16: 8}  # BYTE, SHORT, LONG, LONG8: the integer types a TIFF tag here may hold
+
+
+def _tiff(data: bytes) -> ImageHeader:
+    order = "<" if data[:2] == b"II" else ">"
+    (ifd,) = struct.unpack_from(order + "I", data, 4)
+    if ifd + 2 > len(data):
+        raise BadImage("truncated TIFF (its first directory lies past the end of the file)")
+    (count,) = struct.unpack_from(order + "H", data, ifd)
+    if ifd + 2 + 12 * count > len(data):
+        raise BadImage("truncated TIFF (its first directory runs past the end of the file)")
+    tags: dict[int, list[int]] = {}
+    for entry in range(ifd + 2, ifd + 2 + 12 * count, 12):
+        tag, kind, n = struct.unpack_from(order + "HHI", data, entry)
+        size = _TIFF_SIZES.get(kind)
+        if size is None:
+            continue
+        at = entry + 8 if n * size <= 4 else struct.unpack_from(order + "I", data, entry + 8)[0]
+        if at + n * size > len(data):
+            raise BadImage(f"truncated TIFF (tag {tag}'s values lie past the end of the file)")
+        code = {1: "B", 2: "H", 4: "I", 8: "Q"}[size]
+        tags[tag] = list(struct.unpack_from(f"{order}{n}{code}", data, at))
+    if 256 not in tags or 257 not in tags:
+        raise BadImage("corrupt TIFF: no ImageWidth or ImageLength tag")
+    offsets, counts = tags.get(273, tags.get(324, [])), tags.get(279, tags.get(325, []))
+    if not offsets or len(offsets) != len(counts):
+        raise BadImage("corrupt TIFF: no strip or tile offsets with their byte counts")
+    needed = max(o + c for o, c in zip(offsets, counts, strict=True))
+    if len(data) < needed:
+        raise BadImage(f"truncated TIFF (its strips or tiles need {needed} bytes, the file has {len(data)})")
+    if 258 not in tags and tags.get(259, [1]) == [1]:
+        raise BadImage("uncompressed TIFF without a BitsPerSample tag (as PIL saves 1-bit images): DALI's decoder "
+                       "refuses it; save it with compression='tiff_lzw', or as PNG")
+    depth = max(tags.get(258, [1]))
+    orientation = tags.get(_EXIF_ORIENTATION, [1])[0]  # applied whatever ``exif`` says (module docstring)
+    return ImageHeader("tiff", tags[257][0], tags[256][0], tags.get(277, [1])[0], orientation, depth)
+
+
+_JP2_SIGNATURE = b"\x00\x00\x00\x0cjP  \r\n\x87\n"
+
+
+def _j2k(data: bytes, boxed: bool) -> ImageHeader:
+    """A JPEG 2000 codestream (``data`` starts at its SOC marker): the SIZ segment, and the EOC marker at its end."""
+    if len(data) < 45 or data[2:4] != b"\xff\x51":
+        raise BadImage("corrupt JPEG 2000: no SIZ segment after the start of the codestream")
+    x, y, x0, y0 = struct.unpack_from(">IIII", data, 8)
+    (components,) = struct.unpack_from(">H", data, 40)
+    depth = max((data[42 + 3 * c] & 0x7F) + 1 for c in range(components)) if len(data) >= 42 + 3 * components else 0
+    if not data.endswith(b"\xff\xd9"):
+        raise BadImage("truncated JPEG 2000 (no end-of-codestream marker at its end)")
+    if components == 1 and not boxed:
+        raise BadImage("grayscale JPEG 2000 codestream (.j2k): DALI's decoder cannot make RGB of it; save it as a "
+                       ".jp2 file (PIL: no_jp2=False) or as PNG")
+    return ImageHeader("jpeg2000", y - y0, x - x0, components, depth=depth)
+
+
+def _jp2(data: bytes) -> ImageHeader:
+    """A JP2 file: boxes (length, type; length 1: a 64-bit length follows; 0: to the end); ``jp2c`` holds the image."""
+    pos = 0
+    while pos + 8 <= len(data):
+        length, kind = struct.unpack_from(">I4s", data, pos)
+        start = pos + 8
+        if length == 1:
+            (length,) = struct.unpack_from(">Q", data, pos + 8)
+            start += 8
+        end = len(data) if length == 0 else pos + length
+        if end > len(data) or end < start:
+            raise BadImage(f"truncated JPEG 2000 (the {kind.decode('latin-1')!r} box runs past the end of the file)")
+        if kind == b"jp2c":
+            return _j2k(data[start:end], boxed=True)
+        pos = end
+    raise BadImage("truncated JPEG 2000 (no codestream box)")
+
+
+def _pnm(data: bytes) -> ImageHeader:
+    """A PBM, PGM or PPM (P1-P6): whitespace-separated fields with ``#`` comments, then the samples."""
+    kind = data[1] - ord("0")
+    fields: list[int] = []
+    pos, wanted = 2, 2 if kind in (1, 4) else 3
+    while len(fields) < wanted:
+        while pos < len(data) and (data[pos : pos + 1].isspace() or data[pos] == ord("#")):
+            if data[pos] == ord("#"):
+                pos = data.find(b"\n", pos) if b"\n" in data[pos:] else len(data)
+            pos += 1
+        token = re.match(rb"\d+", data[pos:pos + 20])
+        if token is None:
+            raise BadImage(f"truncated or corrupt PNM (P{kind}: a header field is missing)")
+        fields.append(int(token.group()))
+        pos += len(token.group())
+    width, height = fields[0], fields[1]
+    maxval = fields[2] if wanted == 3 else 1
+    if not 0 < maxval < 65536:
+        raise BadImage(f"corrupt PNM: maximum value {maxval}")
+    channels = 3 if kind in (3, 6) else 1
+    body = data[pos + 1 :]
+    if kind == 1:
+        found, needed = body.count(b"0") + body.count(b"1"), width * height
+    elif kind in (2, 3):
+        found, needed = len(body.split()), width * height * channels
+    else:
+        found = len(body)
+        needed = (width + 7) // 8 * height if kind == 4 else width * height * channels * (1 if maxval < 256 else 2)
+    if found < needed:
+        raise BadImage(f"truncated PNM (P{kind} {width}x{height} needs {needed} samples' worth, the file has {found})")
+    return ImageHeader("pnm", height, width, channels, depth=8 if maxval < 256 else 16)
 
 
 def read_header(
@@ -153,8 +341,8 @@ def read_header(
     """Parse and check an encoded image's header; with ``exif="apply"`` report the displayed (EXIF-turned) size.
 
     Raises:
-        BadImage: for empty data, a format other than JPEG or PNG, a truncated or corrupt header, a zero size, or
-            more than ``max_pixels`` pixels.
+        BadImage: for empty data, a format not in :data:`FORMATS`, a truncated or corrupt header, a truncated
+            file, a zero size, or more than ``max_pixels`` pixels.
     """
     raw = data.tobytes() if isinstance(data, np.ndarray) else bytes(data)
     if not raw:
@@ -163,9 +351,21 @@ def read_header(
         header = _jpeg(raw, exif == "apply")
     elif raw[:8] == _PNG_SIGNATURE:
         header = _png(raw, exif == "apply")
+    elif raw[:4] == b"RIFF" and raw[8:12] == b"WEBP":
+        header = _webp(raw, exif == "apply")
+    elif raw[:2] == b"BM":
+        header = _bmp(raw)
+    elif raw[:4] in (b"II*\x00", b"MM\x00*"):
+        header = _tiff(raw)
+    elif raw[:12] == _JP2_SIGNATURE:
+        header = _jp2(raw)
+    elif raw[:2] == b"\xff\x4f":
+        header = _j2k(raw, boxed=False)
+    elif len(raw) > 2 and raw[:1] == b"P" and raw[1:2] in b"123456" and raw[2:3].isspace():
+        header = _pnm(raw)
     else:
         # Never the bytes themselves: a reason goes into errors and Loader.skipped, and the file may be anything.
-        raise BadImage("not a JPEG or PNG image (its first bytes are neither signature)")
+        raise BadImage(f"not an image the Loader decodes: its first bytes match none of {', '.join(FORMAT_NAMES)}")
     if header.height == 0 or header.width == 0:
         raise BadImage(f"{header.format} header claims a {header.height}x{header.width} image")
     if header.height * header.width > max_pixels:
@@ -174,5 +374,5 @@ def read_header(
             f"more than max_pixels={max_pixels} (a decompression bomb?)"
         )
     if header.orientation in (5, 6, 7, 8):  # a quarter turn (with or without a mirror): displayed sideways
-        header = ImageHeader(header.format, header.width, header.height, header.channels, header.orientation)
+        header = replace(header, height=header.width, width=header.height)
     return header

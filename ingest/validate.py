@@ -21,7 +21,7 @@ from stallfree.ingest.images import DEFAULT_MAX_PIXELS, BadImage, read_header
 
 __all__ = ["DEFAULT_MAX_PIXELS", "Checked", "Rejected", "check_image", "convert"]
 
-# Formats the Loader's header check and DALI's decoders take as they are; others are re-encoded losslessly.
+# Formats shards keep as they are; others (which the Loader reads from a folder too) are re-encoded losslessly.
 _KEPT_FORMATS = ("JPEG", "PNG")
 
 
@@ -152,7 +152,7 @@ def convert(
         resized = _rgb(image).resize(size, Image.Resampling.BICUBIC)
         resized.save(out, "JPEG", quality=quality, exif=_orientation_exif(image))
         return out.getvalue(), size[1], size[0]
-    # A format the Loader does not decode (BMP, WebP, TIFF, ...): lossless PNG with the same pixels.
+    # A format shards do not keep (BMP, WebP, TIFF, ...): lossless PNG with the same pixels.
     rgb = image if image.mode in ("RGB", "RGBA", "L") else image.convert("RGB")
     rgb.save(out, "PNG", exif=_orientation_exif(image))
     return out.getvalue(), checked.height, checked.width

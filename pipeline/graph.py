@@ -5,15 +5,18 @@ graph; each output batch becomes a torch tensor through DLPack, without a copy.
 
 Decoding agrees with PIL's ``Image.open(f).convert("RGB")``, torchvision's ImageFolder decode: the decoders do not
 turn images by their EXIF orientation unless ``exif="apply"`` (then as ``ImageOps.exif_transpose`` does). One kind
-of file DALI decodes otherwise: a 16-bit PNG, whose samples DALI scales to 8 bits where PIL clips grayscale
-(``I;16``) to 255 and keeps the high byte of colour. Those few files are decoded by PIL on the host and enter the
-graph as an 8-bit PNG of PIL's pixels (already turned under ``exif="apply"``).
+of file DALI decodes otherwise: more than 8 bits per sample (a 16-bit PNG, TIFF, JPEG 2000 or PNM), whose samples
+DALI scales to 8 bits where PIL clips grayscale (``I;16``) to 255 and keeps the high byte of colour; and, under
+``exif="ignore"``, a TIFF with an orientation tag, which PIL's TIFF plugin turns on ``Image.open`` while DALI keeps
+it as stored. Those few files are decoded by PIL on the host and enter the graph as an 8-bit PNG of PIL's pixels
+(already turned under ``exif="apply"``).
 """
 
 from __future__ import annotations
 
 import io
 import re
+import sys
 import warnings
 from typing import Any
 
@@ -21,7 +24,7 @@ import numpy as np
 import nvidia.dali  # noqa: F401 - imported first so that its exit hook runs after the Loader's (see epoch.py)
 import torch
 
-from stallfree.ingest.images import Exif
+from stallfree.ingest.images import Exif, read_header
 from stallfree.transforms.compile import CompiledTransforms
 from stallfree.transforms.dali_types import dali_type
 
@@ -55,13 +58,16 @@ def _reason(err: BaseException) -> str:
     return f"{operator.group(1)}: {message}" if operator else message
 
 
-def _is_png16(data: np.ndarray) -> bool:
-    """A PNG whose IHDR says 16 bits per sample (byte 24: the bit depth)."""
-    return data.size > 25 and data[0] == 0x89 and data[24] == 16 and data[1:4].tobytes() == b"PNG"
+def _pil_decodes(data: np.ndarray, exif: Exif) -> bool:
+    """Whether DALI would decode ``data`` otherwise than PIL (see the module docstring); the reader checked it."""
+    if data.size > 2 and data[0] == 0xFF and data[1] == 0xD8:  # JPEG: both decode it alike; the common case
+        return False
+    header = read_header(data, sys.maxsize)
+    return header.depth > 8 or (exif == "ignore" and header.format == "tiff" and header.orientation in range(2, 9))
 
 
 def _as_pil_decodes(data: np.ndarray, exif: Exif) -> np.ndarray:
-    """PIL's ``convert("RGB")`` pixels of a 16-bit PNG (turned if ``exif="apply"``), as an 8-bit PNG."""
+    """PIL's ``convert("RGB")`` pixels of an image (turned if ``exif="apply"``), as an 8-bit PNG."""
     from PIL import Image, ImageOps
 
     with warnings.catch_warnings():
@@ -154,7 +160,7 @@ class Graph:
             GraphError: DALI failed; the graph is rebuilt and each sample retried alone to name the bad ones (all
                 of them when every sample fails alone, while a sample that ran before still runs).
             RuntimeError: every sample fails, and so does a sample that ran before: the graph, not the data, fails.
-                Or a 16-bit PNG that PIL cannot decode (named by its position).
+                Or an image left to PIL (16-bit, or a turned TIFF) that PIL cannot decode (named by its position).
         """
         if self.encoded:
             images = self._decodable(images)
@@ -175,18 +181,19 @@ class Graph:
         return self._to_torch(out)
 
     def _decodable(self, images: list[np.ndarray]) -> list[np.ndarray]:
-        """``images`` with each 16-bit PNG replaced by PIL's pixels of it (see the module docstring)."""
-        if not any(_is_png16(data) for data in images):
+        """``images`` with each image DALI decodes otherwise replaced by PIL's pixels of it (the module docstring)."""
+        deep = [_pil_decodes(data, self.exif) for data in images]
+        if not any(deep):
             return images
         out, bad = list(images), []
         for i, data in enumerate(images):
-            if _is_png16(data):
+            if deep[i]:
                 try:
                     out[i] = _as_pil_decodes(data, self.exif)
                 except Exception as err:  # noqa: BLE001 - PIL raises many types for bad input; each names the sample
                     bad.append((i, f"{type(err).__name__}: {err}"))
         if bad:
-            raise GraphError(f"PIL cannot decode this 16-bit PNG ({bad[0][1]})", [i for i, _ in bad])
+            raise GraphError(f"PIL cannot decode this image ({bad[0][1]})", [i for i, _ in bad])
         return out
 
     def _find_bad(

@@ -36,9 +36,10 @@ from stallfree.pipeline.arguments import (
 )
 from stallfree.pipeline.epoch import EpochRun
 from stallfree.pipeline.graph import Graph
+from stallfree.pipeline.loader_sampler import LoaderSampler
 from stallfree.pipeline.passes import Pass
 from stallfree.pipeline.readers import Reader, open_source, unwrap_torchvision_dataset
-from stallfree.pipeline.sampler import Sampler, process_shard
+from stallfree.pipeline.sampler import process_shard
 from stallfree.pipeline.samples import BadSampleError
 from stallfree.resume import check_fingerprint
 from stallfree.transforms.compile import CompiledTransforms, Dtype, Layout
@@ -181,7 +182,7 @@ class Loader:
         on_gpu = placement == "gpu" or (placement == "auto" and self.device.type == "cuda")
         rank, world_size = process_shard(rank, world_size)
         self.reader = open_source(source, exif=exif)
-        self.sampler = Sampler(
+        self.sampler = LoaderSampler(  # loader.sampler.set_epoch is set_epoch, for Lightning's fit loop
             len(self.reader),
             rank=rank,
             world_size=world_size,
@@ -189,6 +190,7 @@ class Loader:
             seed=int(seed),
             drop_last=bool(drop_last),
             echo=echo if echo_mode == "example" else 1,
+            owner=weakref.ref(self),
         )
         self.batch_size, self.seed, self.drop_last, self.on_error = batch_size, int(seed), bool(drop_last), on_error
         self.echo, self.echo_mode, self.max_pixels = echo, echo_mode, max_pixels

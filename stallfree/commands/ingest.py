@@ -32,6 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "holding image bytes, or WebDataset .tar shards) into OUT as uncompressed Arrow IPC shards and a "
         "manifest.json. Images failing their checks go to OUT/rejected.jsonl. Interrupted runs resume when "
         "run again with the same arguments. Docs: docs/ingest.md.",
+        usage="%(prog)s [options] SRC OUT\n       %(prog)s --merge [options] OUT",
         epilog="examples:\n"
         "  stallfree ingest ~/imagenet/train ./shards/train --workers 8 --max-side 256\n"
         "  stallfree ingest ./cifar-folder ./shards/cifar --raw 32x32\n"

@@ -50,8 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="small_cnn",
                    help="a bundled model (as stallfree train --model) or package.module:factory (default small_cnn)")
     p.add_argument("--costs", type=Path, help="per-layer costs from a JSON file instead of measuring (docs/plan.md)")
-    p.add_argument("--image-size", type=int, default=32)
-    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--image-size", type=int, default=32, help="side of the square images the model takes")
+    p.add_argument("--classes", type=int, default=10, help="classes the model predicts")
     p.add_argument("--batch-size", type=int, default=32, help="images per step, split into micro-batches")
     p.add_argument("--devices", type=int, default=2, help="devices available; 2..N pipeline ranks are tried")
     p.add_argument("--sites", type=int, default=None,

@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("data", type=Path, help="an ImageFolder tree or a CSV/Parquet file list")
     parser.add_argument("--model", default="mlp",
                         help="mlp, cnn, small_cnn, resnet_cifar, resnet18, resnet50, vit_small, or package.module:fn")
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=64, help="images per batch")
     parser.add_argument("--image-size", type=int, default=224, help="RandomResizedCrop output side (default 224)")
     parser.add_argument("--batches", type=int, default=20, help="timed batches per run (default 20)")
     parser.add_argument("--threads", type=int, default=None,

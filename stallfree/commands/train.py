@@ -57,27 +57,28 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "stages, virtual stages, micro-batches, balance and batch size (a flag that disagrees is an error)")
     p.add_argument("--model", default=d["model"], help=f"{', '.join(BUNDLED_MODELS)} or package.module:factory "
                    f"(default {d['model']})")
-    p.add_argument("--image-size", type=int, default=d["image_size"])
+    p.add_argument("--image-size", type=int, default=d["image_size"], help="side of the square images the model takes")
     p.add_argument("--classes", dest="num_classes", type=int, help="default: the dataset's class count")
     p.add_argument("--stages", type=int, default=d["stages"], help="pipeline ranks (processes) per replica")
-    p.add_argument("--schedule", choices=SCHEDULES, default=d["schedule"])
+    p.add_argument("--schedule", choices=SCHEDULES, default=d["schedule"], help="pipeline schedule")
     p.add_argument("--virtual-stages", type=int, default=d["virtual_stages"],
                    help="stages per rank for interleaved-1f1b and zero-bubble")
-    p.add_argument("--microbatches", type=int, default=d["microbatches"])
+    p.add_argument("--microbatches", type=int, default=d["microbatches"],
+                   help="micro-batches each step's batch is split into (they must divide --batch-size)")
     p.add_argument("--balance", type=_balance, help="layers per model stage, e.g. 3,5,4 (default: measured)")
     p.add_argument("--dp", type=int, default=d["dp"], help="data-parallel pipeline replicas")
     p.add_argument("--batch-size", type=int, default=d["batch_size"], help="per replica and step")
-    p.add_argument("--epochs", type=int, default=d["epochs"])
-    p.add_argument("--max-steps", type=int)
-    p.add_argument("--lr", type=float, default=d["lr"])
-    p.add_argument("--momentum", type=float, default=d["momentum"])
-    p.add_argument("--weight-decay", type=float, default=d["weight_decay"])
-    p.add_argument("--seed", type=int, default=d["seed"])
+    p.add_argument("--epochs", type=int, default=d["epochs"], help="passes over the training data")
+    p.add_argument("--max-steps", type=int, help="stop after this many steps in all (default: run every epoch)")
+    p.add_argument("--lr", type=float, default=d["lr"], help="SGD learning rate")
+    p.add_argument("--momentum", type=float, default=d["momentum"], help="SGD momentum")
+    p.add_argument("--weight-decay", type=float, default=d["weight_decay"], help="SGD weight decay")
+    p.add_argument("--seed", type=int, default=d["seed"], help="seeds the model, the data order and augmentation")
     p.add_argument("--device", default=d["device"], help="cpu (gloo) or cuda (NCCL, one GPU per rank)")
     p.add_argument("--threads", type=int, help="torch threads per process (default: cores / processes)")
     p.add_argument("--feed", choices=("stallfree", "torch"), default=d["feed"],
                    help="what feeds stage 0: stallfree's Loader or torch's DataLoader (the baseline, ImageFolder "
-                   "only) (default %(default)s)")
+                   "only)")
     p.add_argument("--loader-threads", type=int,
                    help="Loader threads or DataLoader workers (default: the Loader's own / 2 workers)")
     p.add_argument("--accelerator", metavar="sim:R",

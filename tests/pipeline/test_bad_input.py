@@ -49,7 +49,7 @@ REASONS = {
     "missing.jpg": "missing file",
     "empty.jpg": "empty file",
     "truncated.jpg": "truncated JPEG",
-    "text.jpg": "not a JPEG or PNG",
+    "text.jpg": "not an image the Loader decodes",
     "bomb.png": "decompression bomb",
     "precision.jpg": "decoding failed",
 }
