@@ -137,6 +137,12 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"  input stall    {summary['input_stall_fraction']:10.1%}  (stage 0 waiting for the Loader / step time)",
         f"  bubble         {summary['bubble_fraction']:10.1%}  measured; theory {theory_s}",
     ]
+    sim = summary.get("predicted")
+    if sim:
+        c = sim["causes"]
+        lines.append(f"  simulated      {sim['bubble']:10.1%}  bubble predicted for this split and schedule (warm-up/"
+                     f"cool-down {c['warmup_cooldown']:.1%}, imbalance {c['imbalance']:.1%}, communication "
+                     f"{c['communication']:.1%} over {sim['link']}); {sim['images_per_s']:.1f} images/s predicted")
     predicted = summary.get("plan_prediction")
     if predicted:
         ratio = summary["images_per_s"] / predicted["images_per_s"]

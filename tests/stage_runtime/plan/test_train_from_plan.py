@@ -56,3 +56,19 @@ def test_a_bad_plan_file_is_named(tmp_path: Path, content: str, message: str) ->
     with pytest.raises(ValueError, match=message) as err:
         train_settings(path)
     assert str(path) in str(err.value)
+
+
+def test_without_a_plan_the_report_shows_the_simulators_prediction(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["train", "--synthetic", "64", "--model", "mlp", "--image-size", "8", "--batch-size", "8",
+                 "--schedule", "gpipe", "--microbatches", "2", "--max-steps", "2", "--no-progress",
+                 "--out", str(tmp_path / "run"), "--json"])
+    captured = capsys.readouterr()
+    assert code == 0
+    predicted = json.loads(captured.out)["predicted"]
+    causes = predicted["causes"]
+    assert causes["warmup_cooldown"] + causes["imbalance"] + causes["communication"] == pytest.approx(
+        predicted["bubble"])
+    # GPipe's warm-up/cool-down alone is the textbook (S-1)/(M+S-1) = 1/3 of equal stages: never above it
+    assert 0.0 <= causes["warmup_cooldown"] <= 1 / 3 + 1e-9 and predicted["link"] == "25GB/s,5us"
+    assert "bubble predicted for this split and schedule" in captured.err
