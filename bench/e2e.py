@@ -24,8 +24,9 @@ stallfree should deliver >= 95% of R with a stall under 2%, and >= 1.8x torch's 
 
 Data: ``--synthetic N`` (default 1,000) writes, into an empty DATA, the bench data generator's ImageNet-sized
 JPEGs (:func:`stallfree.ingest.synthetic.make_image_folder`, 375x500 +-25% per side, quality 90: about 0.19 MP
-and ~90 KiB each). They are a flat colour with Gaussian noise (sigma 12) and one drawn shape, not natural photos:
-the noise makes them cost about what a photo costs to decode, but their statistics are not a photo's.
+and about 60 KiB each, measured). They are a flat colour with Gaussian noise (sigma 12) and one drawn shape, not
+natural photos: the noise makes them cost about what a photo costs to decode, but their statistics are not a
+photo's.
 """
 
 from __future__ import annotations
