@@ -20,11 +20,12 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
-__all__ = ["add_arguments", "options", "run"]
+__all__ = ["add_arguments", "contender_stream", "image_files", "options", "run"]
 
 EXAMPLES = """examples:
   stallfree bench loader ./bench-data --synthetic 2000     # make 2,000 ImageNet-sized JPEGs there first
@@ -67,7 +68,8 @@ def options(data: Path, **overrides: Any) -> argparse.Namespace:
     return argparse.Namespace(**{**vars(args), **overrides})
 
 
-def _files(data: Path) -> list[tuple[str, int]]:
+def image_files(data: Path) -> list[tuple[str, int]]:
+    """(path, label) of every image in the folder ``data``, scanned as the Loader's folder reader scans it."""
     from stallfree.pipeline.readers import FolderReader
 
     reader = FolderReader(data)
@@ -79,7 +81,8 @@ def _stallfree(args: argparse.Namespace) -> Iterable[Any]:
     from stallfree.transforms import Normalize, RandomHorizontalFlip, RandomResizedCrop
 
     loader = Loader(args.data, args.batch_size, transform=[RandomResizedCrop(224), RandomHorizontalFlip(),
-                    Normalize(MEAN, STD)], num_threads=args.threads, drop_last=True, device=args.device)
+                    Normalize(MEAN, STD)], num_threads=args.threads, drop_last=True, device=args.device,
+                    echo=getattr(args, "echo", 1))  # bench e2e's echo=2 feed; bench loader has no --echo
     while True:
         yield from loader
 
@@ -90,7 +93,7 @@ def _torch(args: argparse.Namespace) -> Iterable[Any]:
     from stallfree.stage_runtime.baseline import torch_dataloader
 
     device = torch.device(args.device)
-    loader = torch_dataloader(_files(args.data), batch_size=args.batch_size, image_size=224, workers=args.threads,
+    loader = torch_dataloader(image_files(args.data), batch_size=args.batch_size, image_size=224, workers=args.threads,
                               persistent=True, pin_memory=device.type == "cuda")
     epoch = 0
     while True:
@@ -106,7 +109,7 @@ def _dali(args: argparse.Namespace, decode_only: bool) -> Iterable[Any]:
     import torch
     from nvidia.dali import pipeline_def
 
-    files, labels = zip(*_files(args.data), strict=True)
+    files, labels = zip(*image_files(args.data), strict=True)
     device = torch.device(args.device)
     device_id = None if device.type == "cpu" else (device.index or 0)
 
@@ -144,10 +147,10 @@ def _measure(name: str, args: argparse.Namespace) -> list[float]:
     """
     from tqdm import tqdm
 
-    stream = iter(CONTENDERS[name](args))
     rates = []
     total = args.batches * (args.repeats + 1)
-    with tqdm(total=total, desc=LABELS[name], unit="batch", file=sys.stderr, mininterval=1.0, leave=False) as bar:
+    with (contender_stream(name, args) as stream,
+          tqdm(total=total, desc=LABELS[name], unit="batch", file=sys.stderr, mininterval=1.0, leave=False) as bar):
         for timed in [False] + [True] * args.repeats:
             start = time.perf_counter()
             for _ in range(args.batches):
@@ -155,10 +158,22 @@ def _measure(name: str, args: argparse.Namespace) -> list[float]:
                 bar.update()
             if timed:
                 rates.append(args.batches * args.batch_size / (time.perf_counter() - start))
-    close = getattr(stream, "close", None)
-    if close is not None:
-        close()
     return rates
+
+
+@contextmanager
+def contender_stream(name: str, args: argparse.Namespace) -> Iterator[Iterator[Any]]:
+    """An endless stream of ``name``'s batches under ``args`` (data, batch_size, threads, device), shut down on exit.
+
+    The one way ``bench loader`` and ``bench e2e`` build a contender, so both time the same feeds.
+    """
+    stream = iter(CONTENDERS[name](args))
+    try:
+        yield stream
+    finally:
+        close = getattr(stream, "close", None)
+        if close is not None:
+            close()  # the generator's own finally blocks stop DataLoader workers and DALI threads
 
 
 def write_synthetic(data: Path, count: int) -> None:
@@ -193,7 +208,7 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
     write_synthetic(args.data, args.synthetic)
     if args.batches < 1 or args.repeats < 1 or args.batch_size < 1:
         raise ValueError("--batches, --repeats and --batch-size must be positive")
-    files = _files(args.data)
+    files = image_files(args.data)
     if len(files) < args.batch_size:
         raise ValueError(f"{args.data} has {len(files)} images, fewer than one batch of {args.batch_size}")
     runs = [(LABELS[name], name, args.data) for name in args.only or list(CONTENDERS)]
