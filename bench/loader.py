@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
-__all__ = ["add_arguments", "contender_stream", "image_files", "options", "run"]
+__all__ = ["add_arguments", "contender_stream", "image_files", "run"]
 
 EXAMPLES = """examples:
   stallfree bench loader ./bench-data --synthetic 2000     # make 2,000 ImageNet-sized JPEGs there first
@@ -55,17 +55,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "Loader over both (torch's DataLoader stays on the original folder)")
     parser.add_argument("--only", nargs="+", choices=CONTENDERS,
                         help="run only these: stallfree, torch (DataLoader), dali (plain pipeline), decode (DALI)")
-
-
-def options(data: Path, **overrides: Any) -> argparse.Namespace:
-    """The benchmark's options as its command line would give them, with ``overrides`` (for ``stallfree demo``)."""
-    parser = argparse.ArgumentParser(prog="stallfree bench loader")
-    add_arguments(parser)
-    args = parser.parse_args([str(data)])
-    unknown = sorted(set(overrides) - set(vars(args)))
-    if unknown:
-        raise TypeError(f"bench loader has no option {', '.join(unknown)}")
-    return argparse.Namespace(**{**vars(args), **overrides})
 
 
 def image_files(data: Path) -> list[tuple[str, int]]:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from stallfree.commands.output import add_json_arguments, emit, human
 
@@ -13,6 +15,22 @@ __all__ = ["register"]
 # Each name is a module stallfree.bench.<name> exposing `add_arguments(parser)` and `run(args, out) -> results`:
 # it prints its table to `out` and returns what --json prints and --json-file writes.
 BENCHMARKS = ("loader", "e2e", "resize", "clock", "ingest", "transforms", "train", "plan")
+
+
+def options(name: str, data: Path, **overrides: Any) -> argparse.Namespace:
+    """``stallfree bench NAME DATA``'s options as its command line gives them, with ``overrides`` (for the demo).
+
+    Raises:
+        TypeError: an override the benchmark has no option for.
+    """
+    module = importlib.import_module(f"stallfree.bench.{name}")
+    parser = argparse.ArgumentParser(prog=f"stallfree bench {name}")
+    module.add_arguments(parser)
+    args = parser.parse_args([str(data)])
+    unknown = sorted(set(overrides) - set(vars(args)))
+    if unknown:
+        raise TypeError(f"bench {name} has no option {', '.join(unknown)}")
+    return argparse.Namespace(**{**vars(args), **overrides})
 
 
 def register(sub: argparse._SubParsersAction) -> None:

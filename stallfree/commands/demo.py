@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--images", type=int, default=640,
                         help="ImageNet-sized JPEGs for the loader comparison (default 640)")
     parser.add_argument("--epochs", type=int, default=6, help="training epochs (default 6)")
-    parser.add_argument("--skip-bench", action="store_true", help="skip step 1, the loader comparison")
+    parser.add_argument("--skip-bench", action="store_true", help="skip step 1, the end-to-end comparison")
     add_json_arguments(parser)
     parser.set_defaults(func=_demo)
 
@@ -43,7 +43,8 @@ def _step(title: str) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from stallfree.bench import loader as bench
+    from stallfree.bench import e2e
+    from stallfree.commands.bench import options
     from stallfree.ingest.runner import ingest
     from stallfree.ingest.synthetic import make_image_folder
     from stallfree.stage_runtime.train.report import format_summary
@@ -58,10 +59,12 @@ def _demo(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="stallfree-demo-") as tmp:
         root = args.out or Path(tmp)
         if not args.skip_bench:
-            _step("1/3 stallfree's Loader beside torch's DataLoader (ImageNet-sized synthetic JPEGs)")
-            bench_args = bench.options(root / "imagenet-like", synthetic=args.images,
-                                       batches=max(1, args.images // 64 // 2), only=["stallfree", "torch"])
-            result["bench"] = bench.run(bench_args, out)
+            _step("1/3 end to end: a simulated accelerator at 80% of stallfree's stand-alone rate, fed by torch's "
+                  "DataLoader and by stallfree (ImageNet-sized synthetic JPEGs)")
+            bench_args = options("e2e", root / "imagenet-like", synthetic=args.images, speeds=[],
+                                 feeds=["stallfree", "torch"], batches=max(1, args.images // 64 // 2), warmup=5,
+                                 png=root / "e2e.png")
+            result["bench"] = e2e.run(bench_args, out)
         _step("2/3 ingest a learnable synthetic dataset (shapes in random colours) into Arrow shards")
         for split, per_class, seed in (("train", 150, 0), ("val", 25, 1)):
             folder = make_image_folder(root / "shapes" / split, num_classes=4, per_class=per_class, size=(48, 48),
