@@ -41,6 +41,7 @@ from stallfree.pipeline.passes import Pass
 from stallfree.pipeline.readers import Reader, open_source, unwrap_torchvision_dataset
 from stallfree.pipeline.sampler import Sampler, process_shard
 from stallfree.pipeline.samples import BadSampleError
+from stallfree.pipeline.shards import Verify
 from stallfree.resume import check_fingerprint
 from stallfree.transforms.compile import CompiledTransforms, Dtype, Layout
 from stallfree.transforms.from_torchvision import to_steps
@@ -102,6 +103,9 @@ class Loader:
             in :attr:`skipped` and fills its place with the next samples of this rank's order (wrapping round to
             its start at the end of the epoch, as ``DistributedSampler`` pads), so that every rank yields
             ``len(loader)`` batches of the sizes an epoch without skips has.
+        verify: when an ingested shard's SHA-256 is checked against the manifest: ``"first-use"`` (on its first
+            read), ``"open"`` (every shard at construction) or ``"none"``. A shard that matched once is not hashed
+            again while unchanged (``stallfree.pipeline.verified``). Other sources carry no checksums.
         max_pixels: refuse images whose header claims more pixels (decompression bombs).
         exif: ``"ignore"`` (default) decodes the stored pixels, as PIL's ``Image.open(f).convert("RGB")`` and
             torchvision's ImageFolder do; ``"apply"`` turns each image by its EXIF orientation first, as
@@ -148,6 +152,7 @@ class Loader:
         echo: int = 1,
         echo_mode: Literal["example", "batch"] = "example",
         on_error: Literal["raise", "skip"] = "raise",
+        verify: Verify = "first-use",
         max_pixels: int = DEFAULT_MAX_PIXELS,
         exif: Exif = "ignore",
         dtype: Dtype | torch.dtype | None = None,
@@ -181,7 +186,7 @@ class Loader:
             raise ValueError("placement='gpu' needs a CUDA device=; got device='cpu'")
         on_gpu = placement == "gpu" or (placement == "auto" and self.device.type == "cuda")
         rank, world_size = process_shard(rank, world_size)
-        self.reader = open_source(source, exif=exif)
+        self.reader = open_source(source, exif=exif, verify=verify)
         self.sampler = Sampler(
             len(self.reader),
             rank=rank,

@@ -10,10 +10,14 @@ Checks, and when they run:
   footer parses and gives the manifest's schema (column names and types: a damaged footer can rename a column),
   and every record batch passes Arrow's full structural validation (offsets inside their buffers), so a damaged
   file raises :class:`ShardError` instead of a ``KeyError`` later or a crash inside native code.
-- **lazily, on the first read from each shard**, its SHA-256 against the manifest's. Hashing every shard on open
-  would read the whole dataset before the first batch (minutes for ImageNet); hashing a shard when it is first
-  touched costs one sequential read of a file the epoch reads anyway, and an altered shard still fails before any
-  of its rows reach the graph. ``verify="open"`` hashes everything up front; ``"none"`` skips hashing.
+- **on the first read from each shard** (``verify="first-use"``, the default), its SHA-256 against the manifest's.
+  Hashing every shard on open would read the whole dataset before the first batch (minutes for ImageNet); hashing
+  a shard when it is first touched costs one sequential read of a file the epoch reads anyway, and an altered
+  shard still fails before any of its rows reach the graph. ``verify="open"`` hashes everything up front;
+  ``"none"`` skips hashing.
+
+A shard whose checksum matched once is not hashed again while its size and modification time are unchanged:
+the verified-once marker (:mod:`.verified`) lets a resumed job, or the next rank on the machine, skip the read.
 """
 
 from __future__ import annotations
@@ -22,13 +26,18 @@ import hashlib
 import os
 import threading
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 
 from stallfree.ingest.manifest import MANIFEST, read_manifest, schema_problem
+from stallfree.pipeline.verified import is_verified, mark_verified
 
-__all__ = ["ShardError", "ShardReader", "is_shard_folder"]
+__all__ = ["VERIFY_MODES", "ShardError", "ShardReader", "Verify", "is_shard_folder"]
+
+#: When a shard's SHA-256 is checked: on its first read, all on open, or never.
+Verify = Literal["first-use", "open", "none"]
+VERIFY_MODES: tuple[str, ...] = get_args(Verify)
 
 
 class ShardError(OSError):
@@ -90,10 +99,15 @@ class _Shard:
             return
         with self.lock:
             if not self.checked and self.failure is None:
+                if is_verified(self.path, self.sha256):
+                    self.checked = True
+                    return
                 digest = hashlib.sha256(memoryview(self._buffer())).hexdigest()
                 if digest != self.sha256:  # remembered: with on_error="skip" each of its rows asks again
                     self.failure = f"{self.path}: SHA-256 differs from the manifest's (the shard was altered); "
                     self.failure += self.fix
+                else:
+                    mark_verified(self.path, self.sha256)
                 self.checked = self.failure is None
             if self.failure is not None:
                 raise ShardError(self.failure)
@@ -117,7 +131,8 @@ class ShardReader:
 
     Args:
         folder: the ingested folder (or its ``manifest.json``).
-        verify: ``"lazy"`` (each shard's SHA-256 on its first read), ``"open"`` (all of them now) or ``"none"``.
+        verify: ``"first-use"`` (each shard's SHA-256 on its first read), ``"open"`` (all of them now) or
+            ``"none"``; a shard verified before and unchanged since is not hashed again (:mod:`.verified`).
 
     Attributes:
         classes: class names, index = label.
@@ -131,9 +146,9 @@ class ShardReader:
             altered, with ``verify="open"``).
     """
 
-    def __init__(self, folder: str | os.PathLike[str], verify: Literal["lazy", "open", "none"] = "lazy"):
-        if verify not in ("lazy", "open", "none"):
-            raise ValueError(f"verify must be 'lazy', 'open' or 'none', got {verify!r}")
+    def __init__(self, folder: str | os.PathLike[str], verify: Verify = "first-use"):
+        if verify not in VERIFY_MODES:
+            raise ValueError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
         folder = Path(folder)
         self.folder = folder.parent if folder.name == MANIFEST else folder
         self.manifest = read_manifest(self.folder)
