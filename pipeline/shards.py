@@ -22,7 +22,9 @@ the verified-once marker (:mod:`.verified`) lets a resumed job, or the next rank
 
 from __future__ import annotations
 
+import bisect
 import hashlib
+import itertools
 import os
 import threading
 from pathlib import Path
@@ -120,11 +122,6 @@ class _Shard:
         batch = int(np.searchsorted(self.starts, row, side="right")) - 1
         return batch, row - int(self.starts[batch])
 
-    def image(self, row: int) -> np.ndarray:
-        batch, i = self.locate(row)
-        offsets, data = self.views[batch]
-        return data[offsets[i] : offsets[i + 1]]
-
 
 class ShardReader:
     """Rows of an ingested folder (the :class:`~stallfree.pipeline.readers.Reader` protocol).
@@ -161,14 +158,19 @@ class ShardReader:
         self._starts = np.cumsum([0] + [s.rows for s in self._shards])
         self.columns = [c["name"] for c in self.manifest["schema"] if c["name"] != "image"]
         self._chunked: dict[str, Any] = {}
-        labels = self.column("label", np.arange(len(self))) if len(self) else []
-        self._labels: np.ndarray = np.asarray(labels, np.int64)
+        # Row lookup without a NumPy call per sample (36 us per read before): every record batch in order, with
+        # the global row it starts at as a plain list for bisect.
+        self._chunks = [(shard, offsets, data) for shard in self._shards for offsets, data in shard.views]
+        self._chunk_starts = [0, *itertools.accumulate(len(offsets) - 1 for _, offsets, _ in self._chunks)]
+        self._rows = self._chunk_starts[-1]
+        pieces = [b.column("label").to_numpy(zero_copy_only=False) for shard in self._shards for b in shard.batches]
+        self._labels: np.ndarray = np.concatenate(pieces).astype(np.int64) if pieces else np.empty(0, np.int64)
         if verify == "open":
             for shard in self._shards:
                 shard.check()
 
     def __len__(self) -> int:
-        return int(self._starts[-1])
+        return self._rows
 
     def labels(self) -> np.ndarray:
         """Every row's label, int64 (from the shards' ``label`` columns, read once on open)."""
@@ -186,11 +188,15 @@ class ShardReader:
         Raises:
             ShardError: the row's shard fails its checksum (checked on its first read).
         """
-        shard, row = self._locate(index)
+        if not 0 <= index < self._rows:
+            raise IndexError(f"row {index} out of range for {self._rows} rows in {self.folder}")
+        chunk = bisect.bisect_right(self._chunk_starts, index) - 1
+        shard, offsets, data = self._chunks[chunk]
         if self._verify != "none":
             shard.check()
-        data = shard.image(row)
-        return data if self.shape is None or self.encoded else data.reshape(self.shape)
+        i = index - self._chunk_starts[chunk]
+        image = data[offsets[i] : offsets[i + 1]]
+        return image if self.shape is None or self.encoded else image.reshape(self.shape)
 
     def fingerprint(self) -> str:
         """The shards' SHA-256 checksums from the manifest, hashed: the same for a copy of the folder."""
