@@ -164,7 +164,8 @@ class ShardReader:
         self._chunk_starts = [0, *itertools.accumulate(len(offsets) - 1 for _, offsets, _ in self._chunks)]
         self._rows = self._chunk_starts[-1]
         pieces = [b.column("label").to_numpy(zero_copy_only=False) for shard in self._shards for b in shard.batches]
-        self._labels: np.ndarray = np.concatenate(pieces).astype(np.int64) if pieces else np.empty(0, np.int64)
+        labels = np.concatenate(pieces) if pieces else np.empty(0, np.int64)
+        self._labels: np.ndarray = labels.astype(np.int64, copy=False)  # one array, no per-sample objects
         if verify == "open":
             for shard in self._shards:
                 shard.check()
