@@ -154,14 +154,16 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
         runs = []
         with tempfile.TemporaryDirectory(prefix="stallfree-scale-cache-") as cache:
             env = {**os.environ, "STALLFREE_CACHE_DIR": cache}  # the first run hashes, as a fresh job does
+            result = Path(cache) / "result.json"
             for _ in range(args.repeats):
-                code = ("import json, sys; from stallfree.bench.scale import _measure; "
-                        "print(json.dumps(_measure(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))))")
-                done = subprocess.run([sys.executable, "-c", code, str(folder), str(args.world_size), str(args.reads)],
-                                      capture_output=True, text=True, env=env, check=False)
+                code = ("import json, pathlib, sys; from stallfree.bench.scale import _measure; "
+                        "pathlib.Path(sys.argv[4]).write_text(json.dumps(_measure(sys.argv[1], int(sys.argv[2]), "
+                        "int(sys.argv[3]))))")
+                done = subprocess.run([sys.executable, "-c", code, str(folder), str(args.world_size), str(args.reads),
+                                       str(result)], capture_output=True, text=True, env=env, check=False)
                 if done.returncode != 0:
                     raise RuntimeError(f"the measuring process failed ({done.returncode}): {done.stderr[-2000:]}")
-                runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+                runs.append(json.loads(result.read_text()))
     finally:
         if args.keep is None:
             shutil.rmtree(folder, ignore_errors=True)
