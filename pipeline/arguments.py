@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from stallfree.pipeline.readers import Reader
+from stallfree.pipeline.shards import VERIFY_MODES
 from stallfree.transforms.spec import Transform
 
 __all__ = [
@@ -104,7 +105,8 @@ def check_arguments(args: dict[str, Any]) -> None:
     if args["num_threads"] is not None and (not is_int(args["num_threads"]) or args["num_threads"] <= 0):
         raise ValueError(f"num_threads must be positive (or None for the cores this process may use), got "
                          f"{args['num_threads']!r}")
-    choices = {"echo_mode": ("example", "batch"), "on_error": ("raise", "skip"), "placement": ("auto", "cpu", "gpu")}
+    choices = {"echo_mode": ("example", "batch"), "on_error": ("raise", "skip"), "placement": ("auto", "cpu", "gpu"),
+               "verify": VERIFY_MODES}
     for name, allowed in choices.items():
         if args[name] not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {args[name]!r}")

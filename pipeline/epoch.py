@@ -49,11 +49,11 @@ def _stop_running_epochs() -> None:
 
 
 class EpochRun:
-    """One pass over ``epoch`` from ``position`` (batch ``number``): both stage threads and their queues."""
+    """One pass over ``epoch`` split from ``split`` on, from ``position`` (batch ``number``): both stage threads."""
 
-    def __init__(self, loader: Loader, graph: Graph, epoch: int, position: int, number: int):
+    def __init__(self, loader: Loader, graph: Graph, epoch: int, split: int, position: int, number: int):
         self.loader, self.graph, self.epoch = loader, graph, epoch
-        self.order = loader.sampler.virtual_order(epoch)
+        self.order = loader.sampler.virtual_order(epoch, split)
         self.bad = {int(s["position"]) % len(self.order) for s in loader.skipped}  # this epoch's skipped positions
         self.first_skip: dict[str, Any] | None = loader.skipped[0] if loader.skipped else None
         self._stop = threading.Event()

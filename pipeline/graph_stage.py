@@ -31,8 +31,9 @@ class GraphStage:
 
     def loop(self, first: int) -> None:
         run, loader = self.run, self.loader
-        for number in range(first, loader._batches_per_epoch):
-            batch = self._assemble(number, loader._batch_len(number))
+        per_rank = len(run.order)
+        for number in range(first, loader._batches(per_rank)):
+            batch = self._assemble(number, loader._batch_len(number, per_rank))
             if batch is None:
                 return
             if batch.output is not None and batch.output.device != loader.device:

@@ -34,6 +34,7 @@ from stallfree.pipeline.arguments import (
     is_int,
     source_identity,
 )
+from stallfree.pipeline.elastic import ORDER_FIELDS, elastic_split
 from stallfree.pipeline.epoch import EpochRun
 from stallfree.pipeline.graph import Graph
 from stallfree.pipeline.loader_sampler import LoaderSampler
@@ -41,13 +42,14 @@ from stallfree.pipeline.passes import Pass
 from stallfree.pipeline.readers import Reader, open_source, unwrap_torchvision_dataset
 from stallfree.pipeline.sampler import process_shard
 from stallfree.pipeline.samples import BadSampleError
+from stallfree.pipeline.shards import Verify
 from stallfree.resume import check_fingerprint
 from stallfree.transforms.compile import CompiledTransforms, Dtype, Layout
 from stallfree.transforms.from_torchvision import to_steps
 
 __all__ = ["BadSampleError", "Clock", "Loader"]
 
-STATE_VERSION = 2
+STATE_VERSION = 3  # 3: the keyed Feistel order (pipeline/permutation.py) and elastic splits
 
 
 class Clock(Protocol):
@@ -102,6 +104,9 @@ class Loader:
             in :attr:`skipped` and fills its place with the next samples of this rank's order (wrapping round to
             its start at the end of the epoch, as ``DistributedSampler`` pads), so that every rank yields
             ``len(loader)`` batches of the sizes an epoch without skips has.
+        verify: when an ingested shard's SHA-256 is checked against the manifest: ``"first-use"`` (on its first
+            read), ``"open"`` (every shard at construction) or ``"none"``. A shard that matched once is not hashed
+            again while unchanged (``stallfree.pipeline.verified``). Other sources carry no checksums.
         max_pixels: refuse images whose header claims more pixels (decompression bombs).
         exif: ``"ignore"`` (default) decodes the stored pixels, as PIL's ``Image.open(f).convert("RGB")`` and
             torchvision's ImageFolder do; ``"apply"`` turns each image by its EXIF orientation first, as
@@ -148,6 +153,7 @@ class Loader:
         echo: int = 1,
         echo_mode: Literal["example", "batch"] = "example",
         on_error: Literal["raise", "skip"] = "raise",
+        verify: Verify = "first-use",
         max_pixels: int = DEFAULT_MAX_PIXELS,
         exif: Exif = "ignore",
         dtype: Dtype | torch.dtype | None = None,
@@ -181,7 +187,7 @@ class Loader:
             raise ValueError("placement='gpu' needs a CUDA device=; got device='cpu'")
         on_gpu = placement == "gpu" or (placement == "auto" and self.device.type == "cuda")
         rank, world_size = process_shard(rank, world_size)
-        self.reader = open_source(source, exif=exif)
+        self.reader = open_source(source, exif=exif, verify=verify)
         self.sampler = LoaderSampler(  # loader.sampler.set_epoch is set_epoch, for Lightning's fit loop
             len(self.reader),
             rank=rank,
@@ -208,6 +214,7 @@ class Loader:
         self._fingerprint: dict[str, Any] | None = None  # computed on the first state_dict (it hashes the source)
         self._epoch = 0  # the epoch of the pass in progress, else of the next pass
         self._start = (0, 0, 0)  # where the next pass starts: (position, repeat, batches delivered)
+        self._split = 0  # the global position this epoch's split over ranks starts at (elastic resume; else 0)
         self._loaded = False  # whether _start and skipped come from load_state_dict
         self._pass: weakref.ref[Pass] | None = None
         self.skipped: list[dict[str, Any]] = []  # this epoch's, so it is also what a resumed Loader carries on
@@ -224,19 +231,18 @@ class Loader:
         return self._epoch
 
     def __len__(self) -> int:
-        """Batches this rank yields per epoch."""
-        return self._batches_per_epoch * self._batch_echo
+        """Batches this rank yields per epoch (a pass resumed elastically yields only the epoch's remainder)."""
+        return self._batches(len(self.sampler)) * self._batch_echo
 
-    @property
-    def _batches_per_epoch(self) -> int:
-        per_rank = len(self.sampler)
+    def _batches(self, per_rank: int) -> int:
+        """Batches of a pass over ``per_rank`` samples."""
         return per_rank // self.batch_size if self.drop_last else math.ceil(per_rank / self.batch_size)
 
-    def _batch_len(self, number: int) -> int:
-        """Samples in batch ``number`` of an epoch (every batch is full but a last one kept by drop_last=False)."""
-        if number < self._batches_per_epoch - 1 or self.drop_last:
+    def _batch_len(self, number: int, per_rank: int) -> int:
+        """Samples in batch ``number`` of a pass over ``per_rank`` (all full but a last one kept by drop_last=False)."""
+        if number < self._batches(per_rank) - 1 or self.drop_last:
             return self.batch_size
-        return len(self.sampler) - number * self.batch_size
+        return per_rank - number * self.batch_size
 
     @property
     def _batch_echo(self) -> int:
@@ -250,7 +256,7 @@ class Loader:
             return ongoing
         if self._pass is not None:
             self._pass = None
-            self._epoch, self._start, self._loaded = self._epoch + 1, (0, 0, 0), False
+            self._epoch, self._start, self._loaded, self._split = self._epoch + 1, (0, 0, 0), False, 0
         return None
 
     def _end_pass(self, why: str) -> bool:
@@ -272,7 +278,7 @@ class Loader:
             raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
         ended = self._end_pass("set_epoch() ended this pass")
         if ended or epoch != self._epoch:
-            self._start, self._loaded = (0, 0, 0), False
+            self._start, self._loaded, self._split = (0, 0, 0), False, 0
         self._epoch = int(epoch)
 
     def fingerprint(self) -> dict[str, Any]:
@@ -312,6 +318,7 @@ class Loader:
             "position": position,
             "repeat": repeat,
             "batches": delivered,
+            "split": self._split,
             "skipped": list(self.skipped) if carried else [],
             "fingerprint": dict(self.fingerprint()),
         }
@@ -321,18 +328,26 @@ class Loader:
 
         It ends a pass in progress.
 
+        A state taken on another ``world_size`` (at a batch boundary of synchronous training, any rank's) goes on
+        elastically: this rank's share of the samples the old ranks had not delivered yet, each once over the new
+        ranks (:mod:`stallfree.pipeline.elastic`). The same ``world_size`` with another ``rank`` is refused.
+
         Raises:
-            ValueError: the state comes from a Loader with another fingerprint (source, order, spec, rank layout),
-                naming the field that differs.
+            ValueError: the state comes from a Loader with another fingerprint (source, order, spec, rank),
+                naming the field that differs; or another world size's state has skipped samples or stands
+                between the repeats of an echoed batch.
         """
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"unknown Loader state version {state.get('version')!r} (expected {STATE_VERSION}; a "
                              "state from an older stallfree cannot be checked, so start the epoch again)")
-        check_fingerprint("Loader", state.get("fingerprint"), self.fingerprint())
+        theirs, mine = state.get("fingerprint"), self.fingerprint()
+        elastic = isinstance(theirs, dict) and theirs.get("world_size") != mine["world_size"]
+        check_fingerprint("Loader", theirs, {k: v for k, v in mine.items() if not (elastic and k in ORDER_FIELDS)})
+        split = elastic_split(state, self.sampler.world_size) if elastic else int(state["split"])
         self._end_pass("load_state_dict() ended this pass")
-        self._epoch = int(state["epoch"])
-        self._start, self._loaded = (int(state["position"]), int(state["repeat"]), int(state["batches"])), True
-        self.skipped = list(state["skipped"])
+        self._epoch, self._split, self._loaded = int(state["epoch"]), split, True
+        self._start = (0, 0, 0) if elastic else (int(state["position"]), int(state["repeat"]), int(state["batches"]))
+        self.skipped = [] if elastic else list(state["skipped"])
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self._end_pass("a newer iter() started a new pass over the Loader")
@@ -351,7 +366,7 @@ class Loader:
                 exif=self.exif,
                 pin_memory=self.pin_memory,
             )
-        run = EpochRun(self, self._graph, self._epoch, position, (delivered - repeat) // self._batch_echo)
+        run = EpochRun(self, self._graph, self._epoch, self._split, position, (delivered - repeat) // self._batch_echo)
         ongoing = Pass(self, run, (position, repeat, delivered))
         self._pass = weakref.ref(ongoing)
         return ongoing

@@ -42,7 +42,8 @@ class ReadStage:
     def loop(self, position: int, number: int) -> None:
         """Read the stream: a chunk of good samples per remaining batch, then one per sample the graph rejects."""
         run, loader = self.run, self.loader
-        plan = [loader._batch_len(b) for b in range(number, loader._batches_per_epoch)]
+        per_rank = len(run.order)
+        plan = [loader._batch_len(b, per_rank) for b in range(number, loader._batches(per_rank))]
         known_bad = set(run.bad)  # the reader's own view: what it skipped, and what the state carried
         with ThreadPoolExecutor(loader.io_threads, thread_name_prefix="stallfree-read") as pool:
             while not run.stopped:

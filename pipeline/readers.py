@@ -18,7 +18,7 @@ import numpy as np
 
 from stallfree.ingest.folders import inside_root, scan_image_folder
 from stallfree.ingest.images import Exif
-from stallfree.pipeline.shards import ShardReader, is_shard_folder
+from stallfree.pipeline.shards import ShardReader, Verify, is_shard_folder
 
 __all__ = ["DatasetReader", "FileListReader", "FolderReader", "Reader", "open_source", "unwrap_torchvision_dataset"]
 
@@ -336,8 +336,9 @@ def unwrap_torchvision_dataset(source: Any, transform: Any, target_transform: An
     return DatasetReader(bare), transform, target_transform
 
 
-def open_source(source: str | os.PathLike[str] | Reader | Any, *, exif: Exif = "ignore") -> Reader:
-    """The reader for ``source``, decoding under the Loader's ``exif`` setting.
+def open_source(source: str | os.PathLike[str] | Reader | Any, *, exif: Exif = "ignore",
+                verify: Verify = "first-use") -> Reader:
+    """The reader for ``source``, decoding under the Loader's ``exif`` setting (shards checked as ``verify`` says).
 
     A Reader as it is (a :class:`DatasetReader` as a copy with that setting), an ingested shard folder, a
     CSV/Parquet list, an image folder, or a map-style torch Dataset (see :class:`DatasetReader`).
@@ -362,7 +363,7 @@ def open_source(source: str | os.PathLike[str] | Reader | Any, *, exif: Exif = "
         return dataset
     path = Path(source)
     if is_shard_folder(path):
-        return _check_raw(ShardReader(path), exif)
+        return _check_raw(ShardReader(path, verify=verify), exif)
     if path.suffix.lower() in (".csv", ".parquet"):
         return FileListReader(path)
     if not path.exists():

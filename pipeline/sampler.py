@@ -1,6 +1,6 @@
 """The sampler: which samples a rank reads, in which order, each epoch.
 
-Order is a true global permutation of the whole (echoed) dataset, drawn from ``(seed, epoch)``, then split over
+Order is a true global permutation of the whole (echoed) dataset, keyed by ``(seed, epoch)``, then split over
 ranks as ``torch.utils.data.DistributedSampler`` splits it::
 
     positions  0 1 2 3 4 5 6 7 8 9 | 0 1      (n = 10, world_size = 4: padded to 12 from the start)
@@ -12,15 +12,29 @@ ranks as ``torch.utils.data.DistributedSampler`` splits it::
 With ``echo=k`` (example-level data echoing, Choi et al. 2019) the permutation runs over ``k * n`` virtual
 samples; virtual sample ``v`` reads row ``v % n`` and is augmented under its own key ``v``, so each repeat gets
 fresh augmentation and the shuffle spreads the repeats apart.
+
+The permutation is a keyed bijection (:class:`~stallfree.pipeline.permutation.Permutation`) that each rank
+evaluates at its own positions only, so no rank materialises the whole of it: 1/world_size of the work and memory
+of drawing ``np.random.permutation(n)``.
+
+**Splits** (elastic resume). An epoch's split over ranks may start at a global position ``start > 0``: the
+positions before it were delivered already, by a job of another world size, and the positions from ``start`` on
+are split over this job's ranks by the same rule, padded or truncated by ``drop_last`` as a fresh epoch is::
+
+    world_size 4, 2 batches of 2 delivered:  global positions 0..15 read, every rank at its position 4
+    resumed on world_size 3 at start=16:      rank r reads 16 + r, 19 + r, 22 + r, ...
+
+Padding reads global position ``p % num_virtual``, samples from the start of the permutation, as before.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 
 import numpy as np
+
+from stallfree.pipeline.permutation import Permutation
 
 __all__ = ["Sampler", "process_shard"]
 
@@ -65,21 +79,28 @@ class Sampler:
 
     def __len__(self) -> int:
         """Samples this rank gets per epoch (the same on every rank)."""
-        if self.drop_last:
-            return self.num_virtual // self.world_size
-        return math.ceil(self.num_virtual / self.world_size)
+        return self.length(0)
 
-    def virtual_order(self, epoch: int) -> np.ndarray:
-        """This rank's virtual sample ids for ``epoch`` (int64); row of virtual id ``v`` is ``v % num_rows``."""
+    def length(self, start: int) -> int:
+        """Samples this rank gets from an epoch split from global position ``start`` on (0 for the whole epoch)."""
+        left = max(0, self.num_virtual - start)
+        return left // self.world_size if self.drop_last else -(-left // self.world_size)
+
+    def virtual_order(self, epoch: int, start: int = 0) -> np.ndarray:
+        """This rank's virtual sample ids for ``epoch`` (int64); row of virtual id ``v`` is ``v % num_rows``.
+
+        Args:
+            epoch: the epoch whose permutation is read.
+            start: the global position the epoch's split over ranks starts at (see "Splits" above).
+        """
+        if start < 0:
+            raise ValueError(f"start must be >= 0, got {start}")
         n = self.num_virtual
-        if self.shuffle:
-            order = np.random.Generator(np.random.Philox(key=[self.seed & 0xFFFFFFFFFFFFFFFF, epoch])).permutation(n)
-        else:
-            order = np.arange(n, dtype=np.int64)
-        total = len(self) * self.world_size
-        if total > n:  # pad from the start, repeating if the padding is longer than the data (DistributedSampler)
-            order = np.concatenate([order, np.resize(order, total - n)])
-        return order[self.rank : total : self.world_size].astype(np.int64)
+        # global positions of this rank; past n is padding, read from the start (DistributedSampler's rule)
+        positions = (start + self.rank + self.world_size * np.arange(self.length(start), dtype=np.int64)) % n
+        if not self.shuffle:
+            return positions
+        return Permutation(n, self.seed, epoch)(positions)
 
     def rows(self, virtual: np.ndarray) -> np.ndarray:
         """The dataset rows of virtual sample ids."""

@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import importlib.util
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Verified-once markers go to a folder of this run, not the user's cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("STALLFREE_CACHE_DIR", str(tmp_path_factory.mktemp("stallfree-cache")))
+        yield
 
 
 @pytest.fixture(autouse=True)

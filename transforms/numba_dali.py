@@ -6,6 +6,7 @@ kernel (:mod:`.color`) and the resampler (:mod:`.resample`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -28,6 +29,37 @@ def _setup_same_shape(outs: Any, ins: Any) -> None:
 #: DALI compiles a NumbaFunction operator's wrappers when it is constructed (seconds each), so each configuration
 #: is constructed once per process and called in every graph that uses it (each Loader, each rebuilt graph).
 _OPERATORS: dict[tuple[Any, ...], Any] = {}
+_PRECOMPILED: list[type] = []  # the NumbaFunction subclass taking cached entry points, made once
+
+
+def _precompiled_class() -> type:
+    """``NumbaFunction`` built from given C entry points (Numba ``cfunc``s) instead of compiling its own.
+
+    DALI's own wrappers cannot be cached (see :mod:`.numba_abi`); this overrides the two methods that make them.
+    """
+    if not _PRECOMPILED:
+        from nvidia.dali.plugin.numba.experimental import NumbaFunction
+
+        for method in ("_get_run_fn_cpu", "_get_setup_fn_cpu"):
+            if not callable(getattr(NumbaFunction, method, None)):
+                raise RuntimeError(f"this DALI's NumbaFunction has no {method}, which stallfree's cached Numba "
+                                   "entry points replace (checked with DALI 2.4); report this DALI version")
+
+        class Precompiled(NumbaFunction):
+            entries: tuple[Any, Any]
+
+            def __init__(self, entries: tuple[Any, Any], **kwargs: Any):
+                self.entries = entries
+                super().__init__(**kwargs)
+
+            def _get_run_fn_cpu(self, *args: Any) -> int:
+                return int(self.entries[0].address)
+
+            def _get_setup_fn_cpu(self, setup_fn: Any) -> int:
+                return int(self.entries[1].address)
+
+        _PRECOMPILED.append(Precompiled)
+    return _PRECOMPILED[0]
 
 
 def numba_operator(
@@ -40,12 +72,15 @@ def numba_operator(
     device: Literal["cpu", "gpu"] = "cpu",
     blocks: Sequence[int] = GPU_BLOCKS,
     threads_per_block: Sequence[int] = GPU_THREADS,
+    entries: tuple[Any, Any] | None = None,
 ) -> Any:
     """DALI's ``NumbaFunction`` operator with one HWC output, constructed (compiled) once per configuration.
 
     Call the result on the input nodes inside a pipeline definition; it gives the output node, laid out ``HWC``
     (``numba_function``'s own output carries no layout). ``run_fn`` and ``setup_fn`` must be the same objects from
-    one call to the next for the cache to serve them.
+    one call to the next for the cache to serve them. ``entries``: for a CPU operator, ``(run, setup)`` Numba
+    ``cfunc``s of DALI's C interface, cached on disk (:mod:`.numba_abi`), used instead of compiling ``run_fn``
+    and ``setup_fn`` in every process.
     """
     launch = (tuple(blocks), tuple(threads_per_block))
     key = (run_fn, setup_fn, tuple(in_types), tuple(ins_ndim), out_type, device, launch)
@@ -55,7 +90,10 @@ def numba_operator(
         kwargs: dict[str, Any] = {}
         if device == "gpu":
             kwargs = {"blocks": list(blocks), "threads_per_block": list(threads_per_block)}
-        _OPERATORS[key] = NumbaFunction(
+        make: Callable[..., Any] = NumbaFunction
+        if entries is not None and device == "cpu":
+            make = functools.partial(_precompiled_class(), entries)
+        _OPERATORS[key] = make(
             run_fn=run_fn,
             setup_fn=setup_fn,
             in_types=[dali_type(t) for t in in_types],

@@ -182,6 +182,8 @@ def resize_node(image: Any, size: Any, *, antialias: bool = True, window: Any = 
         antialias: widen the filter when downscaling (PIL always does; torchvision's default).
         window: an optional node of per-sample ``(top, left, height, width)`` float32: crop it first, then resize.
     """
+    from stallfree.transforms.numba_abi import RESIZE_ENTRIES  # loads the cached entry points (compiles once)
+
     inputs = [size, image] if window is None else [size, image, window]
     operator = numba_operator(
         _run(antialias, window is not None),
@@ -189,5 +191,6 @@ def resize_node(image: Any, size: Any, *, antialias: bool = True, window: Any = 
         in_types=[np.uint8, np.uint8, np.float32][: len(inputs)],
         ins_ndim=[3, 3, 1][: len(inputs)],
         out_type=np.uint8,
+        entries=RESIZE_ENTRIES[(window is not None, antialias)],
     )
     return operator(*inputs)

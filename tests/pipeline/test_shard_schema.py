@@ -35,7 +35,7 @@ def _rename_in_footer(shard: Path, old: str, new: str) -> None:
     shard.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("verify_mode", ["lazy", "open"])
+@pytest.mark.parametrize("verify_mode", ["first-use", "open"])
 @pytest.mark.parametrize("field", ["key", "image", "label"])
 def test_a_damaged_footer_schema_names_the_shard_and_the_column(shards, tmp_path, verify_mode, field):
     # Before: `KeyError: 'Field "key" does not exist in schema'`, naming neither the shard nor the damage.

@@ -1,0 +1,28 @@
+"""The resampler's DALI entry points come from Numba's disk cache, so a new process does not compile them."""
+
+import subprocess
+import sys
+
+import numpy as np
+
+from stallfree.transforms import numba_abi, numba_dali
+from stallfree.transforms.resample import _run, _setup
+
+
+def test_a_new_process_loads_every_entry_point_from_the_cache() -> None:
+    entries = {*numba_abi.RESIZE_ENTRIES.values()}  # importing them here writes the cache if it was not there
+    code = ("from stallfree.transforms import numba_abi as a; "
+            "fns = {f for pair in a.RESIZE_ENTRIES.values() for f in pair}; "
+            "print(sum(f.cache_hits for f in fns), len(fns))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
+    hits, count = map(int, done.stdout.split()[-2:])
+    assert count == len({f for pair in entries for f in pair}) == 5
+    assert hits == count, "every entry point was loaded, none compiled"
+
+
+def test_the_resampler_operator_is_built_from_the_cached_entry_points() -> None:
+    run, setup = numba_abi.RESIZE_ENTRIES[(True, True)]
+    numba_dali.numba_operator(_run(True, True), _setup, in_types=[np.uint8, np.uint8, np.float32], ins_ndim=[3, 3, 1],
+                              out_type=np.uint8, entries=(run, setup))
+    built = [op for op in numba_dali._OPERATORS.values() if isinstance(op, numba_dali._precompiled_class())]
+    assert any(op.run_fn == run.address and op.setup_fn == setup.address for op in built)

@@ -1,0 +1,108 @@
+"""The resampler's DALI entry points as Numba ``cfunc``s cached on disk, so a new process does not recompile them.
+
+DALI's ``NumbaFunction`` wraps the run and set-up functions it is given in ``cfunc``s of its own, built from
+``eval``'d lambdas, which Numba cannot cache: every process compiled them again when its first graph was built
+(5 s of a new process's first batch, 40-90 s on a loaded 2-core machine). Here the same C entry points are written
+out in this file, with ``cache=True``, one per configuration of the resampler; :func:`stallfree.transforms.
+numba_dali.numba_operator` hands their addresses to ``NumbaFunction`` instead of letting it compile.
+
+The ABI is DALI's for ``batch_processing=False`` (``nvidia/dali/plugin/numba/__init__.py``)::
+
+    run(out_ptrs, out_shapes, out_ndims, num_outs, in_ptrs, in_shapes, in_ndims, num_ins)      one sample
+    setup(out_shapes, out_ndims, num_outs, in_shapes, in_ndims, num_ins, num_samples)          the whole batch
+
+where ``*_ptrs`` is an int64 array of data pointers, ``*_ndims`` an int32 array of each output's (input's) rank and
+``*_shapes`` a ``(count, samples)`` int64 array of pointers to each sample's shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numba import carray, cfunc, njit
+from numba import types as nbt
+from nvidia.dali.plugin.numba import address_as_void_pointer as _ptr  # type: ignore[attr-defined]
+
+from stallfree.transforms.resample import resample
+
+__all__ = ["RESIZE_ENTRIES"]
+
+_RUN = nbt.void(nbt.uint64, nbt.uint64, nbt.uint64, nbt.int32, nbt.uint64, nbt.uint64, nbt.uint64, nbt.int32)
+_SETUP = nbt.void(nbt.uint64, nbt.uint64, nbt.int32, nbt.uint64, nbt.uint64, nbt.int32, nbt.int32)
+
+
+@njit(cache=True)
+def _shape(shapes_ptr: int, ndims_ptr: int, count: int, samples: int, which: int, sample: int) -> Any:
+    """The shape array of output (or input) ``which`` of ``sample``."""
+    ndims = carray(_ptr(ndims_ptr), count, dtype=np.int32)
+    table = carray(_ptr(shapes_ptr), (count, samples), dtype=np.int64)
+    return carray(_ptr(table[which][sample]), ndims[which], dtype=np.int64)
+
+
+@njit(cache=True)
+def _hwc_u8(ptrs: int, shapes: int, ndims: int, count: int, which: int) -> Any:
+    """Sample view of uint8 HWC output (input) ``which``."""
+    shape = _shape(shapes, ndims, count, 1, which, 0)
+    data = carray(_ptr(ptrs), count, dtype=np.int64)
+    return carray(_ptr(data[which]), (shape[0], shape[1], shape[2]), dtype=np.uint8)
+
+
+@njit(cache=True)
+def _window(ptrs: int, shapes: int, ndims: int, count: int) -> Any:
+    """Input 2, the float32 ``(top, left, height, width)`` crop window."""
+    shape = _shape(shapes, ndims, count, 1, 2, 0)
+    data = carray(_ptr(ptrs), count, dtype=np.int64)
+    return carray(_ptr(data[2]), shape[0], dtype=np.float32)
+
+
+@njit(cache=True)
+def _resize(out_ptrs: int, out_shapes: int, out_ndims: int, num_outs: int, in_ptrs: int, in_shapes: int,
+            in_ndims: int, num_ins: int, windowed: bool, antialias: bool) -> None:
+    out = _hwc_u8(out_ptrs, out_shapes, out_ndims, num_outs, 0)
+    image = _hwc_u8(in_ptrs, in_shapes, in_ndims, num_ins, 1)  # input 0 only carries the output size
+    if windowed:
+        w = _window(in_ptrs, in_shapes, in_ndims, num_ins)
+        top, left = int(w[0]), int(w[1])
+        resample(out, image[top : top + int(w[2]), left : left + int(w[3])], antialias)
+    else:
+        resample(out, image, antialias)
+
+
+@cfunc(_RUN, cache=True)
+def _resize_plain(o: int, os_: int, on: int, no: int, i: int, is_: int, in_: int, ni: int) -> None:
+    _resize(o, os_, on, no, i, is_, in_, ni, False, False)
+
+
+@cfunc(_RUN, cache=True)
+def _resize_plain_aa(o: int, os_: int, on: int, no: int, i: int, is_: int, in_: int, ni: int) -> None:
+    _resize(o, os_, on, no, i, is_, in_, ni, False, True)
+
+
+@cfunc(_RUN, cache=True)
+def _resize_window(o: int, os_: int, on: int, no: int, i: int, is_: int, in_: int, ni: int) -> None:
+    _resize(o, os_, on, no, i, is_, in_, ni, True, False)
+
+
+@cfunc(_RUN, cache=True)
+def _resize_window_aa(o: int, os_: int, on: int, no: int, i: int, is_: int, in_: int, ni: int) -> None:
+    _resize(o, os_, on, no, i, is_, in_, ni, True, True)
+
+
+@cfunc(_SETUP, cache=True)
+def _resize_setup(out_shapes: int, out_ndims: int, num_outs: int, in_shapes: int, in_ndims: int, num_ins: int,
+                  num_samples: int) -> None:
+    # The output is (h, w, 3) with (h, w) the size carrier's (input 0): as resample._setup.
+    for s in range(num_samples):
+        out = _shape(out_shapes, out_ndims, num_outs, num_samples, 0, s)
+        size = _shape(in_shapes, in_ndims, num_ins, num_samples, 0, s)
+        out[0], out[1], out[2] = size[0], size[1], 3
+
+
+#: ``(windowed, antialias) -> (run cfunc, setup cfunc)`` for the CPU resampler.
+RESIZE_ENTRIES = {
+    (False, False): (_resize_plain, _resize_setup),
+    (False, True): (_resize_plain_aa, _resize_setup),
+    (True, False): (_resize_window, _resize_setup),
+    (True, True): (_resize_window_aa, _resize_setup),
+}
