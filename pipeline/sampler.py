@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +37,8 @@ class Sampler:
         seed: the permutation's seed, the same on every rank.
         drop_last: truncate so that every rank has ``num_virtual // world_size`` samples instead of padding.
         echo: example-level echo factor ``k >= 1``.
+        permute: another permutation of the ``num_virtual`` virtual ids by epoch, used instead of the global one
+            when ``shuffle`` is true (the block shuffle, :mod:`.block_order`); split over ranks the same way.
     """
 
     num_rows: int
@@ -45,6 +48,7 @@ class Sampler:
     seed: int = 0
     drop_last: bool = False
     echo: int = 1
+    permute: Callable[[int], np.ndarray] | None = None
 
     def __post_init__(self) -> None:
         if self.num_rows <= 0:
@@ -72,7 +76,9 @@ class Sampler:
     def virtual_order(self, epoch: int) -> np.ndarray:
         """This rank's virtual sample ids for ``epoch`` (int64); row of virtual id ``v`` is ``v % num_rows``."""
         n = self.num_virtual
-        if self.shuffle:
+        if self.shuffle and self.permute is not None:
+            order = self.permute(epoch)
+        elif self.shuffle:
             order = np.random.Generator(np.random.Philox(key=[self.seed & 0xFFFFFFFFFFFFFFFF, epoch])).permutation(n)
         else:
             order = np.arange(n, dtype=np.int64)
