@@ -200,7 +200,8 @@ class Loader:
             raise ValueError("placement='gpu' needs a CUDA device=; got device='cpu'")
         on_gpu = placement == "gpu" or (placement == "auto" and self.device.type == "cuda")
         rank, world_size = process_shard(rank, world_size)
-        self.reader = open_source(source, exif=exif, remote=remote_keywords(dict(locals()), is_url(source)))
+        remote = remote_keywords(dict(locals()), is_url(source))
+        self.reader = open_source(source, exif=exif, remote={**remote, "rank": rank} if remote else None)
         echo_k = echo if echo_mode == "example" else 1
         self.shuffle_mode = "block" if shuffle == "block" else ("global" if shuffle else "none")
         self.block_shards = int(block_shards)

@@ -27,15 +27,16 @@ __all__ = ["ReadAhead"]
 class ReadAhead:
     """Downloads the shards of the rows a rank reads next, within a byte budget (see the module docstring)."""
 
-    def __init__(self, cache: ShardCache, entries: list[dict[str, Any]], starts: np.ndarray, budget: int):
+    def __init__(self, cache: ShardCache, entries: list[dict[str, Any]], starts: np.ndarray, budget: int,
+                 fetch: Any, names: list[str]):
         self.cache, self.entries, self.starts, self.budget = cache, entries, starts, budget
+        self._fetch, self._names = fetch, names
         self._shards = np.empty(0, np.int64)  # the shard of each coming row, in stream order
         self._position = 0
         self._wake = threading.Event()
         self._closed = False
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        cache.on_done = self._wake.set
 
     def follow(self, rows: np.ndarray) -> None:
         """Rows this rank reads next, in order (a new epoch or a resumed position replaces the old ones)."""
@@ -45,6 +46,10 @@ class ReadAhead:
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="stallfree-read-ahead", daemon=True)
             self._thread.start()
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Look again (a download ended)."""
         self._wake.set()
 
     def advance(self) -> None:
@@ -78,12 +83,13 @@ class ReadAhead:
             self._wake.wait(timeout=0.5)
             self._wake.clear()
             wanted = self.wanted()
-            self.cache.protect({self.entries[s]["sha256"] for s in wanted})
+            self.cache.protect(id(self), {self.entries[s]["sha256"] for s in wanted})
             for shard in wanted:
                 entry = self.entries[shard]
-                if not self.cache.prefetch(entry["sha256"], int(entry["bytes"])):
+                if not self.cache.prefetch(entry["sha256"], int(entry["bytes"]), self._fetch, self._names[shard]):
                     break  # no slot or no room: wait for a read or a download to end
 
     def close(self) -> None:
         self._closed = True
+        self.cache.protect(id(self), set())
         self._wake.set()

@@ -40,16 +40,18 @@ class RemoteShardReader:
         downloads: concurrent downloads.
         read_ahead: bytes of coming shards to hold ahead of the reads (default: half of ``cache_limit``, or 1 GiB).
         retry: how downloads are retried, and the stall timeout.
+        rank: this process's rank: the default ``cache_dir`` is one folder per rank (a folder is one process's).
 
     Raises:
         FileNotFoundError: no manifest at the URL.
-        ValueError: not a stallfree manifest, or a ``cache_limit`` smaller than a shard.
+        ValueError: not a stallfree manifest, a ``cache_limit`` smaller than a shard, or a ``cache_dir`` another
+            process uses.
         RemoteStoreError: the store did not answer.
     """
 
     def __init__(self, url: str, *, cache_dir: str | Path | None = None, cache_limit: int | None = None,
                  storage_options: dict[str, Any] | None = None, downloads: int = 4, read_ahead: int | None = None,
-                 retry: Retry | None = None):
+                 retry: Retry | None = None, rank: int = 0):
         self.retry = retry or Retry()
         base = url[: -len(MANIFEST)] if url.endswith("/" + MANIFEST) else url
         self.url = base.rstrip("/")
@@ -70,13 +72,15 @@ class RemoteShardReader:
                              f"({largest} bytes); give at least 2 shards' worth (cache_limit={2 * largest}), more "
                              "for read-ahead")
         self._by_sha = {e["sha256"]: i for i, e in enumerate(self._entries)}
-        names = {e["sha256"]: f"shard {e['file']} ({redact(self._url_of(e))})" for e in self._entries}
-        folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-        self.cache = ShardCache(folder, cache_limit, downloads, self.retry, self._fetch, names, self._forget)
+        self.names = [f"shard {e['file']} ({redact(self._url_of(e))})" for e in self._entries]
+        folder = Path(cache_dir) if cache_dir is not None else default_cache_dir() / f"rank{rank}"
+        self.cache = ShardCache.shared(folder, cache_limit, downloads, self.retry)
         self._open: dict[int, _Shard] = {}
         self._lock = threading.Lock()
         budget = read_ahead if read_ahead is not None else (cache_limit // 2 if cache_limit else 1 << 30)
-        self.read_ahead = ReadAhead(self.cache, self._entries, self._starts, max(budget, largest))
+        self.read_ahead = ReadAhead(self.cache, self._entries, self._starts, max(budget, largest), self._fetch,
+                                    self.names)
+        self.cache.subscribe(self._forget, self.read_ahead.wake)
 
     def __len__(self) -> int:
         return int(self._starts[-1])
@@ -108,7 +112,8 @@ class RemoteShardReader:
 
     def _forget(self, sha256: str) -> None:
         """The cache evicted a shard: drop its mapping (views already handed out stay valid)."""
-        self._open.pop(self._by_sha[sha256], None)
+        if sha256 in self._by_sha:  # the cache may be shared with a Loader of another dataset
+            self._open.pop(self._by_sha[sha256], None)
 
     def shard_rows(self) -> list[int]:
         """Rows per shard, in manifest order (the block shuffle's blocks)."""
@@ -131,7 +136,7 @@ class RemoteShardReader:
     def _acquire(self, shard: int) -> _Shard:
         """Shard ``shard`` mapped and pinned in the cache (release it with ``cache.release``)."""
         entry = self._entries[shard]
-        path = self.cache.acquire(entry["sha256"], int(entry["bytes"]))
+        path = self.cache.acquire(entry["sha256"], int(entry["bytes"]), self._fetch, self.names[shard])
         with self._lock:
             mapped = self._open.get(shard)
             if mapped is None:
@@ -196,9 +201,8 @@ class RemoteShardReader:
         return np.asarray(values) if numeric else values
 
     def close(self) -> None:
-        """Stop the read-ahead and the downloads not yet started."""
+        """Stop the read-ahead (downloads in flight finish; the cache may serve other Loaders)."""
         self.read_ahead.close()
-        self.cache.close()
 
 
 def _label_column(mapped: _Shard) -> np.ndarray:

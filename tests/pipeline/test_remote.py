@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -59,12 +60,28 @@ def test_a_url_gives_the_batches_of_the_local_folder(kind: str, shuffle: Any, re
 
 def test_a_second_loader_reads_the_cache_and_fetches_nothing(remote_data: Path, http_server: RangeServer,
                                                              tmp_path: Path) -> None:
-    _batches(Loader(http_server.url, 4, transform=SPEC, cache_dir=tmp_path))
-    before = http_server.requests
-    again = Loader(http_server.url, 4, transform=SPEC, cache_dir=tmp_path)
+    first = Loader(http_server.url, 4, transform=SPEC, cache_dir=tmp_path)
+    _batches(first)
+    fetched, before = first.reader.cache.fetched, http_server.requests
+    again = Loader(http_server.url, 4, transform=SPEC, cache_dir=tmp_path)  # one process: the same cache
     labels = torch.cat([b[1] for b in _batches(again)])
     assert sorted(labels.tolist()) == list(range(37))
-    assert again.reader.cache.fetched == 0 and http_server.requests == before + 1  # the manifest alone
+    assert again.reader.cache.fetched == fetched and http_server.requests == before + 1  # the manifest alone
+
+
+def test_a_cache_dir_held_by_another_process_is_refused(http_server: RangeServer, tmp_path: Path) -> None:
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
+                               "from stallfree.pipeline.remote import Retry; "
+                               "from stallfree.pipeline.shard_cache import ShardCache; "
+                               "c = ShardCache(Path(sys.argv[1]), None, 1, Retry()); print('held', flush=True); "
+                               "time.sleep(60)", str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(ValueError, match=f"cache_dir {tmp_path} is in use by another process; give each process"):
+            Loader(http_server.url, 4, transform=SPEC, cache_dir=tmp_path)
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_a_cache_smaller_than_the_data_stays_bounded_and_delivers_every_sample_once(
@@ -96,17 +113,16 @@ def test_a_shard_being_read_is_never_evicted(tmp_path: Path) -> None:
     store.mkdir()
     for name in "abc":
         (store / f"{name}.bin").write_bytes(bytes(100))
-    cache = ShardCache(tmp_path / "cache", 150, 2, Retry(), _local_fetch(store), {}, lambda sha: None)
-    a = cache.acquire("a", 100)
-    b = cache.acquire("b", 100)  # over the limit: both are being read, so neither may go
+    cache, fetch = ShardCache(tmp_path / "cache", 150, 2, Retry()), _local_fetch(store)
+    a = cache.acquire("a", 100, fetch, "a")
+    b = cache.acquire("b", 100, fetch, "b")  # over the limit: both are being read, so neither may go
     assert a.is_file() and b.is_file()
     cache.release("b")
     assert a.is_file() and not b.is_file()  # b was the one not pinned
     cache.release("a")
-    c = cache.acquire("c", 100)
+    c = cache.acquire("c", 100, fetch, "c")
     assert c.is_file() and not a.is_file() and cache.used <= 150
     cache.release("c")
-    cache.close()
 
 
 def test_loader_keywords_of_a_remote_source_are_checked(remote_data: Path, http_server: RangeServer,
