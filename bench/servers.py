@@ -33,6 +33,11 @@ _HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    closed = False
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not self.closed:  # a handler still running when its server (or upstream) closed is no news
+            super().handle_error(request, client_address)
 
 
 class _Background:
@@ -48,6 +53,7 @@ class _Background:
         self._thread.start()
 
     def close(self) -> None:
+        self.httpd.closed = True
         self.httpd.shutdown()
         self.httpd.server_close()
 
@@ -180,6 +186,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             return
         if fault is not None and fault.kind == "stall":
             time.sleep(fault.seconds)
+            if self.server.closed:  # type: ignore[attr-defined]
+                return
         if fault is not None and fault.kind == "503":
             self.send_response(503)
             self.send_header("Content-Length", "0")

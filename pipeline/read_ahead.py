@@ -43,9 +43,9 @@ class ReadAhead:
         shards = np.searchsorted(self.starts, np.asarray(rows, np.int64), side="right") - 1
         with self._lock:
             self._shards, self._position = shards.astype(np.int64), 0
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="stallfree-read-ahead", daemon=True)
-            self._thread.start()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="stallfree-read-ahead", daemon=True)
+                self._thread.start()
         self._wake.set()
 
     def wake(self) -> None:
@@ -83,10 +83,20 @@ class ReadAhead:
             self._wake.wait(timeout=0.5)
             self._wake.clear()
             wanted = self.wanted()
+            if not wanted:  # every coming row read: the next follow() starts a new thread
+                with self._lock:
+                    if self._position >= len(self._shards):
+                        self._thread = None
+                        return
             self.cache.protect(id(self), {self.entries[s]["sha256"] for s in wanted})
             for shard in wanted:
                 entry = self.entries[shard]
-                if not self.cache.prefetch(entry["sha256"], int(entry["bytes"]), self._fetch, self._names[shard]):
+                try:
+                    started = self.cache.prefetch(entry["sha256"], int(entry["bytes"]), self._fetch,
+                                                  self._names[shard])
+                except RuntimeError:  # the interpreter is exiting: its executors take no more work
+                    return
+                if not started:
                     break  # no slot or no room: wait for a read or a download to end
 
     def close(self) -> None:
