@@ -22,10 +22,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
-__all__ = ["FaultProxy", "RangeServer", "s3_options", "s3_server"]
+__all__ = ["CONTROL", "FaultProxy", "RangeServer", "s3_options", "s3_server", "serve"]
 
+CONTROL = "/__proxy__/latency/"
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)$")
 _HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te", "upgrade"}
 
@@ -176,6 +177,12 @@ class _ProxyHandler(BaseHTTPRequestHandler):
 
     def _forward(self) -> None:
         owner: FaultProxy = self.server.owner  # type: ignore[attr-defined]
+        if self.path.startswith(CONTROL):  # /__proxy__/latency/<ms>: a benchmark in another process sets it
+            owner.faults.latency = float(self.path.rsplit("/", 1)[1]) / 1e3
+            self.send_response(204)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         owner.requests += 1
         length = int(self.headers.get("Content-Length") or 0)
         sent = self.rfile.read(length) if length else None
@@ -290,7 +297,29 @@ def s3_options(endpoint: str) -> dict[str, Any]:
             "client_kwargs": {"region_name": "us-east-1"}}
 
 
+def serve(folder: str, bandwidth: float | None, out: TextIO) -> None:
+    """Serve ``folder`` over HTTP and S3 behind a proxy each; write their URLs as JSON to ``out``; stop at EOF on stdin.
+
+    The benchmark runs the servers in a process of their own (``python -m stallfree.bench.servers``), so that they
+    take no interpreter time (the GIL) from the Loader being measured.
+    """
+    import json
+    import sys
+
+    with RangeServer(folder) as http, s3_server(folder, bucket="bench", prefix="ds") as endpoint, \
+            FaultProxy(http.url, bandwidth=bandwidth) as http_proxy, \
+            FaultProxy(endpoint, bandwidth=bandwidth) as s3_proxy:
+        print(json.dumps({"http": http_proxy.url, "s3": s3_proxy.url}), file=out, flush=True)
+        sys.stdin.read()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+if __name__ == "__main__":
+    import sys
+
+    serve(sys.argv[1], float(sys.argv[2]) if len(sys.argv) > 2 else None, sys.stdout)  # a pipe to the benchmark

@@ -12,7 +12,7 @@ __all__ = ["register"]
 
 # Each name is a module stallfree.bench.<name> exposing `add_arguments(parser)` and `run(args, out) -> results`:
 # it prints its table to `out` and returns what --json prints and --json-file writes.
-BENCHMARKS = ("loader", "resize", "clock", "ingest", "transforms", "train")
+BENCHMARKS = ("loader", "resize", "clock", "ingest", "transforms", "train", "remote")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -9,9 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from stallfree import BadSampleError, Loader
+from stallfree import BadSampleError, Loader, RemoteStoreError
 from stallfree.bench.servers import FaultProxy, s3_options
-from stallfree.pipeline.remote import RemoteStoreError
 from stallfree.transforms import Normalize, RandomResizedCrop
 
 SPEC = [RandomResizedCrop(12), Normalize()]
