@@ -126,7 +126,7 @@ def test_a_shard_being_read_is_never_evicted(tmp_path: Path) -> None:
 
 
 def test_loader_keywords_of_a_remote_source_are_checked(remote_data: Path, http_server: RangeServer,
-                                                        tmp_path: Path) -> None:
+                                                        image_folder: Path, tmp_path: Path) -> None:
     largest = max(s["bytes"] for s in read_manifest(remote_data)["shards"])
     with pytest.raises(ValueError, match=rf"cache_limit=10 is smaller than the largest shard .*\({largest} bytes\)"):
         Loader(http_server.url, 4, transform=SPEC, cache_dir=tmp_path, cache_limit=10)
@@ -142,7 +142,7 @@ def test_loader_keywords_of_a_remote_source_are_checked(remote_data: Path, http_
         Loader(http_server.url, 4, transform=SPEC, cache_dir=tmp_path, shuffle="blocks")
     with pytest.raises(ValueError, match="shuffle='block' shuffles the shards of ingested data, but the source is a "
                                          "FolderReader"):
-        Loader(remote_data.parent, 4, transform=SPEC, shuffle="block")
+        Loader(image_folder, 4, transform=SPEC, shuffle="block")
 
 
 def test_a_missing_manifest_names_the_url_without_credentials(http_server: RangeServer, tmp_path: Path) -> None:
