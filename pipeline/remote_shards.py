@@ -38,7 +38,8 @@ class RemoteShardReader:
         cache_limit: bytes the cache may hold (``None``: no limit); at least the largest shard.
         storage_options: passed to the fsspec file system (credentials, ``endpoint_url``...).
         downloads: concurrent downloads.
-        read_ahead: bytes of coming shards to hold ahead of the reads (default: half of ``cache_limit``, or 1 GiB).
+        read_ahead: bytes of coming shards to hold ahead of the reads (default: three quarters of ``cache_limit``,
+            which holds two blocks of ``shuffle="block"`` when the cache holds three, or 1 GiB).
         retry: how downloads are retried, and the stall timeout.
         rank: this process's rank: the default ``cache_dir`` is one folder per rank (a folder is one process's).
 
@@ -77,7 +78,7 @@ class RemoteShardReader:
         self.cache = ShardCache.shared(folder, cache_limit, downloads, self.retry)
         self._open: dict[int, _Shard] = {}
         self._lock = threading.Lock()
-        budget = read_ahead if read_ahead is not None else (cache_limit // 2 if cache_limit else 1 << 30)
+        budget = read_ahead if read_ahead is not None else (cache_limit * 3 // 4 if cache_limit else 1 << 30)
         self.read_ahead = ReadAhead(self.cache, self._entries, self._starts, max(budget, largest), self._fetch,
                                     self.names)
         self.cache.subscribe(self._forget, self.read_ahead.wake)
