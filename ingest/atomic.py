@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,7 +20,8 @@ __all__ = ["atomic_path", "atomic_write"]
 
 
 def _tmp(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp-{socket.gethostname()}-{os.getpid()}")
+    # the thread too: two threads of one process may write the same file (two Loaders sharing a shard cache)
+    return path.with_name(f".{path.name}.tmp-{socket.gethostname()}-{os.getpid()}-{threading.get_ident()}")
 
 
 def _fsync_file(path: Path) -> None:

@@ -21,6 +21,7 @@ __all__ = [
     "MANIFEST",
     "VERSION",
     "file_sha256",
+    "parse_manifest",
     "read_manifest",
     "schema_problem",
     "shard_name",
@@ -63,17 +64,26 @@ def read_manifest(folder: str | os.PathLike[str]) -> dict[str, Any]:
         raise FileNotFoundError(
             f"{path} does not exist: not an ingested dataset, or its ingest has not finished (run it again to resume)"
         )
+    return parse_manifest(path.read_bytes(), str(path))
+
+
+def parse_manifest(data: bytes, where: str) -> dict[str, Any]:
+    """Check a manifest's bytes (read from ``where``, a path or URL for messages) and return it.
+
+    Raises:
+        ValueError: it is not valid JSON, not a stallfree manifest, or of a newer format version.
+    """
     try:
-        manifest = json.loads(path.read_text())
+        manifest = json.loads(data.decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path} is not valid JSON: {err}") from err
+        raise ValueError(f"{where} is not valid JSON: {err}") from err
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a {FORMAT} manifest")
+        raise ValueError(f"{where} is not a {FORMAT} manifest")
     if not isinstance(manifest.get("version"), int) or manifest["version"] > VERSION:
-        raise ValueError(f"{path} has format version {manifest.get('version')!r}; this stallfree reads <= {VERSION}")
+        raise ValueError(f"{where} has format version {manifest.get('version')!r}; this stallfree reads <= {VERSION}")
     for key in ("shards", "classes", "schema", "image", "rows"):
         if key not in manifest:
-            raise ValueError(f"{path} lacks the {key!r} entry")
+            raise ValueError(f"{where} lacks the {key!r} entry")
     return manifest
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ __all__ = [
     "device_of",
     "dtype_name",
     "is_int",
+    "remote_keywords",
     "source_identity",
 ]
 
@@ -94,9 +96,13 @@ def check_arguments(args: dict[str, Any]) -> None:
     """Every Loader argument that is not checked where it is used, each with the fix in its message."""
     if not is_int(args["batch_size"]) or args["batch_size"] <= 0:
         raise ValueError(f"batch_size must be a positive int, got {args['batch_size']!r}")
-    for name in ("shuffle", "drop_last"):
-        if not isinstance(args[name], (bool, np.bool_)):
-            raise ValueError(f"{name} must be True or False, got {args[name]!r}")
+    if not isinstance(args["drop_last"], (bool, np.bool_)):
+        raise ValueError(f"drop_last must be True or False, got {args['drop_last']!r}")
+    if not isinstance(args["shuffle"], (bool, np.bool_)) and args["shuffle"] not in ("global", "block"):
+        raise ValueError(f"shuffle must be True (or 'global'), 'block' (the shard-block shuffle) or False, got "
+                         f"{args['shuffle']!r}")
+    if not is_int(args["block_shards"]) or args["block_shards"] < 1:
+        raise ValueError(f"block_shards must be an int >= 1 (shards per shuffle block), got {args['block_shards']!r}")
     if not is_int(args["seed"]):
         raise ValueError(f"seed must be an int, got {args['seed']!r}")
     for name in ("prefetch", "io_threads", "echo"):
@@ -125,6 +131,37 @@ def check_arguments(args: dict[str, Any]) -> None:
     if clock is not None and not callable(getattr(clock, "record", None)):
         raise ValueError(f"clock must have a record(stage, state, start, end, batch) method (a StageClock has), "
                          f"got {type(clock).__name__}")
+
+
+#: The Loader keywords of a remote source, and their defaults (a local source refuses any other value).
+REMOTE_DEFAULTS: dict[str, Any] = {"cache_dir": None, "cache_limit": None, "storage_options": None, "downloads": 4,
+                                   "read_ahead": None, "retries": 5, "remote_timeout": 60.0}
+
+
+def remote_keywords(args: dict[str, Any], remote: bool) -> dict[str, Any]:
+    """The remote reader's keywords from the Loader's, checked; for a local source, a refusal of any set one."""
+    if not remote:
+        given = [name for name, default in REMOTE_DEFAULTS.items() if args[name] != default]
+        if given:
+            raise ValueError(f"{', '.join(n + '=' for n in given)} apply to a dataset at a URL (s3://, gs://, "
+                             f"https://, file://), but the source is {args['source']!r}; drop them")
+        return {}
+    for name in ("cache_limit", "read_ahead"):
+        if args[name] is not None and (not is_int(args[name]) or args[name] <= 0):
+            raise ValueError(f"{name} must be a positive number of bytes or None, got {args[name]!r}")
+    if not is_int(args["downloads"]) or args["downloads"] < 1:
+        raise ValueError(f"downloads must be an int >= 1 (concurrent downloads), got {args['downloads']!r}")
+    if args["storage_options"] is not None and not isinstance(args["storage_options"], dict):
+        raise ValueError(f"storage_options must be a dict of the store's options (e.g. {{'endpoint_url': ...}}), got "
+                         f"{type(args['storage_options']).__name__}")
+    if args["cache_dir"] is not None and not isinstance(args["cache_dir"], (str, os.PathLike)):
+        raise ValueError(f"cache_dir must be a path or None, got {args['cache_dir']!r}")
+    from stallfree.pipeline.remote import Retry
+
+    retry = Retry(attempts=int(args["retries"]) if is_int(args["retries"]) else args["retries"],
+                  timeout=args["remote_timeout"])
+    return {"cache_dir": args["cache_dir"], "cache_limit": args["cache_limit"], "read_ahead": args["read_ahead"],
+            "storage_options": args["storage_options"], "downloads": int(args["downloads"]), "retry": retry}
 
 
 def source_identity(reader: Reader) -> str:

@@ -32,14 +32,17 @@ from stallfree.pipeline.arguments import (
     device_of,
     dtype_name,
     is_int,
+    remote_keywords,
     source_identity,
 )
+from stallfree.pipeline.block_order import block_order
 from stallfree.pipeline.elastic import ORDER_FIELDS, elastic_split
 from stallfree.pipeline.epoch import EpochRun
 from stallfree.pipeline.graph import Graph
 from stallfree.pipeline.loader_sampler import LoaderSampler
 from stallfree.pipeline.passes import Pass
 from stallfree.pipeline.readers import Reader, open_source, unwrap_torchvision_dataset
+from stallfree.pipeline.remote import is_url
 from stallfree.pipeline.sampler import process_shard
 from stallfree.pipeline.samples import BadSampleError
 from stallfree.pipeline.shards import Verify
@@ -75,16 +78,20 @@ class Loader:
     unless :meth:`set_epoch` or :meth:`load_state_dict` chose where it starts.
 
     Args:
-        source: an ImageFolder tree, a CSV or Parquet file list (``path``, ``label``), an ingested shard folder,
-            a map-style torch ``Dataset`` of ``(image, label)`` items (see :class:`DatasetReader`), or a
-            :class:`Reader`. A torchvision dataset (``ImageFolder(root, transform=...)``) brings its transforms
-            (see :func:`~stallfree.pipeline.readers.unwrap_torchvision_dataset`), so ``DataLoader(dataset, ...)``
+        source: an ImageFolder tree, a CSV or Parquet file list (``path``, ``label``), an ingested shard folder
+            (or its URL: ``s3://``, ``gs://``, ``https://``, ``file://``; docs/remote.md), a map-style torch
+            ``Dataset`` of ``(image, label)`` items (see :class:`DatasetReader`), or a :class:`Reader`. A
+            torchvision dataset (``ImageFolder(root, transform=...)``) brings its transforms (see
+            :func:`~stallfree.pipeline.readers.unwrap_torchvision_dataset`), so ``DataLoader(dataset, ...)``
             becomes ``Loader(dataset, ...)``.
         batch_size: samples per batch.
         transform: the augmentation spec: a ``stallfree.transforms`` step, a list or a ``Compose`` of them, or
             torchvision's own transforms (``T.Compose``, ``v2.Compose``, one transform, a list), translated with
             their parameters (``stallfree.transforms.from_torchvision``). It must end at a fixed size.
-        shuffle: a global permutation per ``(seed, epoch)``; ``False`` for evaluation (row order).
+        shuffle: ``True`` or ``"global"``: a global permutation per ``(seed, epoch)``; ``"block"``: the shard-block
+            shuffle (shards of ingested data, ``block_shards`` at a time: a bounded working set for a remote cache
+            smaller than the dataset; :mod:`~stallfree.pipeline.block_order`); ``False`` for evaluation (row order).
+        block_shards: shards per block of ``shuffle="block"``.
         seed: seeds the order and every random augmentation parameter; the same on every rank.
         drop_last: as ``DistributedSampler(drop_last=True)`` plus ``DataLoader(drop_last=True)``: truncate so
             every rank has the same number of samples, and drop the last incomplete batch. Without it, ranks are
@@ -125,6 +132,11 @@ class Loader:
             ``.to("cuda", non_blocking=True)``. Without a CUDA device it warns and does nothing, as DataLoader does.
         target_transform: as ImageFolder's: called on each label (an int); the batch's results are collated as
             DataLoader's ``default_collate`` does (numbers become a tensor).
+        cache_dir, cache_limit, storage_options, downloads, read_ahead, retries, remote_timeout: for a source at a
+            URL only (docs/remote.md): the local shard cache (default ``~/.cache/stallfree/shards``) and its size
+            in bytes (default: no limit), the fsspec store's options (credentials, ``endpoint_url``), concurrent
+            downloads (4), bytes fetched ahead of the reads (default 3/4 of the cache, or 1 GiB), tries per download
+            (5) and seconds without a byte before a try fails (60).
 
     DataLoader's other keywords (``num_workers``, ``persistent_workers``, ``collate_fn``, ``sampler``, ...) are
     refused with a ``TypeError`` that says what the Loader does instead.
@@ -140,7 +152,8 @@ class Loader:
         batch_size: int,
         *,
         transform: Any = (),
-        shuffle: bool = True,
+        shuffle: bool | Literal["global", "block"] = True,
+        block_shards: int = 8,
         seed: int = 0,
         drop_last: bool = False,
         rank: int | None = None,
@@ -163,6 +176,13 @@ class Loader:
         columns: Sequence[str] = (),
         pin_memory: bool = False,
         target_transform: Any = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | None = None,
+        storage_options: dict[str, Any] | None = None,
+        downloads: int = 4,
+        read_ahead: int | None = None,
+        retries: int = 5,
+        remote_timeout: float = 60.0,
         **dataloader_keywords: Any,
     ):
         check_dataloader_keywords(dataloader_keywords)
@@ -187,15 +207,21 @@ class Loader:
             raise ValueError("placement='gpu' needs a CUDA device=; got device='cpu'")
         on_gpu = placement == "gpu" or (placement == "auto" and self.device.type == "cuda")
         rank, world_size = process_shard(rank, world_size)
-        self.reader = open_source(source, exif=exif, verify=verify)
+        remote = remote_keywords(dict(locals()), is_url(source))
+        self.reader = open_source(source, exif=exif, verify=verify,
+                                  remote={**remote, "rank": rank} if remote else None)
+        echo_k = echo if echo_mode == "example" else 1
+        self.shuffle_mode = "block" if shuffle == "block" else ("global" if shuffle else "none")
+        self.block_shards = int(block_shards)
         self.sampler = LoaderSampler(  # loader.sampler.set_epoch is set_epoch, for Lightning's fit loop
             len(self.reader),
             rank=rank,
             world_size=world_size,
-            shuffle=bool(shuffle),
+            shuffle=self.shuffle_mode != "none",
             seed=int(seed),
             drop_last=bool(drop_last),
-            echo=echo if echo_mode == "example" else 1,
+            echo=echo_k,
+            permute=block_order(self.reader, self.block_shards, int(seed), echo_k) if shuffle == "block" else None,
             owner=weakref.ref(self),
         )
         self.batch_size, self.seed, self.drop_last, self.on_error = batch_size, int(seed), bool(drop_last), on_error
@@ -284,10 +310,11 @@ class Loader:
     def fingerprint(self) -> dict[str, Any]:
         """What decides the order and the pixels; a state from a Loader whose fingerprint differs is refused."""
         if self._fingerprint is None:
+            shuffle_mode = self.shuffle_mode
             self._fingerprint = {
                 "source": source_identity(self.reader),
                 "num_rows": len(self.reader),
-                "shuffle": self.sampler.shuffle,
+                "shuffle": self.sampler.shuffle if shuffle_mode != "block" else f"block/{self.block_shards}",
                 "drop_last": self.drop_last,
                 "seed": self.seed,
                 "batch_size": self.batch_size,
@@ -370,6 +397,13 @@ class Loader:
         ongoing = Pass(self, run, (position, repeat, delivered))
         self._pass = weakref.ref(ongoing)
         return ongoing
+
+    def close(self) -> None:
+        """End a pass in progress and, for a remote source, stop its read-ahead and downloads."""
+        self._end_pass("close() ended this pass")
+        closing = getattr(self.reader, "close", None)
+        if callable(closing):
+            closing()
 
     def _labels(self, rows: np.ndarray) -> Any:
         """The batch's labels on the delivery device, through ``target_transform`` if there is one."""

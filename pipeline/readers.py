@@ -18,6 +18,7 @@ import numpy as np
 
 from stallfree.ingest.folders import inside_root, scan_image_folder
 from stallfree.ingest.images import Exif
+from stallfree.pipeline.remote import is_url
 from stallfree.pipeline.shards import ShardReader, Verify, is_shard_folder
 
 __all__ = ["DatasetReader", "FileListReader", "FolderReader", "Reader", "open_source", "unwrap_torchvision_dataset"]
@@ -337,11 +338,12 @@ def unwrap_torchvision_dataset(source: Any, transform: Any, target_transform: An
 
 
 def open_source(source: str | os.PathLike[str] | Reader | Any, *, exif: Exif = "ignore",
-                verify: Verify = "first-use") -> Reader:
+                verify: Verify = "first-use", remote: dict[str, Any] | None = None) -> Reader:
     """The reader for ``source``, decoding under the Loader's ``exif`` setting (shards checked as ``verify`` says).
 
-    A Reader as it is (a :class:`DatasetReader` as a copy with that setting), an ingested shard folder, a
-    CSV/Parquet list, an image folder, or a map-style torch Dataset (see :class:`DatasetReader`).
+    A Reader as it is (a :class:`DatasetReader` as a copy with that setting), an ingested shard folder, the URL
+    of one (``s3://``, ``gs://``, ``http(s)://``, ``file://``: a :class:`RemoteShardReader` given the keywords
+    ``remote``), a CSV/Parquet list, an image folder, or a map-style torch Dataset (see :class:`DatasetReader`).
 
     Raises:
         ValueError: ``exif="apply"`` for ``--raw`` shards, whose pixels were decoded at ingest without turning.
@@ -361,6 +363,10 @@ def open_source(source: str | os.PathLike[str] | Reader | Any, *, exif: Exif = "
         dataset = DatasetReader(source)
         dataset.exif = exif
         return dataset
+    if is_url(source):
+        from stallfree.pipeline.remote_shards import RemoteShardReader
+
+        return _check_raw(RemoteShardReader(str(source), **(remote or {})), exif)
     path = Path(source)
     if is_shard_folder(path):
         return _check_raw(ShardReader(path, verify=verify), exif)
@@ -372,9 +378,10 @@ def open_source(source: str | os.PathLike[str] | Reader | Any, *, exif: Exif = "
 
 
 def _check_raw(reader: Reader, exif: Exif) -> Reader:
-    if exif == "apply" and isinstance(reader, ShardReader) and not reader.encoded:
+    if exif == "apply" and hasattr(reader, "shard_rows") and not reader.encoded:
+        where = getattr(reader, "folder", getattr(reader, "url", ""))
         raise ValueError(
-            f"exif='apply' but {reader.folder} holds --raw shards: their pixels were decoded at ingest without EXIF "
+            f"exif='apply' but {where} holds --raw shards: their pixels were decoded at ingest without EXIF "
             "orientation, which they no longer carry; ingest without --raw to turn images, or use exif='ignore'"
         )
     return reader

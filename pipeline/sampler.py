@@ -30,6 +30,7 @@ Padding reads global position ``p % num_virtual``, samples from the start of the
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,6 +51,8 @@ class Sampler:
         seed: the permutation's seed, the same on every rank.
         drop_last: truncate so that every rank has ``num_virtual // world_size`` samples instead of padding.
         echo: example-level echo factor ``k >= 1``.
+        permute: another permutation of the ``num_virtual`` virtual ids by epoch, used instead of the global one
+            when ``shuffle`` is true (the block shuffle, :mod:`.block_order`); split over ranks the same way.
     """
 
     num_rows: int
@@ -59,6 +62,7 @@ class Sampler:
     seed: int = 0
     drop_last: bool = False
     echo: int = 1
+    permute: Callable[[int], np.ndarray] | None = None
 
     def __post_init__(self) -> None:
         if self.num_rows <= 0:
@@ -100,6 +104,8 @@ class Sampler:
         positions = (start + self.rank + self.world_size * np.arange(self.length(start), dtype=np.int64)) % n
         if not self.shuffle:
             return positions
+        if self.permute is not None:  # the block shuffle: a whole epoch's order, bounded working set
+            return self.permute(epoch)[positions].astype(np.int64)
         return Permutation(n, self.seed, epoch)(positions)
 
     def rows(self, virtual: np.ndarray) -> np.ndarray:

@@ -199,6 +199,10 @@ class ShardReader:
         image = data[offsets[i] : offsets[i + 1]]
         return image if self.shape is None or self.encoded else image.reshape(self.shape)
 
+    def shard_rows(self) -> list[int]:
+        """Rows per shard, in manifest order (the block shuffle's blocks)."""
+        return [s.rows for s in self._shards]
+
     def fingerprint(self) -> str:
         """The shards' SHA-256 checksums from the manifest, hashed: the same for a copy of the folder."""
         return hashlib.sha256(" ".join(s["sha256"] for s in self.manifest["shards"]).encode()).hexdigest()

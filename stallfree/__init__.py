@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from stallfree.pipeline.loader import Loader
     from stallfree.pipeline.readers import DatasetReader
+    from stallfree.pipeline.remote import RemoteStoreError
     from stallfree.pipeline.samples import BadSampleError
     from stallfree.pipeline.shards import ShardReader
     from stallfree.resume import Resumable
@@ -25,6 +26,7 @@ __all__ = [
     "BadSampleError",
     "DatasetReader",
     "Loader",
+    "RemoteStoreError",
     "Resumable",
     "ShardReader",
     "StageClock",
@@ -40,6 +42,7 @@ _HOMES = {
     "BadSampleError": "stallfree.pipeline.samples",
     "DatasetReader": "stallfree.pipeline.readers",
     "Loader": "stallfree.pipeline.loader",
+    "RemoteStoreError": "stallfree.pipeline.remote",
     "Resumable": "stallfree.resume",
     "ShardReader": "stallfree.pipeline.shards",
     "StageClock": "stallfree.stage_runtime.clock",

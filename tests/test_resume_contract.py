@@ -18,7 +18,10 @@ import pytest
 import torch
 
 from stallfree import DatasetReader, Loader
+from stallfree.bench.servers import RangeServer
+from stallfree.ingest.manifest import read_manifest
 from stallfree.ingest.runner import ingest
+from stallfree.ingest.writer import IngestOptions
 from stallfree.resume import Resumable
 from stallfree.stage_runtime.train.feed import TensorBatches, TorchFeed
 from stallfree.transforms import CutMix, MixUp, Normalize, RandomHorizontalFlip, RandomResizedCrop
@@ -67,21 +70,33 @@ class _Mixing:
         self.mix.set_epoch(self.mix.epoch + 1)
 
 
-def _loader(source: Any) -> Factory:
+def _loader(source: Any, **extra: Any) -> Factory:
     def make(variant: int, seed: int) -> Loader:
         return Loader(source, 4, transform=SPEC, seed=seed, num_threads=1 + variant, prefetch=1 + 2 * variant,
-                      io_threads=1 + variant)
+                      io_threads=1 + variant, **extra)
     return make
 
 
 @pytest.fixture(scope="module")
 def shards(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("contract_shards")
-    ingest(image_folder, out)
+    ingest(image_folder, out, IngestOptions(shard_mb=0.01))  # several shards, for the block shuffle
     return out
 
 
-def _factories(image_folder: Path, indexed_list: Path, shards: Path) -> dict[str, Factory]:
+@pytest.fixture(scope="module")
+def shards_url(shards: Path) -> Iterator[str]:
+    """The shards served over HTTP (with Range) on 127.0.0.1."""
+    with RangeServer(shards) as server:
+        yield server.url
+
+
+@pytest.fixture
+def remote_cache(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+def _factories(image_folder: Path, indexed_list: Path, shards: Path, url: str, cache: Path) -> dict[str, Factory]:
     gen = torch.Generator().manual_seed(1)
     mix_in = [(torch.rand(4, 3, 6, 6, generator=gen), torch.randint(0, 5, (4,), generator=gen)) for _ in range(5)]
     return {
@@ -89,6 +104,10 @@ def _factories(image_folder: Path, indexed_list: Path, shards: Path) -> dict[str
         "loader-file-list": _loader(indexed_list),
         "loader-dataset": _loader(DatasetReader(_Pixels(22))),
         "loader-shards": _loader(shards),
+        "loader-shards-block": _loader(shards, shuffle="block", block_shards=2),
+        # a cache of 3 shards' worth: shards are evicted and fetched again as the epochs go on
+        "loader-http-block": _loader(url, shuffle="block", block_shards=1, cache_dir=cache,
+                                     cache_limit=3 * max(s["bytes"] for s in read_manifest(shards)["shards"])),
         "tensor-batches": lambda v, seed: TensorBatches(40, 6, 8, 3, seed=seed),
         "torch-feed": lambda v, seed: TorchFeed(str(image_folder), 5, 12, train=True, seed=seed, replica=0,
                                                 replicas=1, workers=v),
@@ -97,13 +116,14 @@ def _factories(image_folder: Path, indexed_list: Path, shards: Path) -> dict[str
     }
 
 
-PARTS = ["loader-folder", "loader-file-list", "loader-dataset", "loader-shards", "tensor-batches", "torch-feed",
-         "mixup", "cutmix"]
+PARTS = ["loader-folder", "loader-file-list", "loader-dataset", "loader-shards", "loader-shards-block",
+         "loader-http-block", "tensor-batches", "torch-feed", "mixup", "cutmix"]
 
 
 @pytest.fixture
-def factory(request: pytest.FixtureRequest, image_folder: Path, indexed_list: Path, shards: Path) -> Factory:
-    return _factories(image_folder, indexed_list, shards)[request.param]
+def factory(request: pytest.FixtureRequest, image_folder: Path, indexed_list: Path, shards: Path, shards_url: str,
+            remote_cache: Path) -> Factory:
+    return _factories(image_folder, indexed_list, shards, shards_url, remote_cache)[request.param]
 
 
 def _same(a: list[Batch], b: list[Batch]) -> bool:

@@ -144,7 +144,7 @@ def test_header_reader() -> None:
         ({"echo": 1.5}, ValueError, "echo must be an int >= 1"),
         ({"batch_size": True}, ValueError, "batch_size must be a positive int"),
         ({"batch_size": 4.0}, ValueError, "batch_size must be a positive int"),
-        ({"shuffle": "yes"}, ValueError, "shuffle must be True or False"),
+        ({"shuffle": "yes"}, ValueError, "shuffle must be True \\(or 'global'\\), 'block' .* or False"),
         ({"drop_last": 1}, ValueError, "drop_last must be True or False"),
         ({"seed": 1.5}, ValueError, "seed must be an int"),
         ({"prefetch": 0}, ValueError, "prefetch must be an int >= 1"),

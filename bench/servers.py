@@ -1,0 +1,325 @@
+"""Real servers on 127.0.0.1 for the remote benchmark and the tests: HTTP with Range, S3 (moto), a fault proxy.
+
+- :class:`RangeServer` serves a folder over HTTP/1.1 with ``Range: bytes=a-b`` (206 replies), ``HEAD`` and
+  keep-alive, as a static file server or a CDN does.
+- :func:`s3_server` starts moto's S3-compatible server (``moto[server]``) and uploads a folder into a bucket.
+- :class:`FaultProxy` forwards HTTP requests to one of them and, on command, adds latency, caps bandwidth, answers
+  503, drops the connection, truncates the body, flips a byte, or stalls; faults are counted per request, so a test
+  says "the next 2 requests for ``.arrow`` files fail" and knows what the client met.
+
+Everything listens on 127.0.0.1 only, on a port the system picks.
+"""
+
+from __future__ import annotations
+
+import http.client
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, TextIO
+
+__all__ = ["CONTROL", "FaultProxy", "RangeServer", "s3_options", "s3_server", "serve"]
+
+CONTROL = "/__proxy__/latency/"
+_RANGE = re.compile(r"bytes=(\d*)-(\d*)$")
+_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te", "upgrade"}
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    closed = False
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not self.closed:  # a handler still running when its server (or upstream) closed is no news
+            super().handle_error(request, client_address)
+
+
+class _Background:
+    """A server run on a thread; ``url`` is where it listens."""
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler]):
+        self.httpd = _Server(("127.0.0.1", 0), handler)
+        self.httpd.owner = self  # type: ignore[attr-defined]
+        self.port = self.httpd.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.requests = 0
+        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self.httpd.closed = True
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _RangeHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        """Quiet: a test's output is its assertions."""
+
+    def do_HEAD(self) -> None:
+        self._serve(body=False)
+
+    def do_GET(self) -> None:
+        self._serve(body=True)
+
+    def _serve(self, body: bool) -> None:
+        owner: RangeServer = self.server.owner  # type: ignore[attr-defined]
+        owner.requests += 1
+        path = (owner.root / self.path.split("?", 1)[0].lstrip("/")).resolve()
+        if owner.root.resolve() not in path.parents or not path.is_file():
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        size = path.stat().st_size
+        start, end = 0, size - 1
+        wanted = self.headers.get("Range")
+        match = _RANGE.match(wanted.strip()) if wanted else None
+        if wanted and (match is None or (not match[1] and not match[2])):
+            self.send_response(416)
+            self.send_header("Content-Range", f"bytes */{size}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if match is not None:
+            if match[1]:
+                start, end = int(match[1]), min(int(match[2]) if match[2] else size - 1, size - 1)
+            else:  # a suffix: the last N bytes
+                start = max(0, size - int(match[2]))
+        if start > end and size:
+            self.send_response(416)
+            self.send_header("Content-Range", f"bytes */{size}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self.send_response(206 if match is not None else 200)
+        self.send_header("Accept-Ranges", "bytes")
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(max(0, end - start + 1)))
+        if match is not None:
+            self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+        self.end_headers()
+        if body and size:
+            with open(path, "rb") as f:
+                f.seek(start)
+                self.wfile.write(f.read(end - start + 1))
+
+
+class RangeServer(_Background):
+    """``root`` over HTTP on 127.0.0.1 with Range support (``url`` is its address); a context manager."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        super().__init__(_RangeHandler)
+
+
+@dataclass
+class _Fault:
+    kind: str
+    count: int
+    match: str
+    seconds: float = 0.0
+
+
+@dataclass
+class _Faults:
+    latency: float = 0.0  # seconds before each reply
+    bandwidth: float | None = None  # bytes per second of every reply's body
+    queue: list[_Fault] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    met: list[str] = field(default_factory=list)  # "kind path" of every fault applied, in order
+
+    def take(self, path: str) -> _Fault | None:
+        with self.lock:
+            for fault in self.queue:
+                if fault.match in path and fault.count > 0:
+                    fault.count -= 1
+                    self.met.append(f"{fault.kind} {path}")
+                    return fault
+        return None
+
+
+class _ProxyHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        """Quiet: a test's output is its assertions."""
+
+    def do_GET(self) -> None:
+        self._forward()
+
+    def do_HEAD(self) -> None:
+        self._forward()
+
+    def do_PUT(self) -> None:
+        self._forward()
+
+    def do_POST(self) -> None:
+        self._forward()
+
+    def do_DELETE(self) -> None:
+        self._forward()
+
+    def _forward(self) -> None:
+        owner: FaultProxy = self.server.owner  # type: ignore[attr-defined]
+        if self.path.startswith(CONTROL):  # /__proxy__/latency/<ms>: a benchmark in another process sets it
+            owner.faults.latency = float(self.path.rsplit("/", 1)[1]) / 1e3
+            self.send_response(204)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        owner.requests += 1
+        length = int(self.headers.get("Content-Length") or 0)
+        sent = self.rfile.read(length) if length else None
+        fault = owner.faults.take(self.path) if self.command == "GET" else None
+        if fault is not None and fault.kind == "drop":
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if fault is not None and fault.kind == "stall":
+            time.sleep(fault.seconds)
+            if self.server.closed:  # type: ignore[attr-defined]
+                return
+        if fault is not None and fault.kind == "503":
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        upstream = http.client.HTTPConnection("127.0.0.1", owner.upstream_port, timeout=60)
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
+        upstream.request(self.command, self.path, body=sent, headers=headers)
+        reply = upstream.getresponse()
+        data = reply.read()
+        upstream.close()
+        if owner.faults.latency:
+            time.sleep(owner.faults.latency)
+        self.send_response(reply.status)
+        for key, value in reply.getheaders():
+            if key.lower() not in _HOP and key.lower() != "content-length":
+                self.send_header(key, value)
+        # a HEAD reply has no body but the length of the GET's
+        self.send_header("Content-Length", reply.getheader("Content-Length", "0") if self.command == "HEAD"
+                         else str(len(data)))
+        self.end_headers()
+        if self.command == "HEAD":
+            return
+        if fault is not None and fault.kind == "corrupt" and data:
+            data = bytes([data[0] ^ 0xFF]) + data[1:]
+        if fault is not None and fault.kind == "truncate":
+            self._send(data[: len(data) // 2], owner.faults.bandwidth)
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        self._send(data, owner.faults.bandwidth)
+
+    def _send(self, data: bytes, bandwidth: float | None) -> None:
+        piece = 1 << 16
+        for start in range(0, len(data), piece):
+            chunk = data[start : start + piece]
+            self.wfile.write(chunk)
+            if bandwidth:
+                time.sleep(len(chunk) / bandwidth)
+
+
+class FaultProxy(_Background):
+    """An HTTP proxy on 127.0.0.1 in front of ``upstream`` (a URL on 127.0.0.1) that injects faults on command.
+
+    ``latency`` and ``bandwidth`` (bytes/s) apply to every reply; :meth:`inject` queues faults for the next
+    ``count`` GET requests whose path contains ``match``: ``"503"``, ``"drop"`` (the connection closes with no
+    reply), ``"truncate"`` (half the body, then close), ``"corrupt"`` (the first byte flipped), ``"stall"``
+    (``seconds`` before the reply). :attr:`met` lists the faults applied.
+    """
+
+    def __init__(self, upstream: str, latency: float = 0.0, bandwidth: float | None = None):
+        self.upstream_port = int(upstream.rsplit(":", 1)[1].split("/", 1)[0])
+        self.faults = _Faults(latency=latency, bandwidth=bandwidth)
+        super().__init__(_ProxyHandler)
+
+    def inject(self, kind: str, count: int = 1, match: str = "", seconds: float = 0.0) -> None:
+        if kind not in ("503", "drop", "truncate", "corrupt", "stall"):
+            raise ValueError(f"unknown fault {kind!r}")
+        with self.faults.lock:
+            self.faults.queue.append(_Fault(kind, count, match, seconds))
+
+    @property
+    def met(self) -> list[str]:
+        with self.faults.lock:
+            return list(self.faults.met)
+
+
+@contextmanager
+def s3_server(folder: str | Path | None = None, bucket: str = "data", prefix: str = "ds") -> Iterator[str]:
+    """Start moto's S3 server on 127.0.0.1 (its endpoint URL), with ``folder``'s files uploaded to ``bucket/prefix/``.
+
+    Raises:
+        ImportError: moto or boto3 is missing (``pip install 'stallfree[test]'``).
+    """
+    try:
+        import boto3
+        from moto.server import ThreadedMotoServer
+    except ImportError:
+        raise ImportError("the S3 server needs moto[server] and boto3: pip install 'stallfree[test]'") from None
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=_free_port(), verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    try:
+        client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
+                              aws_secret_access_key="testing", region_name="us-east-1")
+        client.create_bucket(Bucket=bucket)
+        if folder is not None:
+            for path in sorted(Path(folder).iterdir()):
+                if path.is_file():
+                    client.upload_file(str(path), bucket, f"{prefix}/{path.name}")
+        yield endpoint
+    finally:
+        server.stop()
+
+
+def s3_options(endpoint: str) -> dict[str, Any]:
+    """The Loader's ``storage_options`` for the server of :func:`s3_server` (or a proxy in front of it)."""
+    return {"endpoint_url": endpoint, "key": "testing", "secret": "testing",
+            "client_kwargs": {"region_name": "us-east-1"}}
+
+
+def serve(folder: str, bandwidth: float | None, out: TextIO) -> None:
+    """Serve ``folder`` over HTTP and S3 behind a proxy each; write their URLs as JSON to ``out``; stop at EOF on stdin.
+
+    The benchmark runs the servers in a process of their own (``python -m stallfree.bench.servers``), so that they
+    take no interpreter time (the GIL) from the Loader being measured.
+    """
+    import json
+    import sys
+
+    with RangeServer(folder) as http, s3_server(folder, bucket="bench", prefix="ds") as endpoint, \
+            FaultProxy(http.url, bandwidth=bandwidth) as http_proxy, \
+            FaultProxy(endpoint, bandwidth=bandwidth) as s3_proxy:
+        print(json.dumps({"http": http_proxy.url, "s3": s3_proxy.url}), file=out, flush=True)
+        sys.stdin.read()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+if __name__ == "__main__":
+    import sys
+
+    serve(sys.argv[1], float(sys.argv[2]) if len(sys.argv) > 2 else None, sys.stdout)  # a pipe to the benchmark

@@ -1,0 +1,237 @@
+"""Remote stores: the client for a URL, and one whole-object download with bounded retries and a stall timeout.
+
+The client is **fsspec** (``s3fs`` for ``s3://``, ``gcsfs`` for ``gs://``, its own ``aiohttp`` client for
+``http(s)://``, the local file system for ``file://``). It was chosen over ``pyarrow.fs`` because pyarrow has no
+HTTP file system (``https://`` is half of the issue), while fsspec gives one interface, one error translation
+(missing object: ``FileNotFoundError``) and one ``storage_options`` dictionary for every scheme, as pandas,
+Hugging Face datasets and MosaicML Streaming users already pass it.
+
+A download (:func:`download`) reads the object in 1 MiB pieces into a temporary file, hashing as it goes:
+
+- a dropped connection, a client timeout, an HTTP 5xx or 429, or a response that ends early (fewer bytes than the
+  manifest's size: a truncated download) is retried after a backoff that doubles from ``retry.backoff`` up to
+  ``retry.max_backoff``, at most ``retry.attempts`` tries in all, going on from the bytes already received (a
+  ranged read); when they are spent, :class:`RemoteStoreError` names the object and the last error;
+- a SHA-256 that differs from the manifest's is :class:`ChecksumMismatch` (the caller downloads once more);
+- no byte for ``retry.timeout`` seconds is a stall: the piece's client call gets that timeout, and the watchdog
+  in :class:`Progress` lets a waiting reader raise even if the client itself hangs.
+
+URLs in messages go through :func:`redact`: credentials never appear in an error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stallfree.ingest.atomic import atomic_path
+
+__all__ = ["ChecksumMismatch", "Progress", "RemoteStoreError", "Retry", "download", "is_url", "open_store", "redact"]
+
+#: The optional extra that brings each scheme's client.
+_CLIENTS = {"s3": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs"), "http": ("aiohttp", "remote"),
+            "https": ("aiohttp", "remote"), "file": ("fsspec", "remote")}
+_PIECE = 1 << 20
+
+
+class RemoteStoreError(RuntimeError):
+    """A store that does not answer: retries spent, or no byte for longer than the timeout. Never skipped."""
+
+
+class ChecksumMismatch(OSError):
+    """A downloaded object whose SHA-256 is not the manifest's."""
+
+
+@dataclass(frozen=True)
+class Retry:
+    """How downloads are retried.
+
+    Args:
+        attempts: tries per object (the first included), >= 1.
+        backoff: seconds before the first retry; it doubles each time, up to ``max_backoff``.
+        max_backoff: the longest wait between tries.
+        timeout: seconds without a byte after which a try fails (and a waiting reader raises once tries are spent).
+    """
+
+    attempts: int = 5
+    backoff: float = 0.25
+    max_backoff: float = 8.0
+    timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.attempts, int) or isinstance(self.attempts, bool) or self.attempts < 1:
+            raise ValueError(f"retries must be an int >= 1 (tries per download), got {self.attempts!r}")
+        for name in ("backoff", "max_backoff", "timeout"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+                name = "remote_timeout" if name == "timeout" else name  # the Loader keyword it comes from
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+
+    def wait(self, failed: int) -> float:
+        """Seconds to wait after the ``failed``-th failed try."""
+        return float(min(self.max_backoff, self.backoff * 2 ** (failed - 1)))
+
+    def deadline(self) -> float:
+        """The longest a download may take to give up: every try stalling, and every wait between them."""
+        return self.attempts * self.timeout + sum(self.wait(i) for i in range(1, self.attempts))
+
+
+def is_url(source: Any) -> bool:
+    """Whether ``source`` is a string with a scheme (``s3://``, ``https://``, ``file://``...)."""
+    return isinstance(source, str) and "://" in source and source.split("://", 1)[0].isidentifier()
+
+
+def redact(url: str) -> str:
+    """``url`` without user, password and query string (where signed URLs carry their keys)."""
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def open_store(url: str, storage_options: dict[str, Any], timeout: float) -> tuple[Any, str]:
+    """The fsspec file system for ``url`` and the path inside it.
+
+    ``timeout`` becomes the client's connect and read timeout unless ``storage_options`` sets its own, and the
+    client's own retries are turned off, so that :class:`Retry` alone decides how often a request is tried.
+
+    Raises:
+        ImportError: the scheme's client is not installed (one line naming the extra to install).
+        ValueError: a scheme fsspec does not know.
+    """
+    scheme = url.split("://", 1)[0].lower()
+    module, extra = _CLIENTS.get(scheme, ("fsspec", "remote"))
+    for name in ("fsspec", module):
+        try:
+            __import__(name)
+        except ImportError:
+            raise ImportError(f"reading {scheme}:// data needs {name}: pip install 'stallfree[{extra}]'") from None
+    import fsspec
+
+    options = dict(storage_options)
+    if scheme == "s3":
+        config = dict(options.pop("config_kwargs", {}))
+        config.setdefault("connect_timeout", timeout)
+        config.setdefault("read_timeout", timeout)
+        config.setdefault("retries", {"max_attempts": 1})
+        options["config_kwargs"] = config
+    elif scheme in ("http", "https"):
+        import aiohttp
+
+        client = dict(options.pop("client_kwargs", {}))
+        client.setdefault("timeout", aiohttp.ClientTimeout(sock_connect=timeout, sock_read=timeout))
+        options["client_kwargs"] = client
+    try:
+        fs, path = fsspec.core.url_to_fs(url, **options)
+    except ValueError as err:  # fsspec: "Protocol not known"
+        raise ValueError(f"{redact(url)}: {err}; stallfree reads s3://, gs://, http(s):// and file:// URLs") from err
+    if scheme == "s3":
+        fs.retries = 1  # s3fs's own loop (a class attribute, not an option) would multiply Retry.attempts
+    return fs, path
+
+
+def transient(err: BaseException) -> bool:
+    """Whether a failed request is worth trying again (a dropped connection, a timeout, a 5xx), not a 403/404."""
+    if isinstance(err, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+        return False
+    if isinstance(err, (OSError, TimeoutError, EOFError)):
+        return True
+    try:
+        import aiohttp
+    except ImportError:
+        aiohttp = None  # type: ignore[assignment]
+    if aiohttp is not None and isinstance(err, aiohttp.ClientResponseError):
+        return err.status >= 500 or err.status == 429
+    if aiohttp is not None and isinstance(err, aiohttp.ClientError):
+        return True
+    try:
+        from botocore.exceptions import BotoCoreError
+    except ImportError:
+        return False
+    return isinstance(err, BotoCoreError)
+
+
+class Progress:
+    """Bytes received by a download and when the last came: what a waiting reader's stall watchdog reads."""
+
+    def __init__(self) -> None:
+        self.received = 0
+        self.last = time.monotonic()
+        self.lock = threading.Lock()
+
+    def add(self, count: int) -> None:
+        with self.lock:
+            self.received += count
+            self.last = time.monotonic()
+
+    def touch(self) -> None:
+        """A new try started: the stall clock starts again."""
+        with self.lock:
+            self.last = time.monotonic()
+
+    def idle(self) -> float:
+        """Seconds since the last byte (or try)."""
+        with self.lock:
+            return time.monotonic() - self.last
+
+
+def download(fs: Any, path: str, url: str, dest: Path, size: int, sha256: str, retry: Retry,
+             progress: Progress | None = None, stopped: Callable[[], bool] = lambda: False) -> None:
+    """Fetch object ``path`` (``url`` for messages) of ``size`` bytes into ``dest``, checked against ``sha256``.
+
+    Raises:
+        RemoteStoreError: tries spent on transient failures (named, with the last one), or an object that is
+            longer than the manifest says.
+        ChecksumMismatch: the bytes arrived whole but their SHA-256 is not ``sha256``.
+        FileNotFoundError, PermissionError: as the store answered (not retried).
+    """
+    progress = progress or Progress()
+    shown = redact(url)
+    digest = hashlib.sha256()
+    failures: list[str] = []
+    with atomic_path(dest) as tmp, open(tmp, "wb") as out:
+        received = 0
+        while received < size:
+            if stopped():
+                raise RemoteStoreError(f"download of {shown} was stopped")
+            progress.touch()
+            try:
+                received = _read_from(fs, path, received, size, out, digest, progress)
+                if received < size:
+                    raise EOFError(f"the response ended after {received} of {size} bytes (truncated)")
+            except Exception as err:  # noqa: BLE001 - sorted right below: transient ones are retried, others raised
+                if not transient(err):
+                    raise
+                failures.append(f"{type(err).__name__}: {err}")
+                if len(failures) >= retry.attempts:
+                    raise RemoteStoreError(
+                        f"{shown}: {len(failures)} tries failed (the last: {failures[-1]}); check that the store "
+                        f"answers, or raise retries=/remote_timeout= for a slow one") from err
+                time.sleep(retry.wait(len(failures)))
+        out.flush()
+        if digest.hexdigest() != sha256:
+            raise ChecksumMismatch(f"{shown}: SHA-256 {digest.hexdigest()[:16]}... differs from the manifest's "
+                                   f"{sha256[:16]}... (the object was altered or damaged in transit)")
+
+
+def _read_from(fs: Any, path: str, offset: int, size: int, out: Any, digest: Any, progress: Progress) -> int:
+    """Read ``path`` from ``offset`` on into ``out``; the offset reached (less than ``size`` if the reply ended)."""
+    with fs.open(path, "rb", block_size=_PIECE, cache_type="none") as remote:
+        if offset:
+            remote.seek(offset)
+        while offset < size:
+            piece = remote.read(min(_PIECE, size - offset))
+            if not piece:
+                break
+            out.write(piece)
+            digest.update(piece)
+            offset += len(piece)
+            progress.add(len(piece))
+        if offset == size and remote.read(1):
+            raise RemoteStoreError(f"the object is longer than the manifest's {size} bytes (another dataset?)")
+    return offset

@@ -1,0 +1,210 @@
+"""The reader of an ingested dataset on a remote store: its manifest first, then whole shards through the cache.
+
+``Loader("s3://bucket/train/")`` (or ``https://``, ``gs://``, ``file://``) reads ``manifest.json`` from the URL on
+construction; nothing else is fetched until a row is read. Each shard is downloaded whole into the
+:class:`~stallfree.pipeline.shard_cache.ShardCache`, checked against the manifest's SHA-256, memory-mapped and
+read exactly as a local shard (:class:`~stallfree.pipeline.shards.ShardReader`'s ``_Shard``, the same structural
+checks). The :class:`~stallfree.pipeline.read_ahead.ReadAhead` downloads the shards the coming rows need.
+
+Labels live in the shards, so a row's label is known once its shard has arrived: :meth:`labels` is filled shard
+by shard (``-1`` until then). The Loader reads a row's label only after its image, so it always finds it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stallfree.ingest.manifest import MANIFEST, parse_manifest
+from stallfree.pipeline.read_ahead import ReadAhead
+from stallfree.pipeline.remote import RemoteStoreError, Retry, download, open_store, redact, transient
+from stallfree.pipeline.shard_cache import ShardCache, default_cache_dir
+from stallfree.pipeline.shards import ShardError, _Shard
+
+__all__ = ["RemoteShardReader"]
+
+
+class RemoteShardReader:
+    """Rows of an ingested dataset at a URL (the :class:`~stallfree.pipeline.readers.Reader` protocol).
+
+    Args:
+        url: the dataset's URL (its folder, or its ``manifest.json``).
+        cache_dir: where shards are kept (default :func:`~stallfree.pipeline.shard_cache.default_cache_dir`).
+        cache_limit: bytes the cache may hold (``None``: no limit); at least the largest shard.
+        storage_options: passed to the fsspec file system (credentials, ``endpoint_url``...).
+        downloads: concurrent downloads.
+        read_ahead: bytes of coming shards to hold ahead of the reads (default: three quarters of ``cache_limit``,
+            which holds two blocks of ``shuffle="block"`` when the cache holds three, or 1 GiB).
+        retry: how downloads are retried, and the stall timeout.
+        rank: this process's rank: the default ``cache_dir`` is one folder per rank (a folder is one process's).
+
+    Raises:
+        FileNotFoundError: no manifest at the URL.
+        ValueError: not a stallfree manifest, a ``cache_limit`` smaller than a shard, or a ``cache_dir`` another
+            process uses.
+        RemoteStoreError: the store did not answer.
+    """
+
+    def __init__(self, url: str, *, cache_dir: str | Path | None = None, cache_limit: int | None = None,
+                 storage_options: dict[str, Any] | None = None, downloads: int = 4, read_ahead: int | None = None,
+                 retry: Retry | None = None, rank: int = 0):
+        self.retry = retry or Retry()
+        base = url[: -len(MANIFEST)] if url.endswith("/" + MANIFEST) else url
+        self.url = base.rstrip("/")
+        self.fs, self._root = open_store(self.url, storage_options or {}, self.retry.timeout)
+        self._root = self._root.rstrip("/")
+        self.manifest = parse_manifest(self._get_small(f"{self._root}/{MANIFEST}"), f"{redact(self.url)}/{MANIFEST}")
+        self.classes: list[str] = list(self.manifest["classes"])
+        shape = self.manifest["image"].get("shape")
+        self.encoded = self.manifest["image"]["kind"] == "encoded"
+        self.shape = tuple(shape) if shape else None
+        self.columns = [c["name"] for c in self.manifest["schema"] if c["name"] != "image"]
+        self._entries: list[dict[str, Any]] = list(self.manifest["shards"])
+        self._starts = np.cumsum([0] + [int(e["rows"]) for e in self._entries])
+        self._labels = np.full(len(self), -1, np.int64)
+        largest = max((int(e["bytes"]) for e in self._entries), default=0)
+        if cache_limit is not None and cache_limit < largest:
+            raise ValueError(f"cache_limit={cache_limit} is smaller than the largest shard of {redact(self.url)} "
+                             f"({largest} bytes); give at least 2 shards' worth (cache_limit={2 * largest}), more "
+                             "for read-ahead")
+        self._by_sha = {e["sha256"]: i for i, e in enumerate(self._entries)}
+        self.names = [f"shard {e['file']} ({redact(self._url_of(e))})" for e in self._entries]
+        folder = Path(cache_dir) if cache_dir is not None else default_cache_dir() / f"rank{rank}"
+        self.cache = ShardCache.shared(folder, cache_limit, downloads, self.retry)
+        self._open: dict[int, _Shard] = {}
+        self._lock = threading.Lock()
+        budget = read_ahead if read_ahead is not None else (cache_limit * 3 // 4 if cache_limit else 1 << 30)
+        self.read_ahead = ReadAhead(self.cache, self._entries, self._starts, max(budget, largest), self._fetch,
+                                    self.names)
+        self.cache.subscribe(self._forget, self.read_ahead.wake)
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def _url_of(self, entry: dict[str, Any]) -> str:
+        return f"{self.url}/{entry['file']}"
+
+    def _get_small(self, path: str) -> bytes:
+        """A small object (the manifest) whole, with the same retries as a shard."""
+        for tries in range(1, self.retry.attempts + 1):
+            try:
+                return bytes(self.fs.cat_file(path))
+            except FileNotFoundError:
+                raise FileNotFoundError(f"{redact(self.url)}/{MANIFEST} does not exist: not an ingested dataset, "
+                                        "or its ingest (upload) has not finished") from None
+            except Exception as err:  # noqa: BLE001 - transient ones are retried, others raised as they are
+                if not transient(err) or tries == self.retry.attempts:
+                    if transient(err):
+                        raise RemoteStoreError(f"{redact(self.url)}/{MANIFEST}: {tries} tries failed (the last: "
+                                               f"{type(err).__name__}: {err})") from err
+                    raise
+                time.sleep(self.retry.wait(tries))
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    def _fetch(self, sha256: str, dest: Path, progress: Any) -> None:
+        entry = self._entries[self._by_sha[sha256]]
+        path = f"{self._root}/{entry['file']}"
+        download(self.fs, path, self._url_of(entry), dest, int(entry["bytes"]), sha256, self.retry, progress)
+
+    def _forget(self, sha256: str) -> None:
+        """The cache evicted a shard: drop its mapping (views already handed out stay valid)."""
+        if sha256 in self._by_sha:  # the cache may be shared with a Loader of another dataset
+            self._open.pop(self._by_sha[sha256], None)
+
+    def shard_rows(self) -> list[int]:
+        """Rows per shard, in manifest order (the block shuffle's blocks)."""
+        return [int(e["rows"]) for e in self._entries]
+
+    def follow(self, rows: np.ndarray) -> None:
+        """The rows this rank reads next, in order: the read-ahead downloads their shards ahead."""
+        self.read_ahead.follow(rows)
+
+    def labels(self) -> np.ndarray:
+        """Every row's label, int64, filled as each shard arrives (``-1`` for rows of shards not fetched yet)."""
+        return self._labels
+
+    def _locate(self, index: int) -> tuple[int, int]:
+        if not 0 <= index < len(self):
+            raise IndexError(f"row {index} out of range for {len(self)} rows in {redact(self.url)}")
+        shard = int(np.searchsorted(self._starts, index, side="right")) - 1
+        return shard, index - int(self._starts[shard])
+
+    def _acquire(self, shard: int) -> _Shard:
+        """Shard ``shard`` mapped and pinned in the cache (release it with ``cache.release``)."""
+        entry = self._entries[shard]
+        path = self.cache.acquire(entry["sha256"], int(entry["bytes"]), self._fetch, self.names[shard])
+        with self._lock:
+            mapped = self._open.get(shard)
+            if mapped is None:
+                try:
+                    mapped = _Shard(path.parent, {**entry, "file": path.name}, self.manifest["schema"])
+                except ShardError as err:
+                    self.cache.release(entry["sha256"])
+                    raise ShardError(f"shard {entry['file']} ({redact(self._url_of(entry))}): {err}") from err
+                mapped.checked = True  # the cache checked its SHA-256 when it arrived
+                first = int(self._starts[shard])
+                self._labels[first : first + mapped.rows] = np.asarray(_label_column(mapped), np.int64)
+                self._open[shard] = mapped
+        return mapped
+
+    def read(self, index: int) -> np.ndarray:
+        """Row ``index``'s image (as :meth:`ShardReader.read`), its shard fetched first if it is not cached.
+
+        Raises:
+            ShardError: the row's shard failed its checksum twice, or is damaged (names the shard and URL).
+            RemoteStoreError: the store did not answer.
+        """
+        shard, row = self._locate(index)
+        sha256 = self._entries[shard]["sha256"]
+        mapped = self._acquire(shard)
+        try:
+            data = mapped.image(row)  # a view into the mapping: it stays valid after an eviction unlinks the file
+        finally:
+            self.cache.release(sha256)
+            self.read_ahead.advance()
+        return data if self.shape is None or self.encoded else data.reshape(self.shape)
+
+    def fingerprint(self) -> str:
+        """As :meth:`ShardReader.fingerprint`: the same for the dataset on local disk, so a state moves across."""
+        return hashlib.sha256(" ".join(s["sha256"] for s in self.manifest["shards"]).encode()).hexdigest()
+
+    def describe(self, index: int) -> str:
+        """``<url>/shard-NNNNN.arrow row R``."""
+        shard, row = self._locate(index)
+        return f"{redact(self._url_of(self._entries[shard]))} row {row}"
+
+    def column(self, name: str, rows: np.ndarray) -> np.ndarray | list[Any]:
+        """Column ``name`` at ``rows`` (their shards fetched if needed), as :meth:`ShardReader.column`.
+
+        Raises:
+            KeyError: no such column (the message lists those there are).
+        """
+        if name not in self.columns:
+            raise KeyError(f"no column {name!r} in {redact(self.url)}; its columns are {self.columns}")
+        rows = np.asarray(rows, np.int64)
+        if name == "label" and (len(rows) == 0 or self._labels[rows].min() >= 0):
+            return self._labels[rows].copy()
+        values: list[Any] = []
+        for index in rows.tolist():
+            shard, row = self._locate(index)
+            mapped = self._acquire(shard)
+            try:
+                batch, i = mapped.locate(row)
+                values.append(mapped.batches[batch].column(name)[i].as_py())
+            finally:
+                self.cache.release(self._entries[shard]["sha256"])
+        numeric = values and all(isinstance(v, (int, float, bool)) for v in values)
+        return np.asarray(values) if numeric else values
+
+    def close(self) -> None:
+        """Stop the read-ahead (downloads in flight finish; the cache may serve other Loaders)."""
+        self.read_ahead.close()
+
+
+def _label_column(mapped: _Shard) -> np.ndarray:
+    return np.concatenate([b.column("label").to_numpy(zero_copy_only=False) for b in mapped.batches])
