@@ -76,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--feeds", nargs="+", choices=FEEDS, default=list(FEEDS),
                         help="stallfree (folder), torch (DataLoader), dali (plain pipeline), shards, small "
                         "(shards --max-side 256), echo (echo=2); default: all")
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=64, help="images per batch")
     parser.add_argument("--batches", type=int, default=15, help="batches per timed pass")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per cell (the median is shown)")
     parser.add_argument("--warmup", type=int, default=10, help="untimed batches after each feed is built")

@@ -37,14 +37,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--images", type=int, default=1200, help="synthetic JPEGs in the dataset")
     parser.add_argument("--size", type=int, nargs=2, default=(240, 320), metavar=("H", "W"), help="their size")
     parser.add_argument("--shard-mb", type=float, default=0.5, help="shard size of the ingest")
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=32, help="images per batch")
     parser.add_argument("--latency", type=float, nargs="+", default=(0.0, 20.0, 100.0), metavar="MS",
                         help="latencies added by the proxy to every reply")
     parser.add_argument("--bandwidth", type=float, default=100.0, metavar="MB/S", help="the proxy's bandwidth cap")
     parser.add_argument("--cache-share", type=float, default=0.25, help="cache size of the block-shuffle run")
     parser.add_argument("--step-ms", type=float, default=None, help="simulated step per batch (default: half the "
                         "local Loader's time per batch)")
-    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
+                        help="Loader threads (default: the cores this process may use)")
     parser.add_argument("--downloads", type=int, default=4, help="concurrent downloads")
 
 

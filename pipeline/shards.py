@@ -122,6 +122,12 @@ class _Shard:
         batch = int(np.searchsorted(self.starts, row, side="right")) - 1
         return batch, row - int(self.starts[batch])
 
+    def image(self, row: int) -> np.ndarray:
+        """Row ``row`` of this shard's images, a view into the mapping (the remote reader's per-shard read)."""
+        batch, i = self.locate(row)
+        offsets, data = self.views[batch]
+        return data[offsets[i] : offsets[i + 1]]
+
 
 class ShardReader:
     """Rows of an ingested folder (the :class:`~stallfree.pipeline.readers.Reader` protocol).

@@ -121,7 +121,7 @@ def _train(args: argparse.Namespace) -> int:
         return 1
     if not summary or not _reports():  # under torchrun only rank 0 holds and prints it
         return 0
-    if config.accelerator is None and config.plan_prediction is None:
+    if config.accelerator is None and config.plan_prediction is None and "balance" in summary:
         from stallfree.stage_runtime.plan.predict import predict_training
 
         summary["predicted"] = predict_training(config, tuple(summary["balance"]), summary["num_classes"])
