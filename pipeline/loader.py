@@ -20,7 +20,6 @@ import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal, Protocol
 
-import numpy as np
 import torch
 
 from stallfree.ingest.images import DEFAULT_MAX_PIXELS, EXIF_MODES, Exif
@@ -65,12 +64,6 @@ class Clock(Protocol):
 class Loader:
     """Batches of ``(images, labels)`` torch tensors, decoded and augmented in a DALI graph.
 
-    The three-line switch from a DataLoader::
-
-        loader = stallfree.Loader("train/", batch_size=256, device="cuda",
-                                  transform=[RandomResizedCrop(224), RandomHorizontalFlip(), Normalize()])
-        for images, labels in loader: ...
-
     One pass at a time: each ``iter(loader)`` is a pass over an epoch. A pass ends when it is exhausted, fails, or
     its iterator is dropped (a ``break``), and when a new ``iter()``, :meth:`set_epoch` or :meth:`load_state_dict`
     starts another; the iterator of an ended pass raises ``RuntimeError`` on ``next`` and changes nothing. The
@@ -88,9 +81,8 @@ class Loader:
         transform: the augmentation spec: a ``stallfree.transforms`` step, a list or a ``Compose`` of them, or
             torchvision's own transforms (``T.Compose``, ``v2.Compose``, one transform, a list), translated with
             their parameters (``stallfree.transforms.from_torchvision``). It must end at a fixed size.
-        shuffle: ``True`` or ``"global"``: a global permutation per ``(seed, epoch)``; ``"block"``: the shard-block
-            shuffle (shards of ingested data, ``block_shards`` at a time: a bounded working set for a remote cache
-            smaller than the dataset; :mod:`~stallfree.pipeline.block_order`); ``False`` for evaluation (row order).
+        shuffle: ``True``/``"global"``: a global permutation per ``(seed, epoch)``; ``"block"``: shards ``block_shards``
+            at a time (a bounded working set for a small remote cache; docs/remote.md); ``False``: row order.
         block_shards: shards per block of ``shuffle="block"``.
         seed: seeds the order and every random augmentation parameter; the same on every rank.
         drop_last: as ``DistributedSampler(drop_last=True)`` plus ``DataLoader(drop_last=True)``: truncate so
@@ -404,28 +396,3 @@ class Loader:
         closing = getattr(self.reader, "close", None)
         if callable(closing):
             closing()
-
-    def _labels(self, rows: np.ndarray) -> Any:
-        """The batch's labels on the delivery device, through ``target_transform`` if there is one."""
-        labels: Any = torch.from_numpy(self.labels[rows])
-        if self.target_transform is not None:
-            from torch.utils.data import default_collate
-
-            labels = default_collate([self.target_transform(int(label)) for label in self.labels[rows]])
-        if isinstance(labels, torch.Tensor):
-            labels = labels.pin_memory() if self.pin_memory else labels.to(self.device)
-        return labels
-
-    def _extras(self, rows: np.ndarray) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for name in self.columns:
-            values: np.ndarray | list[Any]
-            if name in self.reader.columns:
-                values = self.reader.column(name, rows)
-            elif name == "index":
-                values = np.asarray(rows, np.int64)
-            else:  # "path"
-                values = [self.reader.describe(int(row)) for row in rows]
-            numeric = isinstance(values, np.ndarray)
-            out[name] = torch.from_numpy(np.ascontiguousarray(values)).to(self.device) if numeric else values
-        return out

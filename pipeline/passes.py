@@ -9,6 +9,8 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from stallfree.pipeline.batch_fields import batch_columns, batch_labels
+
 if TYPE_CHECKING:
     from stallfree.pipeline.epoch import EpochRun
     from stallfree.pipeline.loader import Loader
@@ -53,8 +55,10 @@ class Pass:
                 self.run.stop()
                 raise
             loader.skipped.extend(batch.skipped)
-            labels = loader._labels(batch.rows)
-            out = (batch.output, labels, loader._extras(batch.rows)) if loader.columns else (batch.output, labels)
+            labels = batch_labels(loader, batch.rows)
+            out: tuple[Any, ...] = (batch.output, labels)
+            if loader.columns:
+                out = (*out, batch_columns(loader, batch.rows))
             self._repeat = self._repeat if self._batch is None else 0
             self._batch = batch, out
         batch, out = self._batch
