@@ -23,10 +23,9 @@ The speed at 80% of stallfree's (folder) stand-alone rate is added to the sweep,
 stallfree should deliver >= 95% of R with a stall under 2%, and >= 1.8x torch's DataLoader.
 
 Data: ``--synthetic N`` (default 1,000) writes, into an empty DATA, the bench data generator's ImageNet-sized
-JPEGs (:func:`stallfree.ingest.synthetic.make_image_folder`, 375x500 +-25% per side, quality 90: about 0.19 MP
-and about 60 KiB each, measured). They are a flat colour with Gaussian noise (sigma 12) and one drawn shape, not
-natural photos: the noise makes them cost about what a photo costs to decode, but their statistics are not a
-photo's.
+JPEGs (:func:`stallfree.ingest.synthetic.make_image_folder` with ``style="natural"``, 375x500 +-25% per side,
+quality 90: about 0.19 MP and 73 KiB each). Their textures have photographs' power-law spectrum and colour
+correlations, so they cost what a photo costs to decode; they are not photos.
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
         work = Path(work_dir)
         print(f"writing and ingesting {args.images} synthetic JPEGs ...", file=sys.stderr)
         make_image_folder(work / "images", num_classes=8, per_class=math.ceil(args.images / 8),
-                          size=tuple(args.size), vary_size=True)
+                          size=tuple(args.size), vary_size=True, style="natural")
         data = work / "shards"
         ingest(work / "images", data, IngestOptions(shard_mb=args.shard_mb), workers=args.threads)
         shards = read_manifest(data)["shards"]
