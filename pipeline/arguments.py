@@ -23,6 +23,7 @@ __all__ = [
     "device_of",
     "dtype_name",
     "is_int",
+    "loader_fingerprint",
     "remote_keywords",
     "source_identity",
 ]
@@ -179,3 +180,25 @@ def describe_spec(steps: Sequence[Transform]) -> str:
     """A stable description of a spec: each step's dataclass repr (its type and every argument)."""
     parts = [repr(s) if dataclasses.is_dataclass(s) else f"{type(s).__module__}.{type(s).__qualname__}" for s in steps]
     return "[" + ", ".join(parts) + "]"
+
+
+def loader_fingerprint(loader: Any) -> dict[str, Any]:
+    """What decides a Loader's order and pixels; a state whose fingerprint differs from its Loader's is refused."""
+    block = loader.shuffle_mode == "block"
+    return {
+        "source": source_identity(loader.reader),
+        "num_rows": len(loader.reader),
+        "shuffle": f"block/{loader.block_shards}" if block else loader.sampler.shuffle,
+        "drop_last": loader.drop_last,
+        "seed": loader.seed,
+        "batch_size": loader.batch_size,
+        "echo": loader.echo,
+        "echo_mode": loader.echo_mode,
+        "max_pixels": loader.max_pixels,
+        "exif": loader.exif,
+        "transform": describe_spec(loader.compiled.steps),
+        "dtype": loader.compiled.dtype,
+        "layout": loader.compiled.layout,
+        "rank": loader.sampler.rank,
+        "world_size": loader.sampler.world_size,
+    }

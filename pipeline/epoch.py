@@ -51,12 +51,15 @@ def _stop_running_epochs() -> None:
 class EpochRun:
     """One pass over ``epoch`` split from ``split`` on, from ``position`` (batch ``number``): both stage threads."""
 
-    def __init__(self, loader: Loader, graph: Graph, epoch: int, split: int, position: int, number: int):
+    def __init__(self, loader: Loader, graph: Graph, epoch: int, split: int, position: int, number: int,
+                 skipped: list[dict[str, Any]]):
         self.loader, self.graph, self.epoch = loader, graph, epoch
+        self.start = (split, position, number)
         self.order = loader.sampler.virtual_order(epoch, split)
-        self.bad = {int(s["position"]) % len(self.order) for s in loader.skipped}  # this epoch's skipped positions
-        self.first_skip: dict[str, Any] | None = loader.skipped[0] if loader.skipped else None
+        self.bad = {int(s["position"]) % len(self.order) for s in skipped}  # this epoch's skipped positions so far
+        self.first_skip: dict[str, Any] | None = skipped[0] if skipped else None
         self._stop = threading.Event()
+        self.produced = threading.Event()  # set once the graph stage has put its last batch on out_q
         self.read_q: queue.Queue[Any] = queue.Queue(loader.prefetch)
         self.out_q: queue.Queue[Any] = queue.Queue(loader.prefetch)
         self.more: queue.Queue[int] = queue.Queue()  # samples the graph stage rejected, for the reader to replace
@@ -66,7 +69,7 @@ class EpochRun:
         reader, assembler = ReadStage(self), GraphStage(self, position)
         self._threads = [
             threading.Thread(target=self._guard, args=(reader.loop, self.read_q, position, number), daemon=True),
-            threading.Thread(target=self._guard, args=(assembler.loop, self.out_q, number), daemon=True),
+            threading.Thread(target=self._guard, args=(self._assemble, self.out_q, assembler, number), daemon=True),
         ]
         for thread in self._threads:
             thread.start()
@@ -107,6 +110,11 @@ class EpochRun:
             if isinstance(item, _Failure):
                 raise item.error
             return None if item is _DONE else item
+
+    def _assemble(self, assembler: GraphStage, number: int) -> None:
+        assembler.loop(number)
+        if not self.stopped:
+            self.produced.set()
 
     def _guard(self, loop: Any, out: queue.Queue[Any], *args: Any) -> None:
         try:

@@ -27,18 +27,18 @@ from stallfree.pipeline.arguments import (
     BUILTIN_COLUMNS,
     check_arguments,
     check_dataloader_keywords,
-    describe_spec,
     device_of,
     dtype_name,
     is_int,
+    loader_fingerprint,
     remote_keywords,
-    source_identity,
 )
 from stallfree.pipeline.block_order import block_order
 from stallfree.pipeline.elastic import ORDER_FIELDS, elastic_split
 from stallfree.pipeline.epoch import EpochRun
 from stallfree.pipeline.graph import Graph
 from stallfree.pipeline.loader_sampler import LoaderSampler
+from stallfree.pipeline.next_pass import NextPass
 from stallfree.pipeline.passes import Pass
 from stallfree.pipeline.readers import Reader, open_source, unwrap_torchvision_dataset
 from stallfree.pipeline.remote import is_url
@@ -235,6 +235,7 @@ class Loader:
         self._split = 0  # the global position this epoch's split over ranks starts at (elastic resume; else 0)
         self._loaded = False  # whether _start and skipped come from load_state_dict
         self._pass: weakref.ref[Pass] | None = None
+        self._next = NextPass()  # the next epoch's run, started as this pass's last batches are taken
         self.skipped: list[dict[str, Any]] = []  # this epoch's, so it is also what a resumed Loader carries on
 
     @property
@@ -277,6 +278,11 @@ class Loader:
             self._epoch, self._start, self._loaded, self._split = self._epoch + 1, (0, 0, 0), False, 0
         return None
 
+    def _produced(self, ended: Pass) -> None:
+        """``ended``'s run has queued its last batch: start the next epoch's run, which ``iter()`` then takes."""
+        if self._graph is not None and self._current() is ended:
+            self._next.start(self, self._graph, self._epoch + 1)
+
     def _end_pass(self, why: str) -> bool:
         """End the pass in progress, if any (its iterator then raises ``why``); whether there was one."""
         ongoing = self._current()
@@ -302,24 +308,7 @@ class Loader:
     def fingerprint(self) -> dict[str, Any]:
         """What decides the order and the pixels; a state from a Loader whose fingerprint differs is refused."""
         if self._fingerprint is None:
-            shuffle_mode = self.shuffle_mode
-            self._fingerprint = {
-                "source": source_identity(self.reader),
-                "num_rows": len(self.reader),
-                "shuffle": self.sampler.shuffle if shuffle_mode != "block" else f"block/{self.block_shards}",
-                "drop_last": self.drop_last,
-                "seed": self.seed,
-                "batch_size": self.batch_size,
-                "echo": self.echo,
-                "echo_mode": self.echo_mode,
-                "max_pixels": self.max_pixels,
-                "exif": self.exif,
-                "transform": describe_spec(self.compiled.steps),
-                "dtype": self.compiled.dtype,
-                "layout": self.compiled.layout,
-                "rank": self.sampler.rank,
-                "world_size": self.sampler.world_size,
-            }
+            self._fingerprint = loader_fingerprint(self)
         return self._fingerprint
 
     def state_dict(self) -> dict[str, Any]:
@@ -385,7 +374,9 @@ class Loader:
                 exif=self.exif,
                 pin_memory=self.pin_memory,
             )
-        run = EpochRun(self, self._graph, self._epoch, self._split, position, (delivered - repeat) // self._batch_echo)
+        number = (delivered - repeat) // self._batch_echo
+        run = self._next.take(self._epoch, self._split, position, number, self.skipped) or EpochRun(
+            self, self._graph, self._epoch, self._split, position, number, self.skipped)
         ongoing = Pass(self, run, (position, repeat, delivered))
         self._pass = weakref.ref(ongoing)
         return ongoing
@@ -393,6 +384,7 @@ class Loader:
     def close(self) -> None:
         """End a pass in progress and, for a remote source, stop its read-ahead and downloads."""
         self._end_pass("close() ended this pass")
+        self._next.discard()
         closing = getattr(self.reader, "close", None)
         if callable(closing):
             closing()

@@ -30,6 +30,7 @@ class Pass:
         self._batches = iter(run)
         self._batch: tuple[Batch, Any] | None = None
         self._repeat = cursor[1]
+        self._next_started = False
         weakref.finalize(self, run.stop)  # a dropped iterator stops its threads
 
     def end(self, why: str) -> None:
@@ -55,6 +56,9 @@ class Pass:
                 self.run.stop()
                 raise
             loader.skipped.extend(batch.skipped)
+            if not self._next_started and self.run.produced.is_set():
+                self._next_started = True
+                loader._produced(self)
             labels = batch_labels(loader, batch.rows)
             out: tuple[Any, ...] = (batch.output, labels)
             if loader.columns:

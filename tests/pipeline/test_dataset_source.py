@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +46,15 @@ def batches(source: Any, **kwargs: Any) -> list[tuple[torch.Tensor, torch.Tensor
 
 def test_a_dataset_of_bytes_gives_the_same_batches_as_its_files(indexed_list: Path) -> None:
     dataset = Files(indexed_list)
-    for (a, la), (b, lb) in zip(batches(dataset), batches(indexed_list), strict=True):
+    loader = Loader(dataset, batch_size=8, transform=SPEC, seed=3, dtype="uint8", num_threads=1)
+    for (a, la), (b, lb) in zip(list(loader), batches(indexed_list), strict=True):
         assert torch.equal(la, lb) and torch.equal(a, b)
-    assert sorted(dataset.reads[1:]) == list(range(37))  # item 0 read once more, to learn its kind
+    loader.close()  # stops the next epoch's run, started as this one's last batches were taken
+    reads = Counter(dataset.reads[1:])  # item 0 read once more, to learn its kind
+    assert set(reads) == set(range(37))
+    ahead = reads - Counter(range(37))  # read ahead for epoch 1: rows of its first batches (both queues, two in hand)
+    first = loader.sampler.rows(loader.sampler.virtual_order(1)[: 8 * (2 * loader.prefetch + 2)]).tolist()
+    assert max(ahead.values(), default=1) == 1 and set(ahead) <= set(first)
 
 
 def test_a_dataset_of_pil_images_gives_the_same_batches_as_its_files(indexed_list: Path) -> None:

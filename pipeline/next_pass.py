@@ -1,0 +1,67 @@
+"""The next epoch's run, started while the training loop still takes the last batches of this one.
+
+A pass's threads stop producing once its last batch is queued, and a new ``iter()`` used to start from empty
+queues: every epoch began with a wait for the first read and the first graph run, which on a small dataset (or a
+fast device) is a visible share of the step. Once a pass has produced its last batch, the Loader starts the run the
+next ``iter()`` will most likely ask for (the next epoch from its start, nothing skipped yet), and ``iter()`` takes it
+when it asks for exactly that. Anything else (``set_epoch`` to another epoch, ``load_state_dict`` elsewhere) stops
+it and starts afresh; the batches are the same either way, since every draw is keyed by (seed, epoch, sample).
+
+A run nobody takes stops by itself after :data:`IDLE_S` (its threads hold the Loader, so a dropped Loader is freed).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+from stallfree.pipeline.epoch import EpochRun
+
+if TYPE_CHECKING:
+    from stallfree.pipeline.graph import Graph
+    from stallfree.pipeline.loader import Loader
+
+__all__ = ["IDLE_S", "NextPass"]
+
+IDLE_S = 20.0
+_JOIN_S = 30.0  # a stopped run's graph thread finishes the batch it is on; the next run must not share the graph
+
+
+class NextPass:
+    """At most one run started ahead for ``(epoch, split 0, position 0, batch 0)`` with nothing skipped."""
+
+    def __init__(self) -> None:
+        self._run: EpochRun | None = None
+        self._timer: threading.Timer | None = None
+
+    def start(self, loader: Loader, graph: Graph, epoch: int) -> None:
+        """Start ``epoch``'s run from its beginning (the pass before it must have stopped using ``graph``)."""
+        self.discard()
+        run = EpochRun(loader, graph, epoch, 0, 0, 0, skipped=[])
+        self._timer = threading.Timer(IDLE_S, run.stop)
+        self._timer.daemon = True
+        self._timer.start()
+        self._run = run
+
+    def take(self, epoch: int, split: int, position: int, number: int,
+             skipped: list[dict[str, Any]]) -> EpochRun | None:
+        """The run started ahead if it is the one asked for and still running; else ``None`` (and it is stopped)."""
+        run, self._run = self._run, None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if run is None:
+            return None
+        if run.stopped or skipped or run.epoch != epoch or run.start != (split, position, number):
+            _stop(run)
+            return None
+        return run
+
+    def discard(self) -> None:
+        """Stop a run started ahead, if any, and wait until it no longer uses the graph."""
+        self.take(-1, -1, -1, -1, [])
+
+
+def _stop(run: EpochRun) -> None:
+    run.stop()
+    run.join(_JOIN_S)

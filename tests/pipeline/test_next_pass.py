@@ -1,0 +1,67 @@
+"""The next epoch's run starts while this one's last batches are taken: same batches, and it never leaks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from stallfree import Loader
+from stallfree.pipeline import next_pass
+from stallfree.transforms import RandomHorizontalFlip, RandomResizedCrop
+
+SPEC = [RandomResizedCrop(16, scale=(0.3, 1.0)), RandomHorizontalFlip()]
+
+
+def loader(source: Path) -> Loader:
+    return Loader(source, batch_size=8, transform=SPEC, seed=5, dtype="uint8", num_threads=1)
+
+
+def epoch(source: Path, number: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Epoch ``number`` from a fresh Loader, which has no run started ahead."""
+    fresh = loader(source)
+    fresh.set_epoch(number)
+    return list(fresh)
+
+
+def same(a: list[tuple[torch.Tensor, torch.Tensor]], b: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
+    if len(a) != len(b):
+        return False
+    return all(torch.equal(x, y) and torch.equal(lx, ly) for (x, lx), (y, ly) in zip(a, b, strict=True))
+
+
+def test_epochs_in_a_row_take_the_run_started_ahead_and_match_fresh_loaders(indexed_list: Path) -> None:
+    running = loader(indexed_list)
+    first = list(running)
+    assert running._next._run is not None  # started while the last batches were taken
+    second = list(running)
+    assert same(first, epoch(indexed_list, 0)) and same(second, epoch(indexed_list, 1))
+    assert running.epoch == 2
+
+
+def test_another_epoch_or_a_state_elsewhere_discards_it(indexed_list: Path) -> None:
+    running = loader(indexed_list)
+    list(running)
+    running.set_epoch(3)
+    assert same(list(running), epoch(indexed_list, 3))
+    partway = loader(indexed_list)
+    it = iter(partway)
+    next(it)
+    state = partway.state_dict()
+    list(running)  # epoch 4, and epoch 5's run started ahead
+    running.load_state_dict(state)  # epoch 0 after its first batch
+    assert same(list(running), list(it))
+
+
+def test_a_run_nobody_takes_stops_by_itself(indexed_list: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(next_pass, "IDLE_S", 0.2)
+    running = loader(indexed_list)
+    list(running)
+    ahead = running._next._run
+    assert ahead is not None
+    ahead.join(5.0)
+    assert ahead.stopped and not any(thread.is_alive() for thread in ahead._threads)
+    assert same(list(running), epoch(indexed_list, 1))  # iter() then starts afresh: the same batches
+    running.close()
+    assert running._next._run is None
