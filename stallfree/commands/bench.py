@@ -14,7 +14,9 @@ __all__ = ["register"]
 
 # Each name is a module stallfree.bench.<name> exposing `add_arguments(parser)` and `run(args, out) -> results`:
 # it prints its table to `out` and returns what --json prints and --json-file writes.
-BENCHMARKS = ("loader", "e2e", "resize", "clock", "ingest", "transforms", "train", "plan", "scale", "remote")
+BENCHMARKS = (
+    "loader", "breakdown", "e2e", "resize", "clock", "ingest", "transforms", "train", "plan", "scale", "remote",
+)
 
 
 def options(name: str, data: Path, **overrides: Any) -> argparse.Namespace:
