@@ -14,6 +14,7 @@ again and again; the block shuffle (``shuffle="block"``) keeps each stretch of t
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -44,7 +45,8 @@ class ReadAhead:
         with self._lock:
             self._shards, self._position = shards.astype(np.int64), 0
             if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="stallfree-read-ahead", daemon=True)
+                self._thread = threading.Thread(target=_loop, args=(weakref.ref(self), self._wake),
+                                                name="stallfree-read-ahead", daemon=True)
                 self._thread.start()
         self._wake.set()
 
@@ -78,28 +80,43 @@ class ReadAhead:
                 return chosen
             span *= 4
 
-    def _loop(self) -> None:
-        while not self._closed:
-            self._wake.wait(timeout=0.5)
-            self._wake.clear()
-            wanted = self.wanted()
-            if not wanted:  # every coming row read: the next follow() starts a new thread
-                with self._lock:
-                    if self._position >= len(self._shards):
-                        self._thread = None
-                        return
-            self.cache.protect(id(self), {self.entries[s]["sha256"] for s in wanted})
-            for shard in wanted:
-                entry = self.entries[shard]
-                try:
-                    started = self.cache.prefetch(entry["sha256"], int(entry["bytes"]), self._fetch,
-                                                  self._names[shard])
-                except RuntimeError:  # the interpreter is exiting: its executors take no more work
-                    return
-                if not started:
-                    break  # no slot or no room: wait for a read or a download to end
+    def _step(self) -> bool:
+        """Start the downloads the coming rows need; ``False`` once closed or every coming row is read."""
+        if self._closed:
+            return False
+        wanted = self.wanted()
+        if not wanted:  # every coming row read: the next follow() starts a new thread
+            with self._lock:
+                if self._position >= len(self._shards):
+                    self._thread = None
+                    return False
+        self.cache.protect(id(self), {self.entries[s]["sha256"] for s in wanted})
+        for shard in wanted:
+            entry = self.entries[shard]
+            try:
+                started = self.cache.prefetch(entry["sha256"], int(entry["bytes"]), self._fetch, self._names[shard])
+            except RuntimeError:  # the interpreter is exiting: its executors take no more work
+                return False
+            if not started:
+                break  # no slot or no room: wait for a read or a download to end
+        return True
 
     def close(self) -> None:
         self._closed = True
         self.cache.protect(id(self), set())
         self._wake.set()
+
+
+def _loop(ref: weakref.ref[ReadAhead], wake: threading.Event) -> None:
+    """The read-ahead thread: it holds its ReadAhead only while it works.
+
+    Never while it waits, so a reader (and the Loader that held it) dropped without ``close()`` is collected, and
+    the thread then ends.
+    """
+    while True:
+        wake.wait(timeout=0.5)
+        wake.clear()
+        ahead = ref()
+        if ahead is None or not ahead._step():
+            return
+        del ahead

@@ -196,3 +196,20 @@ def test_the_s3_client_goes_through_the_proxy(s3_proxy: FaultProxy, tmp_path: Pa
                     storage_options=s3_options(s3_proxy.url))
     assert sorted(torch.cat([b[1] for b in _batches(loader)]).tolist()) == list(range(37))
     assert s3_proxy.requests > 0
+
+
+def test_a_loader_dropped_without_close_stops_its_read_ahead(http_server: RangeServer, tmp_path: Path) -> None:
+    import gc
+    import time
+
+    loader = Loader(http_server.url, 4, transform=SPEC, cache_dir=tmp_path, cache_limit=15000)
+    it = iter(loader)
+    next(it)
+    thread = loader.reader.read_ahead._thread
+    assert thread is not None and thread.is_alive()
+    del it, loader
+    deadline = time.monotonic() + 10.0
+    while thread.is_alive() and time.monotonic() < deadline:
+        gc.collect()
+        thread.join(0.2)
+    assert not thread.is_alive()  # it held the reader only while working, so the reader was collected
