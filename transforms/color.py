@@ -17,6 +17,7 @@ applies every step. On the GPU the two passes run in one block per sample (a sha
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Mapping, Sequence
@@ -29,7 +30,7 @@ from numba import float64
 from numba.extending import register_jitable
 from nvidia.dali.pipeline import do_not_convert
 
-from stallfree.transforms.numba_cpu import compile_cpu, forwarder
+from stallfree.transforms.numba_cpu import compile_cpu
 from stallfree.transforms.numba_dali import numba_node
 from stallfree.transforms.random import SampleRandom
 from stallfree.transforms.spec import GraphState, Size, Transform
@@ -169,31 +170,38 @@ def _contrast_at(order: Any) -> int:
     return -1
 
 
+@register_jitable
+def jitter(out: Any, image: Any, order: Any, factors: Any, bound: Any, integral: bool) -> None:
+    """ColorJitter of one HWC image into ``out`` on the CPU (``bound`` 255 and ``integral`` for uint8 images)."""
+    height, width = image.shape[0], image.shape[1]
+    kc = _contrast_at(order)
+    mean = _F0
+    if kc >= 0:
+        total = 0.0
+        for y in range(height):
+            for x in range(width):
+                r, g, b = _apply(
+                    np.float32(image[y, x, 0]), np.float32(image[y, x, 1]), np.float32(image[y, x, 2]),
+                    order, factors, kc, _F0, bound, integral,
+                )
+                total += _gray(r, g, b, integral)
+        mean = np.float32(total / (height * width))
+    for y in range(height):
+        for x in range(width):
+            r, g, b = _apply(
+                np.float32(image[y, x, 0]), np.float32(image[y, x, 1]), np.float32(image[y, x, 2]),
+                order, factors, 4, mean, bound, integral,
+            )
+            out[y, x, 0], out[y, x, 1], out[y, x, 2] = r, g, b
+
+
+@functools.cache  # the same function each time: it keys numba_operator's cache of constructed operators
 def jitter_function(integral: bool) -> Any:
     """The per-sample CPU run function ``run(out, image, order, factors)`` (uint8 images if ``integral``)."""
     bound = np.float32(255.0 if integral else 1.0)
 
     def run(out: Any, image: Any, order: Any, factors: Any) -> None:
-        height, width = image.shape[0], image.shape[1]
-        kc = _contrast_at(order)
-        mean = _F0
-        if kc >= 0:
-            total = 0.0
-            for y in range(height):
-                for x in range(width):
-                    r, g, b = _apply(
-                        np.float32(image[y, x, 0]), np.float32(image[y, x, 1]), np.float32(image[y, x, 2]),
-                        order, factors, kc, _F0, bound, integral,
-                    )
-                    total += _gray(r, g, b, integral)
-            mean = np.float32(total / (height * width))
-        for y in range(height):
-            for x in range(width):
-                r, g, b = _apply(
-                    np.float32(image[y, x, 0]), np.float32(image[y, x, 1]), np.float32(image[y, x, 2]),
-                    order, factors, 4, mean, bound, integral,
-                )
-                out[y, x, 0], out[y, x, 1], out[y, x, 2] = r, g, b
+        jitter(out, image, order, factors, bound, integral)
 
     return run
 
@@ -293,16 +301,15 @@ class ColorJitter(Transform):
         return all(r is None for r in self.ranges())
 
     def prepare(self, state: GraphState) -> None:
-        """Compile the CPU kernel for an image in ``state`` now (``build`` does it too)."""
-        if not self.is_identity():
-            _compiled(state.dtype == "uint8")
+        """Load the CPU kernel's cached entry points now, compiling them once per installation (``build`` does too)."""
+        if not self.is_identity() and state.device == "cpu":
+            from stallfree.transforms.numba_abi import JITTER_ENTRIES  # noqa: F401  (loads or compiles the cache)
 
     @do_not_convert  # DALI's AutoGraph (enable_conditionals=True) must not rewrite the functions handed to Numba
     def build(self, image: Any, params: Mapping[str, Any], state: GraphState) -> tuple[Any, GraphState]:
         if self.is_identity():  # the compiler leaves it out; kept for a direct call
             return image, state
         integral = state.dtype == "uint8"
-        compiled = _compiled(integral)  # compile now: a Numba failure surfaces when the graph is built
         image_dtype = np.uint8 if integral else np.float32
         if state.device == "gpu":
             node = numba_node(
@@ -311,9 +318,12 @@ class ColorJitter(Transform):
                 blocks=(1, 1, 1), threads_per_block=(GPU_THREADS, 1, 1),
             )
         else:
+            from stallfree.transforms.numba_abi import JITTER_ENTRIES  # cached on disk: no compile per process
+
             node = numba_node(
-                forwarder(compiled, 2), image, [params["order"], params["factors"]],
+                jitter_function(integral), image, [params["order"], params["factors"]],
                 image_dtype=image_dtype, param_dtypes=[np.int32, np.float64], device="cpu",
+                entries=JITTER_ENTRIES[integral],
             )
         return node, state
 

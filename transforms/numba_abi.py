@@ -1,4 +1,7 @@
-"""The resampler's DALI entry points as Numba ``cfunc``s cached on disk, so a new process does not recompile them.
+"""The CPU Numba operators' DALI entry points as ``cfunc``s cached on disk, so a new process does not recompile them.
+
+They are the resampler's (every CPU ``RandomResizedCrop``/``Resize``) and ColorJitter's; a user's ``@kernel`` still
+goes through DALI's own wrappers (its signature is known only at run time).
 
 DALI's ``NumbaFunction`` wraps the run and set-up functions it is given in ``cfunc``s of its own, built from
 ``eval``'d lambdas, which Numba cannot cache: every process compiled them again when its first graph was built
@@ -24,9 +27,10 @@ from numba import carray, cfunc, njit
 from numba import types as nbt
 from nvidia.dali.plugin.numba import address_as_void_pointer as _ptr  # type: ignore[attr-defined]
 
+from stallfree.transforms.color import jitter
 from stallfree.transforms.resample import resample
 
-__all__ = ["RESIZE_ENTRIES"]
+__all__ = ["JITTER_ENTRIES", "RESIZE_ENTRIES"]
 
 _RUN = nbt.void(nbt.uint64, nbt.uint64, nbt.uint64, nbt.int32, nbt.uint64, nbt.uint64, nbt.uint64, nbt.int32)
 _SETUP = nbt.void(nbt.uint64, nbt.uint64, nbt.int32, nbt.uint64, nbt.uint64, nbt.int32, nbt.int32)
@@ -106,3 +110,47 @@ RESIZE_ENTRIES = {
     (True, False): (_resize_window, _resize_setup),
     (True, True): (_resize_window_aa, _resize_setup),
 }
+
+
+@njit(cache=True)
+def _jitter_params(ptrs: int, shapes: int, ndims: int, count: int) -> Any:
+    """Inputs 1 and 2 of ColorJitter's operator: the int32 step order and the float64 factors."""
+    data = carray(_ptr(ptrs), count, dtype=np.int64)
+    order = carray(_ptr(data[1]), _shape(shapes, ndims, count, 1, 1, 0)[0], dtype=np.int32)
+    return order, carray(_ptr(data[2]), _shape(shapes, ndims, count, 1, 2, 0)[0], dtype=np.float64)
+
+
+@njit(cache=True)
+def _hwc_f32(ptrs: int, shapes: int, ndims: int, count: int, which: int) -> Any:
+    """Sample view of float32 HWC output (input) ``which``."""
+    shape = _shape(shapes, ndims, count, 1, which, 0)
+    data = carray(_ptr(ptrs), count, dtype=np.int64)
+    return carray(_ptr(data[which]), (shape[0], shape[1], shape[2]), dtype=np.float32)
+
+
+@cfunc(_RUN, cache=True)
+def _jitter_u8(o: int, os_: int, on: int, no: int, i: int, is_: int, in_: int, ni: int) -> None:
+    out, image = _hwc_u8(o, os_, on, no, 0), _hwc_u8(i, is_, in_, ni, 0)
+    order, factors = _jitter_params(i, is_, in_, ni)
+    jitter(out, image, order, factors, np.float32(255.0), True)
+
+
+@cfunc(_RUN, cache=True)
+def _jitter_f32(o: int, os_: int, on: int, no: int, i: int, is_: int, in_: int, ni: int) -> None:
+    out, image = _hwc_f32(o, os_, on, no, 0), _hwc_f32(i, is_, in_, ni, 0)
+    order, factors = _jitter_params(i, is_, in_, ni)
+    jitter(out, image, order, factors, np.float32(1.0), False)
+
+
+@cfunc(_SETUP, cache=True)
+def _same_shape_setup(out_shapes: int, out_ndims: int, num_outs: int, in_shapes: int, in_ndims: int, num_ins: int,
+                      num_samples: int) -> None:
+    # The output has the image's (input 0's) shape: as numba_dali._setup_same_shape.
+    for s in range(num_samples):
+        out = _shape(out_shapes, out_ndims, num_outs, num_samples, 0, s)
+        image = _shape(in_shapes, in_ndims, num_ins, num_samples, 0, s)
+        out[0], out[1], out[2] = image[0], image[1], image[2]
+
+
+#: ``integral (uint8 image) -> (run cfunc, setup cfunc)`` for ColorJitter on the CPU.
+JITTER_ENTRIES = {True: (_jitter_u8, _same_shape_setup), False: (_jitter_f32, _same_shape_setup)}

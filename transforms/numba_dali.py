@@ -124,6 +124,7 @@ def numba_node(
     device: Literal["cpu", "gpu"],
     blocks: Sequence[int] = GPU_BLOCKS,
     threads_per_block: Sequence[int] = GPU_THREADS,
+    entries: tuple[Any, Any] | None = None,
 ) -> Any:
     """A DALI ``numba_function`` node computing ``run_fn(out, image, *params)``; ``out`` has the image's shape.
 
@@ -138,6 +139,8 @@ def numba_node(
         device: where the node runs; parameters are moved to the GPU for a GPU node.
         blocks: GPU grid shape.
         threads_per_block: GPU block shape.
+        entries: cached CPU entry points of DALI's C interface (:mod:`.numba_abi`) used instead of compiling
+            ``run_fn`` (``run_fn`` must then be the same object each call: it keys the operator cache).
     """
     if len(params) > 5:
         raise ValueError(f"a kernel takes at most 5 parameter arrays (DALI's limit is 6 inputs), got {len(params)}")
@@ -150,6 +153,7 @@ def numba_node(
         device=device,
         blocks=blocks,
         threads_per_block=threads_per_block,
+        entries=entries,
     )
     return operator(image, *(p.gpu() if device == "gpu" else p for p in params))
 

@@ -1,4 +1,4 @@
-"""The resampler's DALI entry points come from Numba's disk cache, so a new process does not compile them."""
+"""The CPU operators' DALI entry points come from Numba's disk cache, so a new process does not compile them."""
 
 import subprocess
 import sys
@@ -10,13 +10,13 @@ from stallfree.transforms.resample import _run, _setup
 
 
 def test_a_new_process_loads_every_entry_point_from_the_cache() -> None:
-    entries = {*numba_abi.RESIZE_ENTRIES.values()}  # importing them here writes the cache if it was not there
+    entries = {*numba_abi.RESIZE_ENTRIES.values(), *numba_abi.JITTER_ENTRIES.values()}  # writes the cache if absent
     code = ("from stallfree.transforms import numba_abi as a; "
-            "fns = {f for pair in a.RESIZE_ENTRIES.values() for f in pair}; "
+            "fns = {f for table in (a.RESIZE_ENTRIES, a.JITTER_ENTRIES) for pair in table.values() for f in pair}; "
             "print(sum(f.cache_hits for f in fns), len(fns))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
     hits, count = map(int, done.stdout.split()[-2:])
-    assert count == len({f for pair in entries for f in pair}) == 5
+    assert count == len({f for pair in entries for f in pair}) == 8
     assert hits == count, "every entry point was loaded, none compiled"
 
 
@@ -24,5 +24,17 @@ def test_the_resampler_operator_is_built_from_the_cached_entry_points() -> None:
     run, setup = numba_abi.RESIZE_ENTRIES[(True, True)]
     numba_dali.numba_operator(_run(True, True), _setup, in_types=[np.uint8, np.uint8, np.float32], ins_ndim=[3, 3, 1],
                               out_type=np.uint8, entries=(run, setup))
+    built = [op for op in numba_dali._OPERATORS.values() if isinstance(op, numba_dali._precompiled_class())]
+    assert any(op.run_fn == run.address and op.setup_fn == setup.address for op in built)
+
+
+def test_color_jitter_on_the_cpu_builds_from_the_cached_entry_points() -> None:
+    from stallfree.pipeline.graph import Graph
+    from stallfree.transforms import ColorJitter, RandomResizedCrop
+    from stallfree.transforms.compile import CompiledTransforms
+
+    compiled = CompiledTransforms([RandomResizedCrop(8), ColorJitter(0.4, 0.4, 0.4, 0.1)], dtype="uint8", layout="NHWC")
+    Graph(compiled, batch_size=2, num_threads=1, device_id=None, encoded=True)
+    run, setup = numba_abi.JITTER_ENTRIES[True]
     built = [op for op in numba_dali._OPERATORS.values() if isinstance(op, numba_dali._precompiled_class())]
     assert any(op.run_fn == run.address and op.setup_fn == setup.address for op in built)
