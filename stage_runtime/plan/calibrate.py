@@ -1,7 +1,7 @@
 """Calibrate the simulator on this machine: the gloo link, and the host's cost of torch's schedule runtime.
 
 ``ranks`` processes on this machine, over ``torch.distributed``'s gloo backend (the one ``stallfree train`` uses on
-CPU), measure two things in one start-up (a few seconds, most of it importing torch):
+CPU), measure two things in one start-up (most of it importing torch in each process):
 
 1. **The link.** Ranks 0 and 1 exchange a small and a large tensor back and forth (ping-pong, the way a pipeline's
    activation and its gradient travel). Half the round trip of the small message is the latency; the large

@@ -30,7 +30,7 @@ def predict_training(config: Any, balance: tuple[int, ...], num_classes: int, li
     """Predicted step time, images/s and bubble (split into causes) of ``config`` (a ``TrainConfig``).
 
     ``balance`` is the split the job ran. Without ``link`` a CPU job calibrates the link and the runtime's overhead
-    on this machine (:func:`~.calibrate.cached_calibration`: a few seconds, once per process and stage count);
+    on this machine (:func:`~.calibrate.cached_calibration`: one start of the stage processes, once per stage count);
     a GPU job takes :data:`DEFAULT_LINK` and no overhead. ``overhead`` given replaces the calibrated one.
     """
     import torch
