@@ -54,6 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _jobs(args: argparse.Namespace, stages: int, out: Path) -> tuple[list[Any], list[str]]:
     from stallfree.stage_runtime.train.config import TrainConfig
     from stallfree.stage_runtime.train.schedules import schedule_spec
+    from stallfree.stage_runtime.train.trainer import check
 
     configs, skipped = [], []
     for model in args.models:
@@ -67,10 +68,16 @@ def _jobs(args: argparse.Namespace, stages: int, out: Path) -> tuple[list[Any], 
                 except ValueError as err:
                     skipped.append(f"{model} {schedule} S={stages} M={m}: {err}")
                     continue
-                configs.append(TrainConfig(
+                config = TrainConfig(
                     model=model, image_size=args.image_size, samples=args.batch_size * (args.steps + 1),
                     stages=stages, schedule=schedule, microbatches=m, batch_size=args.batch_size,
-                    max_steps=args.steps, progress=False, out_dir=str(out / f"{model}-{schedule}-s{stages}-m{m}")))
+                    max_steps=args.steps, progress=False, out_dir=str(out / f"{model}-{schedule}-s{stages}-m{m}"))
+                try:
+                    check(config)  # e.g. more model stages than the model has layers: said, not a failed sweep
+                except ValueError as err:
+                    skipped.append(f"{model} {schedule} S={stages} M={m}: {err}")
+                    continue
+                configs.append(config)
     return configs, skipped
 
 
