@@ -46,7 +46,7 @@ def predict_training(config: Any, balance: tuple[int, ...], num_classes: int, li
     if link is None and not config.device.startswith("cuda"):
         from stallfree.stage_runtime.plan.calibrate import cached_calibration
 
-        calibration = cached_calibration(config.stages, threads)
+        calibration = cached_calibration(max(2, config.stages), threads)  # one stage: its actions' cost still
         link, overhead, source = calibration.link, overhead or calibration.overhead, "calibrated"
     link = link or parse_link(DEFAULT_LINK)
     overhead = overhead or NO_OVERHEAD
