@@ -4,9 +4,12 @@ For each bundled model (``--models``), pipeline ranks (``--stages``) and micro-b
 every synchronous schedule torch accepts is trained for ``--steps`` steps on generated tensors (no input cost) in
 one set of stage processes per rank count, on gloo, and its measured step time and bubble (medians over the steps
 after the first) are set beside the simulator's prediction for the same split (``stallfree.stage_runtime.plan
-.predict``). The link is calibrated first from measured sends between two processes
-(``stage_runtime/plan/calibrate.py``), unless ``--link`` gives one. The table says, per cell, whether the step is
-within 15% and the bubble within 5 points, and the count of cells that are.
+.predict``). Before each rank count's jobs, that many gloo processes calibrate the simulator on this machine
+(``stage_runtime/plan/calibrate.py``): the link from measured sends (unless ``--link`` gives one) and the host
+overhead of torch's schedule runtime per action, message and step from a near-empty pipeline (unless
+``--no-overhead``). The table says, per cell, whether the step is within 15% and the bubble within 5 points, and
+the count of cells that are; then, per model, whether the simulator's top choice among the cells run (the
+fastest predicted) is within 10% of the fastest measured.
 """
 
 from __future__ import annotations
@@ -19,14 +22,15 @@ import tempfile
 from pathlib import Path
 from typing import Any, TextIO
 
-__all__ = ["EXAMPLES", "add_arguments", "run"]
+__all__ = ["EXAMPLES", "add_arguments", "run", "top_choices"]
 
 EXAMPLES = """examples:
   stallfree bench plan                                     # mlp and small_cnn, S 2 and 4, M 2, 4, 8
   stallfree bench plan --models mlp --stages 2 --microbatches 4 --steps 6
   stallfree bench plan --link 1GB/s,2ms --json-file bench-plan.json   # a given link instead of the calibration
+  stallfree bench plan --no-overhead                       # the simulator without torch's runtime overhead
 """
-STEP_TOLERANCE, BUBBLE_POINTS = 0.15, 0.05
+STEP_TOLERANCE, BUBBLE_POINTS, TOP_TOLERANCE = 0.15, 0.05, 0.10
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,11 +47,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=32, help="images per step")
     parser.add_argument("--image-size", type=int, default=16, help="side of the generated images")
     parser.add_argument("--link", help="BANDWIDTH,LATENCY instead of the calibration, e.g. 1GB/s,2ms")
+    parser.add_argument("--no-overhead", action="store_true",
+                        help="predict without the calibrated per-action, per-message and per-step host overhead")
 
 
 def _jobs(args: argparse.Namespace, stages: int, out: Path) -> tuple[list[Any], list[str]]:
     from stallfree.stage_runtime.train.config import TrainConfig
     from stallfree.stage_runtime.train.schedules import schedule_spec
+    from stallfree.stage_runtime.train.trainer import check
 
     configs, skipped = [], []
     for model in args.models:
@@ -61,10 +68,16 @@ def _jobs(args: argparse.Namespace, stages: int, out: Path) -> tuple[list[Any], 
                 except ValueError as err:
                     skipped.append(f"{model} {schedule} S={stages} M={m}: {err}")
                     continue
-                configs.append(TrainConfig(
+                config = TrainConfig(
                     model=model, image_size=args.image_size, samples=args.batch_size * (args.steps + 1),
                     stages=stages, schedule=schedule, microbatches=m, batch_size=args.batch_size,
-                    max_steps=args.steps, progress=False, out_dir=str(out / f"{model}-{schedule}-s{stages}-m{m}")))
+                    max_steps=args.steps, progress=False, out_dir=str(out / f"{model}-{schedule}-s{stages}-m{m}"))
+                try:
+                    check(config)  # e.g. more model stages than the model has layers: said, not a failed sweep
+                except ValueError as err:
+                    skipped.append(f"{model} {schedule} S={stages} M={m}: {err}")
+                    continue
+                configs.append(config)
     return configs, skipped
 
 
@@ -75,32 +88,58 @@ def _measured(config: Any) -> tuple[float, float]:
     return statistics.median(r["step_s"] for r in steps), statistics.median(r["bubble"] for r in steps)
 
 
+def top_choices(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per model: the cell predicted fastest beside the cell measured fastest, and whether it is within 10%."""
+    out = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        cells = [r for r in rows if r["model"] == model]
+        top = min(cells, key=lambda r: r["predicted_step_s"])
+        fastest = min(cells, key=lambda r: r["measured_step_s"])
+        ratio = top["measured_step_s"] / fastest["measured_step_s"]
+        out.append({"model": model, "cells": len(cells), "top": _cell(top), "fastest": _cell(fastest),
+                    "slower_than_fastest": ratio - 1, "within": ratio - 1 <= TOP_TOLERANCE})
+    return out
+
+
+def _cell(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: row[k] for k in ("schedule", "stages", "microbatches", "measured_step_s", "predicted_step_s")}
+
+
+def _name(cell: dict[str, Any]) -> str:
+    return f"{cell['schedule']} S={cell['stages']} M={cell['microbatches']} ({cell['measured_step_s'] * 1e3:.1f} ms)"
+
+
 def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
     """Run the benchmark, print its table to ``out`` and return its results (JSON-able)."""
-    from stallfree.stage_runtime.plan.calibrate import calibrate_gloo_link
-    from stallfree.stage_runtime.plan.costs import parse_link
+    from stallfree.stage_runtime.plan.calibrate import cached_calibration
+    from stallfree.stage_runtime.plan.costs import NO_OVERHEAD, parse_link
     from stallfree.stage_runtime.plan.predict import predict_training
     from stallfree.stage_runtime.train.trainer import train_many
 
     if args.steps < 2 or args.batch_size < 1 or min(args.stages) < 2:
         raise ValueError("--steps must be >= 2, --batch-size >= 1 and every --stages >= 2")
-    if args.link:
-        link, how = parse_link(args.link), "given"
-    else:
-        print("calibrating the link: gloo sends between two processes ...", file=sys.stderr, flush=True)
-        link, how = calibrate_gloo_link(), "calibrated from measured sends"
+    given = parse_link(args.link) if args.link else None
+    how = "given" if given else "calibrated from measured sends"
     rows: list[dict[str, Any]] = []
     skipped: list[str] = []
+    calibrations: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="stallfree-bench-plan-") as tmp:
         for stages in args.stages:
             configs, left_out = _jobs(args, stages, Path(tmp))
             skipped += left_out
             if not configs:
                 continue
+            print(f"calibrating on {stages} gloo processes: sends and a near-empty pipeline ...", file=sys.stderr,
+                  flush=True)
+            calibration = cached_calibration(stages, configs[0].threads)
+            calibrations[str(stages)] = calibration.to_dict()
+            link = given or calibration.link
+            overhead = NO_OVERHEAD if args.no_overhead else calibration.overhead
             print(f"training {len(configs)} jobs in {stages} stage processes ...", file=sys.stderr, flush=True)
             for config, summary in zip(configs, train_many(configs), strict=True):
                 step_s, bubble = _measured(config)
-                predicted = predict_training(config, tuple(summary["balance"]), summary["num_classes"], link)
+                predicted = predict_training(config, tuple(summary["balance"]), summary["num_classes"], link,
+                                             overhead)
                 rows.append({"model": config.model, "schedule": config.schedule, "stages": stages,
                              "microbatches": config.microbatches, "balance": summary["balance"],
                              "measured_step_s": step_s, "predicted_step_s": predicted["step_s"],
@@ -109,8 +148,13 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
                              "within": abs(predicted["step_s"] / step_s - 1) <= STEP_TOLERANCE
                              and abs(predicted["bubble"] - bubble) <= BUBBLE_POINTS})
     hits = sum(r["within"] for r in rows)
-    print(f"link {link.describe()} ({how}); batch {args.batch_size}, {args.steps} steps per job, medians after "
-          "the first", file=out)
+    for stages, c in calibrations.items():
+        o = c["overhead"]
+        print(f"S={stages}: link {given.describe() if given else c['link']} ({how}); host overhead "
+              f"{'not used' if args.no_overhead else 'calibrated'}: {o['action_s'] * 1e6:.0f} us per action, "
+              f"{o['message_s'] * 1e6:.0f} us per message, {o['step_s'] * 1e6:.0f} us per step", file=out)
+    print(f"batch {args.batch_size}, {args.steps} steps per job, medians after the first; step = rank 0's "
+          "schedule step, the optimizer outside it (as the trainer measures)", file=out)
     print(f"| {'model':<9} | {'schedule':<16} | {'S':>1} | {'M':>2} | {'step ms meas.':>13} | {'pred.':>8} | "
           f"{'error':>6} | {'bubble meas.':>12} | {'pred.':>6} | ok |", file=out)
     print(f"|{'-' * 11}|{'-' * 18}|{'-' * 3}|{'-' * 4}|{'-' * 15}|{'-' * 10}|{'-' * 8}|{'-' * 14}|{'-' * 8}|----|",
@@ -122,7 +166,13 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
               f"{'yes' if r['within'] else 'no':<2} |", file=out)
     print(f"{hits} of {len(rows)} cells within {STEP_TOLERANCE:.0%} step time and {BUBBLE_POINTS * 100:.0f} bubble "
           "points", file=out)
+    tops = top_choices(rows)
+    for t in tops:
+        print(f"{t['model']}: the top choice of {t['cells']} cells, {_name(t['top'])}, is "
+              f"{t['slower_than_fastest']:.0%} slower than the fastest measured, {_name(t['fastest'])}: "
+              f"{'within' if t['within'] else 'not within'} {TOP_TOLERANCE:.0%}", file=out)
     for reason in skipped:
         print(f"skipped {reason}", file=out)
-    return {"link": link.describe(), "link_source": how, "rows": rows, "within": hits, "cells": len(rows),
+    return {"link": given.describe() if given else None, "link_source": how, "overhead_used": not args.no_overhead,
+            "calibration": calibrations, "rows": rows, "within": hits, "cells": len(rows), "top_choice": tops,
             "skipped": skipped}

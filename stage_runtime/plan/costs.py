@@ -22,6 +22,8 @@ from typing import Any
 
 __all__ = [
     "BACKWARD_SHARE",
+    "NO_OVERHEAD",
+    "HostOverhead",
     "LayerTimes",
     "Link",
     "StageCost",
@@ -90,6 +92,36 @@ class Link:
 
 
 FREE_LINK = Link(float("inf"), 0.0)
+
+
+@dataclass(frozen=True)
+class HostOverhead:
+    """What torch's schedule runtime costs the host beside the layers' compute, per step, action and message.
+
+    ``action_s`` is added to every forward, backward, input- and weight-gradient action: the Python of
+    ``PipelineStage``'s chunk calls (argument handling, shape checks, autograd plumbing), which the trainer's stage
+    timing counts as busy. ``message_s`` occupies a rank once per message it sends (after the action that made it)
+    and once per message it receives (before the action that reads it): posting and completing a gloo operation,
+    idle in the trainer's bubble. ``step_s`` is the schedule step's own set-up (splitting the batch into
+    micro-batches, merging the losses), idle on every rank. Measured by
+    :func:`~stallfree.stage_runtime.plan.calibrate.calibrate_host`.
+    """
+
+    action_s: float = 0.0
+    message_s: float = 0.0
+    step_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if min(self.action_s, self.message_s, self.step_s) < 0:
+            raise ValueError(f"host overheads must be >= 0 seconds, got action {self.action_s}, message "
+                             f"{self.message_s}, step {self.step_s}")
+
+    def to_dict(self) -> dict[str, float]:
+        """As JSON."""
+        return {"action_s": self.action_s, "message_s": self.message_s, "step_s": self.step_s}
+
+
+NO_OVERHEAD = HostOverhead()
 
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20,
                "gib": 2**30, "tib": 2**40, "kbit": 125, "mbit": 125e3, "gbit": 125e6, "tbit": 125e9}

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from .costs import FREE_LINK, LayerTimes, Link, StageCost, stage_costs
+from .costs import FREE_LINK, NO_OVERHEAD, HostOverhead, LayerTimes, Link, StageCost, stage_costs
 from .orders import placement, torch_order
 from .simulate import StepResult, simulate_step
 
@@ -94,7 +94,7 @@ def rank_plans(layers_for: Callable[[int], Sequence[LayerTimes]], optimizer_s: f
                network: Network, memory_limit: int | None = None,
                schedules: Sequence[str] = SYNC_SCHEDULES, microbatches: Sequence[int] = (1, 2, 4, 8, 16, 32),
                virtuals: Sequence[int] = (2, 4), top: int = 5,
-               skipped: list[str] | None = None) -> list[Candidate]:
+               skipped: list[str] | None = None, overhead: HostOverhead = NO_OVERHEAD) -> list[Candidate]:
     """Simulate every configuration and return them fastest first, those within ``memory_limit`` before others.
 
     Args:
@@ -108,6 +108,7 @@ def rank_plans(layers_for: Callable[[int], Sequence[LayerTimes]], optimizer_s: f
         virtuals: the stages per rank to try for interleaved-1f1b and zero-bubble (ZBV always has 2).
         top: how many of the best get their bubble split into causes (two more simulations each).
         skipped: gets one line per configuration torch refuses, with its reason.
+        overhead: the host's cost of torch's runtime per action, message and step (``calibrate_host``).
 
     Raises:
         ValueError: nothing can be simulated (say, a model of one layer).
@@ -141,7 +142,7 @@ def rank_plans(layers_for: Callable[[int], Sequence[LayerTimes]], optimizer_s: f
                                and c.virtual == per_rank and c.microbatches == m for c in out):
                             continue  # both rules chose the same split
                         costs = stage_costs(layers, balance, optimizer_s)
-                        result = simulate_step(order, owner, costs, network.between, causes=False)
+                        result = simulate_step(order, owner, costs, network.between, causes=False, overhead=overhead)
                         memory = [0] * ranks
                         for s, r in enumerate(owner):
                             memory[r] += STATE_COPIES * costs[s].param_bytes
@@ -156,7 +157,7 @@ def rank_plans(layers_for: Callable[[int], Sequence[LayerTimes]], optimizer_s: f
     for i, c in enumerate(out[:top]):
         order = torch_order(c.schedule, c.ranks, c.microbatches, c.virtual)
         owner = placement(c.schedule, c.ranks, c.ranks * c.virtual)
-        full = simulate_step(order, owner, c.costs, network.between, causes=True)
+        full = simulate_step(order, owner, c.costs, network.between, causes=True, overhead=overhead)
         out[i] = Candidate(c.schedule, c.ranks, c.virtual, c.microbatches, c.balance, c.split, c.batch, full,
                            c.memory_bytes, c.fits, c.cross_cuts, c.costs)
     return out

@@ -1,10 +1,14 @@
 """The simulator's prediction for one training job, for the trainer's report beside what it measured.
 
 ``stallfree train`` prints the measured bubble; the schedule's textbook theory leaves out communication, uneven
-stages and the optimizer step, so this module predicts the job's own step instead: the same model measured by
-the partitioner's measurement (``measure_model``) at the job's micro-batch, cut by the job's balance, ordered as
-torch's schedule runs it, over one link model. It runs in the command's process after training, with the torch
-threads each stage process had.
+stages, the optimizer step and torch's own runtime, so this module predicts the job's own step instead: the same
+model measured by the partitioner's measurement (``measure_model``) at the job's micro-batch, cut by the job's
+balance, ordered as torch's schedule runs it, over the link and with the runtime's per-action, per-message and
+per-step host overhead calibrated on this machine (:mod:`.calibrate`; a CPU job only, the calibration measures gloo).
+It runs in the command's process after training, with the torch threads each stage process had.
+
+The step it predicts is the one the trainer measures: rank 0's ``schedule.step`` (the optimizer step runs after
+it, outside the trainer's step time and bubble); ``step_with_optimizer_s`` adds the slowest rank's optimizer.
 """
 
 from __future__ import annotations
@@ -12,32 +16,42 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from stallfree.stage_runtime.plan.costs import Link, parse_link, stage_costs
+from stallfree.stage_runtime.plan.costs import NO_OVERHEAD, HostOverhead, Link, parse_link, stage_costs
 from stallfree.stage_runtime.plan.orders import placement, torch_order
 from stallfree.stage_runtime.plan.simulate import simulate_step
 
 __all__ = ["DEFAULT_LINK", "predict_training"]
 
-DEFAULT_LINK = "25GB/s,5us"  # stallfree plan's default
+DEFAULT_LINK = "25GB/s,5us"  # stallfree plan's default, for a GPU job (the calibration measures gloo on CPU)
 
 
-def predict_training(config: Any, balance: tuple[int, ...], num_classes: int,
-                     link: Link | None = None) -> dict[str, Any]:
+def predict_training(config: Any, balance: tuple[int, ...], num_classes: int, link: Link | None = None,
+                     overhead: HostOverhead | None = None) -> dict[str, Any]:
     """Predicted step time, images/s and bubble (split into causes) of ``config`` (a ``TrainConfig``).
 
-    ``balance`` is the split the job ran; ``link`` defaults to :data:`DEFAULT_LINK`.
+    ``balance`` is the split the job ran. Without ``link`` a CPU job calibrates the link and the runtime's overhead
+    on this machine (:func:`~.calibrate.cached_calibration`: one start of the stage processes, once per stage count);
+    a GPU job takes :data:`DEFAULT_LINK` and no overhead. ``overhead`` given replaces the calibrated one.
     """
     import torch
 
     from stallfree.stage_runtime.plan.measure import measure_model
     from stallfree.stage_runtime.train.models import build_model
 
-    link = link or parse_link(DEFAULT_LINK)
     micro = config.batch_size // config.microbatches
     per_rank = config.spec.stages_per_rank(config.virtual_stages)
-    previous = torch.get_num_threads()
     cores = len(os.sched_getaffinity(0))
-    torch.set_num_threads(config.threads or max(1, cores // min(config.world_size, cores)))
+    threads = config.threads or max(1, cores // min(config.world_size, cores))
+    source = "given" if link is not None else "default"
+    if link is None and not config.device.startswith("cuda"):
+        from stallfree.stage_runtime.plan.calibrate import cached_calibration
+
+        calibration = cached_calibration(max(2, config.stages), threads)  # one stage: its actions' cost still
+        link, overhead, source = calibration.link, overhead or calibration.overhead, "calibrated"
+    link = link or parse_link(DEFAULT_LINK)
+    overhead = overhead or NO_OVERHEAD
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
     try:
         torch.manual_seed(config.seed)
         model = build_model(config.model, num_classes, config.image_size, **config.model_kwargs)
@@ -47,7 +61,9 @@ def predict_training(config: Any, balance: tuple[int, ...], num_classes: int,
     costs = stage_costs(layers, balance, optimizer_s)
     order = torch_order(config.schedule, config.stages, config.microbatches, per_rank)
     owner = placement(config.schedule, config.stages, config.stages * per_rank)
-    result = simulate_step(order, owner, costs, lambda a, b: link, causes=True)
+    result = simulate_step(order, owner, costs, lambda a, b: link, causes=True, overhead=overhead)
     assert result.bubble is not None  # causes=True splits it
-    return {"step_s": result.step_s, "images_per_s": config.batch_size * config.dp / result.step_s,
-            "bubble": result.bubble.total, "causes": result.bubble.to_dict(), "link": link.describe()}
+    return {"step_s": result.schedule_s, "step_with_optimizer_s": result.step_s,
+            "images_per_s": config.batch_size * config.dp / result.schedule_s,
+            "bubble": result.bubble.total, "causes": result.bubble.to_dict(), "link": link.describe(),
+            "link_source": source, "overhead": overhead.to_dict()}

@@ -14,6 +14,11 @@ busy; a rank waiting is idle, and the idle share of ranks x schedule time is the
 measures it. The bubble is split into causes by simulating the same order twice more: with every stage's cost
 the mean of the stages' and free links (what is left is the schedule's own warm-up and cool-down), then with the
 real costs and free links (what that adds is imbalance); the rest is communication.
+
+The host's own cost of torch's runtime (:class:`~.costs.HostOverhead`, calibrated on this machine) is charged too:
+``action_s`` on every compute action (busy, as the trainer's stage timing counts it), ``message_s`` on the
+sending rank after an action that sends to another rank and on the receiving rank before the action that reads
+it (idle), and ``step_s`` on every rank before the first action (idle). With all three 0 the textbook holds.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from .costs import FREE_LINK, Link, StageCost
+from .costs import FREE_LINK, NO_OVERHEAD, HostOverhead, Link, StageCost
 from .orders import Op
 
 __all__ = ["Bubble", "Span", "StepResult", "simulate", "simulate_step"]
@@ -41,17 +46,22 @@ class Span:
 
 @dataclass(frozen=True)
 class Bubble:
-    """The idle share of ranks x schedule time, and its causes (they sum to ``total``)."""
+    """The idle share of ranks x schedule time, and its causes (they sum to ``total``).
+
+    ``communication`` holds the links and the runtime's per-message host time; ``runtime`` the schedule step's own
+    set-up (:attr:`~.costs.HostOverhead.step_s`).
+    """
 
     total: float
     warmup_cooldown: float
     imbalance: float
     communication: float
+    runtime: float = 0.0
 
     def to_dict(self) -> dict[str, float]:
         """As JSON."""
         return {"total": self.total, "warmup_cooldown": self.warmup_cooldown, "imbalance": self.imbalance,
-                "communication": self.communication}
+                "communication": self.communication, "runtime": self.runtime}
 
 
 @dataclass(frozen=True)
@@ -76,20 +86,19 @@ class StepResult:
         return 1.0 - sum(self.busy_s) / (ranks * self.schedule_s) if self.schedule_s > 0 else 0.0
 
 
-def _duration(op: Op, cost: StageCost, optimizer_s: float) -> float:
+def _duration(op: Op, cost: StageCost) -> float:
     if op.kind == "F":
         return cost.forward_s
     if op.kind == "B":
         return cost.backward_s
     if op.kind == "I":
         return cost.input_s
-    if op.kind == "W":
-        return cost.weight_s
-    return optimizer_s
+    return cost.weight_s
 
 
 def simulate(program: Mapping[int, Sequence[Op]], owner: Sequence[int], costs: Sequence[StageCost],
-             link: LinkFor, optimizer_s: Sequence[float] | None = None) -> StepResult:
+             link: LinkFor, optimizer_s: Sequence[float] | None = None,
+             overhead: HostOverhead = NO_OVERHEAD) -> StepResult:
     """Run ``program`` (each rank's operations in order) and return what happened.
 
     Args:
@@ -99,6 +108,7 @@ def simulate(program: Mapping[int, Sequence[Op]], owner: Sequence[int], costs: S
         link: the link from one rank to another.
         optimizer_s: the optimizer step per rank after the schedule (default: the sum of its stages' shares);
             O operations inside the program cost the same.
+        overhead: the host's cost of torch's runtime per action, message and step (none by default).
 
     Raises:
         ValueError: the program cannot finish (an operation waits for one that never runs), naming them.
@@ -113,8 +123,9 @@ def simulate(program: Mapping[int, Sequence[Op]], owner: Sequence[int], costs: S
         opt = list(optimizer_s)
     done: dict[tuple[str, int, int], float] = {}  # (kind, stage, mb) -> end
     ready: dict[tuple[str, int, int], float] = {}  # ("act"|"grad", receiving stage, mb) -> arrival
+    remote: set[tuple[str, int, int]] = set()  # the messages of ``ready`` that came from another rank
     link_free: dict[tuple[int, int], float] = {}
-    now = [0.0] * ranks
+    now = [overhead.step_s] * ranks  # the step's own set-up, before any action
     nxt = [0] * ranks
     spans: list[Span] = []
     memory: list[tuple[float, int, int, int]] = []  # (time, +bytes/-bytes, rank, stage)
@@ -136,26 +147,39 @@ def simulate(program: Mapping[int, Sequence[Op]], owner: Sequence[int], costs: S
             return done.get(("I", s, m))
         return 0.0
 
-    def send(kind: str, src_stage: int, dst_stage: int, m: int, at: float, nbytes: int) -> None:
+    def start_at(r: int, op: Op) -> float | None:
+        """When rank ``r`` can start ``op``: free, inputs arrived, and a message from another rank received."""
+        at = inputs_at(op)
+        if at is None:
+            return None
+        message = ("act" if op.kind == "F" else "grad", op.stage, op.mb)
+        receive = overhead.message_s if op.kind in "FBI" and message in remote else 0.0
+        return max(at, now[r]) + receive
+
+    def send(kind: str, src_stage: int, dst_stage: int, m: int, at: float, nbytes: int) -> float:
+        """Send from ``src_stage`` at ``at``; returns when its sender is free again."""
         nonlocal transfers
         src, dst = owner[src_stage], owner[dst_stage]
         if src == dst:
             ready[(kind, dst_stage, m)] = at
-            return
+            return at
+        at += overhead.message_s  # posting the send occupies the sender; the message leaves after it
         ln = link(src, dst)
         start = max(at, link_free.get((src, dst), 0.0))
         link_free[(src, dst)] = start + ln.busy_s(nbytes)
         ready[(kind, dst_stage, m)] = start + ln.busy_s(nbytes) + ln.latency_s
+        remote.add((kind, dst_stage, m))
         transfers += 1
+        return at
 
     total_ops = sum(len(p) for p in program.values())
     for _ in range(total_ops):
         best: tuple[float, int] | None = None
         for r in range(ranks):
             if nxt[r] < len(program[r]):
-                at = inputs_at(program[r][nxt[r]])
-                if at is not None and (best is None or max(at, now[r]) < best[0]):
-                    best = (max(at, now[r]), r)
+                at = start_at(r, program[r][nxt[r]])
+                if at is not None and (best is None or at < best[0]):
+                    best = (at, r)
         if best is None:
             stuck = [str(program[r][nxt[r]]) for r in range(ranks) if nxt[r] < len(program[r])]
             raise ValueError(f"the schedule cannot finish: each rank's next operation waits for one that never "
@@ -164,7 +188,7 @@ def simulate(program: Mapping[int, Sequence[Op]], owner: Sequence[int], costs: S
         op = program[r][nxt[r]]
         nxt[r] += 1
         cost = costs[op.stage] if op.kind != "O" else None
-        end = start + (_duration(op, cost, opt[r]) if cost is not None else opt[r])
+        end = start + (_duration(op, cost) + overhead.action_s if cost is not None else opt[r])
         now[r] = end
         spans.append(Span(r, op, start, end))
         if cost is None:
@@ -173,12 +197,12 @@ def simulate(program: Mapping[int, Sequence[Op]], owner: Sequence[int], costs: S
         if op.kind == "F":
             memory.append((start, cost.activation_bytes, r, op.stage))
             if op.stage < last:
-                send("act", op.stage, op.stage + 1, op.mb, end, cost.output_bytes)
+                now[r] = send("act", op.stage, op.stage + 1, op.mb, end, cost.output_bytes)
         elif op.kind in ("B", "I"):
             if op.kind == "B":
                 memory.append((end, -cost.activation_bytes, r, op.stage))
             if op.stage > 0:
-                send("grad", op.stage, op.stage - 1, op.mb, end, costs[op.stage - 1].output_bytes)
+                now[r] = send("grad", op.stage, op.stage - 1, op.mb, end, costs[op.stage - 1].output_bytes)
         elif op.kind == "W":  # the weight gradient still reads the stage's saved inputs: freed only now
             memory.append((end, -cost.activation_bytes, r, op.stage))
 
@@ -209,15 +233,21 @@ def _mean_costs(costs: Sequence[StageCost]) -> list[StageCost]:
 
 
 def simulate_step(program: Mapping[int, Sequence[Op]], owner: Sequence[int], costs: Sequence[StageCost],
-                  link: LinkFor, causes: bool = True) -> StepResult:
-    """:func:`simulate`, with the bubble split into its causes (two more runs) when ``causes``."""
-    result = simulate(program, owner, costs, link)
+                  link: LinkFor, causes: bool = True, overhead: HostOverhead = NO_OVERHEAD) -> StepResult:
+    """:func:`simulate`, with the bubble split into its causes (two more runs) when ``causes``.
+
+    The two runs keep ``overhead``'s per-action cost (it is part of each action, as compute is) and drop its
+    per-message cost (communication) and per-step set-up (``runtime``, ``step_s`` / schedule time).
+    """
+    result = simulate(program, owner, costs, link, overhead=overhead)
     if not causes or result.schedule_s <= 0:
         return result
     ranks, t, busy = len(program), result.schedule_s, sum(result.busy_s)
     free: LinkFor = lambda a, b: FREE_LINK  # noqa: E731
-    ideal = simulate(program, owner, _mean_costs(costs), free).schedule_s
-    no_comm = simulate(program, owner, costs, free).schedule_s
+    actions = HostOverhead(action_s=overhead.action_s)
+    ideal = simulate(program, owner, _mean_costs(costs), free, overhead=actions).schedule_s
+    no_comm = simulate(program, owner, costs, free, overhead=actions).schedule_s
+    runtime = overhead.step_s / t
     bubble = Bubble(result.bubble_share, (ranks * ideal - busy) / (ranks * t), (no_comm - ideal) / t,
-                    (t - no_comm) / t)
+                    (t - no_comm) / t - runtime, runtime)
     return replace(result, bubble=bubble)

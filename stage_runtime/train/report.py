@@ -142,7 +142,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         c = sim["causes"]
         lines.append(f"  simulated      {sim['bubble']:10.1%}  bubble predicted for this split and schedule (warm-up/"
                      f"cool-down {c['warmup_cooldown']:.1%}, imbalance {c['imbalance']:.1%}, communication "
-                     f"{c['communication']:.1%} over {sim['link']}); {sim['images_per_s']:.1f} images/s predicted")
+                     f"{c['communication']:.1%} over {sim['link']}, runtime {c.get('runtime', 0.0):.1%}); "
+                     f"{sim['images_per_s']:.1f} images/s predicted")
     predicted = summary.get("plan_prediction")
     if predicted:
         ratio = summary["images_per_s"] / predicted["images_per_s"]

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from stallfree.bench.plan import top_choices
 from stallfree.cli import main
-from stallfree.stage_runtime.plan.calibrate import calibrate_gloo_link
+from stallfree.stage_runtime.plan.calibrate import calibrate_gloo_link, calibrate_host
 
 
 def test_bench_plan_sets_prediction_beside_measurement(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -27,8 +28,33 @@ def test_bench_plan_sets_prediction_beside_measurement(tmp_path: Path, capsys: p
     # M=3 does not divide the batch: said, not silently dropped
     assert sorted(s.split(":")[0] for s in result["skipped"]) == ["mlp gpipe S=2 M=3", "mlp zbv S=2 M=3"]
     assert f"{result['within']} of 2 cells within 15% step time" in text
+    # the host overhead was calibrated on 2 processes and used; the top choice is reported per model
+    overhead = result["calibration"]["2"]["overhead"]
+    assert result["overhead_used"] and min(overhead.values()) >= 0
+    assert [t["model"] for t in result["top_choice"]] == ["mlp"] and "mlp: the top choice of 2 cells" in text
+
+
+def _row(schedule: str, measured: float, predicted: float, model: str = "mlp") -> dict:
+    return {"model": model, "schedule": schedule, "stages": 2, "microbatches": 4, "measured_step_s": measured,
+            "predicted_step_s": predicted}
+
+
+def test_the_top_choice_is_the_fastest_predicted_cell_set_beside_the_fastest_measured() -> None:
+    rows = [_row("gpipe", 0.010, 0.004), _row("1f1b", 0.0095, 0.005), _row("zbv", 0.012, 0.006),
+            _row("gpipe", 0.020, 0.030, "small_cnn"), _row("zbv", 0.030, 0.020, "small_cnn")]
+    mlp, cnn = top_choices(rows)
+    assert mlp["top"]["schedule"] == "gpipe" and mlp["fastest"]["schedule"] == "1f1b"
+    assert mlp["slower_than_fastest"] == pytest.approx(0.010 / 0.0095 - 1) and mlp["within"]  # 5% slower
+    assert cnn["top"]["schedule"] == "zbv" and not cnn["within"]  # 50% slower than gpipe
 
 
 def test_the_calibrated_link_is_positive() -> None:
     link = calibrate_gloo_link(repeats=3)
     assert link.bytes_per_s > 0 and 0 < link.latency_s < 1.0
+
+
+def test_the_host_calibration_runs_torchs_schedule_on_every_rank() -> None:
+    calibration = calibrate_host(ranks=2, repeats=2, steps=2)
+    assert [p.microbatches for p in calibration.pipeline] == [2, 8]
+    assert all(len(p.busy_s) == 2 and p.schedule_s > 0 for p in calibration.pipeline)
+    assert min(calibration.overhead.to_dict().values()) >= 0 and calibration.layer_s > 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stallfree.stage_runtime.plan.costs import FREE_LINK, Link, StageCost
+from stallfree.stage_runtime.plan.costs import FREE_LINK, HostOverhead, Link, StageCost
 from stallfree.stage_runtime.plan.orders import Op, placement, torch_order
 from stallfree.stage_runtime.plan.simulate import simulate, simulate_step
 from stallfree.stage_runtime.train.schedules import SCHEDULE_SPECS
@@ -89,3 +89,49 @@ def test_an_order_that_cannot_finish_names_the_waiting_ops():
     order = {0: [Op(0, "B", 0), Op(0, "F", 0)], 1: [Op(1, "F", 0), Op(1, "B", 0)]}
     with pytest.raises(ValueError, match=r"cannot finish.*0B0, 1F0"):
         simulate(order, [0, 1], _equal(2), FREE)
+
+
+def test_no_overhead_keeps_the_textbook_exactly():
+    for schedule, ranks, m in (("gpipe", 4, 8), ("1f1b", 2, 4), ("interleaved-1f1b", 4, 8)):
+        result = _run(schedule, ranks, m, overhead=HostOverhead(0.0, 0.0, 0.0))
+        assert result.bubble_share == pytest.approx(theoretical_bubble(schedule, ranks, m), abs=1e-12)
+        assert result.bubble.runtime == 0.0
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zbv"])
+def test_the_action_overhead_is_added_to_every_action_as_busy_time(schedule):
+    plain, charged = _run(schedule, 2, 4), _run(schedule, 2, 4, overhead=HostOverhead(action_s=0.25))
+    actions = [sum(1 for s in charged.spans if s.rank == r) for r in range(2)]
+    assert charged.busy_s == pytest.approx([b + 0.25 * n for b, n in zip(plain.busy_s, actions, strict=True)])
+    before = {(s.rank, s.op): s.end - s.start for s in plain.spans}
+    after = {(s.rank, s.op): s.end - s.start for s in charged.spans}
+    assert after == pytest.approx({k: v + 0.25 for k, v in before.items()})
+
+
+def test_gpipe_keeps_its_textbook_bubble_with_an_action_overhead():
+    # Every action 0.5 longer: equal stages stay equal, and GPipe's share does not depend on F:B.
+    result = _run("gpipe", 4, 8, overhead=HostOverhead(action_s=0.5))
+    assert result.bubble_share == pytest.approx(theoretical_bubble("gpipe", 4, 8), abs=1e-12)
+
+
+def test_a_message_costs_its_sender_and_its_receiver_idle_time():
+    # GPipe, 2 ranks, 1 micro-batch, free links: F0 | send | recv F1 B1 | send | recv B0, each message 0.1 twice.
+    result = _run("gpipe", 2, 1, overhead=HostOverhead(message_s=0.1))
+    assert result.schedule_s == pytest.approx(1 + 1 + 2 + 2 + 4 * 0.1)
+    assert result.busy_s == pytest.approx([3.0, 3.0])  # messages are idle, as the trainer counts them
+    assert result.bubble.communication == pytest.approx(0.4 / result.schedule_s)
+
+
+def test_the_step_set_up_is_idle_on_every_rank_and_its_own_cause():
+    plain = _run("1f1b", 2, 4)
+    result = _run("1f1b", 2, 4, overhead=HostOverhead(action_s=0.1, message_s=0.05, step_s=2.0))
+    assert min(s.start for s in result.spans) == pytest.approx(2.0)
+    assert result.bubble.runtime == pytest.approx(2.0 / result.schedule_s)
+    b = result.bubble
+    assert b.warmup_cooldown + b.imbalance + b.communication + b.runtime == pytest.approx(b.total, abs=1e-12)
+    assert result.schedule_s > plain.schedule_s + 2.0
+
+
+def test_a_negative_overhead_is_refused():
+    with pytest.raises(ValueError, match=r"host overheads must be >= 0 seconds, got action -1"):
+        HostOverhead(action_s=-1)
