@@ -49,11 +49,19 @@ def _stop_running_epochs() -> None:
 
 
 class EpochRun:
-    """One pass over ``epoch`` split from ``split`` on, from ``position`` (batch ``number``): both stage threads."""
+    """One pass over ``epoch`` split from ``split`` on, from ``position`` (batch ``number``): both stage threads.
+
+    ``loader`` is a ``weakref.proxy``: the pass's iterator holds the Loader, its threads do not, so a Loader dropped
+    after a pass (``list(Loader(...))``) is freed at once and its run started ahead is stopped with it.
+    """
 
     def __init__(self, loader: Loader, graph: Graph, epoch: int, split: int, position: int, number: int,
-                 skipped: list[dict[str, Any]]):
+                 skipped: list[dict[str, Any]], *, ahead: bool = False):
         self.loader, self.graph, self.epoch = loader, graph, epoch
+        # A run started ahead keeps its clock spans until it is taken (release_spans): a profile of this epoch
+        # must not see the next one's batch numbers; a run discarded never reports work nobody received.
+        self._held: list[tuple[str, str, float, float, int]] | None = [] if ahead else None
+        self._span_lock = threading.Lock()
         self.start = (split, position, number)
         self.order = loader.sampler.virtual_order(epoch, split)
         self.bad = {int(s["position"]) % len(self.order) for s in skipped}  # this epoch's skipped positions so far
@@ -125,9 +133,25 @@ class EpochRun:
         self.put(out, _DONE)
 
     def record(self, stage: str, state: str, start: float, batch: int) -> None:
-        """Report a span from ``start`` to now to the Loader's clock, if it has one."""
-        if self.loader.clock is not None:
-            self.loader.clock.record(stage, state, start, time.perf_counter(), batch)
+        """Report a span from ``start`` to now to the Loader's clock, if it has one (held while started ahead)."""
+        clock = self.loader.clock
+        if clock is None:
+            return
+        span = (stage, state, start, time.perf_counter(), batch)
+        with self._span_lock:
+            if self._held is not None:
+                self._held.append(span)
+                return
+        clock.record(*span)
+
+    def release_spans(self) -> None:
+        """The run is taken: report the spans it held, and report from now on as they end."""
+        with self._span_lock:
+            held, self._held = self._held or [], None
+        clock = self.loader.clock
+        if clock is not None:
+            for span in held:
+                clock.record(*span)
 
     def skip(self, position: int, row: int, reason: str) -> dict[str, Any]:
         """The skip policy: raise :class:`BadSampleError` with ``on_error="raise"``, else the sample's record."""

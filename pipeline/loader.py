@@ -236,6 +236,7 @@ class Loader:
         self._loaded = False  # whether _start and skipped come from load_state_dict
         self._pass: weakref.ref[Pass] | None = None
         self._next = NextPass()  # the next epoch's run, started as this pass's last batches are taken
+        weakref.finalize(self, self._next.discard)
         self.skipped: list[dict[str, Any]] = []  # this epoch's, so it is also what a resumed Loader carries on
 
     @property
@@ -376,7 +377,7 @@ class Loader:
             )
         number = (delivered - repeat) // self._batch_echo
         run = self._next.take(self._epoch, self._split, position, number, self.skipped) or EpochRun(
-            self, self._graph, self._epoch, self._split, position, number, self.skipped)
+            weakref.proxy(self), self._graph, self._epoch, self._split, position, number, self.skipped)
         ongoing = Pass(self, run, (position, repeat, delivered))
         self._pass = weakref.ref(ongoing)
         return ongoing

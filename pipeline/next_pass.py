@@ -7,12 +7,15 @@ next ``iter()`` will most likely ask for (the next epoch from its start, nothing
 when it asks for exactly that. Anything else (``set_epoch`` to another epoch, ``load_state_dict`` elsewhere) stops
 it and starts afresh; the batches are the same either way, since every draw is keyed by (seed, epoch, sample).
 
-A run nobody takes stops by itself after :data:`IDLE_S` (its threads hold the Loader, so a dropped Loader is freed).
+The run holds its Loader weakly (a ``weakref.proxy``), so a Loader dropped after its last pass is freed at once;
+its finalizer stops the run and waits for its threads (no read of a shard outlives the Loader). A run nobody takes
+also stops by itself after :data:`IDLE_S`.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from stallfree.pipeline.epoch import EpochRun
@@ -37,7 +40,7 @@ class NextPass:
     def start(self, loader: Loader, graph: Graph, epoch: int) -> None:
         """Start ``epoch``'s run from its beginning (the pass before it must have stopped using ``graph``)."""
         self.discard()
-        run = EpochRun(loader, graph, epoch, 0, 0, 0, skipped=[])
+        run = EpochRun(weakref.proxy(loader), graph, epoch, 0, 0, 0, skipped=[], ahead=True)
         self._timer = threading.Timer(IDLE_S, run.stop)
         self._timer.daemon = True
         self._timer.start()
@@ -55,6 +58,7 @@ class NextPass:
         if run.stopped or skipped or run.epoch != epoch or run.start != (split, position, number):
             _stop(run)
             return None
+        run.release_spans()
         return run
 
     def discard(self) -> None:
@@ -64,4 +68,5 @@ class NextPass:
 
 def _stop(run: EpochRun) -> None:
     run.stop()
-    run.join(_JOIN_S)
+    if threading.current_thread() not in run._threads:  # a finalizer may run on one of them
+        run.join(_JOIN_S)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,28 @@ def test_a_run_nobody_takes_stops_by_itself(indexed_list: Path, monkeypatch: pyt
     assert same(list(running), epoch(indexed_list, 1))  # iter() then starts afresh: the same batches
     running.close()
     assert running._next._run is None
+
+
+class _Spans:
+    def __init__(self) -> None:
+        self.spans: list[tuple[str, int | None]] = []
+
+    def record(self, stage: str, state: str, start: float, end: float, batch: int | None = None) -> None:
+        self.spans.append((stage, batch))
+
+
+def test_the_clock_sees_the_run_started_ahead_only_once_it_is_taken(indexed_list: Path) -> None:
+    clock = _Spans()
+    running = Loader(indexed_list, batch_size=8, transform=SPEC, seed=5, dtype="uint8", num_threads=1, clock=clock)
+    batches = len(list(running))
+    ahead = running._next._run
+    assert ahead is not None
+    deadline = time.monotonic() + 10.0
+    while not ahead.out_q.full() and time.monotonic() < deadline:  # batches of the next epoch are ready, unasked
+        time.sleep(0.05)
+    assert ahead.out_q.full()
+    augmented = [b for stage, b in clock.spans if stage == "augment"]
+    assert sorted(augmented) == list(range(batches))
+    list(running)
+    augmented = [b for stage, b in clock.spans if stage == "augment"]
+    assert sorted(augmented) == sorted([*range(batches), *range(batches)])
