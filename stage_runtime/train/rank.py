@@ -84,7 +84,8 @@ class Rank:
         if self.pp == 0:
             common = {"batch_size": c.batch_size, "image_size": c.image_size, "seed": c.seed, "replica": self.replica,
                       "replicas": c.dp, "samples": c.samples, "device": str(self.device),
-                      "num_classes": c.num_classes or 10, "kind": c.feed, "workers": c.loader_threads}
+                      "num_classes": c.num_classes or 10, "kind": c.feed, "workers": c.loader_threads,
+                      "verify": c.verify}
             self.feed = make_feed(c.data, train=True, clock=self.clock, **common)
             if c.eval_data is not None or c.data is None:
                 self.eval_feed = make_feed(c.eval_data, train=False, **common)
