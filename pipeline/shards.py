@@ -141,8 +141,9 @@ def gather_column(rows: np.ndarray, starts: Any, take: Callable[[int, np.ndarray
     """A column at global ``rows`` of shards whose first rows are ``starts``, as the readers' ``column`` gives it.
 
     ``take(shard, local_rows)`` gives one shard's values (:meth:`_Shard.take`; the remote reader fetches the shard
-    first), called once per shard the rows touch. Numeric columns come as a writable NumPy array (as
-    ``torch.from_numpy`` wants), others as a list.
+    first), called once per shard the rows touch; a local reader passes its whole folder as one "shard" (one
+    chunked array over every record batch: 256 rows over 50 shards take ~0.1 ms so, ~2.5 ms shard by shard).
+    Numeric columns come as a writable NumPy array (as ``torch.from_numpy`` wants), others as a list.
     """
     import pyarrow as pa
 
@@ -151,9 +152,13 @@ def gather_column(rows: np.ndarray, starts: Any, take: Callable[[int, np.ndarray
     order = np.argsort(shard_of, kind="stable")  # the rows grouped by shard, each group in the asked order
     grouped, shards = rows[order], shard_of[order]
     pieces = [take(int(s), grouped[shards == s] - int(starts[s])) for s in np.unique(shards)] or [take(0, rows)]
-    back = np.empty_like(order)
-    back[order] = np.arange(len(order))  # where each asked row stands among the grouped ones
-    taken = pa.chunked_array(pieces).take(pa.array(back, pa.int64()))
+    if len(pieces) == 1:  # one shard (or a local folder taken whole): already in the asked order
+        taken = pieces[0]
+    else:
+        back = np.empty_like(order)
+        back[order] = np.arange(len(order))  # where each asked row stands among the grouped ones
+        whole = pa.concat_arrays([p.combine_chunks() if isinstance(p, pa.ChunkedArray) else p for p in pieces])
+        taken = whole.take(pa.array(back, pa.int64()))
     kind = taken.type
     if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
         return np.array(taken.to_numpy(zero_copy_only=False))
@@ -197,6 +202,7 @@ class ShardReader:
         self._starts = [0, *itertools.accumulate(s.rows for s in self._shards)]
         self.columns = [c["name"] for c in self.manifest["schema"] if c["name"] != "image"]
         self._rows = self._starts[-1]
+        self._chunked: dict[str, Any] = {}
         pieces = [b.column("label").to_numpy(zero_copy_only=False) for shard in self._shards for b in shard.batches]
         labels = np.concatenate(pieces) if pieces else np.empty(0, np.int64)
         self._labels: np.ndarray = labels.astype(np.int64, copy=False)  # one array, no per-sample objects
@@ -252,4 +258,9 @@ class ShardReader:
         """
         if name not in self.columns:
             raise KeyError(f"no column {name!r} in {self.folder}; its columns are {self.columns}")
-        return gather_column(rows, self._starts, lambda shard, local: self._shards[shard].take(name, local))
+        import pyarrow as pa
+
+        if name not in self._chunked:  # all the shards as one chunked array: one take per call, not one per shard
+            self._chunked[name] = pa.chunked_array([b.column(name) for s in self._shards for b in s.batches])
+        column = self._chunked[name]
+        return gather_column(rows, [0, self._rows], lambda _, local: column.take(pa.array(local, pa.int64())))
