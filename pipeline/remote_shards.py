@@ -24,7 +24,7 @@ from stallfree.ingest.manifest import MANIFEST, parse_manifest
 from stallfree.pipeline.read_ahead import ReadAhead
 from stallfree.pipeline.remote import RemoteStoreError, Retry, download, open_store, redact, transient
 from stallfree.pipeline.shard_cache import ShardCache, default_cache_dir
-from stallfree.pipeline.shards import ShardError, _Shard
+from stallfree.pipeline.shards import ShardError, _Shard, gather_column
 
 __all__ = ["RemoteShardReader"]
 
@@ -189,17 +189,15 @@ class RemoteShardReader:
         rows = np.asarray(rows, np.int64)
         if name == "label" and (len(rows) == 0 or self._labels[rows].min() >= 0):
             return self._labels[rows].copy()
-        values: list[Any] = []
-        for index in rows.tolist():
-            shard, row = self._locate(index)
+
+        def take(shard: int, local: np.ndarray) -> Any:
             mapped = self._acquire(shard)
             try:
-                batch, i = mapped.locate(row)
-                values.append(mapped.batches[batch].column(name)[i].as_py())
+                return mapped.take(name, local)  # copied out: the shard may go once released
             finally:
                 self.cache.release(self._entries[shard]["sha256"])
-        numeric = values and all(isinstance(v, (int, float, bool)) for v in values)
-        return np.asarray(values) if numeric else values
+
+        return gather_column(rows, self._starts, take)
 
     def close(self) -> None:
         """Stop the read-ahead (downloads in flight finish; the cache may serve other Loaders)."""

@@ -26,20 +26,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from stallfree.transforms import spec  # spec.Normalize: stallfree's step, beside torchvision's of the same name
 from stallfree.transforms.bundled import RandomErasing, RandomGrayscale
 from stallfree.transforms.color import ColorJitter
 from stallfree.transforms.compose import Compose
 from stallfree.transforms.grayscale import Grayscale
 from stallfree.transforms.policies import AutoAugment, RandAugment, TrivialAugmentWide
-from stallfree.transforms.spec import (
-    CenterCrop,
-    Normalize,
-    RandomHorizontalFlip,
-    RandomResizedCrop,
-    RandomVerticalFlip,
-    Resize,
-    Transform,
-)
 
 __all__ = ["Spec", "is_torchvision", "to_steps"]
 
@@ -60,7 +52,7 @@ class Spec:
     and the float type of a ``ToDtype``/``ConvertImageDtype``; the Loader uses it when ``dtype`` is not given.
     """
 
-    steps: tuple[Transform, ...]
+    steps: tuple[spec.Transform, ...]
     dtype: str | None = None
 
 
@@ -101,7 +93,7 @@ def to_steps(transform: Any) -> Spec:
 
 
 def _flatten(where: str, obj: Any, out: list[tuple[str, Any]]) -> None:
-    if isinstance(obj, Transform):
+    if isinstance(obj, spec.Transform):
         out.append((where, obj))
     elif isinstance(obj, Compose) or (is_torchvision(obj) and type(obj).__name__ == "Compose"):
         for i, step in enumerate(obj.transforms):
@@ -154,14 +146,14 @@ class _Translation:
     """One pass over a flattened pipeline, following torchvision's pixel type from step to step."""
 
     def __init__(self) -> None:
-        self.steps: list[Transform] = []
+        self.steps: list[spec.Transform] = []
         self.pixels: Pixels = "uint8"  # a PIL image or a uint8 tensor: the graph's uint8
         self.tensor = False  # whether the pipeline holds a tensor (for the dtype it ends with)
         self.dtype: str | None = None
 
     def run(self, flat: list[tuple[str, Any]]) -> Spec:
         for where, obj in flat:
-            if isinstance(obj, Transform):
+            if isinstance(obj, spec.Transform):
                 self._emit(obj, where)
                 continue
             handler = _HANDLERS.get(type(obj).__name__)
@@ -169,17 +161,18 @@ class _Translation:
                 raise _refuse(where, obj, f"torchvision's {type(obj).__name__} has no stallfree counterpart yet")
             handler(self, where, obj)
         if self.pixels == "float255":
-            self.steps.append(Normalize((0.0,), (1 / 255,)))  # x / 255 / (1 / 255): the 0-255 floats themselves
+            self.steps.append(spec.Normalize((0.0,), (1 / 255,)))  # x / 255 / (1 / 255): the 0-255 floats themselves
         elif self.pixels == "uint8" and self.tensor:
             self.dtype = "uint8"
         return Spec(tuple(self.steps), self.dtype)
 
-    def _emit(self, step: Transform, where: str) -> None:
-        if isinstance(step, Normalize):
+    def _emit(self, step: spec.Transform, where: str) -> None:
+        if isinstance(step, spec.Normalize):
             self.pixels = "float"
         elif self.pixels in ("float01", "float255"):
             # A step after ToTensor works on floats in torchvision, so the graph converts here too.
-            self.steps.append(Normalize((0.0,), (1.0,)) if self.pixels == "float01" else Normalize((0.0,), (1 / 255,)))
+            scale = 1.0 if self.pixels == "float01" else 1 / 255
+            self.steps.append(spec.Normalize((0.0,), (scale,)))
             self.pixels = "float"
         self.steps.append(step)
 
@@ -216,30 +209,30 @@ class _Translation:
         if self.pixels == "float255":  # folded with the pending conversion: (x - m) / s on 0-255 values
             mean, std = [m / 255 for m in mean], [s / 255 for s in std]
         # After a float step the graph holds floats on torchvision's scale, and Normalize applies as it stands.
-        self.steps.append(Normalize(tuple(mean), tuple(std)))
+        self.steps.append(spec.Normalize(tuple(mean), tuple(std)))
         self.pixels = "float"
 
     # --- geometry and colour --------------------------------------------------------------------------------------
 
     def random_resized_crop(self, where: str, t: Any) -> None:
         antialias = _bilinear(where, t)
-        step = RandomResizedCrop(tuple(t.size), tuple(t.scale), tuple(t.ratio), antialias=antialias)
+        step = spec.RandomResizedCrop(tuple(t.size), tuple(t.scale), tuple(t.ratio), antialias=antialias)
         self._emit(step, where)
 
     def resize(self, where: str, t: Any) -> None:
         antialias = _bilinear(where, t)
         if t.size is None:
             raise ValueError(f"{where}: Resize(size=None, max_size=...) is not reproduced; give the shorter side")
-        self._emit(Resize(_resize_size(t.size), antialias=antialias, max_size=t.max_size), where)
+        self._emit(spec.Resize(_resize_size(t.size), antialias=antialias, max_size=t.max_size), where)
 
     def center_crop(self, where: str, t: Any) -> None:
-        self._emit(CenterCrop(tuple(t.size)), where)
+        self._emit(spec.CenterCrop(tuple(t.size)), where)
 
     def hflip(self, where: str, t: Any) -> None:
-        self._emit(RandomHorizontalFlip(float(t.p)), where)
+        self._emit(spec.RandomHorizontalFlip(float(t.p)), where)
 
     def vflip(self, where: str, t: Any) -> None:
-        self._emit(RandomVerticalFlip(float(t.p)), where)
+        self._emit(spec.RandomVerticalFlip(float(t.p)), where)
 
     def color_jitter(self, where: str, t: Any) -> None:
         # torchvision keeps each factor as a checked (min, max) or None (disabled).

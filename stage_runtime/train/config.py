@@ -8,15 +8,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from stallfree.stage_runtime.train.schedules import ScheduleSpec, schedule_spec
 
-__all__ = ["BUNDLED_MODELS", "TrainConfig"]
+__all__ = ["BUNDLED_MODELS", "VERIFY_MODES", "TrainConfig", "Verify"]
 
 # The names of stallfree.stage_runtime.train.models.MODELS, listed here because that module needs torch to define
 # them; tests/cli/test_imports.py keeps the two equal.
 BUNDLED_MODELS = ("mlp", "small_cnn", "resnet_cifar", "resnet18", "resnet50", "vit_small")
+
+# Loader(verify=)'s modes, stallfree.pipeline.shards.Verify, spelled here because importing stallfree.pipeline
+# imports DALI, which `stallfree train --help` must not; tests/cli/test_imports.py keeps the two equal.
+Verify = Literal["first-use", "open", "none"]
+VERIFY_MODES: tuple[str, ...] = get_args(Verify)
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,7 @@ class TrainConfig:
     samples: int = 2048  # generated tensors only: training samples
     feed: str = "stallfree"  # "stallfree" (the Loader) or "torch" (torch's DataLoader, for comparison)
     loader_threads: int | None = None  # Loader threads / DataLoader workers (default: the Loader's / 2)
+    verify: Verify = "first-use"  # when the Loader hashes a shard: "first-use", "open" or "none" (Loader(verify=))
     plan_prediction: dict[str, Any] | None = None  # from --plan: step_s, images_per_s, bubble, plan (the file)
     accelerator: str | None = None  # "sim:R": each stage waits as a device training R img/s per replica would
     stages: int = 2  # pipeline ranks (processes) per replica
@@ -71,6 +77,8 @@ class TrainConfig:
         self.spec.check(self.stages, self.microbatches)
         if self.feed not in ("stallfree", "torch"):
             raise ValueError(f"feed must be 'stallfree' or 'torch', got {self.feed!r}")
+        if self.verify not in VERIFY_MODES:
+            raise ValueError(f"verify must be one of {VERIFY_MODES}, got {self.verify!r}")
         if self.accelerator is not None:
             from stallfree.stage_runtime.train.accelerator import parse_accelerator
 

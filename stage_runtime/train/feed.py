@@ -18,6 +18,7 @@ import torch
 
 from stallfree.resume import check_fingerprint
 from stallfree.stage_runtime.baseline import transform_label
+from stallfree.stage_runtime.train.config import Verify
 
 __all__ = ["TensorBatches", "TorchFeed", "make_feed", "unpadded_samples"]
 
@@ -159,12 +160,13 @@ def _next_epoch(epoch: int, position: int, loaded: bool, new: int) -> tuple[int,
 
 def make_feed(data: str | None, *, train: bool, batch_size: int, image_size: int, num_classes: int, seed: int,
               replica: int, replicas: int, samples: int, device: str, clock: Any = None,
-              kind: str = "stallfree", workers: int | None = None) -> Any:
+              kind: str = "stallfree", workers: int | None = None, verify: Verify = "first-use") -> Any:
     """The training (``train=True``) or evaluation feed of one pipeline replica.
 
     ``data`` is an ImageFolder tree, a file list or an ingested shard folder read by the Loader (``kind`` is
     ``"stallfree"``) or by torch's DataLoader (``"torch"``, ImageFolder only, ``workers`` processes); ``None``
     generates :class:`TensorBatches` (``samples`` of them; evaluation draws another split: a held-out set).
+    ``verify`` is the Loader's: when a shard's SHA-256 is checked (``"first-use"``, ``"open"`` or ``"none"``).
     """
     if data is not None and kind == "torch":
         return TorchFeed(data, batch_size, image_size, train=train, seed=seed, replica=replica, replicas=replicas,
@@ -185,7 +187,8 @@ def make_feed(data: str | None, *, train: bool, batch_size: int, image_size: int
     else:
         transform = [Resize(image_size * 256 // 224), CenterCrop(image_size), Normalize(MEAN, STD)]
     return Loader(data, batch_size, transform=transform, shuffle=train, seed=seed, drop_last=train, rank=replica,
-                  world_size=replicas, device=device, clock=clock, num_threads=workers)
+                  world_size=replicas, device=device, clock=clock, num_threads=workers,
+                  verify=verify)
 
 
 def unpadded_samples(feed: Any) -> int:

@@ -8,6 +8,7 @@ all processes start from the same weights, and keeps the stage(s) it owns.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime
 import json
 import sys
@@ -23,7 +24,7 @@ from stallfree.stage_runtime.train import checkpoint as ckpt
 from stallfree.stage_runtime.train.accelerator import parse_accelerator
 from stallfree.stage_runtime.train.feed import make_feed, unpadded_samples
 from stallfree.stage_runtime.train.models import build_model
-from stallfree.stage_runtime.train.partition import plan
+from stallfree.stage_runtime.train.partition import LayerCost, plan
 from stallfree.stage_runtime.train.schedules import build_schedule
 from stallfree.stage_runtime.train.stage import SimulatedCompute, TimedStage, chain_forward
 
@@ -84,7 +85,8 @@ class Rank:
         if self.pp == 0:
             common = {"batch_size": c.batch_size, "image_size": c.image_size, "seed": c.seed, "replica": self.replica,
                       "replicas": c.dp, "samples": c.samples, "device": str(self.device),
-                      "num_classes": c.num_classes or 10, "kind": c.feed, "workers": c.loader_threads}
+                      "num_classes": c.num_classes or 10, "kind": c.feed, "workers": c.loader_threads,
+                      "verify": c.verify}
             self.feed = make_feed(c.data, train=True, clock=self.clock, **common)
             if c.eval_data is not None or c.data is None:
                 self.eval_feed = make_feed(c.eval_data, train=False, **common)
@@ -108,12 +110,18 @@ class Rank:
                       flush=True)
         # [balance, each model stage's measured cost (for the simulated device)]
         chosen: list[Any] = [balance, None]
+        self.layer_costs: dict[str, Any] | None = None  # rank 0's measurement, for the report's prediction
         if self.rank == 0 and (balance is None or accelerator is not None):
-            sample = torch.randn(micro, 3, c.image_size, c.image_size)
-            partition = plan(layers, c.model_stages, sample=sample, balance=balance)
+            from stallfree.stage_runtime.plan.measure import measure_model
+
+            # One measurement serves the split and the plan simulator's prediction in the summary.
+            times, optimizer_s = measure_model(nn.Sequential(*layers), c.image_size, micro)
+            costs = [LayerCost(t.forward_s + t.backward_s, t.param_bytes, t.activation_bytes) for t in times]
+            partition = plan(layers, c.model_stages, balance=balance, costs=costs)
             if c.progress and balance is None:
                 print(partition.describe(), file=sys.stderr, flush=True)
             chosen = [partition.balance, partition.stage_time_s]
+            self.layer_costs = {"layers": [dataclasses.asdict(t) for t in times], "optimizer_s": optimizer_s}
         dist.broadcast_object_list(chosen, 0)
         self.balance = tuple(chosen[0])
         bounds = [sum(self.balance[:i]) for i in range(len(self.balance) + 1)]

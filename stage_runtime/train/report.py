@@ -16,7 +16,7 @@ from typing import Any
 
 from stallfree.ingest.atomic import atomic_write
 
-__all__ = ["Report", "format_summary"]
+__all__ = ["Report", "format_summary", "predict_run"]
 
 
 class Report:
@@ -150,3 +150,30 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines.append(f"  the plan      {predicted['images_per_s']:10.1f} images/s and a {predicted['bubble']:.1%} "
                      f"bubble predicted ({predicted['plan']}); measured {ratio:.2f}x its rate")
     return "\n".join(lines)
+
+
+def predict_run(config: Any, summary: dict[str, Any]) -> dict[str, Any]:
+    """The plan simulator's step time, images/s and bubble for the job ``summary`` reports (``config`` ran it).
+
+    It simulates the layer costs rank 0 measured for the split (``summary["layer_costs"]``), so nothing is
+    measured twice; a job given its ``--balance`` measured nothing, and is measured here.
+    """
+    from stallfree.stage_runtime.plan.costs import LayerTimes, parse_link, stage_costs
+    from stallfree.stage_runtime.plan.orders import placement, torch_order
+    from stallfree.stage_runtime.plan.predict import DEFAULT_LINK, predict_training
+    from stallfree.stage_runtime.plan.simulate import simulate_step
+
+    measured = summary.get("layer_costs")
+    if measured is None:
+        return predict_training(config, tuple(summary["balance"]), summary["num_classes"])
+    link = parse_link(DEFAULT_LINK)
+    layers = [LayerTimes(**layer) for layer in measured["layers"]]
+    per_rank = config.spec.stages_per_rank(config.virtual_stages)
+    order = torch_order(config.schedule, config.stages, config.microbatches, per_rank)
+    owner = placement(config.schedule, config.stages, config.stages * per_rank)
+    costs = stage_costs(layers, summary["balance"], measured["optimizer_s"])
+    result = simulate_step(order, owner, costs, lambda a, b: link, causes=True)
+    if result.bubble is None:
+        raise RuntimeError("simulate_step(causes=True) returned no bubble causes")
+    return {"step_s": result.step_s, "images_per_s": config.batch_size * config.dp / result.step_s,
+            "bubble": result.bubble.total, "causes": result.bubble.to_dict(), "link": link.describe()}

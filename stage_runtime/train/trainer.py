@@ -205,6 +205,7 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
                    "feed": c.feed, "plan_prediction": c.plan_prediction, "accelerator": c.accelerator,
                    "accelerator_images_per_s": _ideal(c),
                    "num_classes": job.num_classes, "checkpoint": str(ckpt.step_dir(c.ckpt_root, step)),
+                   "layer_costs": job.layer_costs,
                    "config": {k: v for k, v in asdict(c).items() if k != "crash_at"}, **report.fractions()}
         report.close()
         merged = StageClock()

@@ -18,6 +18,7 @@ EXAMPLES = """examples:
   stallfree train ./data/train --out ./run --resume            # continue exactly from ./run/checkpoints
   stallfree train --synthetic 4096 --model mlp --schedule interleaved-1f1b --stages 2 --microbatches 8
   stallfree train ./data/train --accelerator sim:1000 --feed torch   # would a 1,000 img/s device wait for data?
+  stallfree train ./shards/train --verify none          # trust the shards: no SHA-256 read before the batches
   stallfree train ./data/train --no-progress --json | jq .images_per_s   # the summary alone on stdout
   torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint host:29500 -m stallfree.cli train ./data/train \\
       --stages 4 --dp 2 --device cuda                          # the same command across machines
@@ -35,7 +36,7 @@ def _balance(text: str) -> tuple[int, ...]:
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``stallfree train``."""
     # Neither imports torch: `stallfree --help` builds this parser.
-    from stallfree.stage_runtime.train.config import BUNDLED_MODELS, TrainConfig
+    from stallfree.stage_runtime.train.config import BUNDLED_MODELS, VERIFY_MODES, TrainConfig
     from stallfree.stage_runtime.train.schedules import SCHEDULES
 
     d = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
@@ -81,6 +82,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "only)")
     p.add_argument("--loader-threads", type=int,
                    help="Loader threads or DataLoader workers (default: the Loader's own / 2 workers)")
+    p.add_argument("--verify", choices=VERIFY_MODES, default=d["verify"],
+                   help="when the Loader checks an ingested shard's SHA-256 against the manifest: first-use (on its "
+                   "first read), open (every shard before training) or none (never); a shard that matched once and is "
+                   f"unchanged since is not hashed again (default {d['verify']})")
     p.add_argument("--accelerator", metavar="sim:R",
                    help="simulate a device that trains R img/s per replica: each stage waits the device's time "
                    "instead of computing, holding no CPU (throughput then measures the input path and the "
@@ -99,7 +104,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     from stallfree.stage_runtime.train import checkpoint as checkpoint
-    from stallfree.stage_runtime.train.report import format_summary
+    from stallfree.stage_runtime.train.report import format_summary, predict_run
     from stallfree.stage_runtime.train.trainer import StageFailure, TrainConfig, train
 
     if (args.data is None) == (args.synthetic is None):
@@ -122,9 +127,7 @@ def _train(args: argparse.Namespace) -> int:
     if not summary or not _reports():  # under torchrun only rank 0 holds and prints it
         return 0
     if config.accelerator is None and config.plan_prediction is None and "balance" in summary:
-        from stallfree.stage_runtime.plan.predict import predict_training
-
-        summary["predicted"] = predict_training(config, tuple(summary["balance"]), summary["num_classes"])
+        summary["predicted"] = predict_run(config, summary)
     print(format_summary(summary), file=human(args), flush=True)
     emit(args, summary)
     return 0

@@ -121,6 +121,13 @@ def test_bundled_model_names_match_the_models_module() -> None:
     assert BUNDLED_MODELS == tuple(MODELS)
 
 
+def test_train_verify_modes_match_the_loaders() -> None:
+    from stallfree.pipeline.shards import VERIFY_MODES as LOADER
+    from stallfree.stage_runtime.train.config import VERIFY_MODES
+
+    assert VERIFY_MODES == LOADER
+
+
 @pytest.fixture(scope="module")
 def shards(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("cli-shards") / "out"

@@ -1,15 +1,38 @@
-"""Fixtures of the remote tests: an ingested dataset served by real servers on 127.0.0.1 (HTTP, S3) and a proxy."""
+"""Fixtures of the pipeline tests: a dataset whose labels are its indices; for the remote tests an ingested dataset
+served by real servers on 127.0.0.1 (HTTP, S3) and a proxy."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from stallfree import DatasetReader
 from stallfree.bench.servers import FaultProxy, RangeServer, s3_server
 from stallfree.ingest.runner import ingest
 from stallfree.ingest.writer import IngestOptions
+
+
+class _Indexed:
+    """n tiny decoded images, label = index, so a batch's labels say which samples it holds."""
+
+    def __init__(self, n: int):
+        self.targets = list(range(n))
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        return np.full((4, 4, 3), i % 256, np.uint8), i
+
+
+@pytest.fixture(scope="session")
+def indexed_reader() -> Callable[[int], DatasetReader]:
+    """``indexed_reader(n)``: a reader of n tiny 4x4 images whose label is their index (session-wide, so that
+    hypothesis tests may use it)."""
+    return lambda n: DatasetReader(_Indexed(n))
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,7 @@
 
 import json
 from collections import Counter
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -11,33 +12,25 @@ from stallfree.pipeline.elastic import elastic_split
 from stallfree.pipeline.sampler import Sampler
 from stallfree.transforms import CenterCrop, Normalize
 
-
-class _Indexed:
-    """n tiny decoded images, label = index, so a batch's labels say which samples it holds."""
-
-    def __init__(self, n: int):
-        self.targets = list(range(n))
-
-    def __len__(self) -> int:
-        return len(self.targets)
-
-    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
-        return np.full((4, 4, 3), i % 256, np.uint8), i
-
-
 N, BATCH = 53, 3  # prime: divides by no world size
 
 
-def make(rank: int, world: int, **kwargs) -> Loader:
-    return Loader(DatasetReader(_Indexed(N)), BATCH, transform=[CenterCrop(4), Normalize()], seed=11,
+@pytest.fixture
+def reader(indexed_reader: Callable[[int], DatasetReader]) -> DatasetReader:
+    return indexed_reader(N)
+
+
+def make(reader: DatasetReader, rank: int, world: int, **kwargs) -> Loader:
+    return Loader(reader, BATCH, transform=[CenterCrop(4), Normalize()], seed=11,
                   rank=rank, world_size=world, num_threads=1, **kwargs)
 
 
-def run_ranks(world: int, batches: int | None, state: dict | None = None, **kwargs) -> tuple[list[int], list[dict]]:
+def run_ranks(reader: DatasetReader, world: int, batches: int | None, state: dict | None = None,
+              **kwargs) -> tuple[list[int], list[dict]]:
     """Labels every rank delivers (``batches`` each, or to the epoch's end), and each rank's state after them."""
     seen, states = [], []
     for rank in range(world):
-        loader = make(rank, world, **kwargs)
+        loader = make(reader, rank, world, **kwargs)
         if state is not None:
             loader.load_state_dict(state)
         it = iter(loader)
@@ -51,10 +44,11 @@ def run_ranks(world: int, batches: int | None, state: dict | None = None, **kwar
 
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("drop_last", [False, True])
-def test_a_state_from_4_ranks_finishes_the_epoch_on_another_world_size(world: int, drop_last: bool) -> None:
-    before, states = run_ranks(4, 2, drop_last=drop_last)
+def test_a_state_from_4_ranks_finishes_the_epoch_on_another_world_size(reader: DatasetReader, world: int,
+                                                                        drop_last: bool) -> None:
+    before, states = run_ranks(reader, 4, 2, drop_last=drop_last)
     assert len({(s["position"], s["split"]) for s in states}) == 1, "synchronous ranks stand at the same place"
-    after, ends = run_ranks(world, None, states[0], drop_last=drop_last)
+    after, ends = run_ranks(reader, world, None, states[0], drop_last=drop_last)
     remaining = Counter(after)
     if drop_last:
         assert all(c == 1 for c in remaining.values()), "nothing is delivered twice"
@@ -71,20 +65,20 @@ def test_a_state_from_4_ranks_finishes_the_epoch_on_another_world_size(world: in
     assert all(s["epoch"] == 1 and s["position"] == 0 for s in ends), "the epoch ended: the next one is next"
 
 
-def test_an_elastic_resume_can_be_resumed_elastically_again() -> None:
-    before, states = run_ranks(4, 1)
-    middle, states3 = run_ranks(3, 2, states[0])
-    after, _ = run_ranks(2, None, states3[1])
+def test_an_elastic_resume_can_be_resumed_elastically_again(reader: DatasetReader) -> None:
+    before, states = run_ranks(reader, 4, 1)
+    middle, states3 = run_ranks(reader, 3, 2, states[0])
+    after, _ = run_ranks(reader, 2, None, states3[1])
     delivered = before + middle + after
     assert set(delivered) == set(range(N))
     assert len(delivered) - N == len(delivered) - len(set(delivered)) <= 2, "only the last split pads"
 
 
-def test_the_next_epoch_after_an_elastic_pass_is_a_whole_epoch() -> None:
-    _, states = run_ranks(4, 2)
+def test_the_next_epoch_after_an_elastic_pass_is_a_whole_epoch(reader: DatasetReader) -> None:
+    _, states = run_ranks(reader, 4, 2)
     seen = []
     for rank in range(3):
-        loader = make(rank, 3)
+        loader = make(reader, rank, 3)
         loader.load_state_dict(states[0])
         list(loader)
         assert loader.epoch == 1, "the elastic pass ended its epoch"
@@ -109,11 +103,11 @@ def test_a_state_with_skipped_samples_is_refused_on_another_world_size() -> None
         elastic_split(state, 2)
 
 
-def test_a_state_between_repeats_of_an_echoed_batch_is_refused_on_another_world_size() -> None:
-    loader = make(0, 4, echo=2, echo_mode="batch")
+def test_a_state_between_repeats_of_an_echoed_batch_is_refused_on_another_world_size(reader: DatasetReader) -> None:
+    loader = make(reader, 0, 4, echo=2, echo_mode="batch")
     it = iter(loader)
     next(it)
     state = loader.state_dict()
     # Before elastic resume it said: Loader state has rank=0 ... (any other world size was refused)
     with pytest.raises(ValueError, match=r"after repeat 1 of an echoed batch"):
-        make(0, 2, echo=2, echo_mode="batch").load_state_dict(state)
+        make(reader, 0, 2, echo=2, echo_mode="batch").load_state_dict(state)

@@ -5,6 +5,7 @@ whose batching and padding sit on top of it, over a narrower range (each example
 """
 
 from collections import Counter
+from collections.abc import Callable
 
 import numpy as np
 from hypothesis import given, settings
@@ -73,26 +74,14 @@ def test_echoed_rows_appear_exactly_echo_times(num_rows: int, world: int, seed: 
     assert all(c == echo for c in per_row.values()) and len(per_row) == num_rows
 
 
-class _Indexed:
-    """n tiny decoded images, label = index, so a batch's labels say which samples it holds."""
-
-    def __init__(self, n: int):
-        self.targets = list(range(n))
-
-    def __len__(self) -> int:
-        return len(self.targets)
-
-    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
-        return np.full((4, 4, 3), i % 256, np.uint8), i
-
-
 @settings(max_examples=25, deadline=None)
 @given(st.integers(1, 40), st.integers(1, 7), st.integers(1, 3), st.booleans(), st.integers(0, 1000))
-def test_loader_batches_cover_each_sample_once_on_equal_ranks(n: int, batch: int, world: int, drop_last: bool,
+def test_loader_batches_cover_each_sample_once_on_equal_ranks(indexed_reader: Callable[[int], DatasetReader], n: int,
+                                                               batch: int, world: int, drop_last: bool,
                                                                seed: int) -> None:
     if drop_last and n // world < batch:
         return  # no full batch for a rank: the Loader refuses this at construction (tested elsewhere)
-    reader = DatasetReader(_Indexed(n))
+    reader = indexed_reader(n)
     per_rank: list[list[int]] = []
     for rank in range(world):
         loader = Loader(reader, batch, transform=[CenterCrop(4), Normalize()], seed=seed, drop_last=drop_last,

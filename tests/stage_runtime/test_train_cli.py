@@ -10,6 +10,7 @@ def test_help_lists_schedules_and_an_example(capsys: pytest.CaptureFixture[str])
         main(["train", "--help"])
     out = capsys.readouterr().out
     assert "interleaved-1f1b" in out and "stallfree train ./data/train" in out
+    assert "--verify {first-use,open,none}" in out
 
 
 @pytest.mark.parametrize(

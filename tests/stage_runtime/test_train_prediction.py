@@ -1,0 +1,32 @@
+"""The trainer's prediction simulates the layer costs rank 0 measured for the split: the model is measured once."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stallfree.cli import main
+
+
+def test_the_prediction_uses_rank_0s_measurement_and_measures_nothing_again(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    def measured_twice(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the command measured the model again after training")
+
+    # The stage processes are spawned: they import their own, unpatched measure_model.
+    monkeypatch.setattr("stallfree.stage_runtime.plan.measure.measure_model", measured_twice)
+    code = main(["train", "--synthetic", "64", "--model", "mlp", "--image-size", "8", "--batch-size", "8",
+                 "--schedule", "1f1b", "--microbatches", "2", "--max-steps", "2", "--no-progress",
+                 "--out", str(tmp_path / "run"), "--json"])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    costs = summary["layer_costs"]
+    assert len(costs["layers"]) == sum(summary["balance"]) and costs["optimizer_s"] >= 0
+    assert all(layer["forward_s"] > 0 for layer in costs["layers"])
+    predicted = summary["predicted"]
+    assert predicted["step_s"] > 0 and predicted["link"] == "25GB/s,5us"
+    causes = predicted["causes"]
+    assert causes["warmup_cooldown"] + causes["imbalance"] + causes["communication"] == pytest.approx(
+        predicted["bubble"])
