@@ -26,12 +26,15 @@ DEFAULT_LINK = "25GB/s,5us"  # stallfree plan's default, for a GPU job (the cali
 
 
 def predict_training(config: Any, balance: tuple[int, ...], num_classes: int, link: Link | None = None,
-                     overhead: HostOverhead | None = None) -> dict[str, Any]:
+                     overhead: HostOverhead | None = None,
+                     measured: tuple[list[Any], float] | None = None) -> dict[str, Any]:
     """Predicted step time, images/s and bubble (split into causes) of ``config`` (a ``TrainConfig``).
 
     ``balance`` is the split the job ran. Without ``link`` a CPU job calibrates the link and the runtime's overhead
     on this machine (:func:`~.calibrate.cached_calibration`: one start of the stage processes, once per stage count);
     a GPU job takes :data:`DEFAULT_LINK` and no overhead. ``overhead`` given replaces the calibrated one.
+    ``measured``: the per-layer times and optimizer seconds the job already measured (the trainer's rank 0 does,
+    to split the model); without it the model is built and measured here.
     """
     import torch
 
@@ -50,14 +53,17 @@ def predict_training(config: Any, balance: tuple[int, ...], num_classes: int, li
         link, overhead, source = calibration.link, overhead or calibration.overhead, "calibrated"
     link = link or parse_link(DEFAULT_LINK)
     overhead = overhead or NO_OVERHEAD
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        torch.manual_seed(config.seed)
-        model = build_model(config.model, num_classes, config.image_size, **config.model_kwargs)
-        layers, optimizer_s = measure_model(model, config.image_size, micro)
-    finally:
-        torch.set_num_threads(previous)  # process-wide: leave it as we found it
+    if measured is not None:
+        layers, optimizer_s = measured
+    else:
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            torch.manual_seed(config.seed)
+            model = build_model(config.model, num_classes, config.image_size, **config.model_kwargs)
+            layers, optimizer_s = measure_model(model, config.image_size, micro)
+        finally:
+            torch.set_num_threads(previous)  # process-wide: leave it as we found it
     costs = stage_costs(layers, balance, optimizer_s)
     order = torch_order(config.schedule, config.stages, config.microbatches, per_rank)
     owner = placement(config.schedule, config.stages, config.stages * per_rank)

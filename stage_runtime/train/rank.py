@@ -137,7 +137,9 @@ class Rank:
                        for s, m in self.modules.items()]
         self.schedule = build_schedule(c.schedule, self.stages, c.microbatches, nn.functional.cross_entropy)
         self.params = [p for m in self.modules.values() for p in m.parameters()]
-        self.optimizer = torch.optim.SGD(self.params, lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay)
+        # A rank whose stages hold no parameters (a Flatten alone) has nothing to step; SGD refuses an empty list.
+        self.optimizer = (torch.optim.SGD(self.params, lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay)
+                          if self.params else None)
 
     @property
     def first(self) -> bool:
@@ -179,7 +181,7 @@ class Rank:
         self.sync_running_stats()
         c = self.config
         state = {"modules": {str(s): m.state_dict() for s, m in self.modules.items()},
-                 "optimizer": self.optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
+                 "optimizer": self.optimizer.state_dict() if self.optimizer else {}, "torch_rng": torch.get_rng_state(),
                  "feed": json.dumps(self.feed.state_dict()) if self.feed is not None else ""}
         if self.device.type == "cuda":
             state["cuda_rng"] = torch.cuda.get_rng_state(self.device)
@@ -210,7 +212,8 @@ class Rank:
         state = ckpt.load_rank(c.ckpt_root, step, self.rank)
         for s, m in self.modules.items():
             m.load_state_dict(state["modules"][str(s)])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["torch_rng"])
         if "cuda_rng" in state and self.device.type == "cuda":
             torch.cuda.set_rng_state(state["cuda_rng"], self.device)
@@ -251,8 +254,9 @@ class Rank:
                 if p.grad is not None:
                     dist.all_reduce(p.grad, group=self.dp_group)
                     p.grad /= c.dp
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        if self.optimizer is not None:
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
         busy = sum(s.take_busy() for s in self.stages)
         loss = float(sum(x.item() for x in losses) / len(losses)) if losses else 0.0
         return loss, pipe_s, busy

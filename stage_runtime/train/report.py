@@ -158,22 +158,10 @@ def predict_run(config: Any, summary: dict[str, Any]) -> dict[str, Any]:
     It simulates the layer costs rank 0 measured for the split (``summary["layer_costs"]``), so nothing is
     measured twice; a job given its ``--balance`` measured nothing, and is measured here.
     """
-    from stallfree.stage_runtime.plan.costs import LayerTimes, parse_link, stage_costs
-    from stallfree.stage_runtime.plan.orders import placement, torch_order
-    from stallfree.stage_runtime.plan.predict import DEFAULT_LINK, predict_training
-    from stallfree.stage_runtime.plan.simulate import simulate_step
+    from stallfree.stage_runtime.plan.costs import LayerTimes
+    from stallfree.stage_runtime.plan.predict import predict_training
 
     measured = summary.get("layer_costs")
-    if measured is None:
-        return predict_training(config, tuple(summary["balance"]), summary["num_classes"])
-    link = parse_link(DEFAULT_LINK)
-    layers = [LayerTimes(**layer) for layer in measured["layers"]]
-    per_rank = config.spec.stages_per_rank(config.virtual_stages)
-    order = torch_order(config.schedule, config.stages, config.microbatches, per_rank)
-    owner = placement(config.schedule, config.stages, config.stages * per_rank)
-    costs = stage_costs(layers, summary["balance"], measured["optimizer_s"])
-    result = simulate_step(order, owner, costs, lambda a, b: link, causes=True)
-    if result.bubble is None:
-        raise RuntimeError("simulate_step(causes=True) returned no bubble causes")
-    return {"step_s": result.step_s, "images_per_s": config.batch_size * config.dp / result.step_s,
-            "bubble": result.bubble.total, "causes": result.bubble.to_dict(), "link": link.describe()}
+    layers = None if measured is None else ([LayerTimes(**layer) for layer in measured["layers"]],
+                                            float(measured["optimizer_s"]))
+    return predict_training(config, tuple(summary["balance"]), summary["num_classes"], measured=layers)

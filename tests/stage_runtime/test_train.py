@@ -24,7 +24,8 @@ from stallfree.stage_runtime.train.trainer import TrainConfig, train_many
 
 STEPS = 4
 MODEL = {"model": "mlp", "model_kwargs": {"hidden": 16, "depth": 6}, "image_size": 4}  # 8 layers
-SCHEDULES = [("gpipe", 2, (4, 4)), ("gpipe", 1, (4, 4)), ("1f1b", 2, (3, 5)), ("interleaved-1f1b", 2, (2, 2, 2, 2)),
+SCHEDULES = [("gpipe", 2, (4, 4)), ("gpipe", 1, (4, 4)), ("gpipe", 4, (1, 7)),  # m4: stage 0 is a Flatten alone
+             ("1f1b", 2, (3, 5)), ("interleaved-1f1b", 2, (2, 2, 2, 2)),
              ("zero-bubble", 2, (2, 2, 2, 2)), ("zbv", 2, (2, 2, 2, 2))]
 
 
