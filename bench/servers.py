@@ -5,7 +5,8 @@
 - :func:`s3_server` starts moto's S3-compatible server (``moto[server]``) and uploads a folder into a bucket.
 - :class:`FaultProxy` forwards HTTP requests to one of them and, on command, adds latency, caps bandwidth, answers
   503, drops the connection, truncates the body, flips a byte, or stalls; faults are counted per request, so a test
-  says "the next 2 requests for ``.arrow`` files fail" and knows what the client met.
+  says "the next 2 requests for ``.arrow`` files fail" (GETs, or uploads: ``method="PUT"``) and knows what the
+  client met; :attr:`FaultProxy.seen` lists every request forwarded.
 
 Everything listens on 127.0.0.1 only, on a port the system picks.
 """
@@ -134,6 +135,7 @@ class _Fault:
     count: int
     match: str
     seconds: float = 0.0
+    method: str = "GET"
 
 
 @dataclass
@@ -143,11 +145,13 @@ class _Faults:
     queue: list[_Fault] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     met: list[str] = field(default_factory=list)  # "kind path" of every fault applied, in order
+    seen: list[str] = field(default_factory=list)  # "METHOD path" of every request, in order
 
-    def take(self, path: str) -> _Fault | None:
+    def take(self, method: str, path: str) -> _Fault | None:
         with self.lock:
+            self.seen.append(f"{method} {path}")
             for fault in self.queue:
-                if fault.match in path and fault.count > 0:
+                if fault.method == method and fault.match in path and fault.count > 0:
                     fault.count -= 1
                     self.met.append(f"{fault.kind} {path}")
                     return fault
@@ -186,7 +190,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         owner.requests += 1
         length = int(self.headers.get("Content-Length") or 0)
         sent = self.rfile.read(length) if length else None
-        fault = owner.faults.take(self.path) if self.command == "GET" else None
+        fault = owner.faults.take(self.command, self.path)
         if fault is not None and fault.kind == "drop":
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
@@ -240,9 +244,10 @@ class FaultProxy(_Background):
     """An HTTP proxy on 127.0.0.1 in front of ``upstream`` (a URL on 127.0.0.1) that injects faults on command.
 
     ``latency`` and ``bandwidth`` (bytes/s) apply to every reply; :meth:`inject` queues faults for the next
-    ``count`` GET requests whose path contains ``match``: ``"503"``, ``"drop"`` (the connection closes with no
-    reply), ``"truncate"`` (half the body, then close), ``"corrupt"`` (the first byte flipped), ``"stall"``
-    (``seconds`` before the reply). :attr:`met` lists the faults applied.
+    ``count`` requests of ``method`` (GET unless told) whose path contains ``match``: ``"503"``, ``"drop"`` (the
+    connection closes with no reply), ``"truncate"`` (half the body, then close), ``"corrupt"`` (the first byte
+    flipped), ``"stall"`` (``seconds`` before the reply). :attr:`met` lists the faults applied, :attr:`seen` every
+    request (``"PUT /bucket/key"``).
     """
 
     def __init__(self, upstream: str, latency: float = 0.0, bandwidth: float | None = None):
@@ -250,16 +255,21 @@ class FaultProxy(_Background):
         self.faults = _Faults(latency=latency, bandwidth=bandwidth)
         super().__init__(_ProxyHandler)
 
-    def inject(self, kind: str, count: int = 1, match: str = "", seconds: float = 0.0) -> None:
+    def inject(self, kind: str, count: int = 1, match: str = "", seconds: float = 0.0, method: str = "GET") -> None:
         if kind not in ("503", "drop", "truncate", "corrupt", "stall"):
             raise ValueError(f"unknown fault {kind!r}")
         with self.faults.lock:
-            self.faults.queue.append(_Fault(kind, count, match, seconds))
+            self.faults.queue.append(_Fault(kind, count, match, seconds, method))
 
     @property
     def met(self) -> list[str]:
         with self.faults.lock:
             return list(self.faults.met)
+
+    @property
+    def seen(self) -> list[str]:
+        with self.faults.lock:
+            return list(self.faults.seen)
 
 
 @contextmanager

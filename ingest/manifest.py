@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from stallfree.ingest.atomic import atomic_write
+from stallfree.ingest.remote import Retry, is_url, open_store, read_object, redact
 
 __all__ = [
     "FORMAT",
@@ -52,19 +53,41 @@ def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
     atomic_write(path, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
 
 
-def read_manifest(folder: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read and check ``folder/manifest.json``.
+def read_manifest(folder: str | os.PathLike[str], storage_options: dict[str, Any] | None = None,
+                  retry: Retry | None = None) -> dict[str, Any]:
+    """Read and check ``folder/manifest.json``; ``folder`` may be a URL (a ``str``: ``s3://``, ``https://``...).
+
+    Args:
+        folder: an ingested folder or its URL.
+        storage_options: for a URL, the fsspec file system's options (credentials, ``endpoint_url``...).
+        retry: for a URL, how the read is retried.
 
     Raises:
         FileNotFoundError: there is no manifest (the ingest has not finished, or this is not an ingested folder).
         ValueError: it is not valid JSON, not a stallfree manifest, or of a newer format version.
+        RemoteStoreError: the store did not answer.
     """
+    if is_url(folder):
+        return _read_remote(str(folder), storage_options or {}, retry or Retry())
     path = Path(folder) / MANIFEST
     if not path.is_file():
         raise FileNotFoundError(
             f"{path} does not exist: not an ingested dataset, or its ingest has not finished (run it again to resume)"
         )
     return parse_manifest(path.read_bytes(), str(path))
+
+
+def _read_remote(url: str, storage_options: dict[str, Any], retry: Retry) -> dict[str, Any]:
+    url = url.rstrip("/")
+    url = url[: -len(MANIFEST) - 1] if url.endswith("/" + MANIFEST) else url
+    fs, root = open_store(url, storage_options, retry.timeout)
+    where = f"{redact(url)}/{MANIFEST}"
+    try:
+        data = read_object(fs, f"{root.rstrip('/')}/{MANIFEST}", f"{url}/{MANIFEST}", retry)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{where} does not exist: not an ingested dataset, or its ingest (upload) has not "
+                                "finished") from None
+    return parse_manifest(data, where)
 
 
 def parse_manifest(data: bytes, where: str) -> dict[str, Any]:

@@ -8,7 +8,9 @@ so every run, resumed or split with ``--part i/N``, numbers the same samples int
                                                                                           in order ─► manifest
 
 A rerun after a crash or ``kill -9`` skips every shard whose record exists and writes the rest; a part writes
-``manifest.part-I-of-N.json`` and :func:`merge` joins the parts into ``manifest.json``.
+``manifest.part-I-of-N.json`` and :func:`merge` joins the parts into ``manifest.json``. An ``out`` that is a URL
+writes into a local staging folder and uploads each shard once it is complete, the manifest last
+(:mod:`~stallfree.ingest.upload`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import sys
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import closing
 from pathlib import Path
@@ -38,7 +40,9 @@ from stallfree.ingest.manifest import (
     shard_name,
     write_manifest,
 )
+from stallfree.ingest.remote import Retry, is_url, redact
 from stallfree.ingest.sources import Item, Plan, plan_source
+from stallfree.ingest.upload import Upload, upload_target
 from stallfree.ingest.writer import RECORDS, Converted, IngestOptions, _schema, convert_items, record_path, write_shard
 
 __all__ = ["REJECTED", "ingest", "merge", "parse_part"]
@@ -177,46 +181,79 @@ def ingest(
     workers: int = 1,
     part: tuple[int, int] = (0, 1),
     progress: bool = False,
+    staging: str | os.PathLike[str] | None = None,
+    storage_options: dict[str, Any] | None = None,
+    retry: Retry | None = None,
 ) -> dict[str, Any]:
     """Ingest ``source`` into shards in ``out``; returns a summary (counts, sizes, rates).
 
     Args:
         source: an ImageFolder tree, a CSV/Parquet file list, a Parquet file of image bytes, a ``.tar`` or a folder
             of WebDataset ``.tar`` shards.
-        out: the output folder (created); a folder holding an unfinished ingest of the same plan is resumed.
+        out: the output folder (created); a folder holding an unfinished ingest of the same plan is resumed. Or a
+            URL (a ``str``: ``s3://bucket/prefix/``, ``gs://``, ``file://``): shards are written to ``staging`` and
+            each is uploaded once complete, the manifest last; a rerun resumes and uploads only what is missing.
         options: what to check and convert.
         workers: processes fetching, checking and converting samples (1: all in this process).
-        part: ``(i, N)``: write only shards ``i, i+N, ...`` and ``manifest.part-i-of-N.json``.
+        part: ``(i, N)``: write only shards ``i, i+N, ...`` and ``manifest.part-i-of-N.json`` (not to a URL).
         progress: a progress bar on stderr.
+        staging: for a URL ``out``, the local folder shards are written to first; kept at the end. By default a
+            folder per URL in the stallfree cache (``$STALLFREE_CACHE_DIR``), removed once the manifest is uploaded.
+        storage_options: for a URL ``out``, the fsspec file system's options (credentials, ``endpoint_url``...).
+        retry: for a URL ``out``, how each upload is retried.
 
     Raises:
-        ValueError: bad arguments, an unknown source, or ``out`` holding a different unfinished ingest.
+        ValueError: bad arguments, an unknown source, ``out`` holding a different unfinished ingest, or a URL that
+            holds another dataset.
+        RemoteStoreError: an upload's tries were spent (names the shard and the URL).
     """
     if workers < 1:
         raise ValueError(f"--workers must be >= 1, got {workers}")
     index, count = part
     if not 0 <= index < count:
         raise ValueError(f"--part must be i/N with 0 <= i < N, got {index}/{count}")
-    out = Path(out)
+    if is_url(source):
+        raise ValueError(f"SRC must be a local path, got the URL {redact(str(source))}: download it first")
+    target = upload_target(out, part, staging, storage_options, retry)
+    try:
+        summary = _ingest(source, target.staging if target else Path(out), options, workers, part, progress, target)
+    finally:
+        if target is not None:
+            target.close()
+    return summary
+
+
+def _ingest(source: str | os.PathLike[str], out: Path, options: IngestOptions, workers: int, part: tuple[int, int],
+            progress: bool, target: Upload | None) -> dict[str, Any]:
+    """:func:`ingest` into the folder ``out`` (a URL's staging folder when ``target`` uploads it)."""
+    index, count = part
     started = time.perf_counter()
     plan = plan_source(source, max_sample_bytes=options.max_sample_bytes)
     bounds = _cut(plan.items, options)
     digest = _digest(plan, bounds, options)
     out.mkdir(parents=True, exist_ok=True)
     _check_plan(out, digest)
+    if target is not None:
+        target.begin(digest, MANIFEST)
     mine = [i for i in range(len(bounds)) if i % count == index]
     records = _resume(out, mine)
     todo = [i for i in mine if i not in records]
+    if target is not None:
+        for i in sorted(records):  # written by an earlier run: uploaded unless the store holds them
+            target.shard(i, records[i])
     bar = _progress(sum(bounds[i][1] - bounds[i][0] for i in mine), progress)
     bar.update(sum(bounds[i][1] - bounds[i][0] for i in records))
     try:
         source_bytes = _write_shards(out, plan, options, bounds, todo, records, workers=workers, bar=bar,
-                                     started=started, total=len(mine))
+                                     started=started, total=len(mine), on_shard=target.shard if target else None)
     finally:
         bar.close()
     manifest, rejected = _write_manifest(out, plan, options, digest, len(bounds), records, part)
+    uploaded = target.finish([REJECTED, MANIFEST]) if target is not None else 0
     seconds = time.perf_counter() - started
     written = sum(records[i]["rows"] for i in todo)
+    remote = {"url": target.shown, "uploaded_shards": uploaded, "stored_shards": target.present,
+              "staging": str(out) if target.keep else None} if target is not None else {}
     return {
         "images": manifest["rows"],
         "rejected": len(rejected),
@@ -229,6 +266,7 @@ def ingest(
         "images_per_s": written / seconds if seconds else 0.0,
         "mb_per_s": source_bytes / 1e6 / seconds if seconds else 0.0,
         "part": f"{index}/{count}",
+        **remote,
     }
 
 
@@ -251,11 +289,13 @@ def _chunks(bounds: list[tuple[int, int]], todo: list[int]) -> list[tuple[int, i
 
 
 def _write_shards(out: Path, plan: Plan, options: IngestOptions, bounds: list[tuple[int, int]], todo: list[int],
-                  records: dict[int, dict[str, Any]], *, workers: int, bar: Any, started: float, total: int) -> int:
+                  records: dict[int, dict[str, Any]], *, workers: int, bar: Any, started: float, total: int,
+                  on_shard: Callable[[int, dict[str, Any]], None] | None = None) -> int:
     """Write shards ``todo``, adding their records to ``records``; returns the source bytes read.
 
     The unit of parallel work is a chunk of a shard, not a shard, so that a dataset of one shard still uses every
-    worker; a shard is written by this process as soon as its last chunk is in.
+    worker; a shard is written by this process as soon as its last chunk is in, then handed to ``on_shard``
+    (the upload of an ingest to a URL).
     """
     chunks = _chunks(bounds, todo)
     pieces: dict[int, list[Converted]] = {i: [] for i in todo}
@@ -269,6 +309,8 @@ def _write_shards(out: Path, plan: Plan, options: IngestOptions, bounds: list[tu
             if left[i]:
                 continue
             records[i] = write_shard(out, i, pieces.pop(i), options, plan.extra_columns)
+            if on_shard is not None:
+                on_shard(i, records[i])
             source_bytes += records[i]["source_bytes"]
             elapsed = max(time.perf_counter() - started, 1e-9)
             bar.set_postfix_str(f"{source_bytes / 1e6 / elapsed:.1f} MB/s, {len(records)}/{total} shards")
@@ -336,6 +378,9 @@ def merge(out: str | os.PathLike[str]) -> dict[str, Any]:
     Raises:
         ValueError: parts are missing, come from different plans, or a part's shard file is absent.
     """
+    if is_url(out):
+        raise ValueError(f"--merge of a dataset at a URL ({redact(str(out))}) is not supported: merge the parts in a "
+                         "local folder, then upload it")
     out = Path(out)
     parts = sorted(out.glob("manifest.part-*-of-*.json"))
     if not parts:

@@ -1,12 +1,20 @@
-"""``stallfree verify`` and ``stallfree info``: re-check an ingested dataset's shards, and summarise it."""
+"""``stallfree verify`` and ``stallfree info``: re-check an ingested dataset's shards, and summarise it.
+
+Both take a folder or a URL (``s3://``, ``gs://``, ``http(s)://``, ``file://``). At a URL, :func:`info` reads the
+manifest alone; :func:`verify` downloads each shard in turn into a temporary folder (with the retries of the
+Loader's downloads), checking its size and SHA-256 against the manifest as it arrives, then checks it as a local one.
+"""
 
 from __future__ import annotations
 
 import os
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from stallfree.ingest.manifest import file_sha256, read_manifest, schema_problem
+from stallfree.ingest.remote import ChecksumMismatch, Retry, download, is_url, open_store, redact, retried
 from stallfree.ingest.validate import Rejected, check_image
 
 __all__ = ["info", "verify"]
@@ -33,56 +41,114 @@ def _decode_all(path: Path, raw_shape: list[int] | None) -> list[str]:
     return problems
 
 
-def verify(out: str | os.PathLike[str], *, decode: bool = False) -> list[str]:
+def verify(out: str | os.PathLike[str], *, decode: bool = False, storage_options: dict[str, Any] | None = None,
+           retry: Retry | None = None, progress: bool = False) -> list[str]:
     """Every problem found in ``out``'s shards (empty when all is well).
 
     Checks that each shard exists, has the manifest's size and SHA-256, and opens as an Arrow file with the
     manifest's schema and row count; with ``decode``, decodes every image.
 
+    Args:
+        out: an ingested folder, or its URL (a ``str``); a remote shard is named with its URL.
+        decode: decode every image too.
+        storage_options: for a URL, the fsspec file system's options (credentials, ``endpoint_url``...).
+        retry: for a URL, how each download is retried.
+        progress: a progress bar (bytes checked) on stderr.
+
     Raises:
         FileNotFoundError, ValueError: there is no valid manifest.
+        RemoteStoreError: the store did not answer.
     """
-    import pyarrow as pa
-    import pyarrow.ipc as ipc
-
-    out = Path(out)
-    manifest = read_manifest(out)
-    problems = []
-    for shard in manifest["shards"]:
-        path = out / shard["file"]
-        if not path.is_file():
-            problems.append(f"{shard['file']}: missing")
-            continue
-        size = path.stat().st_size
-        if size != shard["bytes"]:
-            problems.append(f"{shard['file']}: {size} bytes, the manifest says {shard['bytes']} (truncated?)")
-            continue
-        altered = file_sha256(path) != shard["sha256"]
-        if altered:
-            problems.append(f"{shard['file']}: SHA-256 differs from the manifest's (the file was altered)")
-        try:
-            with pa.memory_map(str(path)) as source:
-                reader = ipc.open_file(source)
-                # An altered file still gets its schema compared: a damaged footer is then named by its column.
-                schema = schema_problem(reader.schema, manifest["schema"])
-                rows = None if altered or schema else reader.read_all().num_rows
-        except (pa.ArrowException, OSError) as err:
-            problems.append(f"{shard['file']}: not a readable Arrow file ({err})")
-            continue
-        if schema is not None:
-            problems.append(f"{shard['file']}: {schema} (a damaged footer?)")
-        elif rows is None:  # altered: its rows are not worth reading
-            continue
-        elif rows != shard["rows"]:
-            problems.append(f"{shard['file']}: {rows} rows, the manifest says {shard['rows']}")
-        elif decode:
-            problems.extend(_decode_all(path, manifest["image"]["shape"]))
+    retry = retry or Retry()
+    remote = is_url(out)
+    manifest = read_manifest(out, storage_options, retry)
+    problems: list[str] = []
+    with _bar(sum(int(s["bytes"]) for s in manifest["shards"]), progress) as bar, \
+            tempfile.TemporaryDirectory(prefix="stallfree-verify-") as tmp:
+        fetch = _Fetcher(str(out), storage_options or {}, retry, Path(tmp)) if remote else None
+        for shard in manifest["shards"]:
+            if fetch is None:
+                problems.extend(_check(Path(out) / shard["file"], shard, manifest, decode, shard["file"]))
+            else:
+                problems.extend(fetch.check(shard, manifest, decode))
+            bar.update(int(shard["bytes"]))
     return problems
 
 
-def info(out: str | os.PathLike[str]) -> dict[str, Any]:
-    """A summary of ``out``: rows, shards, size, classes with their counts, image kind, source and options."""
-    manifest = read_manifest(out)
+def _bar(total: int, enabled: bool) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, file=sys.stderr, disable=not enabled, dynamic_ncols=True,
+                desc="verify")
+
+
+class _Fetcher:
+    """The shards of a dataset at a URL, fetched one at a time into ``tmp`` and checked there."""
+
+    def __init__(self, url: str, storage_options: dict[str, Any], retry: Retry, tmp: Path):
+        self.url = url.rstrip("/")
+        self.fs, root = open_store(self.url, storage_options, retry.timeout)
+        self.root, self.retry, self.tmp = root.rstrip("/"), retry, tmp
+
+    def check(self, shard: dict[str, Any], manifest: dict[str, Any], decode: bool) -> list[str]:
+        name = shard["file"]
+        url, path = f"{self.url}/{name}", f"{self.root}/{name}"
+        where = f"{name} ({redact(url)})"
+        try:
+            self.fs.invalidate_cache(path)
+            size = int(retried(lambda: self.fs.info(path)["size"], redact(url), self.retry))
+        except FileNotFoundError:
+            return [f"{where}: missing"]
+        if size != shard["bytes"]:
+            return [f"{where}: {size} bytes, the manifest says {shard['bytes']} (truncated?)"]
+        local = self.tmp / name
+        try:
+            download(self.fs, path, url, local, size, shard["sha256"], self.retry)
+        except ChecksumMismatch:
+            return [f"{where}: SHA-256 differs from the manifest's (the object was altered)"]
+        try:
+            return _check(local, shard, manifest, decode, where, hashed=True)
+        finally:
+            local.unlink(missing_ok=True)
+
+
+def _check(path: Path, shard: dict[str, Any], manifest: dict[str, Any], decode: bool, where: str,
+           hashed: bool = False) -> list[str]:
+    """The problems of one shard file at ``path`` (``where`` names it); ``hashed``: its SHA-256 is known to match."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    if not path.is_file():
+        return [f"{where}: missing"]
+    size = path.stat().st_size
+    if size != shard["bytes"]:
+        return [f"{where}: {size} bytes, the manifest says {shard['bytes']} (truncated?)"]
+    problems = []
+    altered = not hashed and file_sha256(path) != shard["sha256"]
+    if altered:
+        problems.append(f"{where}: SHA-256 differs from the manifest's (the file was altered)")
+    try:
+        with pa.memory_map(str(path)) as source:
+            reader = ipc.open_file(source)
+            # An altered file still gets its schema compared: a damaged footer is then named by its column.
+            schema = schema_problem(reader.schema, manifest["schema"])
+            rows = None if altered or schema else reader.read_all().num_rows
+    except (pa.ArrowException, OSError) as err:
+        return [*problems, f"{where}: not a readable Arrow file ({err})"]
+    if schema is not None:
+        problems.append(f"{where}: {schema} (a damaged footer?)")
+    elif rows is None:  # altered: its rows are not worth reading
+        pass
+    elif rows != shard["rows"]:
+        problems.append(f"{where}: {rows} rows, the manifest says {shard['rows']}")
+    elif decode:
+        problems.extend(_decode_all(path, manifest["image"]["shape"]))
+    return problems
+
+
+def info(out: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A summary of ``out`` (a folder or URL): rows, shards, size, classes with their counts, image kind, source."""
+    manifest = read_manifest(out, storage_options)
     return {
         "rows": manifest["rows"],
         "shards": len(manifest["shards"]),

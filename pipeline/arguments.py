@@ -157,7 +157,7 @@ def remote_keywords(args: dict[str, Any], remote: bool) -> dict[str, Any]:
                          f"{type(args['storage_options']).__name__}")
     if args["cache_dir"] is not None and not isinstance(args["cache_dir"], (str, os.PathLike)):
         raise ValueError(f"cache_dir must be a path or None, got {args['cache_dir']!r}")
-    from stallfree.pipeline.remote import Retry
+    from stallfree.ingest.remote import Retry
 
     retry = Retry(attempts=int(args["retries"]) if is_int(args["retries"]) else args["retries"],
                   timeout=args["remote_timeout"])

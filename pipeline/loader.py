@@ -23,6 +23,7 @@ from typing import Any, Literal, Protocol
 import torch
 
 from stallfree.ingest.images import DEFAULT_MAX_PIXELS, EXIF_MODES, Exif
+from stallfree.ingest.remote import is_url
 from stallfree.pipeline.arguments import (
     BUILTIN_COLUMNS,
     check_arguments,
@@ -41,7 +42,6 @@ from stallfree.pipeline.loader_sampler import LoaderSampler
 from stallfree.pipeline.next_pass import NextPass
 from stallfree.pipeline.passes import Pass
 from stallfree.pipeline.readers import Reader, open_source, unwrap_torchvision_dataset
-from stallfree.pipeline.remote import is_url
 from stallfree.pipeline.sampler import process_shard
 from stallfree.pipeline.samples import BadSampleError
 from stallfree.pipeline.shards import Verify

@@ -18,7 +18,7 @@ import numpy as np
 
 from stallfree.ingest.folders import inside_root, scan_image_folder
 from stallfree.ingest.images import Exif
-from stallfree.pipeline.remote import is_url
+from stallfree.ingest.remote import is_url
 from stallfree.pipeline.shards import ShardReader, Verify, is_shard_folder
 
 __all__ = ["DatasetReader", "FileListReader", "FolderReader", "Reader", "open_source", "unwrap_torchvision_dataset"]

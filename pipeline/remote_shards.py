@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import hashlib
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from stallfree.ingest.manifest import MANIFEST, parse_manifest
+from stallfree.ingest.manifest import MANIFEST, read_manifest
+from stallfree.ingest.remote import Retry, download, open_store, redact
 from stallfree.pipeline.read_ahead import ReadAhead
-from stallfree.pipeline.remote import RemoteStoreError, Retry, download, open_store, redact, transient
 from stallfree.pipeline.shard_cache import ShardCache, default_cache_dir
 from stallfree.pipeline.shards import ShardError, _Shard, gather_column
 
@@ -58,7 +57,7 @@ class RemoteShardReader:
         self.url = base.rstrip("/")
         self.fs, self._root = open_store(self.url, storage_options or {}, self.retry.timeout)
         self._root = self._root.rstrip("/")
-        self.manifest = parse_manifest(self._get_small(f"{self._root}/{MANIFEST}"), f"{redact(self.url)}/{MANIFEST}")
+        self.manifest = read_manifest(self.url, storage_options, self.retry)
         self.classes: list[str] = list(self.manifest["classes"])
         shape = self.manifest["image"].get("shape")
         self.encoded = self.manifest["image"]["kind"] == "encoded"
@@ -88,23 +87,6 @@ class RemoteShardReader:
 
     def _url_of(self, entry: dict[str, Any]) -> str:
         return f"{self.url}/{entry['file']}"
-
-    def _get_small(self, path: str) -> bytes:
-        """A small object (the manifest) whole, with the same retries as a shard."""
-        for tries in range(1, self.retry.attempts + 1):
-            try:
-                return bytes(self.fs.cat_file(path))
-            except FileNotFoundError:
-                raise FileNotFoundError(f"{redact(self.url)}/{MANIFEST} does not exist: not an ingested dataset, "
-                                        "or its ingest (upload) has not finished") from None
-            except Exception as err:  # noqa: BLE001 - transient ones are retried, others raised as they are
-                if not transient(err) or tries == self.retry.attempts:
-                    if transient(err):
-                        raise RemoteStoreError(f"{redact(self.url)}/{MANIFEST}: {tries} tries failed (the last: "
-                                               f"{type(err).__name__}: {err})") from err
-                    raise
-                time.sleep(self.retry.wait(tries))
-        raise AssertionError("unreachable")  # the loop returns or raises
 
     def _fetch(self, sha256: str, dest: Path, progress: Any) -> None:
         entry = self._entries[self._by_sha[sha256]]

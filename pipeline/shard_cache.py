@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from stallfree.ingest.manifest import file_sha256
-from stallfree.pipeline.remote import ChecksumMismatch, Progress, RemoteStoreError, Retry
+from stallfree.ingest.remote import ChecksumMismatch, Progress, RemoteStoreError, Retry
 from stallfree.pipeline.shards import ShardError
 
 __all__ = ["ShardCache", "default_cache_dir"]

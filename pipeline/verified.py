@@ -15,23 +15,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import warnings
 from pathlib import Path
 from typing import Any
 
 from stallfree.ingest.atomic import atomic_write
+from stallfree.ingest.home import cache_dir
 
-__all__ = ["cache_dir", "is_verified", "mark_verified"]
-
-
-def cache_dir() -> Path:
-    """The stallfree cache folder on this machine (``$STALLFREE_CACHE_DIR``, else the XDG cache)."""
-    explicit = os.environ.get("STALLFREE_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "stallfree"
+__all__ = ["is_verified", "mark_verified"]
 
 
 def _identity(path: Path, sha256: str) -> dict[str, Any]:

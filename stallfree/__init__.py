@@ -10,9 +10,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from stallfree.ingest.remote import RemoteStoreError
     from stallfree.pipeline.loader import Loader
     from stallfree.pipeline.readers import DatasetReader
-    from stallfree.pipeline.remote import RemoteStoreError
     from stallfree.pipeline.samples import BadSampleError
     from stallfree.pipeline.shards import ShardReader
     from stallfree.resume import Resumable
@@ -42,7 +42,7 @@ _HOMES = {
     "BadSampleError": "stallfree.pipeline.samples",
     "DatasetReader": "stallfree.pipeline.readers",
     "Loader": "stallfree.pipeline.loader",
-    "RemoteStoreError": "stallfree.pipeline.remote",
+    "RemoteStoreError": "stallfree.ingest.remote",
     "Resumable": "stallfree.resume",
     "ShardReader": "stallfree.pipeline.shards",
     "StageClock": "stallfree.stage_runtime.clock",

@@ -2,7 +2,8 @@
 
 Each command module exposes ``register(subparsers)``, which adds its parser and sets ``func`` to a callable
 taking the parsed namespace and returning the exit code. Errors a user can fix are :class:`CliError` (or a
-``ValueError``/``FileNotFoundError`` from the library, or :class:`~stallfree.dali.DaliMissing`: no DALI installed)
+``ValueError``/``FileNotFoundError``/``PermissionError`` from the library, a store that does not answer
+(:class:`~stallfree.ingest.remote.RemoteStoreError`), or :class:`~stallfree.dali.DaliMissing`: no DALI installed)
 and end as one readable line on stderr and exit code 2.
 
 Building the parser imports no torch, DALI or Numba (each command imports them inside its function), so that
@@ -20,6 +21,7 @@ from collections.abc import Iterator, Sequence
 
 from stallfree.commands import CliError
 from stallfree.dali import DaliMissing
+from stallfree.ingest.remote import RemoteStoreError
 
 __all__ = ["CliError", "HelpFormatter", "main", "parsers"]
 
@@ -104,7 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except BrokenPipeError:
         return _stdout_closed()
-    except (CliError, ValueError, FileNotFoundError, NotADirectoryError, DaliMissing) as err:
+    except (CliError, ValueError, FileNotFoundError, NotADirectoryError, PermissionError, RemoteStoreError,
+            DaliMissing) as err:
         print(f"stallfree {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

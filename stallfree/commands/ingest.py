@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -23,6 +24,30 @@ def _raw(text: str) -> tuple[int, int]:
     return int(match[1]), int(match[2])
 
 
+def _storage_options(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"--storage-options must be a JSON object, got {text!r} ({err})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"--storage-options must be a JSON object ({{...}}), got {text!r}")
+    return value
+
+
+def _add_storage_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--storage-options", type=_storage_options, metavar="JSON",
+                        help="for a URL: the fsspec file system's options as a JSON object, e.g. "
+                        "'{\"endpoint_url\": \"https://s3.example.com\"}'; leave credentials to the environment "
+                        "(AWS_*, ~/.aws, Google's default credentials), where other users' ps does not show them")
+
+
+def _shown(where: str) -> str:
+    """``where`` as printed: a URL without its credentials."""
+    from stallfree.ingest.remote import is_url, redact
+
+    return redact(where) if is_url(where) else where
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``stallfree ingest``, ``stallfree verify`` and ``stallfree info``."""
     parser = sub.add_parser(
@@ -31,17 +56,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Write SRC (an ImageFolder tree, a CSV/Parquet file list with path and label columns, Parquet "
         "holding image bytes, or WebDataset .tar shards) into OUT as uncompressed Arrow IPC shards and a "
         "manifest.json. Images failing their checks go to OUT/rejected.jsonl. Interrupted runs resume when "
-        "run again with the same arguments. Docs: docs/ingest.md.",
+        "run again with the same arguments. OUT may be a URL (s3://, gs://, file://): shards are written to a local "
+        "staging folder and each is uploaded once complete, the manifest last, so a reader never finds a manifest "
+        "whose shards are missing; a rerun uploads only what is missing. Docs: docs/ingest.md, docs/remote.md.",
         usage="%(prog)s [options] SRC OUT\n       %(prog)s --merge [options] OUT",
         epilog="examples:\n"
         "  stallfree ingest ~/imagenet/train ./shards/train --workers 8 --max-side 256\n"
         "  stallfree ingest ./cifar-folder ./shards/cifar --raw 32x32\n"
+        "  stallfree ingest ~/imagenet/train s3://bucket/imagenet/train/ --max-side 256   # upload as shards finish\n"
         "  stallfree ingest list.csv ./shards --part 0/4      # on each of 4 machines, i = 0..3\n"
         "  stallfree ingest --merge ./shards                   # then once, after copying the parts together",
         formatter_class=_FORMAT,
     )
-    parser.add_argument("paths", nargs="+", type=Path, metavar="SRC OUT",
-                        help="source and output folder (with --merge: only the output folder)")
+    parser.add_argument("paths", nargs="+", metavar="SRC OUT",
+                        help="source and output folder or URL (with --merge: only the output folder)")
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),
                         help="processes checking and converting images (default: the cores this process may use)")
     parser.add_argument("--shard-size", type=float, default=256.0, metavar="MB",
@@ -59,6 +87,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "them (default 268435456 = 256 MiB)")
     parser.add_argument("--part", default="0/1", metavar="i/N", help="ingest slice i of N (shards i, i+N, ...)")
     parser.add_argument("--merge", action="store_true", help="join OUT's manifest.part-*.json into manifest.json")
+    parser.add_argument("--staging", type=Path, metavar="DIR",
+                        help="with OUT a URL: write the shards here before uploading them, and keep them (default: a "
+                        "folder per URL under $STALLFREE_CACHE_DIR/ingest, by default ~/.cache/stallfree/ingest, "
+                        "removed once the manifest is uploaded)")
+    _add_storage_options(parser)
     add_json_arguments(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(func=_ingest)
@@ -67,28 +100,36 @@ def register(sub: argparse._SubParsersAction) -> None:
         "verify",
         help="re-check an ingested dataset's shard checksums (and decode with --decode)",
         description="Check that every shard in OUT exists, has its manifest size and SHA-256 and opens as Arrow; "
-        "exit code 1 and one line per problem when something is wrong.",
-        epilog="examples:\n  stallfree verify ./shards/train\n  stallfree verify ./shards/train --decode",
+        "exit code 1 and one line per problem when something is wrong. OUT may be a URL (s3://, gs://, https://, "
+        "file://): each shard is downloaded in turn to a temporary folder and checked there.",
+        epilog="examples:\n  stallfree verify ./shards/train\n  stallfree verify ./shards/train --decode\n"
+        "  stallfree verify s3://bucket/imagenet/train/",
         formatter_class=_FORMAT,
     )
-    verify.add_argument("out", type=Path, help="an ingested folder (holding manifest.json)")
+    verify.add_argument("out", help="an ingested folder (holding manifest.json), or its URL")
     verify.add_argument("--decode", action="store_true", help="also decode every image")
+    verify.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_storage_options(verify)
     add_json_arguments(verify)
     verify.set_defaults(func=_verify)
 
     info = sub.add_parser(
         "info",
         help="summarise an ingested dataset: rows, classes, size, per-class counts",
-        description="Print what OUT's manifest says: rows, shards, size, classes with counts, source and options.",
-        epilog="examples:\n  stallfree info ./shards/train\n  stallfree info ./shards/train --json | jq .classes",
+        description="Print what OUT's manifest says: rows, shards, size, classes with counts, source and options. "
+        "OUT may be a URL (s3://, gs://, https://, file://): only its manifest is read.",
+        epilog="examples:\n  stallfree info ./shards/train\n  stallfree info ./shards/train --json | jq .classes\n"
+        "  stallfree info https://data.example.com/imagenet/train/",
         formatter_class=_FORMAT,
     )
-    info.add_argument("out", type=Path, help="an ingested folder (holding manifest.json)")
+    info.add_argument("out", help="an ingested folder (holding manifest.json), or its URL")
+    _add_storage_options(info)
     add_json_arguments(info)
     info.set_defaults(func=_info)
 
 
 def _ingest(args: argparse.Namespace) -> int:
+    from stallfree.ingest.remote import is_url
     from stallfree.ingest.runner import ingest, merge, parse_part
     from stallfree.ingest.sources import DEFAULT_MAX_SAMPLE_BYTES
     from stallfree.ingest.validate import DEFAULT_MAX_PIXELS
@@ -101,7 +142,7 @@ def _ingest(args: argparse.Namespace) -> int:
         print(f"merged {summary['parts']} parts: {summary['images']} images in {summary['shards']} shards, "
               f"{summary['rejected']} rejected", file=human(args))
         emit(args, summary)
-        return _nothing_ingested(summary, args.paths[0] / "rejected.jsonl")
+        return _nothing_ingested(summary, str(Path(args.paths[0]) / "rejected.jsonl"))
     if len(args.paths) != 2:
         raise ValueError(f"ingest takes SRC and OUT, got {len(args.paths)} paths")
     options = IngestOptions(
@@ -110,15 +151,23 @@ def _ingest(args: argparse.Namespace) -> int:
         max_sample_bytes=DEFAULT_MAX_SAMPLE_BYTES if args.max_sample_bytes is None else args.max_sample_bytes,
     )
     src, out = args.paths
-    summary = ingest(src, out, options, workers=args.workers, part=parse_part(args.part),
-                     progress=not args.quiet and sys.stderr.isatty())
+    remote = is_url(out)
+    if not remote and (args.staging is not None or args.storage_options is not None):
+        raise ValueError(f"--staging and --storage-options apply to an OUT at a URL (s3://, gs://, file://), but OUT "
+                         f"is {out!r}; drop them")
+    extra = {"staging": args.staging, "storage_options": args.storage_options} if remote else {}
+    summary = ingest(Path(src), out if remote else Path(out), options, workers=args.workers,
+                     part=parse_part(args.part), progress=not args.quiet and sys.stderr.isatty(), **extra)
     index, count = parse_part(args.part)
-    record = out / ("rejected.jsonl" if count == 1 else f"manifest.part-{index}-of-{count}.json")
+    name = "rejected.jsonl" if count == 1 else f"manifest.part-{index}-of-{count}.json"
+    record = f"{_shown(out).rstrip('/')}/{name}"
+    uploads = (f"; {summary['uploaded_shards']} shards uploaded to {summary['url']}, {summary['stored_shards']} "
+               "there already" if remote else "")
     print(
         f"{summary['images']} images in {summary['shards']} shards ({summary['shard_mb']:.1f} MB from "
         f"{summary['source_mb']:.1f} MB), {summary['rejected']} rejected"
         + (f" (see {record})" if summary["rejected"] else "")
-        + f"; {summary['written_shards']} shards written, {summary['resumed_shards']} already done; "
+        + f"; {summary['written_shards']} shards written, {summary['resumed_shards']} already done{uploads}; "
         f"{summary['seconds']:.1f} s, {summary['images_per_s']:.0f} images/s, {summary['mb_per_s']:.1f} MB/s",
         file=human(args),
     )
@@ -126,7 +175,7 @@ def _ingest(args: argparse.Namespace) -> int:
     return _nothing_ingested(summary, record)
 
 
-def _nothing_ingested(summary: dict[str, Any], record: Path) -> int:
+def _nothing_ingested(summary: dict[str, Any], record: str) -> int:
     """Exit code 1 and one line when every sample was rejected: a dataset of no images is not a success."""
     if summary["images"] or not summary["rejected"]:
         return 0
@@ -136,25 +185,29 @@ def _nothing_ingested(summary: dict[str, Any], record: Path) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    from stallfree.ingest.remote import is_url
     from stallfree.ingest.verify import verify
 
-    problems = verify(args.out, decode=args.decode)
+    out = args.out if is_url(args.out) else Path(args.out)
+    problems = verify(out, decode=args.decode, storage_options=args.storage_options,
+                      progress=not args.quiet and sys.stderr.isatty())
     for problem in problems:
         print(problem, file=human(args))
-    print(f"{args.out}: {'OK' if not problems else f'{len(problems)} problem(s)'}", file=sys.stderr)
-    emit(args, {"out": str(args.out), "ok": not problems, "problems": problems})
+    print(f"{_shown(args.out)}: {'OK' if not problems else f'{len(problems)} problem(s)'}", file=sys.stderr)
+    emit(args, {"out": _shown(args.out), "ok": not problems, "problems": problems})
     return 1 if problems else 0
 
 
 def _info(args: argparse.Namespace) -> int:
+    from stallfree.ingest.remote import is_url
     from stallfree.ingest.verify import info
 
-    summary = info(args.out)
+    summary = info(args.out if is_url(args.out) else Path(args.out), args.storage_options)
     emit(args, summary)
     if args.json:
         return 0  # the JSON holds everything the text would say
     kind = summary["image"]["kind"] + (f" {summary['image']['shape']}" if summary["image"]["shape"] else "")
-    print(f"{args.out}: {summary['rows']} rows in {summary['shards']} shards, {summary['bytes'] / 1e6:.1f} MB, "
+    print(f"{_shown(args.out)}: {summary['rows']} rows in {summary['shards']} shards, {summary['bytes'] / 1e6:.1f} MB, "
           f"images {kind}, {summary['rejected']} rejected at ingest")
     print(f"source: {summary['source']['kind']} {summary['source']['path']}")
     print(f"columns: {', '.join(summary['columns'])}")

@@ -15,7 +15,7 @@ import torch
 from stallfree import Loader
 from stallfree.bench.servers import FaultProxy, RangeServer, s3_options
 from stallfree.ingest.manifest import read_manifest
-from stallfree.pipeline.remote import Progress, Retry
+from stallfree.ingest.remote import Progress, Retry
 from stallfree.pipeline.shard_cache import ShardCache
 from stallfree.transforms import Normalize, RandomHorizontalFlip, RandomResizedCrop
 
@@ -71,7 +71,7 @@ def test_a_second_loader_reads_the_cache_and_fetches_nothing(remote_data: Path, 
 
 def test_a_cache_dir_held_by_another_process_is_refused(http_server: RangeServer, tmp_path: Path) -> None:
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
-                               "from stallfree.pipeline.remote import Retry; "
+                               "from stallfree.ingest.remote import Retry; "
                                "from stallfree.pipeline.shard_cache import ShardCache; "
                                "c = ShardCache(Path(sys.argv[1]), None, 1, Retry()); print('held', flush=True); "
                                "time.sleep(60)", str(tmp_path)], stdout=subprocess.PIPE, text=True)

@@ -1,4 +1,8 @@
-"""Remote stores: the client for a URL, and one whole-object download with bounded retries and a stall timeout.
+"""Remote stores: the client for a URL, whole-object downloads and uploads with bounded retries, a stall timeout.
+
+Both floors that meet a store use this module: the Loader reads shards through it (``stallfree.pipeline``), and
+``stallfree ingest``/``verify``/``info`` write and check datasets at a URL (``stallfree.ingest``); it lives on the
+lower floor so that there is one client, one retry policy and one :func:`redact`.
 
 The client is **fsspec** (``s3fs`` for ``s3://``, ``gcsfs`` for ``gs://``, its own ``aiohttp`` client for
 ``http(s)://``, the local file system for ``file://``). It was chosen over ``pyarrow.fs`` because pyarrow has no
@@ -16,28 +20,36 @@ A download (:func:`download`) reads the object in 1 MiB pieces into a temporary 
 - no byte for ``retry.timeout`` seconds is a stall: the piece's client call gets that timeout, and the watchdog
   in :class:`Progress` lets a waiting reader raise even if the client itself hangs.
 
+An upload (:func:`upload`) puts a whole file, tried again on the same transient failures, and then compares the
+size the store holds with the local file's; small objects (a manifest) are read whole by :func:`read_object`.
+Any other call is tried the same way through :func:`retried`.
+
 URLs in messages go through :func:`redact`: credentials never appear in an error.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+import socket
 import threading
 import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from stallfree.ingest.atomic import atomic_path
 
-__all__ = ["ChecksumMismatch", "Progress", "RemoteStoreError", "Retry", "download", "is_url", "open_store", "redact"]
+__all__ = ["ChecksumMismatch", "Progress", "RemoteStoreError", "Retry", "download", "is_url", "open_store",
+           "read_object", "redact", "retried", "transient", "upload"]
 
 #: The optional extra that brings each scheme's client.
 _CLIENTS = {"s3": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs"), "http": ("aiohttp", "remote"),
             "https": ("aiohttp", "remote"), "file": ("fsspec", "remote")}
 _PIECE = 1 << 20
+_T = TypeVar("_T")
 
 
 class RemoteStoreError(RuntimeError):
@@ -235,3 +247,74 @@ def _read_from(fs: Any, path: str, offset: int, size: int, out: Any, digest: Any
         if offset == size and remote.read(1):
             raise RemoteStoreError(f"the object is longer than the manifest's {size} bytes (another dataset?)")
     return offset
+
+
+def retried(call: Callable[[], _T], what: str, retry: Retry) -> _T:
+    """``call()``, tried again after a transient failure (:func:`transient`), at most ``retry.attempts`` tries.
+
+    Raises:
+        RemoteStoreError: tries spent on transient failures; names ``what`` (a redacted URL) and the last error.
+        Any other error of ``call`` (a 403, a 404...), as it is.
+    """
+    for tries in range(1, retry.attempts + 1):
+        try:
+            return call()
+        except Exception as err:  # noqa: BLE001 - transient ones are retried, others raised as they are
+            if not transient(err):
+                raise
+            if tries == retry.attempts:
+                raise RemoteStoreError(f"{what}: {tries} tries failed (the last: {type(err).__name__}: {err})") from err
+            time.sleep(retry.wait(tries))
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
+def read_object(fs: Any, path: str, url: str, retry: Retry) -> bytes:
+    """Object ``path`` (``url`` for messages) whole: for small ones (a manifest), with the retries of a download.
+
+    Raises:
+        FileNotFoundError: no such object (not retried).
+        RemoteStoreError: tries spent.
+    """
+    return retried(lambda: bytes(fs.cat_file(path)), redact(url), retry)
+
+
+def upload(fs: Any, local: Path, path: str, url: str, retry: Retry) -> dict[str, Any]:
+    """Put file ``local`` at ``path`` (``url`` for messages); returns the stored object's info (size, ETag...).
+
+    An object store (S3, GCS) shows an object only once its upload is complete, so the bytes go to the final name;
+    a file system (``file://``) would show a partial file, so they go to a temporary name that is renamed once they
+    are all there. Either way the size the store then holds is compared with the file's, and a mismatch is retried:
+    a reader never finds a partial object under the final name.
+
+    Raises:
+        RemoteStoreError: tries spent on transient failures (or on a stored size that is not the file's).
+        FileNotFoundError, PermissionError: as the store answered (a missing bucket, a refused key), naming ``url``.
+    """
+    size = local.stat().st_size
+    shown = redact(url)
+
+    def attempt() -> dict[str, Any]:
+        if _is_file_system(fs):
+            parent, name = path.rsplit("/", 1)
+            fs.makedirs(parent, exist_ok=True)
+            tmp = f"{parent}/.{name}.tmp-{socket.gethostname()}-{os.getpid()}-{threading.get_ident()}"
+            fs.put_file(str(local), tmp)
+            fs.mv(tmp, path)
+        else:
+            fs.put_file(str(local), path)
+        fs.invalidate_cache(path)
+        info = dict(fs.info(path))
+        if int(info.get("size", -1)) != size:
+            raise EOFError(f"the store holds {info.get('size')} bytes after the upload of {size} (truncated)")
+        return info
+
+    try:
+        return retried(attempt, f"uploading {local.name} to {shown}", retry)
+    except (FileNotFoundError, PermissionError) as err:
+        raise type(err)(f"uploading {local.name} to {shown}: {err}") from err
+
+
+def _is_file_system(fs: Any) -> bool:
+    """Whether ``fs`` is the local file system (``file://``), where a file is visible while it is being written."""
+    protocol = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    return "file" in protocol
