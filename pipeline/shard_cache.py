@@ -17,7 +17,6 @@ Loader that skips its rows does not download it again for each row.
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 from collections import Counter, OrderedDict
@@ -27,6 +26,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
 
+from stallfree.ingest.home import cache_dir
 from stallfree.ingest.manifest import file_sha256
 from stallfree.ingest.remote import ChecksumMismatch, Progress, RemoteStoreError, Retry
 from stallfree.pipeline.shards import ShardError
@@ -38,9 +38,12 @@ Fetch = Callable[[str, Path, Progress], None]
 
 
 def default_cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/stallfree/shards``, by default ``~/.cache/stallfree/shards``."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "stallfree" / "shards"
+    """``shards/`` in the stallfree cache, beside the verified markers and the ingest staging folders.
+
+    That is :func:`stallfree.ingest.home.cache_dir`: ``$STALLFREE_CACHE_DIR``, else ``$XDG_CACHE_HOME/stallfree``,
+    by default ``~/.cache/stallfree``.
+    """
+    return cache_dir() / "shards"
 
 
 class ShardCache:

@@ -213,3 +213,14 @@ def test_a_loader_dropped_without_close_stops_its_read_ahead(http_server: RangeS
         gc.collect()
         thread.join(0.2)
     assert not thread.is_alive()  # it held the reader only while working, so the reader was collected
+
+
+def test_the_shard_cache_lives_in_the_one_stallfree_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from stallfree.ingest.home import cache_dir
+    from stallfree.pipeline.shard_cache import default_cache_dir
+
+    monkeypatch.setenv("STALLFREE_CACHE_DIR", str(tmp_path / "mine"))
+    assert default_cache_dir() == tmp_path / "mine" / "shards" and default_cache_dir().parent == cache_dir()
+    monkeypatch.delenv("STALLFREE_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == tmp_path / "xdg" / "stallfree" / "shards"
