@@ -11,7 +11,8 @@ JPEGs, page cache warm, the ImageNet train spec: RandomResizedCrop(224), flip, n
   (the Loader's RandomResizedCrop graph to 224x224 uint8 HWC), **+ flip, normalize, float32 NCHW** (the whole
   graph), and the **hand-off** to torch (DLPack, timed alone).
 
-The Loader is then run whole with ``--threads`` threads: the sum of the stages over the cores it has is what it
+The Loader is then run whole with ``--threads`` threads, as ``bench loader`` runs it (one warm-up pass, then the
+timed passes): the sum of the stages over the cores it has is what it
 would reach if they overlapped perfectly; the difference is the pipeline's own cost (queues, the GIL, threads
 waiting on each other). Times are medians of ``--repeats`` passes of ``--batches`` batches.
 """
@@ -33,9 +34,6 @@ EXAMPLES = """examples:
   stallfree bench breakdown ./bench-data --synthetic 1000
   stallfree bench breakdown ~/imagenet/train --batches 10 --json-file breakdown.json
 """
-
-MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The benchmark's options."""
@@ -61,6 +59,7 @@ def _median_us(work: Callable[[], Any], images: int, repeats: int) -> float:
 
 
 def _spec(full: bool) -> list[Any]:
+    from stallfree.bench.loader import MEAN, STD
     from stallfree.transforms import Normalize, RandomHorizontalFlip, RandomResizedCrop
 
     return [RandomResizedCrop(224), RandomHorizontalFlip(), Normalize(MEAN, STD)] if full else [RandomResizedCrop(224)]
@@ -157,41 +156,19 @@ def _stages(args: argparse.Namespace, bar: Any) -> dict[str, float]:
     return out
 
 
-def _loader_rate(args: argparse.Namespace) -> float:
-    """The whole Loader's img/s with ``--threads`` threads, the median of ``--repeats`` passes."""
-    from stallfree import Loader
-
-    loader = Loader(args.data, args.batch_size, transform=_spec(True), num_threads=args.threads, drop_last=True)
-
-    def stream() -> Any:
-        while True:
-            yield from loader
-
-    batches = stream()
-    for _ in range(3):
-        next(batches)
-    rates = []
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        for _ in range(args.batches):
-            next(batches)
-        rates.append(args.batches * args.batch_size / (time.perf_counter() - start))
-    loader.close()
-    return statistics.median(rates)
-
-
 def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
     """Run the benchmark, print its table to ``out`` and return its results (JSON-able)."""
     from tqdm import tqdm
 
-    from stallfree.bench.loader import write_synthetic
+    from stallfree.bench.loader import measure_runs, write_synthetic
 
     if min(args.batch_size, args.batches, args.repeats, args.threads) < 1:
         raise ValueError("--batch-size, --batches, --repeats and --threads must all be >= 1")
     write_synthetic(args.data, args.synthetic)
     with tqdm(total=8, desc="breakdown", unit="stage", file=sys.stderr, leave=False) as bar:
         us = _stages(args, bar)
-    rate = _loader_rate(args)
+    loader_runs = measure_runs([("stallfree", "stallfree", args.data)], argparse.Namespace(**vars(args), device="cpu"))
+    rate = statistics.median(loader_runs["stallfree"])
     loader_us = {
         "read": us["read"],
         "header check": us["header check"],

@@ -92,9 +92,10 @@ class EpochRun:
         return self._stop.is_set()
 
     def join(self, timeout: float) -> None:
-        """Wait for both threads to end (after :meth:`stop`)."""
+        """Wait for both threads to end (after :meth:`stop`); called on one of them, wait for the other only."""
         for thread in self._threads:
-            thread.join(timeout)
+            if thread is not threading.current_thread():  # a finalizer may run on one of them
+                thread.join(timeout)
 
     def put(self, q: queue.Queue[Any], item: Any) -> bool:
         """Put ``item`` on ``q``, waiting for room; ``False`` once the run is stopped."""

@@ -68,5 +68,4 @@ class NextPass:
 
 def _stop(run: EpochRun) -> None:
     run.stop()
-    if threading.current_thread() not in run._threads:  # a finalizer may run on one of them
-        run.join(_JOIN_S)
+    run.join(_JOIN_S)
