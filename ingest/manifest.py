@@ -20,6 +20,7 @@ from stallfree.ingest.remote import Retry, is_url, open_store, read_object, reda
 __all__ = [
     "FORMAT",
     "MANIFEST",
+    "REJECTED",
     "VERSION",
     "file_sha256",
     "parse_manifest",
@@ -27,11 +28,13 @@ __all__ = [
     "schema_problem",
     "shard_name",
     "write_manifest",
+    "write_rejected",
 ]
 
 FORMAT = "stallfree-shards"
 VERSION = 1
 MANIFEST = "manifest.json"
+REJECTED = "rejected.jsonl"  # one JSON record per sample the ingest rejected, beside the manifest
 
 
 def shard_name(index: int) -> str:
@@ -127,3 +130,8 @@ def schema_problem(schema: Any, expected: list[dict[str, str]]) -> str | None:
     if extra:
         return f"has column(s) {extra} that the manifest does not list"
     return None
+
+
+def write_rejected(out: Path, rejected: list[dict[str, str]]) -> None:
+    """Write ``out/rejected.jsonl``: one sorted-key JSON record per line, atomically."""
+    atomic_write(out / REJECTED, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rejected).encode())

@@ -8,9 +8,9 @@ so every run, resumed or split with ``--part i/N``, numbers the same samples int
                                                                                           in order ─► manifest
 
 A rerun after a crash or ``kill -9`` skips every shard whose record exists and writes the rest; a part writes
-``manifest.part-I-of-N.json`` and :func:`merge` joins the parts into ``manifest.json``. An ``out`` that is a URL
-writes into a local staging folder and uploads each shard once it is complete, the manifest last
-(:mod:`~stallfree.ingest.upload`).
+``manifest.part-I-of-N.json`` and :func:`~stallfree.ingest.merge.merge` joins the parts into ``manifest.json``. An
+``out`` that is a URL writes into a local staging folder and uploads each shard once it is complete, the manifest
+last (:mod:`~stallfree.ingest.upload`).
 """
 
 from __future__ import annotations
@@ -35,19 +35,19 @@ from stallfree.ingest.atomic import atomic_write
 from stallfree.ingest.manifest import (
     FORMAT,
     MANIFEST,
+    REJECTED,
     VERSION,
-    read_manifest,
     shard_name,
     write_manifest,
+    write_rejected,
 )
 from stallfree.ingest.remote import Retry, is_url, redact
 from stallfree.ingest.sources import Item, Plan, plan_source
 from stallfree.ingest.upload import Upload, upload_target
 from stallfree.ingest.writer import RECORDS, Converted, IngestOptions, _schema, convert_items, record_path, write_shard
 
-__all__ = ["REJECTED", "ingest", "merge", "parse_part"]
+__all__ = ["ingest", "parse_part"]
 
-REJECTED = "rejected.jsonl"
 #: Samples per unit of work sent to a worker process.
 CHUNK = 64
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
@@ -167,10 +167,6 @@ def _manifest(plan: Plan, options: IngestOptions, digest: str, total_shards: int
         "source_bytes": sum(r["source_bytes"] for r in records.values()),
         "rejected": len(plan.rejected) + sum(len(r["rejected"]) for r in records.values()),
     }
-
-
-def _write_rejected(out: Path, name: str, rejected: list[dict[str, str]]) -> None:
-    atomic_write(out / name, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rejected).encode())
 
 
 def ingest(
@@ -360,7 +356,7 @@ def _write_manifest(out: Path, plan: Plan, options: IngestOptions, digest: str, 
     rejected = plan.rejected if index == 0 else []
     rejected = rejected + [r for i in sorted(records) for r in records[i]["rejected"]]
     if count == 1:
-        _write_rejected(out, REJECTED, rejected)
+        write_rejected(out, rejected)
         write_manifest(out / MANIFEST, manifest)
     else:
         manifest["part"] = [index, count]
@@ -370,42 +366,3 @@ def _write_manifest(out: Path, plan: Plan, options: IngestOptions, digest: str, 
         manifest["rejected"] = len(rejected)
         write_manifest(out / f"manifest.part-{index}-of-{count}.json", manifest)
     return manifest, rejected
-
-
-def merge(out: str | os.PathLike[str]) -> dict[str, Any]:
-    """Join ``out``'s ``manifest.part-I-of-N.json`` files (every part's shards copied into ``out``) into one.
-
-    Raises:
-        ValueError: parts are missing, come from different plans, or a part's shard file is absent.
-    """
-    if is_url(out):
-        raise ValueError(f"--merge of a dataset at a URL ({redact(str(out))}) is not supported: merge the parts in a "
-                         "local folder, then upload it")
-    out = Path(out)
-    parts = sorted(out.glob("manifest.part-*-of-*.json"))
-    if not parts:
-        raise FileNotFoundError(f"no manifest.part-I-of-N.json in {out}: run `stallfree ingest ... --part i/N` first")
-    manifests = [json.loads(p.read_text()) for p in parts]
-    count = manifests[0]["part"][1]
-    found = sorted(m["part"][0] for m in manifests)
-    if any(m["part"][1] != count for m in manifests) or found != list(range(count)):
-        raise ValueError(f"{out}: expected parts 0..{count - 1} of {count}, found {[p.name for p in parts]}")
-    digests = {m["plan"]["digest"] for m in manifests}
-    if len(digests) != 1:
-        raise ValueError(f"{out}: the parts come from different sources or options (plans {sorted(digests)})")
-    merged = {k: v for k, v in manifests[0].items() if k not in ("part", "rejected_listing", "rejected_by_shard")}
-    merged["shards"] = sorted((s for m in manifests for s in m["shards"]), key=lambda s: s["file"])
-    for shard in merged["shards"]:
-        if not (out / shard["file"]).is_file():
-            raise ValueError(f"{out}: {shard['file']} is listed by a part but missing; copy every part's shards here")
-    for key in ("rows", "source_bytes"):
-        merged[key] = sum(m[key] for m in manifests)
-    merged["class_counts"] = [sum(c) for c in zip(*(m["class_counts"] for m in manifests), strict=True)]
-    by_shard = {int(i): r for m in manifests for i, r in m["rejected_by_shard"].items()}
-    rejected = [r for m in manifests for r in m["rejected_listing"]]
-    rejected += [r for i in sorted(by_shard) for r in by_shard[i]]
-    merged["rejected"] = len(rejected)
-    _write_rejected(out, REJECTED, rejected)
-    write_manifest(out / MANIFEST, merged)
-    read_manifest(out)
-    return {"images": merged["rows"], "rejected": len(rejected), "shards": len(merged["shards"]), "parts": count}

@@ -129,8 +129,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _ingest(args: argparse.Namespace) -> int:
+    from stallfree.ingest.merge import merge
     from stallfree.ingest.remote import is_url
-    from stallfree.ingest.runner import ingest, merge, parse_part
+    from stallfree.ingest.runner import ingest, parse_part
     from stallfree.ingest.sources import DEFAULT_MAX_SAMPLE_BYTES
     from stallfree.ingest.validate import DEFAULT_MAX_PIXELS
     from stallfree.ingest.writer import IngestOptions

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from stallfree.ingest import runner
-from stallfree.ingest.runner import ingest, merge
+from stallfree.ingest.merge import merge
+from stallfree.ingest.runner import ingest
 from stallfree.ingest.verify import verify
 from stallfree.ingest.writer import IngestOptions
 

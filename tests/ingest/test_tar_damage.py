@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from stallfree.cli import main
-from stallfree.ingest.runner import REJECTED, ingest
+from stallfree.ingest.manifest import REJECTED
+from stallfree.ingest.runner import ingest
 from stallfree.ingest.writer import IngestOptions
 
 
