@@ -23,7 +23,8 @@ This module is the registry (:func:`kernel`, :class:`Kernel`, :class:`KernelTran
 :mod:`.numba_cpu`, the CUDA compiler :mod:`.numba_cuda`, and both become DALI nodes through :mod:`.numba_dali`.
 Compilation is eager: :meth:`Kernel.compile` (called when the graph is built, or by hand) compiles the kernel with
 an explicit signature, and a kernel that Numba cannot compile raises :class:`KernelError` naming the kernel and
-Numba's reason, before any batch runs.
+Numba's reason, before any batch runs. The CPU compile is cached on disk (:mod:`.kernel_cache`): a second process
+loads it instead of compiling again.
 """
 
 from __future__ import annotations
@@ -94,10 +95,14 @@ class Kernel:
     def compile(self, image_dtype: ImageDtype | type, param_dtypes: Sequence[type]) -> Any:
         """The CPU run function ``run(out, image, *params)``, compiled now (cached); :class:`KernelError` if not."""
         image_np = np.dtype(image_dtype).type
-        key = ("cpu", image_np, tuple(param_dtypes))
+        return self._compiled(image_np, param_dtypes)[0]
+
+    def _compiled(self, image_dtype: type, param_dtypes: Sequence[type]) -> tuple[Any, Any | None]:
+        """``(run, DALI entry point or None)`` for these dtypes (:func:`~.numba_cpu.pixel_loop`), compiled once."""
+        key = ("cpu", image_dtype, tuple(param_dtypes))
         if key not in self._cache:
             self._check_arity(param_dtypes)
-            self._cache[key] = pixel_loop(self.name, self.pixel, image_np, param_dtypes)
+            self._cache[key] = pixel_loop(self.name, self.pixel, image_dtype, param_dtypes)
         return self._cache[key]
 
     def cuda_function(self) -> Callable[..., None]:
@@ -141,14 +146,17 @@ class Kernel:
     def node(self, image: Any, params: Sequence[Any], param_dtypes: Sequence[type], state: GraphState) -> Any:
         """The kernel as a DALI node on ``state.device``, compiled now."""
         image_dtype = np.dtype(state.dtype).type
-        compiled = self.compile(image_dtype, param_dtypes)  # also checks the typing when the graph is on the GPU
+        compiled, entry = self._compiled(image_dtype, param_dtypes)  # also checks the typing for a GPU graph
+        entries = None
         if state.device == "gpu":
             run_fn = self.cuda_function()
         else:
+            from stallfree.transforms.numba_abi import same_shape_setup  # loads its cached entry points
+
             run_fn = forwarder(compiled, len(param_dtypes))
-        return numba_node(
-            run_fn, image, params, image_dtype=image_dtype, param_dtypes=param_dtypes, device=state.device
-        )
+            entries = None if entry is None else (entry, same_shape_setup)
+        return numba_node(run_fn, image, params, image_dtype=image_dtype, param_dtypes=param_dtypes,
+                          device=state.device, entries=entries)
 
 
 def kernel(fn: Callable[..., None] | None = None, *, name: str | None = None) -> Any:

@@ -1,7 +1,8 @@
 """The CPU Numba operators' DALI entry points as ``cfunc``s cached on disk, so a new process does not recompile them.
 
-They are the resampler's (every CPU ``RandomResizedCrop``/``Resize``) and ColorJitter's; a user's ``@kernel`` still
-goes through DALI's own wrappers (its signature is known only at run time).
+They are the resampler's (every CPU ``RandomResizedCrop``/``Resize``) and ColorJitter's. A ``@kernel``'s entry point
+is generated when its graph is first built (its signature is known only then) by :mod:`.kernel_cache`, from the
+views and types below.
 
 DALI's ``NumbaFunction`` wraps the run and set-up functions it is given in ``cfunc``s of its own, built from
 ``eval``'d lambdas, which Numba cannot cache: every process compiled them again when its first graph was built
@@ -30,10 +31,12 @@ from nvidia.dali.plugin.numba import address_as_void_pointer as _ptr  # type: ig
 from stallfree.transforms.color import jitter
 from stallfree.transforms.resample import resample
 
-__all__ = ["JITTER_ENTRIES", "RESIZE_ENTRIES"]
+__all__ = ["JITTER_ENTRIES", "RESIZE_ENTRIES", "RUN", "SETUP", "VIEWS", "hwc_f32", "hwc_u8", "same_shape_setup",
+           "vector_f32", "vector_f64", "vector_i32", "vector_u8"]
 
-_RUN = nbt.void(nbt.uint64, nbt.uint64, nbt.uint64, nbt.int32, nbt.uint64, nbt.uint64, nbt.uint64, nbt.int32)
-_SETUP = nbt.void(nbt.uint64, nbt.uint64, nbt.int32, nbt.uint64, nbt.uint64, nbt.int32, nbt.int32)
+#: DALI's per-sample run and per-batch set-up signatures.
+RUN = nbt.void(nbt.uint64, nbt.uint64, nbt.uint64, nbt.int32, nbt.uint64, nbt.uint64, nbt.uint64, nbt.int32)
+SETUP = nbt.void(nbt.uint64, nbt.uint64, nbt.int32, nbt.uint64, nbt.uint64, nbt.int32, nbt.int32)
 
 
 @njit(cache=True)
@@ -45,11 +48,40 @@ def _shape(shapes_ptr: int, ndims_ptr: int, count: int, samples: int, which: int
 
 
 @njit(cache=True)
-def _hwc_u8(ptrs: int, shapes: int, ndims: int, count: int, which: int) -> Any:
+def hwc_u8(ptrs: int, shapes: int, ndims: int, count: int, which: int) -> Any:
     """Sample view of uint8 HWC output (input) ``which``."""
     shape = _shape(shapes, ndims, count, 1, which, 0)
     data = carray(_ptr(ptrs), count, dtype=np.int64)
     return carray(_ptr(data[which]), (shape[0], shape[1], shape[2]), dtype=np.uint8)
+
+
+@njit(cache=True)
+def _data(ptrs: int, count: int, which: int) -> Any:
+    return _ptr(carray(_ptr(ptrs), count, dtype=np.int64)[which])
+
+
+@njit(cache=True)
+def vector_u8(ptrs: int, shapes: int, ndims: int, count: int, which: int) -> Any:
+    """Sample view of 1-D uint8 input ``which`` (a kernel's parameter)."""
+    return carray(_data(ptrs, count, which), _shape(shapes, ndims, count, 1, which, 0)[0], dtype=np.uint8)
+
+
+@njit(cache=True)
+def vector_i32(ptrs: int, shapes: int, ndims: int, count: int, which: int) -> Any:
+    """Sample view of 1-D int32 input ``which``."""
+    return carray(_data(ptrs, count, which), _shape(shapes, ndims, count, 1, which, 0)[0], dtype=np.int32)
+
+
+@njit(cache=True)
+def vector_f32(ptrs: int, shapes: int, ndims: int, count: int, which: int) -> Any:
+    """Sample view of 1-D float32 input ``which``."""
+    return carray(_data(ptrs, count, which), _shape(shapes, ndims, count, 1, which, 0)[0], dtype=np.float32)
+
+
+@njit(cache=True)
+def vector_f64(ptrs: int, shapes: int, ndims: int, count: int, which: int) -> Any:
+    """Sample view of 1-D float64 input ``which``."""
+    return carray(_data(ptrs, count, which), _shape(shapes, ndims, count, 1, which, 0)[0], dtype=np.float64)
 
 
 @njit(cache=True)
@@ -63,8 +95,8 @@ def _window(ptrs: int, shapes: int, ndims: int, count: int) -> Any:
 @njit(cache=True)
 def _resize(out_ptrs: int, out_shapes: int, out_ndims: int, num_outs: int, in_ptrs: int, in_shapes: int,
             in_ndims: int, num_ins: int, windowed: bool, antialias: bool) -> None:
-    out = _hwc_u8(out_ptrs, out_shapes, out_ndims, num_outs, 0)
-    image = _hwc_u8(in_ptrs, in_shapes, in_ndims, num_ins, 1)  # input 0 only carries the output size
+    out = hwc_u8(out_ptrs, out_shapes, out_ndims, num_outs, 0)
+    image = hwc_u8(in_ptrs, in_shapes, in_ndims, num_ins, 1)  # input 0 only carries the output size
     if windowed:
         w = _window(in_ptrs, in_shapes, in_ndims, num_ins)
         top, left = int(w[0]), int(w[1])
@@ -73,27 +105,27 @@ def _resize(out_ptrs: int, out_shapes: int, out_ndims: int, num_outs: int, in_pt
         resample(out, image, antialias)
 
 
-@cfunc(_RUN, cache=True)
+@cfunc(RUN, cache=True)
 def _resize_plain(o: int, os_: int, on: int, no: int, i: int, is_: int, in_: int, ni: int) -> None:
     _resize(o, os_, on, no, i, is_, in_, ni, False, False)
 
 
-@cfunc(_RUN, cache=True)
+@cfunc(RUN, cache=True)
 def _resize_plain_aa(o: int, os_: int, on: int, no: int, i: int, is_: int, in_: int, ni: int) -> None:
     _resize(o, os_, on, no, i, is_, in_, ni, False, True)
 
 
-@cfunc(_RUN, cache=True)
+@cfunc(RUN, cache=True)
 def _resize_window(o: int, os_: int, on: int, no: int, i: int, is_: int, in_: int, ni: int) -> None:
     _resize(o, os_, on, no, i, is_, in_, ni, True, False)
 
 
-@cfunc(_RUN, cache=True)
+@cfunc(RUN, cache=True)
 def _resize_window_aa(o: int, os_: int, on: int, no: int, i: int, is_: int, in_: int, ni: int) -> None:
     _resize(o, os_, on, no, i, is_, in_, ni, True, True)
 
 
-@cfunc(_SETUP, cache=True)
+@cfunc(SETUP, cache=True)
 def _resize_setup(out_shapes: int, out_ndims: int, num_outs: int, in_shapes: int, in_ndims: int, num_ins: int,
                   num_samples: int) -> None:
     # The output is (h, w, 3) with (h, w) the size carrier's (input 0): as resample._setup.
@@ -121,31 +153,31 @@ def _jitter_params(ptrs: int, shapes: int, ndims: int, count: int) -> Any:
 
 
 @njit(cache=True)
-def _hwc_f32(ptrs: int, shapes: int, ndims: int, count: int, which: int) -> Any:
+def hwc_f32(ptrs: int, shapes: int, ndims: int, count: int, which: int) -> Any:
     """Sample view of float32 HWC output (input) ``which``."""
     shape = _shape(shapes, ndims, count, 1, which, 0)
     data = carray(_ptr(ptrs), count, dtype=np.int64)
     return carray(_ptr(data[which]), (shape[0], shape[1], shape[2]), dtype=np.float32)
 
 
-@cfunc(_RUN, cache=True)
+@cfunc(RUN, cache=True)
 def _jitter_u8(o: int, os_: int, on: int, no: int, i: int, is_: int, in_: int, ni: int) -> None:
-    out, image = _hwc_u8(o, os_, on, no, 0), _hwc_u8(i, is_, in_, ni, 0)
+    out, image = hwc_u8(o, os_, on, no, 0), hwc_u8(i, is_, in_, ni, 0)
     order, factors = _jitter_params(i, is_, in_, ni)
     jitter(out, image, order, factors, np.float32(255.0), True)
 
 
-@cfunc(_RUN, cache=True)
+@cfunc(RUN, cache=True)
 def _jitter_f32(o: int, os_: int, on: int, no: int, i: int, is_: int, in_: int, ni: int) -> None:
-    out, image = _hwc_f32(o, os_, on, no, 0), _hwc_f32(i, is_, in_, ni, 0)
+    out, image = hwc_f32(o, os_, on, no, 0), hwc_f32(i, is_, in_, ni, 0)
     order, factors = _jitter_params(i, is_, in_, ni)
     jitter(out, image, order, factors, np.float32(1.0), False)
 
 
-@cfunc(_SETUP, cache=True)
-def _same_shape_setup(out_shapes: int, out_ndims: int, num_outs: int, in_shapes: int, in_ndims: int, num_ins: int,
+@cfunc(SETUP, cache=True)
+def same_shape_setup(out_shapes: int, out_ndims: int, num_outs: int, in_shapes: int, in_ndims: int, num_ins: int,
                       num_samples: int) -> None:
-    # The output has the image's (input 0's) shape: as numba_dali._setup_same_shape.
+    """Set-up of an operator whose output has the shape of its image (input 0), as numba_dali's."""
     for s in range(num_samples):
         out = _shape(out_shapes, out_ndims, num_outs, num_samples, 0, s)
         image = _shape(in_shapes, in_ndims, num_ins, num_samples, 0, s)
@@ -153,4 +185,13 @@ def _same_shape_setup(out_shapes: int, out_ndims: int, num_outs: int, in_shapes:
 
 
 #: ``integral (uint8 image) -> (run cfunc, setup cfunc)`` for ColorJitter on the CPU.
-JITTER_ENTRIES = {True: (_jitter_u8, _same_shape_setup), False: (_jitter_f32, _same_shape_setup)}
+JITTER_ENTRIES = {True: (_jitter_u8, same_shape_setup), False: (_jitter_f32, same_shape_setup)}
+
+
+#: The name of the view of each dtype here: ``(HWC image view, 1-D parameter view)``, ``None`` where there is none.
+VIEWS: dict[type, tuple[str | None, str]] = {
+    np.uint8: ("hwc_u8", "vector_u8"),
+    np.float32: ("hwc_f32", "vector_f32"),
+    np.float64: (None, "vector_f64"),
+    np.int32: (None, "vector_i32"),
+}

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["KernelError", "compile_cpu", "forwarder", "pixel_loop"]
+__all__ = ["KernelError", "compile_cpu", "forwarder", "kernel_error", "pixel_loop"]
 
 _NUMBA_TYPES: dict[Any, str] = {np.uint8: "uint8", np.float32: "float32", np.float64: "float64", np.int32: "int32"}
 
@@ -37,12 +37,25 @@ def expand(template: str, nparams: int, namespace: dict[str, Any]) -> Callable[.
     return namespace["run"]
 
 
-def pixel_loop(name: str, pixel: Callable[..., None], image_dtype: type, param_dtypes: Sequence[type]) -> Any:
-    """``run(out, image, *params)`` calling ``pixel`` at every ``(y, x)``, njit-compiled now."""
+def pixel_loop(name: str, pixel: Callable[..., None], image_dtype: type,
+               param_dtypes: Sequence[type]) -> tuple[Any, Any | None]:
+    """``(run, entry)``: ``run(out, image, *params)`` calling ``pixel`` at every ``(y, x)``, and DALI's C entry.
+
+    Both come from Numba's disk cache once the kernel was compiled (:mod:`.kernel_cache`); a kernel that cannot be
+    cached gets ``run`` njit-compiled now in this process and no entry point (DALI then compiles its own wrapper).
+    """
     import numba
 
+    from stallfree.transforms.kernel_cache import cached_kernel
+
+    try:
+        cached = cached_kernel(name, pixel, image_dtype, param_dtypes)
+    except Exception as err:  # Numba raises TypingError, LoweringError, UnsupportedError, NotImplementedError...
+        raise kernel_error(name, image_dtype, param_dtypes, err) from err
+    if cached is not None:
+        return cached
     namespace: dict[str, Any] = {"_pixel": numba.njit(inline="always")(pixel)}  # 5-10x faster loops
-    return compile_cpu(name, expand(_CPU_TEMPLATE, len(param_dtypes), namespace), image_dtype, param_dtypes)
+    return compile_cpu(name, expand(_CPU_TEMPLATE, len(param_dtypes), namespace), image_dtype, param_dtypes), None
 
 
 def _signature(image_dtype: type, param_dtypes: Sequence[type]) -> str:
@@ -71,6 +84,14 @@ def _numba_reason(err: BaseException) -> str:
     return f"{reason} ({where.rstrip(':')})" if where else reason
 
 
+def kernel_error(name: str, image_dtype: type, param_dtypes: Sequence[type], err: BaseException) -> KernelError:
+    """The :class:`KernelError` for Numba's ``err`` compiling kernel ``name`` for these dtypes."""
+    return KernelError(
+        f"kernel {name!r} does not compile with numba.njit for a {np.dtype(image_dtype).name} image and "
+        f"parameters {[np.dtype(d).name for d in param_dtypes]}: {_numba_reason(err)}"
+    )
+
+
 def compile_cpu(name: str, run_fn: Callable[..., None], image_dtype: type, param_dtypes: Sequence[type]) -> Any:
     """``numba.njit`` ``run_fn(out, image, *params)`` with an explicit signature, now; :class:`KernelError` if not."""
     import numba
@@ -78,10 +99,7 @@ def compile_cpu(name: str, run_fn: Callable[..., None], image_dtype: type, param
     try:
         return numba.njit(_signature(image_dtype, param_dtypes), cache=False)(run_fn)
     except Exception as err:  # Numba raises TypingError, LoweringError, UnsupportedError, NotImplementedError...
-        raise KernelError(
-            f"kernel {name!r} does not compile with numba.njit for a {np.dtype(image_dtype).name} image and "
-            f"parameters {[np.dtype(d).name for d in param_dtypes]}: {_numba_reason(err)}"
-        ) from err
+        raise kernel_error(name, image_dtype, param_dtypes, err) from err
 
 
 @functools.cache
