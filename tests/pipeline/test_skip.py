@@ -82,7 +82,9 @@ def test_every_sample_failing_is_an_error_naming_one(tmp_path: Path) -> None:
 
 
 def test_a_graph_failing_on_a_sample_it_ran_before_is_an_error(tmp_path: Path) -> None:
-    loader = make(listing(tmp_path, 6, {}), 2)
+    # Enough batches that the patched graph still has work after the first one, however far the stages ran ahead
+    # (with 6 rows all three batches could be done before the patch, and nothing raised: CI saw that once).
+    loader = make(listing(tmp_path, 40, {}), 2, prefetch=1)
     it = iter(loader)
     next(it)
     assert loader._graph is not None
