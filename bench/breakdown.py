@@ -8,8 +8,9 @@ JPEGs, page cache warm, the ImageNet train spec: RandomResizedCrop(224), flip, n
 - in DALI with one thread, each graph a prefix of the next, so a stage's cost is the difference between two:
   **decode, whole image** (``fn.decoders.image``: what a loader that decodes everything pays, for reference),
   **decode, crop window** (``fn.decoders.image_slice`` on the drawn windows: the Loader's decode), **+ resize**
-  (the Loader's RandomResizedCrop graph to 224x224 uint8 HWC), **+ flip, normalize, float32 NCHW** (the whole
-  graph), and the **hand-off** to torch (DLPack, timed alone).
+  (the Loader's graph for RandomResizedCrop alone, whose resampler writes the float32 NCHW output itself,
+  scaled to [0, 1]), **+ flip, normalize** (the whole graph: the same operator, mirrored and normalized), and the
+  **hand-off** to torch (DLPack, timed alone).
 
 The Loader is then run whole with ``--threads`` threads, as ``bench loader`` runs it (one warm-up pass, then the
 timed passes): the sum of the stages over the cores it has is what it
@@ -66,11 +67,11 @@ def _spec(full: bool) -> list[Any]:
 
 
 def _graph(full: bool, batch_size: int) -> tuple[Any, Any]:
-    """The Loader's own graph for the full spec, or for RandomResizedCrop alone (uint8 HWC), on one CPU thread."""
+    """The Loader's own graph for the full spec, or for RandomResizedCrop alone, on one CPU thread."""
     from stallfree.pipeline.graph import Graph
     from stallfree.transforms.compile import CompiledTransforms
 
-    compiled = CompiledTransforms(_spec(full), dtype="float32" if full else "uint8", layout="NCHW" if full else "NHWC")
+    compiled = CompiledTransforms(_spec(full), dtype="float32", layout="NCHW")
     return compiled, Graph(compiled, batch_size=batch_size, num_threads=1, device_id=None, encoded=True, seed=0)
 
 
@@ -144,8 +145,8 @@ def _stages(args: argparse.Namespace, bar: Any) -> dict[str, float]:
         "parameter draws": lambda: draws(full),
         "decode, whole image": decode(_decoder(args.batch_size, window=False), False),
         "decode, crop window": decode(_decoder(args.batch_size, window=True), True),
-        "+ resize to 224x224": through(crop_graph, drawn),
-        "+ flip, normalize, float32 NCHW": through(full_graph, full_drawn),
+        "+ resize to 224x224, float32 NCHW": through(crop_graph, drawn),
+        "+ flip, normalize": through(full_graph, full_drawn),
         "hand-off to torch": hand_off,
     }
     out = {}
@@ -174,8 +175,8 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
         "header check": us["header check"],
         "parameter draws": us["parameter draws"],
         "decode (crop window)": us["decode, crop window"],
-        "resize": us["+ resize to 224x224"] - us["decode, crop window"],
-        "flip, normalize, copy to float32 NCHW": us["+ flip, normalize, float32 NCHW"] - us["+ resize to 224x224"],
+        "resize, written as float32 NCHW": us["+ resize to 224x224, float32 NCHW"] - us["decode, crop window"],
+        "flip, normalize": us["+ flip, normalize"] - us["+ resize to 224x224, float32 NCHW"],
         "hand-off to torch": us["hand-off to torch"],
     }
     total = sum(loader_us.values())

@@ -19,7 +19,15 @@ from typing import Any, Literal
 import numpy as np
 
 from stallfree.transforms.random import SampleRandom
-from stallfree.transforms.spec import GraphState, Normalize, RandomHorizontalFlip, RandomResizedCrop, Size, Transform
+from stallfree.transforms.spec import (
+    GraphState,
+    Normalize,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    Resize,
+    Size,
+    Transform,
+)
 
 __all__ = ["DTYPES", "LAYOUTS", "CompiledTransforms"]
 
@@ -178,8 +186,6 @@ class CompiledTransforms:
                     adjust_orientation=adjust_orientation,
                     device=decoder_device,
                 )
-                image, state = self.steps[0].build_decoded_window(image, inputs.step(0), state)
-                steps = steps[1:]
             else:
                 image = fn.decoders.image(
                     source, output_type=types.RGB, adjust_orientation=adjust_orientation, device=decoder_device
@@ -191,14 +197,67 @@ class CompiledTransforms:
         tail_normalize: Normalize | None = None
         if steps and isinstance(steps[-1][1], Normalize):
             tail_normalize = steps.pop()[1]
-        mirror: Any = 0
+        mirror: Any = None
         if steps and isinstance(steps[-1][1], RandomHorizontalFlip):
             i, _ = steps.pop()
             mirror = inputs[f"{i}.flip"]
+        window_decoded = encoded and self.roi_decode
+        last = steps.pop() if self._fuses_resize(steps, device) else None
         for i, step in steps:
-            image, state = step.build(image, inputs.step(i), state)
+            if i == 0 and window_decoded:
+                image, state = self.steps[0].build_decoded_window(image, inputs.step(0), state)
+            else:
+                image, state = step.build(image, inputs.step(i), state)
+        if last is not None:
+            out = self._resize_normalize(image, last, inputs, window_decoded, tail_normalize, mirror)
+        else:
+            out = self._output(image, state, tail_normalize, 0 if mirror is None else mirror)
         self._check_read(inputs.read)
-        return self._output(image, state, tail_normalize, mirror)
+        return out
+
+    def _fuses_resize(self, steps: list[tuple[int, Transform]], device: str) -> bool:
+        """Whether the last of ``steps`` is a CPU uint8 resize that can write the float32 output itself.
+
+        Then the resampler (``transforms/resample.py``) writes the normalized, mirrored float32 output in its
+        layout, and the ``crop_mirror_normalize`` that would copy the uint8 batch once more is left out.
+        """
+        if device != "cpu" or self.dtype != "float32" or self.channels != 3 or not steps:
+            return False
+        index, last = steps[-1]
+        if not isinstance(last, (RandomResizedCrop, Resize)):
+            return False
+        # The resampler takes uint8 only: no Normalize (a float image) before the resize.
+        return not any(isinstance(step, Normalize) for _, step in steps[:-1])
+
+    def _resize_normalize(
+        self,
+        image: Any,
+        step: tuple[int, Transform],
+        inputs: _Reads,
+        window_decoded: bool,
+        normalize: Normalize | None,
+        mirror: Any,
+    ) -> Any:
+        from stallfree.transforms.resample import resize_normalize_node
+
+        i, resize = step
+        assert isinstance(resize, (RandomResizedCrop, Resize))
+        params = inputs.step(i)
+        # A first RandomResizedCrop's window was decoded already; a later one crops the pixels it gets.
+        windowed = isinstance(resize, RandomResizedCrop) and not (i == 0 and window_decoded)
+        window = params["window"] if windowed else None
+        uint8 = GraphState("cpu")
+        mean, std = normalize.scaled(uint8) if normalize is not None else ([0.0] * 3, [255.0] * 3)
+        return resize_normalize_node(
+            image,
+            params["size"],
+            mean=mean,
+            std=std,
+            chw=self.layout == "NCHW",
+            antialias=resize.antialias,
+            window=window,
+            mirror=mirror,
+        )
 
     def _check_read(self, read: set[str]) -> None:
         """Refuse a step whose ``build`` left a declared input unread: DALI drops it, and feeding it would fail."""

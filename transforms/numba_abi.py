@@ -29,9 +29,10 @@ from numba import types as nbt
 from nvidia.dali.plugin.numba import address_as_void_pointer as _ptr  # type: ignore[attr-defined]
 
 from stallfree.transforms.color import jitter
-from stallfree.transforms.resample import resample
+from stallfree.transforms.resample import resample, resample_normalize
 
-__all__ = ["JITTER_ENTRIES", "RESIZE_ENTRIES", "RUN", "SETUP", "VIEWS", "hwc_f32", "hwc_u8", "same_shape_setup",
+__all__ = ["JITTER_ENTRIES", "RESIZE_ENTRIES", "RESIZE_NORMALIZE_ENTRIES", "RUN", "SETUP", "VIEWS", "hwc_f32", "hwc_u8",
+           "same_shape_setup",
            "vector_f32", "vector_f64", "vector_i32", "vector_u8"]
 
 #: DALI's per-sample run and per-batch set-up signatures.
@@ -158,6 +159,39 @@ def hwc_f32(ptrs: int, shapes: int, ndims: int, count: int, which: int) -> Any:
     shape = _shape(shapes, ndims, count, 1, which, 0)
     data = carray(_ptr(ptrs), count, dtype=np.int64)
     return carray(_ptr(data[which]), (shape[0], shape[1], shape[2]), dtype=np.float32)
+
+
+@cfunc(RUN, cache=True)
+def _resize_normalize_run(o: int, os_: int, on: int, no: int, i: int, is_: int, in_: int, ni: int) -> None:
+    # Inputs: the size carrier, the image, [the window,] the int32 mirror flag, the float32 flags (resample.py).
+    out = hwc_f32(o, os_, on, no, 0)  # (3, h, w) or (h, w, 3): the flags say which
+    image = hwc_u8(i, is_, in_, ni, 1)
+    mirror = vector_i32(i, is_, in_, ni, ni - 2)[0] != 0
+    flags = vector_f32(i, is_, in_, ni, ni - 1)
+    if ni == 5:
+        w = _window(i, is_, in_, ni)
+        top, left = int(w[0]), int(w[1])
+        resample_normalize(out, image[top : top + int(w[2]), left : left + int(w[3])], flags, mirror)
+    else:
+        resample_normalize(out, image, flags, mirror)
+
+
+@cfunc(SETUP, cache=True)
+def _resize_normalize_setup_chw(out_shapes: int, out_ndims: int, num_outs: int, in_shapes: int, in_ndims: int,
+                                num_ins: int, num_samples: int) -> None:
+    # (3, h, w) with (h, w) the size carrier's: as resample._setup_chw.
+    for s in range(num_samples):
+        out = _shape(out_shapes, out_ndims, num_outs, num_samples, 0, s)
+        size = _shape(in_shapes, in_ndims, num_ins, num_samples, 0, s)
+        out[0], out[1], out[2] = 3, size[0], size[1]
+
+
+#: ``(windowed, chw) -> (run cfunc, setup cfunc)`` for the resampler writing normalized float32.
+RESIZE_NORMALIZE_ENTRIES = {
+    (windowed, chw): (_resize_normalize_run, _resize_normalize_setup_chw if chw else _resize_setup)
+    for windowed in (False, True)
+    for chw in (False, True)
+}
 
 
 @cfunc(RUN, cache=True)

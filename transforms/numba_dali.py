@@ -73,10 +73,11 @@ def numba_operator(
     blocks: Sequence[int] = GPU_BLOCKS,
     threads_per_block: Sequence[int] = GPU_THREADS,
     entries: tuple[Any, Any] | None = None,
+    layout: str = "HWC",
 ) -> Any:
-    """DALI's ``NumbaFunction`` operator with one HWC output, constructed (compiled) once per configuration.
+    """DALI's ``NumbaFunction`` operator with one 3-D output laid out ``layout``, constructed once per configuration.
 
-    Call the result on the input nodes inside a pipeline definition; it gives the output node, laid out ``HWC``
+    Call the result on the input nodes inside a pipeline definition; it gives the output node, laid out ``layout``
     (``numba_function``'s own output carries no layout). ``run_fn`` and ``setup_fn`` must be the same objects from
     one call to the next for the cache to serve them. ``entries``: for a CPU operator, ``(run, setup)`` Numba
     ``cfunc``s of DALI's C interface, cached on disk (:mod:`.numba_abi`), used instead of compiling ``run_fn``
@@ -109,7 +110,7 @@ def numba_operator(
     def node(*inputs: Any) -> Any:
         import nvidia.dali.fn as fn
 
-        return fn.reshape(operator(*inputs), layout="HWC")
+        return fn.reshape(operator(*inputs), layout=layout)
 
     return node
 

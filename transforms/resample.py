@@ -26,7 +26,7 @@ from nvidia.dali.pipeline import do_not_convert
 
 from stallfree.transforms.numba_dali import numba_operator
 
-__all__ = ["resample", "resize_node"]
+__all__ = ["resample", "resample_normalize", "resize_node", "resize_normalize_node"]
 
 _BITS = 22  # PIL's PRECISION_BITS: 32 - 8 - 2
 _HALF = 1 << (_BITS - 1)
@@ -121,32 +121,104 @@ def resample(out: np.ndarray, image: np.ndarray, antialias: bool) -> None:
     width does, rows first otherwise. A pass that keeps its axis's size is skipped, as Pillow skips it (its
     filter is the identity there, so this changes the time only).
     """
+    _resample(out, image, antialias, False)
+
+
+@numba.njit(cache=True)
+def _resample(out: np.ndarray, image: np.ndarray, antialias: bool, mirror: bool) -> bool:
+    """:func:`resample`, mirrored left to right if ``mirror`` where a row pass runs; returns whether it mirrored.
+
+    Each output column of the row pass is its own weighted sum, so taking the columns' coefficients in reverse
+    order writes exactly the mirror of the unmirrored result, at no cost.
+    """
     height, width, channels = image.shape
     out_h, out_w = out.shape[0], out.shape[1]
     need_x, need_y = out_w != width, out_h != height
     if not need_x and not need_y:
         out[:, :, :] = image
-        return
+        return False
     xb, xw = _coefficients(width, out_w, antialias)
+    if mirror:
+        xb, xw = xb[::-1].copy(), xw[::-1].copy()
     yb, yw = _coefficients(height, out_h, antialias)
     if height - out_h > 0 and height - out_h > 2 * (width - out_w):
         source = image.copy()  # C-contiguous for the column pass (the image may be a window of a larger one)
         if not need_x:
             _vertical(out, source, 0, yb, yw)
-            return
+            return False
         columns = np.empty((out_h, width, channels), np.uint8)
         _vertical(columns, source, 0, yb, yw)
         _horizontal(out, columns, 0, xb, xw)
-        return
+        return mirror
     if not need_y:
         _horizontal(out, image, 0, xb, xw)
-        return
+        return mirror
     # Rows first, and only the rows the column pass reads.
     row_lo = yb[0, 0]
     row_hi = yb[out_h - 1, 0] + yb[out_h - 1, 1]
     rows = np.empty((row_hi - row_lo, out_w, channels), np.uint8)
     _horizontal(rows, image, row_lo, xb, xw)
     _vertical(out, rows, row_lo, yb, yw)
+    return mirror
+
+
+@numba.njit(cache=True)
+def resample_normalize(out: np.ndarray, image: np.ndarray, flags: np.ndarray, mirror: bool) -> None:
+    """Resize the HWC uint8 ``image`` as :func:`resample`, then write ``(pixel - mean) * (1 / std)`` to float32 ``out``.
+
+    ``flags`` is float32 ``[mean0, mean1, mean2, inv0, inv1, inv2, antialias, chw]`` (``inv = 1 / std``, both on
+    the 0..255 scale): ``out`` is ``(3, h, w)`` if ``chw`` else ``(h, w, 3)``, mirrored left to right if
+    ``mirror``. The pixels between the two are the resampler's uint8, so the result is what the resampler
+    followed by DALI's ``crop_mirror_normalize`` gives (to float32 rounding), written in one contiguous pass
+    instead of by a second operator reading the uint8 batch again.
+    """
+    chw = flags[7] != 0
+    height, width = (out.shape[1], out.shape[2]) if chw else (out.shape[0], out.shape[1])
+    pixels = np.empty((height, width, 3), np.uint8)
+    mirrored = _resample(pixels, image, flags[6] != 0, mirror)  # the row pass mirrors, where it runs
+    reverse = mirror and not mirrored
+    if chw:
+        _emit_chw(out, pixels, flags, reverse)
+    else:
+        _emit_hwc(out, pixels, flags, reverse)
+
+
+@numba.njit(cache=True)
+def _emit_chw(out: np.ndarray, pixels: np.ndarray, flags: np.ndarray, reverse: bool) -> None:
+    # Each channel's plane row by row from the contiguous uint8 row: the loop vectorises (reverse only where no
+    # row pass ran to mirror the pixels, a crop kept at its width).
+    height, width = pixels.shape[0], pixels.shape[1]
+    m0, m1, m2, i0, i1, i2 = flags[0], flags[1], flags[2], flags[3], flags[4], flags[5]
+    flat = pixels.reshape(height, width * 3)
+    for y in range(height):
+        line, d0, d1, d2 = flat[y], out[0, y], out[1, y], out[2, y]
+        if reverse:
+            for x in range(width):
+                s = 3 * (width - 1 - x)
+                d0[x] = (np.float32(line[s]) - m0) * i0
+                d1[x] = (np.float32(line[s + 1]) - m1) * i1
+                d2[x] = (np.float32(line[s + 2]) - m2) * i2
+        else:
+            for x in range(width):
+                s = 3 * x
+                d0[x] = (np.float32(line[s]) - m0) * i0
+                d1[x] = (np.float32(line[s + 1]) - m1) * i1
+                d2[x] = (np.float32(line[s + 2]) - m2) * i2
+
+
+@numba.njit(cache=True)
+def _emit_hwc(out: np.ndarray, pixels: np.ndarray, flags: np.ndarray, reverse: bool) -> None:
+    height, width = pixels.shape[0], pixels.shape[1]
+    m0, m1, m2, i0, i1, i2 = flags[0], flags[1], flags[2], flags[3], flags[4], flags[5]
+    src, dst = pixels.reshape(height, width * 3), out.reshape(height, width * 3)
+    for y in range(height):
+        line, row = src[y], dst[y]
+        for x in range(width):
+            d = 3 * x
+            s = 3 * (width - 1 - x) if reverse else d
+            row[d] = (np.float32(line[s]) - m0) * i0
+            row[d + 1] = (np.float32(line[s + 1]) - m1) * i1
+            row[d + 2] = (np.float32(line[s + 2]) - m2) * i2
 
 
 def _setup(outs: Any, ins: Any) -> None:
@@ -192,5 +264,79 @@ def resize_node(image: Any, size: Any, *, antialias: bool = True, window: Any = 
         ins_ndim=[3, 3, 1][: len(inputs)],
         out_type=np.uint8,
         entries=RESIZE_ENTRIES[(window is not None, antialias)],
+    )
+    return operator(*inputs)
+
+
+def _setup_chw(outs: Any, ins: Any) -> None:
+    # As _setup, laid out (3, h, w).
+    for i in range(len(outs[0])):
+        outs[0][i][0], outs[0][i][1], outs[0][i][2] = 3, ins[0][i][0], ins[0][i][1]
+
+
+@functools.cache
+@do_not_convert
+def _run_normalized(windowed: bool) -> Callable[..., None]:
+    if windowed:
+
+        def run_window(out: np.ndarray, _size: np.ndarray, image: np.ndarray, window: np.ndarray,
+                       mirror: np.ndarray, flags: np.ndarray) -> None:
+            top, left = int(window[0]), int(window[1])
+            crop = image[top : top + int(window[2]), left : left + int(window[3])]
+            resample_normalize(out, crop, flags, mirror[0] != 0)
+
+        return run_window
+
+    def run(out: np.ndarray, _size: np.ndarray, image: np.ndarray, mirror: np.ndarray, flags: np.ndarray) -> None:
+        resample_normalize(out, image, flags, mirror[0] != 0)
+
+    return run
+
+
+def resize_normalize_node(
+    image: Any,
+    size: Any,
+    *,
+    mean: list[float],
+    std: list[float],
+    chw: bool,
+    antialias: bool = True,
+    window: Any = None,
+    mirror: Any = None,
+) -> Any:
+    """:func:`resize_node` and ``crop_mirror_normalize(mean, std, mirror, float32)`` as one CPU DALI node.
+
+    Args:
+        image: the HWC RGB uint8 node.
+        size: the per-sample output size, a node of :func:`stallfree.transforms.spec.size_input` arrays.
+        mean: per channel, on the 0..255 scale.
+        std: per channel, on the 0..255 scale.
+        chw: lay the output out ``CHW`` (else ``HWC``).
+        antialias: as :func:`resize_node`.
+        window: as :func:`resize_node`.
+        mirror: an optional node of per-sample int32 flags (0-d): mirror left to right where non-zero.
+    """
+    import nvidia.dali.fn as fn
+    import nvidia.dali.types as types
+
+    from stallfree.transforms.numba_abi import RESIZE_NORMALIZE_ENTRIES
+
+    inverse = [1.0 / s for s in std]
+    flags = types.Constant(np.array([*mean, *inverse, antialias, chw], np.float32), device="cpu")
+    if mirror is None:
+        mirror = types.Constant(np.zeros(1, np.int32), device="cpu")
+    else:
+        mirror = fn.reshape(mirror, shape=[1])
+    inputs, kinds = [size, image, mirror, flags], [np.uint8, np.uint8, np.int32, np.float32]
+    if window is not None:
+        inputs, kinds = [size, image, window, mirror, flags], [np.uint8, np.uint8, np.float32, np.int32, np.float32]
+    operator = numba_operator(
+        _run_normalized(window is not None),
+        _setup_chw if chw else _setup,
+        in_types=kinds,
+        ins_ndim=[3, 3] + [1] * (len(inputs) - 2),
+        out_type=np.float32,
+        entries=RESIZE_NORMALIZE_ENTRIES[(window is not None, chw)],
+        layout="CHW" if chw else "HWC",
     )
     return operator(*inputs)

@@ -18,8 +18,8 @@ def test_a_tiny_breakdown_names_every_stage_and_adds_up(image_folder: Path, tmp_
     out = capsys.readouterr().out
     assert code == 0
     result = json.loads(result_path.read_text())
-    assert list(result["loader_us"]) == ["read", "header check", "parameter draws", "decode (crop window)", "resize",
-                                         "flip, normalize, copy to float32 NCHW", "hand-off to torch"]
+    assert list(result["loader_us"]) == ["read", "header check", "parameter draws", "decode (crop window)",
+                                         "resize, written as float32 NCHW", "flip, normalize", "hand-off to torch"]
     assert result["sum_us"] == pytest.approx(sum(result["loader_us"].values()))
     stages = result["stages_us"]
     assert all(v > 0 for k, v in stages.items() if k != "hand-off to torch")
