@@ -6,9 +6,10 @@
     (seed, epoch, sample)  ──► params ──────►                   first step is RandomResizedCrop)
                                               ─► step 1 ─► step 2 ─► ... ─► output (dtype, layout)
 
-Two fusions keep the graph as short as a hand-written DALI pipeline: a ``RandomResizedCrop`` first step becomes a
-region-of-interest decode plus a resize, and a trailing ``[RandomHorizontalFlip,] Normalize`` and the output cast
-and transpose become one ``crop_mirror_normalize``.
+Fusions keep the graph shorter than a hand-written DALI pipeline: a ``RandomResizedCrop`` first step becomes a
+region-of-interest decode plus a resize; a trailing ``[RandomHorizontalFlip,] Normalize`` and the output cast and
+transpose become one ``crop_mirror_normalize``; and on the CPU, where a ``RandomResizedCrop`` or ``Resize`` comes
+just before them and the output is float32 RGB, the resampler writes that output itself (``_fuses_resize``).
 """
 
 from __future__ import annotations
