@@ -128,11 +128,32 @@ CONTENDERS: dict[str, Callable[[argparse.Namespace], Iterable[Any]]] = {
 LABELS = {"stallfree": "stallfree", "torch": "torch DataLoader", "dali": "plain DALI", "decode": "decode only (DALI)"}
 
 
-def _measure(name: str, args: argparse.Namespace) -> list[float]:
+def cpu_seconds() -> float:
+    """CPU seconds (user and system) used so far by this process, its threads and its child processes.
+
+    Living children (a DataLoader's workers) are read directly; those that ended count through the parent's
+    ``children_*`` times, which take them over when they are reaped, so a delta over a pass counts each once.
+    """
+    import psutil
+
+    me = psutil.Process()
+    times = me.cpu_times()
+    total = times.user + times.system + times.children_user + times.children_system
+    for child in me.children(recursive=True):
+        try:
+            child_times = child.cpu_times()
+        except psutil.NoSuchProcess:  # ended between the listing and the reading: counted once reaped
+            continue
+        total += child_times.user + child_times.system
+    return total
+
+
+def _measure(name: str, args: argparse.Namespace, cores: list[float] | None = None) -> list[float]:
     """One warm-up pass, then the timed passes back to back; the contender is shut down before the next starts.
 
     Contenders are timed one after another, never in turns: every loader here prefetches, and one left idle
-    while another is timed would fill its queues for free.
+    while another is timed would fill its queues for free. ``cores`` gets each timed pass's CPU seconds over
+    its wall seconds (:func:`cpu_seconds`): how many cores the contender kept busy.
     """
     from tqdm import tqdm
 
@@ -141,12 +162,15 @@ def _measure(name: str, args: argparse.Namespace) -> list[float]:
     with (contender_stream(name, args) as stream,
           tqdm(total=total, desc=LABELS[name], unit="batch", file=sys.stderr, mininterval=1.0, leave=False) as bar):
         for timed in [False] + [True] * args.repeats:
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), cpu_seconds()
             for _ in range(args.batches):
                 next(stream)
                 bar.update()
             if timed:
-                rates.append(args.batches * args.batch_size / (time.perf_counter() - start))
+                wall = time.perf_counter() - start
+                rates.append(args.batches * args.batch_size / wall)
+                if cores is not None:
+                    cores.append((cpu_seconds() - cpu_start) / wall)
     return rates
 
 
@@ -190,9 +214,15 @@ def shard_runs(args: argparse.Namespace, work: Path) -> list[tuple[str, str, Pat
     return [("stallfree, shards", "stallfree", shards), ("stallfree, shards --max-side 256", "stallfree", small)]
 
 
-def measure_runs(runs: list[tuple[str, str, Path]], args: argparse.Namespace) -> dict[str, list[float]]:
-    """Time each (label, contender, data) in turn; img/s of every timed pass, by label."""
-    return {label: _measure(name, argparse.Namespace(**{**vars(args), "data": data})) for label, name, data in runs}
+def measure_runs(
+    runs: list[tuple[str, str, Path]], args: argparse.Namespace, cores: dict[str, list[float]] | None = None
+) -> dict[str, list[float]]:
+    """Time each (label, contender, data) in turn; img/s of every timed pass, by label (and cores busy, if asked)."""
+    out = {}
+    for label, name, data in runs:
+        busy: list[float] | None = None if cores is None else cores.setdefault(label, [])
+        out[label] = _measure(name, argparse.Namespace(**{**vars(args), "data": data}), busy)
+    return out
 
 
 def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
@@ -207,20 +237,25 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="stallfree-bench-shards-") as work:
         if getattr(args, "shards", False):
             runs[1:1] = shard_runs(args, Path(work))
-        results = measure_runs(runs, args)
+        cores: dict[str, list[float]] = {}
+        results = measure_runs(runs, args, cores)
     medians = {label: statistics.median(rates) for label, rates in results.items()}
+    busy = {label: statistics.median(values) for label, values in cores.items()}
     base = medians.get(LABELS["torch"])
     print(f"{len(files)} images in {args.data}, batch {args.batch_size}, {args.threads} threads, {args.device}, "
           f"median of {args.repeats} x {args.batches} batches", file=out)
-    print(f"| {'loader':<33} | {'img/s (median)':>14} | {'runs':<28} | {'vs torch DataLoader':>19} |", file=out)
-    print(f"|{'-' * 35}|{'-' * 15}:|{'-' * 30}|{'-' * 20}:|", file=out)
+    print(f"| {'loader':<33} | {'img/s (median)':>14} | {'runs':<28} | {'vs torch DataLoader':>19} | "
+          f"{'cores busy':>10} |", file=out)
+    print(f"|{'-' * 35}|{'-' * 15}:|{'-' * 30}|{'-' * 20}:|{'-' * 11}:|", file=out)
     for label, median in medians.items():
         ratio = f"{median / base:.2f}x" if base else "-"
         runs_text = ", ".join(f"{r:.0f}" for r in results[label])
-        print(f"| {label:<33} | {median:>14.0f} | {runs_text:<28} | {ratio:>19} |", file=out)
+        print(f"| {label:<33} | {median:>14.0f} | {runs_text:<28} | {ratio:>19} | {busy[label]:>10.2f} |", file=out)
+    print(f"cores busy: CPU seconds of the process, its threads and workers over wall seconds, median of the passes "
+          f"({len(os.sched_getaffinity(0))} cores here)", file=out)
     from stallfree.stage_runtime.baseline import transform_label
 
     if LABELS["torch"] in results:
         print(f"torch DataLoader: PIL decode, {transform_label()}", file=out)
     return {"images": len(files), "batch_size": args.batch_size, "threads": args.threads, "device": args.device,
-            "runs": results, "median": medians, "torch_transform": transform_label()}
+            "runs": results, "median": medians, "cores_busy": busy, "torch_transform": transform_label()}

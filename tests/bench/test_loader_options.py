@@ -18,3 +18,16 @@ def test_options_are_the_command_lines_defaults_with_overrides(tmp_path: Path) -
 def test_an_unknown_option_is_refused(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="bench loader has no option batchez"):
         options("loader", tmp_path, batchez=2)
+
+
+def test_cpu_seconds_counts_child_processes() -> None:
+    """A DataLoader's work is in its worker processes: the cores-busy column must count them."""
+    import subprocess
+    import sys
+
+    from stallfree.bench.loader import cpu_seconds
+
+    burn = "import time\nx = 0\nfor i in range(3_000_000): x += i\nprint(time.process_time())"
+    before = cpu_seconds()
+    child = float(subprocess.run([sys.executable, "-c", burn], capture_output=True, text=True, check=True).stdout)
+    assert cpu_seconds() - before >= 0.9 * child
