@@ -2,7 +2,7 @@
 
 Generates the index, not the images: Arrow shards as ``stallfree ingest`` writes them (``key``, ``label``,
 ``image``, ``height``, ``width``; ``--rows-per-shard`` rows each, 2,048 by default, what 256 MB shards of ~125 KB
-ImageNet JPEGs hold) whose ``image`` is a 16-byte stand-in, and their manifest, for ``--samples`` samples
+ImageNet JPEGs hold) whose ``image`` is a 16-byte stand-in, ``labels.npy`` and the manifest, for ``--samples`` samples
 (1,281,167 by default, ImageNet's train split). Then, ``--repeats`` times, each in a fresh process so that its
 memory is one rank's alone, it measures rank 0 of ``--world-size``:
 
@@ -58,7 +58,9 @@ def generate_index(out: Path, samples: int, rows_per_shard: int, classes: int = 
     import numpy as np
     import pyarrow as pa
     import pyarrow.ipc as ipc
+    from tqdm import tqdm
 
+    from stallfree.ingest.labels import save_labels, smallest_dtype
     from stallfree.ingest.manifest import FORMAT, MANIFEST, VERSION, file_sha256, shard_name, write_manifest
     from stallfree.ingest.writer import BATCH_ROWS, IngestOptions, _schema
 
@@ -66,7 +68,9 @@ def generate_index(out: Path, samples: int, rows_per_shard: int, classes: int = 
     schema = _schema([], options)
     out.mkdir(parents=True, exist_ok=True)
     entries = []
-    for index, start in enumerate(range(0, samples, rows_per_shard)):
+    shards = range(0, samples, rows_per_shard)
+    for index, start in enumerate(tqdm(shards, desc="index", unit="shard", file=sys.stderr, dynamic_ncols=True,
+                                       disable=len(shards) < 100)):
         rows = np.arange(start, min(samples, start + rows_per_shard), dtype=np.int64)
         path = out / shard_name(index)
         with pa.OSFile(str(path), "wb") as sink, ipc.new_file(sink, schema) as writer:
@@ -86,7 +90,9 @@ def generate_index(out: Path, samples: int, rows_per_shard: int, classes: int = 
                 writer.write_batch(pa.record_batch([columns[f.name] for f in schema], schema=schema))
         entries.append({"file": path.name, "rows": len(rows), "bytes": path.stat().st_size,
                         "sha256": file_sha256(path)})
+    labels = np.arange(samples, dtype=np.int64) % classes  # the label column's values, as ingest writes them
     write_manifest(out / MANIFEST, {
+        "labels": save_labels(out, labels.astype(smallest_dtype(labels))),
         "format": FORMAT, "version": VERSION, "plan": {"digest": "bench-scale", "shards": len(entries)},
         "schema": [{"name": f.name, "type": str(f.type)} for f in schema],
         "image": {"kind": "encoded", "shape": None}, "shards": entries, "rows": samples,
@@ -146,7 +152,8 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
     try:
         start = time.perf_counter()
         manifest = folder / "manifest.json"
-        reused = manifest.is_file() and json.loads(manifest.read_text())["rows"] == args.samples
+        found = json.loads(manifest.read_text()) if manifest.is_file() else {}
+        reused = found.get("rows") == args.samples and "labels" in found  # one without labels.npy: older stallfree
         if not reused:
             generate_index(folder, args.samples, args.rows_per_shard)
         print(f"index of {args.samples:,} samples {'reused' if reused else 'generated'} in {folder} "

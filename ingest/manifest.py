@@ -1,9 +1,11 @@
 """The manifest of an ingested dataset: ``manifest.json`` beside its ``shard-NNNNN.arrow`` files.
 
 It is the only thing a reader needs besides the shards: format version, schema, rows and a SHA-256 per shard, class
-names and counts, the source and the ingest options. It is written last, through a temporary name, so a folder with
-a ``manifest.json`` is a complete dataset. JSON only (nothing is ever unpickled). It holds no time stamps and no
-output path, so an interrupted and resumed ingest writes the same bytes as an uninterrupted one.
+names and counts, the source and the ingest options; and the name, size, SHA-256 and dtype of ``labels.npy``, every
+row's label in one array (:mod:`stallfree.ingest.labels`; absent from manifests of older stallfree). It is written
+last, through a temporary name, so a folder with a ``manifest.json`` is a complete dataset. JSON only (nothing is
+ever unpickled). It holds no time stamps and no output path, so an interrupted and resumed ingest writes the same
+bytes as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from stallfree.ingest.remote import Retry, is_url, open_store, read_object, reda
 
 __all__ = [
     "FORMAT",
+    "LABELS",
     "MANIFEST",
     "REJECTED",
     "VERSION",
@@ -35,6 +38,7 @@ FORMAT = "stallfree-shards"
 VERSION = 1
 MANIFEST = "manifest.json"
 REJECTED = "rejected.jsonl"  # one JSON record per sample the ingest rejected, beside the manifest
+LABELS = "labels.npy"  # every row's label, one array (stallfree.ingest.labels); listed under the manifest's "labels"
 
 
 def shard_name(index: int) -> str:

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from stallfree.ingest.labels import write_labels
 from stallfree.ingest.manifest import MANIFEST, read_manifest, write_manifest, write_rejected
 from stallfree.ingest.remote import is_url, redact
 
@@ -47,6 +48,7 @@ def merge(out: str | os.PathLike[str]) -> dict[str, Any]:
     rejected += [r for i in sorted(by_shard) for r in by_shard[i]]
     merged["rejected"] = len(rejected)
     write_rejected(out, rejected)
+    merged["labels"] = write_labels(out, [s["file"] for s in merged["shards"]])  # before the manifest names it
     write_manifest(out / MANIFEST, merged)
     read_manifest(out)
     return {"images": merged["rows"], "rejected": len(rejected), "shards": len(merged["shards"]), "parts": count}

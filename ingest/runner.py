@@ -32,8 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from stallfree.ingest.atomic import atomic_write
+from stallfree.ingest.labels import write_labels
 from stallfree.ingest.manifest import (
     FORMAT,
+    LABELS,
     MANIFEST,
     REJECTED,
     VERSION,
@@ -245,7 +247,7 @@ def _ingest(source: str | os.PathLike[str], out: Path, options: IngestOptions, w
     finally:
         bar.close()
     manifest, rejected = _write_manifest(out, plan, options, digest, len(bounds), records, part)
-    uploaded = target.finish([REJECTED, MANIFEST]) if target is not None else 0
+    uploaded = target.finish([LABELS, REJECTED, MANIFEST]) if target is not None else 0
     seconds = time.perf_counter() - started
     written = sum(records[i]["rows"] for i in todo)
     remote = {"url": target.shown, "uploaded_shards": uploaded, "stored_shards": target.present,
@@ -347,7 +349,7 @@ def _converted(plan: Plan, options: IngestOptions, chunks: list[tuple[int, int, 
 
 def _write_manifest(out: Path, plan: Plan, options: IngestOptions, digest: str, total_shards: int,
                     records: dict[int, dict[str, Any]], part: tuple[int, int]) -> tuple[dict[str, Any], list[Any]]:
-    """Write the manifest (a part's, with ``--part``), and ``rejected.jsonl`` for a whole run.
+    """Write the manifest (a part's, with ``--part``), and ``rejected.jsonl`` and ``labels.npy`` for a whole run.
 
     Returns the manifest and every rejected record of this run or part.
     """
@@ -357,6 +359,7 @@ def _write_manifest(out: Path, plan: Plan, options: IngestOptions, digest: str, 
     rejected = rejected + [r for i in sorted(records) for r in records[i]["rejected"]]
     if count == 1:
         write_rejected(out, rejected)
+        manifest["labels"] = write_labels(out, [s["file"] for s in manifest["shards"]])  # before the manifest
         write_manifest(out / MANIFEST, manifest)
     else:
         manifest["part"] = [index, count]

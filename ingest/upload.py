@@ -4,7 +4,7 @@
 
     local ingest into STAGING ─► shard i complete ─► upload URL/shard-i.arrow (a few at once, retried, size checked)
                                                        └ receipt STAGING/.ingest/uploaded/shard-i.json
-    every shard uploaded ─► URL/rejected.jsonl ─► URL/manifest.json, last
+    every shard uploaded ─► URL/labels.npy, URL/rejected.jsonl ─► URL/manifest.json, last
 
 A reader that finds the manifest finds every shard it lists. The staging folder is a local ingest's output folder,
 so a rerun after a failure or ``kill -9`` resumes there as a local ingest does: shards not written yet are written,

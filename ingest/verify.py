@@ -13,8 +13,20 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from stallfree.ingest.manifest import file_sha256, read_manifest, schema_problem
-from stallfree.ingest.remote import ChecksumMismatch, Retry, download, is_url, open_store, redact, retried
+import numpy as np
+
+from stallfree.ingest.labels import load_labels, parse_labels
+from stallfree.ingest.manifest import LABELS, file_sha256, read_manifest, schema_problem
+from stallfree.ingest.remote import (
+    ChecksumMismatch,
+    Retry,
+    download,
+    is_url,
+    open_store,
+    read_object,
+    redact,
+    retried,
+)
 from stallfree.ingest.validate import Rejected, check_image
 
 __all__ = ["info", "verify"]
@@ -46,7 +58,9 @@ def verify(out: str | os.PathLike[str], *, decode: bool = False, storage_options
     """Every problem found in ``out``'s shards (empty when all is well).
 
     Checks that each shard exists, has the manifest's size and SHA-256, and opens as an Arrow file with the
-    manifest's schema and row count; with ``decode``, decodes every image.
+    manifest's schema and row count; with ``decode``, decodes every image. ``labels.npy`` (when the manifest lists
+    it: not in datasets of older stallfree) has the manifest's size, SHA-256, dtype and length, and equals the
+    shards' label columns.
 
     Args:
         out: an ingested folder, or its URL (a ``str``); a remote shard is named with its URL.
@@ -66,13 +80,41 @@ def verify(out: str | os.PathLike[str], *, decode: bool = False, storage_options
     with _bar(sum(int(s["bytes"]) for s in manifest["shards"]), progress) as bar, \
             tempfile.TemporaryDirectory(prefix="stallfree-verify-") as tmp:
         fetch = _Fetcher(str(out), storage_options or {}, retry, Path(tmp)) if remote else None
+        labels = _labels(Path(out), manifest, fetch, problems)
+        first = 0
         for shard in manifest["shards"]:
+            seen: list[np.ndarray] = []  # the shard's label column, once read
             if fetch is None:
-                problems.extend(_check(Path(out) / shard["file"], shard, manifest, decode, shard["file"]))
+                problems.extend(_check(Path(out) / shard["file"], shard, manifest, decode, shard["file"], seen))
             else:
-                problems.extend(fetch.check(shard, manifest, decode))
+                problems.extend(fetch.check(shard, manifest, decode, seen))
+            rows = int(shard["rows"])
+            ours = labels[first : first + rows] if labels is not None else None
+            if ours is not None and seen and len(seen[0]) == rows and not np.array_equal(ours, seen[0]):
+                problems.append(f"{LABELS}: rows {first}..{first + rows - 1} differ from {shard['file']}'s label "
+                                "column (ingest or --merge again)")
+            first += rows
             bar.update(int(shard["bytes"]))
     return problems
+
+
+def _labels(out: Path, manifest: dict[str, Any], fetch: _Fetcher | None, problems: list[str]) -> np.ndarray | None:
+    """The dataset's ``labels.npy`` if the manifest lists it and it checks out; else None (its problem added)."""
+    entry = manifest.get("labels")
+    if entry is None:  # ingested by an older stallfree: there is none
+        return None
+    try:
+        if fetch is not None:
+            return fetch.labels(entry, int(manifest["rows"]))
+        labels = load_labels(out, entry, int(manifest["rows"]))
+        if file_sha256(out / entry["file"]) != entry["sha256"]:
+            raise OSError(f"{out / entry['file']}: SHA-256 differs from the manifest's (the file was altered)")
+        return labels
+    except FileNotFoundError:
+        problems.append(f"{entry['file']}: missing")
+    except OSError as err:
+        problems.append(str(err))
+    return None
 
 
 def _bar(total: int, enabled: bool) -> Any:
@@ -90,7 +132,14 @@ class _Fetcher:
         self.fs, root = open_store(self.url, storage_options, retry.timeout)
         self.root, self.retry, self.tmp = root.rstrip("/"), retry, tmp
 
-    def check(self, shard: dict[str, Any], manifest: dict[str, Any], decode: bool) -> list[str]:
+    def labels(self, entry: dict[str, Any], rows: int) -> np.ndarray:
+        """The dataset's labels file, fetched and checked (raises as :func:`parse_labels` and the fetch do)."""
+        url = f"{self.url}/{entry['file']}"
+        data = read_object(self.fs, f"{self.root}/{entry['file']}", url, self.retry)
+        return parse_labels(data, entry, rows, f"{entry['file']} ({redact(url)})")
+
+    def check(self, shard: dict[str, Any], manifest: dict[str, Any], decode: bool,
+              seen: list[np.ndarray]) -> list[str]:
         name = shard["file"]
         url, path = f"{self.url}/{name}", f"{self.root}/{name}"
         where = f"{name} ({redact(url)})"
@@ -107,14 +156,17 @@ class _Fetcher:
         except ChecksumMismatch:
             return [f"{where}: SHA-256 differs from the manifest's (the object was altered)"]
         try:
-            return _check(local, shard, manifest, decode, where, hashed=True)
+            return _check(local, shard, manifest, decode, where, seen, hashed=True)
         finally:
             local.unlink(missing_ok=True)
 
 
 def _check(path: Path, shard: dict[str, Any], manifest: dict[str, Any], decode: bool, where: str,
-           hashed: bool = False) -> list[str]:
-    """The problems of one shard file at ``path`` (``where`` names it); ``hashed``: its SHA-256 is known to match."""
+           seen: list[np.ndarray], hashed: bool = False) -> list[str]:
+    """The problems of one shard file at ``path`` (``where`` names it); ``hashed``: its SHA-256 is known to match.
+
+    Its label column goes into ``seen`` once its rows are read (not for an altered or misshapen shard).
+    """
     import pyarrow as pa
     import pyarrow.ipc as ipc
 
@@ -132,7 +184,10 @@ def _check(path: Path, shard: dict[str, Any], manifest: dict[str, Any], decode: 
             reader = ipc.open_file(source)
             # An altered file still gets its schema compared: a damaged footer is then named by its column.
             schema = schema_problem(reader.schema, manifest["schema"])
-            rows = None if altered or schema else reader.read_all().num_rows
+            table = None if altered or schema else reader.read_all()
+            rows = None if table is None else table.num_rows
+            if table is not None:
+                seen.append(table.column("label").to_numpy())
     except (pa.ArrowException, OSError) as err:
         return [*problems, f"{where}: not a readable Arrow file ({err})"]
     if schema is not None:

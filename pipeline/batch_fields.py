@@ -12,7 +12,7 @@ __all__ = ["batch_columns", "batch_labels"]
 
 def batch_labels(loader: Any, rows: np.ndarray) -> Any:
     """The batch's labels on the delivery device, through ``target_transform`` if there is one."""
-    labels: Any = torch.from_numpy(loader.labels[rows])
+    labels: Any = torch.from_numpy(np.asarray(loader.labels[rows], np.int64))  # labels.npy may hold int16
     if loader.target_transform is not None:
         from torch.utils.data import default_collate
 

@@ -6,8 +6,10 @@ construction; nothing else is fetched until a row is read. Each shard is downloa
 read exactly as a local shard (:class:`~stallfree.pipeline.shards.ShardReader`'s ``_Shard``, the same structural
 checks). The :class:`~stallfree.pipeline.read_ahead.ReadAhead` downloads the shards the coming rows need.
 
-Labels live in the shards, so a row's label is known once its shard has arrived: :meth:`labels` is filled shard
-by shard (``-1`` until then). The Loader reads a row's label only after its image, so it always finds it.
+Every row's label comes on construction too, from ``labels.npy`` beside the manifest (2 bytes a row for up to
+32,768 classes), checked against the manifest's size and SHA-256. A dataset ingested by an older stallfree has no
+``labels.npy``: its labels live in the shards only, so :meth:`labels` is filled shard by shard as each arrives
+(``-1`` until then); the Loader reads a row's label only after its image, so it always finds it.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from stallfree.ingest.labels import parse_labels
 from stallfree.ingest.manifest import MANIFEST, read_manifest
-from stallfree.ingest.remote import Retry, download, open_store, redact
+from stallfree.ingest.remote import Retry, download, open_store, read_object, redact
 from stallfree.pipeline.read_ahead import ReadAhead
 from stallfree.pipeline.shard_cache import ShardCache, default_cache_dir
 from stallfree.pipeline.shards import ShardError, _Shard, gather_column
@@ -65,7 +68,7 @@ class RemoteShardReader:
         self.columns = [c["name"] for c in self.manifest["schema"] if c["name"] != "image"]
         self._entries: list[dict[str, Any]] = list(self.manifest["shards"])
         self._starts = np.cumsum([0] + [int(e["rows"]) for e in self._entries])
-        self._labels = np.full(len(self), -1, np.int64)
+        self._labels = self._read_labels(storage_options or {})
         largest = max((int(e["bytes"]) for e in self._entries), default=0)
         if cache_limit is not None and cache_limit < largest:
             raise ValueError(f"cache_limit={cache_limit} is smaller than the largest shard of {redact(self.url)} "
@@ -84,6 +87,19 @@ class RemoteShardReader:
 
     def __len__(self) -> int:
         return int(self._starts[-1])
+
+    def _read_labels(self, storage_options: dict[str, Any]) -> np.ndarray:
+        """``labels.npy`` fetched and checked; for an older dataset without it, ``-1`` until each shard arrives."""
+        entry = self.manifest.get("labels")
+        if entry is None:
+            return np.full(len(self), -1, np.int64)
+        url = self._url_of(entry)
+        data = read_object(self.fs, f"{self._root}/{entry['file']}", url, self.retry)
+        try:
+            return parse_labels(data, entry, len(self), redact(url))
+        except OSError as err:
+            raise ShardError(f"{err}; re-upload the dataset's {entry['file']}, or run `stallfree verify "
+                             f"{redact(self.url)}`") from err
 
     def _url_of(self, entry: dict[str, Any]) -> str:
         return f"{self.url}/{entry['file']}"
@@ -107,7 +123,10 @@ class RemoteShardReader:
         self.read_ahead.follow(rows)
 
     def labels(self) -> np.ndarray:
-        """Every row's label, int64, filled as each shard arrives (``-1`` for rows of shards not fetched yet)."""
+        """Every row's label, from ``labels.npy`` (its stored dtype).
+
+        For an older dataset without it: int64, filled as each shard arrives (``-1`` for rows not fetched yet).
+        """
         return self._labels
 
     def _locate(self, index: int) -> tuple[int, int]:
@@ -129,8 +148,9 @@ class RemoteShardReader:
                     self.cache.release(entry["sha256"])
                     raise ShardError(f"shard {entry['file']} ({redact(self._url_of(entry))}): {err}") from err
                 mapped.checked = True  # the cache checked its SHA-256 when it arrived
-                first = int(self._starts[shard])
-                self._labels[first : first + mapped.rows] = np.asarray(_label_column(mapped), np.int64)
+                if "labels" not in self.manifest:  # an older dataset: its labels come with its shards
+                    first = int(self._starts[shard])
+                    self._labels[first : first + mapped.rows] = _label_column(mapped)
                 self._open[shard] = mapped
         return mapped
 
@@ -170,7 +190,7 @@ class RemoteShardReader:
             raise KeyError(f"no column {name!r} in {redact(self.url)}; its columns are {self.columns}")
         rows = np.asarray(rows, np.int64)
         if name == "label" and (len(rows) == 0 or self._labels[rows].min() >= 0):
-            return self._labels[rows].copy()
+            return np.array(self._labels[rows], np.int64)
 
         def take(shard: int, local: np.ndarray) -> Any:
             mapped = self._acquire(shard)

@@ -1,22 +1,25 @@
 """The reader of ingested datasets: rows of memory-mapped Arrow IPC shards, zero-copy.
 
-``stallfree ingest`` writes ``shard-NNNNN.arrow`` files and a ``manifest.json`` (``stallfree.ingest.manifest``). A
-:class:`ShardReader` maps every shard and answers "row i" with a NumPy view straight into the mapping: no copy, no
-file open per sample, random access by row.
+``stallfree ingest`` writes ``shard-NNNNN.arrow`` files, ``labels.npy`` and a ``manifest.json``
+(``stallfree.ingest.manifest``). A :class:`ShardReader` finds a row's shard from the manifest's row counts, maps
+that shard the first time one of its rows is read, and answers "row i" with a NumPy view straight into the mapping:
+no copy, no file open per sample, random access by row. Construction opens no shard (at 100M samples there are
+48,829 of them): it reads the manifest and memory-maps ``labels.npy``.
 
 Checks, and when they run:
 
-- **on open**, cheap ones: each shard exists with the manifest's size (a truncated copy is caught here), its Arrow
-  footer parses and gives the manifest's schema (column names and types: a damaged footer can rename a column),
-  and every record batch passes Arrow's full structural validation (offsets inside their buffers), so a damaged
-  file raises :class:`ShardError` instead of a ``KeyError`` later or a crash inside native code.
-- **on the first read from each shard** (``verify="first-use"``, the default), its SHA-256 against the manifest's.
-  Hashing every shard on open would read the whole dataset before the first batch (minutes for ImageNet); hashing
-  a shard when it is first touched costs one sequential read of a file the epoch reads anyway, and an altered
-  shard still fails before any of its rows reach the graph. ``verify="open"`` hashes everything up front;
-  ``"none"`` skips hashing.
+- **on a shard's first read**, cheap ones: it exists with the manifest's size (a truncated copy is caught here), its
+  Arrow footer parses and gives the manifest's schema (column names and types: a damaged footer can rename a
+  column), and every record batch passes Arrow's full structural validation (offsets inside their buffers), so a
+  damaged file raises :class:`ShardError`, naming it, instead of a ``KeyError`` later or a crash in native code.
+- **then**, with ``verify="first-use"`` (the default), its SHA-256 against the manifest's. Hashing every shard on
+  open would read the whole dataset before the first batch (minutes for ImageNet); hashing a shard when it is first
+  touched costs one sequential read of a file the epoch reads anyway, and an altered shard still fails before any
+  of its rows reach the graph. ``verify="open"`` opens and hashes everything on construction; ``"none"`` skips
+  hashing.
+- ``labels.npy``: its size, dtype and length on construction, and its SHA-256 unless ``verify="none"``.
 
-A shard whose checksum matched once is not hashed again while its size and modification time are unchanged:
+A file whose checksum matched once is not hashed again while its size and modification time are unchanged:
 the verified-once marker (:mod:`.verified`) lets a resumed job, or the next rank on the machine, skip the read.
 """
 
@@ -33,7 +36,8 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from stallfree.ingest.manifest import MANIFEST, read_manifest, schema_problem
+from stallfree.ingest.labels import load_labels
+from stallfree.ingest.manifest import MANIFEST, file_sha256, read_manifest, schema_problem
 from stallfree.pipeline.verified import is_verified, mark_verified
 
 __all__ = ["VERIFY_MODES", "ShardError", "ShardReader", "Verify", "gather_column", "is_shard_folder"]
@@ -141,8 +145,7 @@ def gather_column(rows: np.ndarray, starts: Any, take: Callable[[int, np.ndarray
     """A column at global ``rows`` of shards whose first rows are ``starts``, as the readers' ``column`` gives it.
 
     ``take(shard, local_rows)`` gives one shard's values (:meth:`_Shard.take`; the remote reader fetches the shard
-    first), called once per shard the rows touch; a local reader passes its whole folder as one "shard" (one
-    chunked array over every record batch: 256 rows over 50 shards take ~0.1 ms so, ~2.5 ms shard by shard).
+    first), called once per shard the rows touch, so only those shards are opened.
     Numeric columns come as a writable NumPy array (as ``torch.from_numpy`` wants), others as a list.
     """
     import pyarrow as pa
@@ -168,10 +171,15 @@ def gather_column(rows: np.ndarray, starts: Any, take: Callable[[int, np.ndarray
 class ShardReader:
     """Rows of an ingested folder (the :class:`~stallfree.pipeline.readers.Reader` protocol).
 
+    Construction reads the manifest and ``labels.npy`` (memory-mapped) and opens no shard: a shard is mapped and
+    checked when a row of it is first read (or with ``verify="open"``, all of them now). A dataset ingested by an
+    older stallfree, without ``labels.npy``, has every shard opened on construction for its label column.
+
     Args:
         folder: the ingested folder (or its ``manifest.json``).
         verify: ``"first-use"`` (each shard's SHA-256 on its first read), ``"open"`` (all of them now) or
             ``"none"``; a shard verified before and unchanged since is not hashed again (:mod:`.verified`).
+            ``labels.npy`` is hashed on construction unless ``"none"`` (it is read from the start).
 
     Attributes:
         classes: class names, index = label.
@@ -181,8 +189,10 @@ class ShardReader:
 
     Raises:
         FileNotFoundError: no manifest.
-        ShardError: a shard missing, truncated, structurally damaged or of another schema than the manifest's (or
-            altered, with ``verify="open"``).
+        ShardError: ``labels.npy`` missing, truncated, altered or not the manifest's array; with ``verify="open"``
+            (or an older dataset without ``labels.npy``), a shard missing, truncated, structurally damaged, of
+            another schema than the manifest's (or altered, with ``"open"``). Otherwise these shard errors come from
+            the first read of one of the shard's rows.
     """
 
     def __init__(self, folder: str | os.PathLike[str], verify: Verify = "first-use"):
@@ -195,41 +205,84 @@ class ShardReader:
         shape = self.manifest["image"].get("shape")
         self.encoded = self.manifest["image"]["kind"] == "encoded"
         self.shape = tuple(shape) if shape else None
-        self._shards = [_Shard(self.folder, entry, self.manifest["schema"]) for entry in self.manifest["shards"]]
         self._verify = verify
-        # Row lookup without a NumPy call per sample (36 us per read with np.searchsorted): the shards' and then
-        # the record batches' first rows as plain lists for bisect.
-        self._starts = [0, *itertools.accumulate(s.rows for s in self._shards)]
+        self._entries: list[dict[str, Any]] = list(self.manifest["shards"])
+        self._open: list[_Shard | None] = [None] * len(self._entries)  # mapped on first use
+        self._failed: dict[int, str] = {}  # shards that failed to open: with on_error="skip" each row asks again
+        self._lock = threading.Lock()
+        # Row lookup without a NumPy call per sample (36 us per read with np.searchsorted): the shards' first rows,
+        # from the manifest, as a plain list for bisect; an array of them for the column gathers.
+        self._starts = [0, *itertools.accumulate(int(e["rows"]) for e in self._entries)]
+        self._start_array = np.asarray(self._starts, np.int64)
         self.columns = [c["name"] for c in self.manifest["schema"] if c["name"] != "image"]
         self._rows = self._starts[-1]
-        self._chunked: dict[str, Any] = {}
-        pieces = [b.column("label").to_numpy(zero_copy_only=False) for shard in self._shards for b in shard.batches]
-        labels = np.concatenate(pieces) if pieces else np.empty(0, np.int64)
-        self._labels: np.ndarray = labels.astype(np.int64, copy=False)  # one array, no per-sample objects
+        self._labels = self._read_labels()
         if verify == "open":
-            for shard in self._shards:
-                shard.check()
+            for index in range(len(self._entries)):
+                self._shard(index).check()
+
+    def _read_labels(self) -> np.ndarray:
+        """``labels.npy`` memory-mapped and checked; for an older dataset without it, the shards' label columns."""
+        entry = self.manifest.get("labels")
+        if entry is None:  # written by an older stallfree: the same labels, from every shard
+            pieces = [b.column("label").to_numpy(zero_copy_only=False) for i in range(len(self._entries))
+                      for b in self._shard(i).batches]
+            return np.concatenate(pieces).astype(np.int64, copy=False) if pieces else np.empty(0, np.int64)
+        path = self.folder / entry["file"]
+        fix = f"run `stallfree verify {self.folder}`, and ingest (or --merge) again if it fails"
+        try:
+            labels = load_labels(self.folder, entry, self._rows)
+        except OSError as err:
+            raise ShardError(f"{err}; {fix}") from err
+        if self._verify != "none" and not is_verified(path, entry["sha256"]):
+            if file_sha256(path) != entry["sha256"]:
+                raise ShardError(f"{path}: SHA-256 differs from the manifest's (the file was altered); {fix}")
+            mark_verified(path, entry["sha256"])
+        return labels
+
+    def _shard(self, index: int) -> _Shard:
+        """Shard ``index``, mapped and structurally checked on its first use."""
+        shard = self._open[index]
+        if shard is not None:
+            return shard
+        with self._lock:
+            shard = self._open[index]
+            if shard is None:
+                if index in self._failed:
+                    raise ShardError(self._failed[index])
+                try:
+                    shard = _Shard(self.folder, self._entries[index], self.manifest["schema"])
+                except ShardError as err:
+                    self._failed[index] = str(err)
+                    raise
+                self._open[index] = shard
+        return shard
 
     def __len__(self) -> int:
         return self._rows
 
     def labels(self) -> np.ndarray:
-        """Every row's label, int64 (from the shards' ``label`` columns, read once on open)."""
+        """Every row's label: ``labels.npy`` memory-mapped, read-only, in its stored dtype.
+
+        That is the smallest signed integer type holding the labels; int64 for a dataset without ``labels.npy``
+        (read from its shards).
+        """
         return self._labels
 
-    def _locate(self, index: int) -> tuple[_Shard, int]:
+    def _locate(self, index: int) -> tuple[int, int]:
         if not 0 <= index < self._rows:
             raise IndexError(f"row {index} out of range for {self._rows} rows in {self.folder}")
         shard = bisect.bisect_right(self._starts, index) - 1
-        return self._shards[shard], index - self._starts[shard]
+        return shard, index - self._starts[shard]
 
     def read(self, index: int) -> np.ndarray:
         """Row ``index``'s image: encoded bytes (1-D uint8), or HWC uint8 pixels for ``--raw`` shards; no copy.
 
         Raises:
-            ShardError: the row's shard fails its checksum (checked on its first read).
+            ShardError: the row's shard is missing, damaged, or fails its checksum (checked on its first read).
         """
-        shard, row = self._locate(index)
+        shard_index, row = self._locate(index)
+        shard = self._shard(shard_index)
         if self._verify != "none":
             shard.check()
         image = shard.image(row)
@@ -237,30 +290,32 @@ class ShardReader:
 
     def shard_rows(self) -> list[int]:
         """Rows per shard, in manifest order (the block shuffle's blocks)."""
-        return [s.rows for s in self._shards]
+        return [int(e["rows"]) for e in self._entries]
 
     def fingerprint(self) -> str:
         """The shards' SHA-256 checksums from the manifest, hashed: the same for a copy of the folder."""
         return hashlib.sha256(" ".join(s["sha256"] for s in self.manifest["shards"]).encode()).hexdigest()
 
     def describe(self, index: int) -> str:
-        """``<folder>/shard-NNNNN.arrow row R (<source key>)``."""
-        shard, row = self._locate(index)
+        """``<folder>/shard-NNNNN.arrow row R (<source key>)``; without the key if the shard does not open."""
+        shard_index, row = self._locate(index)
+        try:
+            shard = self._shard(shard_index)
+        except ShardError:  # describing the sample of an error: the shard's own error is the reason given
+            return f"{self.folder / self._entries[shard_index]['file']} row {row}"
         batch, i = shard.locate(row)
         key = shard.batches[batch].column("key")[i].as_py()
         return f"{shard.path} row {row} ({key})"
 
     def column(self, name: str, rows: np.ndarray) -> np.ndarray | list[Any]:
-        """Column ``name`` at ``rows``: a NumPy array for numeric columns, else a list.
+        """Column ``name`` at ``rows``: a NumPy array for numeric columns, else a list (``label``: int64).
 
         Raises:
             KeyError: no such column (the message lists those there are).
+            ShardError: a shard of the rows is missing or damaged.
         """
         if name not in self.columns:
             raise KeyError(f"no column {name!r} in {self.folder}; its columns are {self.columns}")
-        import pyarrow as pa
-
-        if name not in self._chunked:  # all the shards as one chunked array: one take per call, not one per shard
-            self._chunked[name] = pa.chunked_array([b.column(name) for s in self._shards for b in s.batches])
-        column = self._chunked[name]
-        return gather_column(rows, [0, self._rows], lambda _, local: column.take(pa.array(local, pa.int64())))
+        if name == "label":  # the labels file: no shard opened
+            return np.array(self._labels[np.asarray(rows, np.int64)], np.int64)
+        return gather_column(rows, self._start_array, lambda shard, local: self._shard(shard).take(name, local))

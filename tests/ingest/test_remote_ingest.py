@@ -70,7 +70,8 @@ def _puts(proxy: FaultProxy) -> list[str]:
 def test_ingest_to_s3_uploads_what_a_local_ingest_writes_and_the_loader_reads_it(
         indexed_list: Path, reference: Path, s3: str, tmp_path: Path) -> None:
     summary = ingest(indexed_list, "s3://out/ds/", OPTIONS, storage_options=s3_options(s3))
-    assert _objects(s3, "ds") == _files(reference)  # every shard, rejected.jsonl and the manifest; nothing else
+    # every shard, labels.npy, rejected.jsonl and the manifest; nothing else
+    assert _objects(s3, "ds") == _files(reference)
     manifest = _client(s3).get_object(Bucket="out", Key="ds/manifest.json")["Body"].read()
     assert manifest == (reference / "manifest.json").read_bytes()
     assert summary["uploaded_shards"] == summary["shards"] > 3 and summary["stored_shards"] == 0
@@ -114,9 +115,10 @@ def test_a_failed_upload_leaves_no_manifest_and_a_rerun_uploads_only_what_is_mis
                          storage_options=s3_options(proxy.url))
         puts = _puts(proxy)
     shards = sorted(name for name in _files(reference) if name.startswith("shard-"))
-    assert puts == sorted([name for name in shards if name not in first] + ["manifest.json", "rejected.jsonl"])
-    order = [line.split("?")[0] for line in proxy.seen if line.startswith("PUT ")]
-    assert order[-1].endswith("/manifest.json")  # last: after every shard and rejected.jsonl
+    assert puts == sorted([name for name in shards if name not in first]
+                          + ["labels.npy", "manifest.json", "rejected.jsonl"])
+    order = [line.split("?")[0].rsplit("/", 1)[1] for line in proxy.seen if line.startswith("PUT ")]
+    assert order[-3:] == ["labels.npy", "rejected.jsonl", "manifest.json"]  # last: after every shard
     assert summary["stored_shards"] == len(first) and summary["uploaded_shards"] == len(shards) - len(first)
     assert _objects(s3, "fault") == _files(reference)
     assert summary["staging"] == str(staging) and staging.is_dir()  # a staging folder the caller named is kept

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from stallfree.bench.servers import FaultProxy, RangeServer, s3_options
 from stallfree.ingest.manifest import read_manifest
 from stallfree.ingest.remote import Progress, Retry
 from stallfree.pipeline.shard_cache import ShardCache
+from stallfree.pipeline.shards import ShardError
 from stallfree.transforms import Normalize, RandomHorizontalFlip, RandomResizedCrop
 
 SPEC = [RandomResizedCrop(12), RandomHorizontalFlip(), Normalize()]
@@ -66,7 +68,7 @@ def test_a_second_loader_reads_the_cache_and_fetches_nothing(remote_data: Path, 
     again = Loader(http_server.url, 4, transform=SPEC, cache_dir=tmp_path)  # one process: the same cache
     labels = torch.cat([b[1] for b in _batches(again)])
     assert sorted(labels.tolist()) == list(range(37))
-    assert again.reader.cache.fetched == fetched and http_server.requests == before + 1  # the manifest alone
+    assert again.reader.cache.fetched == fetched and http_server.requests == before + 2  # manifest, labels.npy
 
 
 def test_a_cache_dir_held_by_another_process_is_refused(http_server: RangeServer, tmp_path: Path) -> None:
@@ -183,12 +185,38 @@ def test_state_taken_over_http_resumes_over_s3_bit_identically(http_server: Rang
     assert _same(_batches(resumed), reference[3:])
 
 
-def test_labels_of_a_remote_source_arrive_with_their_shards(http_server: RangeServer, tmp_path: Path) -> None:
+def test_labels_of_a_remote_source_come_from_labels_npy(http_server: RangeServer, tmp_path: Path) -> None:
     loader = Loader(http_server.url, 4, transform=SPEC, cache_dir=tmp_path, columns=["label", "index"])
-    assert (loader.reader.labels() == -1).all()  # nothing fetched on construction but the manifest
+    assert np.array_equal(loader.reader.labels(), np.arange(37))  # on construction, from labels.npy
+    assert loader.reader.cache.fetched == 0  # and no shard fetched for them
     for _, labels, extras in loader:
         assert torch.equal(labels, extras["index"]) and torch.equal(extras["label"], extras["index"])
-    assert np.array_equal(loader.reader.labels(), np.arange(37))
+
+
+def test_labels_of_an_older_remote_dataset_arrive_with_their_shards(remote_data: Path, tmp_path: Path) -> None:
+    old = tmp_path / "old"  # as an older stallfree wrote it: no labels.npy
+    shutil.copytree(remote_data, old, ignore=shutil.ignore_patterns("labels.npy"))
+    manifest = json.loads((old / "manifest.json").read_text())
+    del manifest["labels"]
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    with RangeServer(old) as server:
+        loader = Loader(server.url, 4, transform=SPEC, cache_dir=tmp_path / "cache", columns=["label", "index"])
+        assert (loader.reader.labels() == -1).all()  # nothing fetched on construction but the manifest
+        for _, labels, extras in loader:
+            assert torch.equal(labels, extras["index"]) and torch.equal(extras["label"], extras["index"])
+        assert np.array_equal(loader.reader.labels(), np.arange(37))
+        loader.close()
+
+
+def test_an_altered_remote_labels_npy_is_refused_by_name(remote_data: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(remote_data, copy)
+    data = bytearray((copy / "labels.npy").read_bytes())
+    data[-1] ^= 0x01
+    (copy / "labels.npy").write_bytes(bytes(data))
+    with RangeServer(copy) as server, pytest.raises(ShardError, match=r"labels.npy: SHA-256 differs from the "
+                                                                      r"manifest's .*re-upload the dataset's labels"):
+        Loader(server.url, 4, transform=SPEC, cache_dir=tmp_path / "cache")
 
 
 def test_the_s3_client_goes_through_the_proxy(s3_proxy: FaultProxy, tmp_path: Path) -> None:

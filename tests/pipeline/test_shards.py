@@ -115,17 +115,20 @@ def test_a_flipped_byte_names_the_shard(shards: Path, tmp_path: Path) -> None:
     assert delivered == len(loader.reader), "skipped rows are replaced by the next ones, wrapping round"
 
 
-def test_a_truncated_shard_is_refused_on_open(shards: Path, tmp_path: Path) -> None:
+def test_a_truncated_shard_is_refused_on_its_first_read(shards: Path, tmp_path: Path) -> None:
     copy = tmp_path / "copy"
     shutil.copytree(shards, copy)
     shard = sorted(copy.glob("shard-*.arrow"))[0]
     shard.write_bytes(shard.read_bytes()[:-200])
-    with pytest.raises(ShardError, match=rf"{shard.name} has \d+ bytes but the manifest says \d+ \(truncated\?\)"):
-        make(copy)
+    truncated = rf"{shard.name} has \d+ bytes but the manifest says \d+ \(truncated\?\)"
+    with pytest.raises(BadSampleError, match=rf"{shard.name} row 0 .*: unreadable: .*{truncated}"):
+        list(make(copy, shuffle=False))  # constructed (no shard opened), then refused on the shard's first row
+    with pytest.raises(ShardError, match=truncated):
+        ShardReader(copy, verify="open")
     (copy / "manifest.json").write_text((copy / "manifest.json").read_text().replace(
         str(shard.stat().st_size + 200), str(shard.stat().st_size)))
     with pytest.raises(ShardError, match=rf"{shard.name} is not a valid Arrow shard"):
-        ShardReader(copy)
+        ShardReader(copy).read(0)
 
 
 @pytest.mark.gpu

@@ -1,5 +1,6 @@
 """Checksum verification as a choice (issue 16): first-use, open or none, and the verified-once marker."""
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -35,7 +36,9 @@ def flip_a_byte(shard: Path, keep_mtime: bool) -> None:
 
 
 def markers(cache: Path) -> list[Path]:
-    return sorted((cache / "verified").glob("*.json")) if (cache / "verified").is_dir() else []
+    """The shards' verified-once markers (not that of labels.npy, hashed on construction)."""
+    found = sorted((cache / "verified").glob("*.json")) if (cache / "verified").is_dir() else []
+    return [m for m in found if json.loads(m.read_text())["path"].endswith(".arrow")]
 
 
 def test_open_hashes_every_shard_at_construction(shards: Path) -> None:
