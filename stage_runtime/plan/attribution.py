@@ -17,8 +17,9 @@ From the spans of one or more steps (:func:`attribute`):
   receiver was free (its previous action, and that action's send, done) before the message was made. The delay is
   then the sender's posting, the link and the receiver's completion, and no queueing behind other work.
 
-:func:`fit_overhead` turns measured runs' spans and their stages' compute into a :class:`~.costs.HostOverhead`:
-each kind's busy time beyond its compute, the send gap, and the message delay beyond the send and the link.
+:func:`fit_overhead` turns measured runs' spans and their stages' compute into a :class:`~.costs.HostOverhead`
+(each kind's busy time beyond its compute, the send gap, the receiver's completion of a message that has arrived)
+and the link's latency (the message delay beyond those).
 """
 
 from __future__ import annotations
@@ -105,8 +106,12 @@ def _send_gaps(steps: Sequence[Sequence[Span]], owner: Sequence[int]) -> tuple[l
 
 
 def _messages(steps: Sequence[Sequence[Span]], owner: Sequence[int], send_s: float,
-              sent: set[Span]) -> list[tuple[str, Span, Span]]:
-    """Each counted message: (``act 0->1`` or ``grad 1->0``, the span that made it, the span that read it)."""
+              sent: set[Span]) -> list[tuple[str, Span, Span, float]]:
+    """Each message between ranks: (name, the span that made it, the span that read it, when the reader was free).
+
+    The name is ``act 0->1`` or ``grad 1->0``; the reader was free when its previous action, and that action's
+    send, were done.
+    """
     last = len(owner) - 1
     out = []
     for spans in steps:
@@ -127,8 +132,7 @@ def _messages(steps: Sequence[Sequence[Span]], owner: Sequence[int], send_s: flo
                 continue
             before = previous.get(s)
             free = 0.0 if before is None else before.end + (send_s if before in sent else 0.0)
-            if free <= made.end:
-                out.append((f"{reads[0]} {made.rank}->{s.rank}", made, s))
+            out.append((f"{reads[0]} {made.rank}->{s.rank}", made, s, free))
     return out
 
 
@@ -145,8 +149,9 @@ def attribute(steps: Sequence[Sequence[Span]], owner: Sequence[int]) -> Attribut
     gaps, sent = _send_gaps(steps, owner)
     send_s = statistics.fmean(gaps) if gaps else None
     delays: dict[str, list[float]] = {}
-    for key, made, read in _messages(steps, owner, send_s or 0.0, sent):
-        delays.setdefault(key, []).append(read.start - made.end)
+    for key, made, read, free in _messages(steps, owner, send_s or 0.0, sent):
+        if free <= made.end:  # the reader waited for it
+            delays.setdefault(key, []).append(read.start - made.end)
     samples = {k: len(v) for k, v in per_kind.items()} | {k: len(v) for k, v in delays.items()} | {"send": len(gaps)}
     return Attribution({k: statistics.fmean(v) for k, v in sorted(per_kind.items())},
                        {k: statistics.fmean(v) for k, v in sorted(delays.items())}, send_s, samples)
@@ -161,14 +166,17 @@ class Measured:
     costs: Sequence[StageCost]
 
 
-def fit_overhead(runs: Sequence[Measured], link: Link, step_s: float = 0.0) -> HostOverhead:
-    """The runtime overhead the measured ``runs`` show beyond their stages' compute and the ``link``.
+def fit_overhead(runs: Sequence[Measured], link: Link, step_s: float = 0.0) -> tuple[HostOverhead, float]:
+    """The runtime overhead the measured ``runs`` show beyond their stages' compute, and the link's latency.
 
     Per kind (``kind_s``): the mean busy time of its actions less their stage's compute for that kind;
-    ``action_s``: the same over every action (for kinds not seen). ``send_s``: the mean send gap. ``message_s``:
-    the mean message delay less the send, the latency and the message's time on the link. ``step_s`` is given:
-    the spans do not show the step's own set-up. Means over every run's actions and messages, not medians: the
-    simulator charges each its expected cost, and on a loaded machine the delays have a long tail.
+    ``action_s``: the same over every action (for kinds not seen). ``send_s``: the mean send gap. ``message_s``
+    (the receiver's completion of a message that is there): the mean gap before an action whose message arrived
+    long before its rank was free (made more than twice the median delay earlier). The latency: the mean delay of
+    the messages a rank waited for, less the send, the receive and their bytes on ``link``'s bandwidth (its own
+    latency is not used: a ping-pong's is not what a pipeline's messages see). ``step_s`` is given: the spans do
+    not show the step's own set-up. Means, not medians: the simulator charges each action and message its
+    expected cost, and on a loaded machine the delays have a long tail.
 
     Raises:
         ValueError: no compute action in the spans.
@@ -187,14 +195,19 @@ def fit_overhead(runs: Sequence[Measured], link: Link, step_s: float = 0.0) -> H
     if not residual:
         raise ValueError("fitting the host overhead needs spans of compute actions, got none")
     send_s = max(0.0, statistics.fmean(gaps)) if gaps else 0.0
-    beyond = [read.start - made.end - send_s - link.latency_s
-              - link.busy_s(run.costs[min(made.op.stage, read.op.stage)].output_bytes)
-              for run, out in zip(runs, sent, strict=True)
-              for _, made, read in _messages(run.steps, run.owner, send_s, out)]
+    messages = [(run, made, read, free) for run, out in zip(runs, sent, strict=True)
+                for _, made, read, free in _messages(run.steps, run.owner, send_s, out)]
+    waited = [(run, made, read) for run, made, read, free in messages if free <= made.end]
+    typical = statistics.median(read.start - made.end for _, made, read in waited) if waited else 0.0
+    early = [read.start - free for _, made, read, free in messages if free - made.end > 2 * typical]
+    receive_s = max(0.0, statistics.fmean(early)) if early else 0.0
+    beyond = [read.start - made.end - send_s - receive_s
+              - link.busy_s(run.costs[min(made.op.stage, read.op.stage)].output_bytes) for run, made, read in waited]
+    latency_s = max(0.0, statistics.fmean(beyond)) if beyond else link.latency_s
     every = [v for values in residual.values() for v in values]
-    return HostOverhead(max(0.0, statistics.fmean(every)), max(0.0, statistics.fmean(beyond)) if beyond else 0.0,
-                        max(0.0, step_s), send_s,
-                        tuple((k, max(0.0, statistics.fmean(v))) for k, v in sorted(residual.items())))
+    overhead = HostOverhead(max(0.0, statistics.fmean(every)), receive_s, max(0.0, step_s), send_s,
+                            tuple((k, max(0.0, statistics.fmean(v))) for k, v in sorted(residual.items())))
+    return overhead, latency_s
 
 
 def trainer_steps(out_dir: str | Path, program: Mapping[int, Sequence[Op]], skip: int = 1) -> list[list[Span]]:

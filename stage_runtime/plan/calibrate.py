@@ -4,8 +4,10 @@
 CPU), measure two things in one start-up (most of it importing torch in each process):
 
 1. **The link.** Ranks 0 and 1 exchange a small and a large tensor back and forth (ping-pong, the way a pipeline's
-   activation and its gradient travel). Half the round trip of the small message is the latency; the large
-   message's extra time over it gives the bandwidth: ``bytes / (t_large - t_small)`` per direction.
+   activation and its gradient travel). The large message's extra time over the small one gives the bandwidth:
+   ``bytes / (t_large - t_small)`` per direction. The latency is what the near-empty GPipe's messages (below)
+   took beyond their send and receive: half a small round trip is a different path (blocking ``send`` and
+   ``recv``, no schedule) and measured 0.2-2 ms here, where the pipeline's messages took 0.1-0.5 ms.
 2. **The runtime's overhead.** The ranks are the stages of a model that computes almost nothing (one
    ``Linear(4, 4)`` per model stage, on micro-batches of one row) and run torch's own schedules over it through
    the trainer's own timed stage (``TimedStage``), which records each action as a span on the stage clock:
@@ -271,8 +273,11 @@ def calibrate_gloo_link(repeats: int = 20) -> Link:
 
 
 def fit_pipeline(pipeline: Sequence[PipelineTimes], layer_s: float,
-                 link: Link) -> tuple[dict[str, HostOverhead], list[dict[str, Any]]]:
-    """Per schedule family, the runtime overhead the near-empty pipeline's spans show; and each run's figures.
+                 link: Link) -> tuple[dict[str, HostOverhead], Link, list[dict[str, Any]]]:
+    """Per schedule family, the runtime overhead the near-empty pipeline's spans show; the link; each run's figures.
+
+    The link keeps ``link``'s bandwidth (the ping-pong's large message) and takes the latency GPipe's messages
+    showed (:func:`~.attribution.fit_overhead`).
 
     ``pipeline`` holds the runs of :data:`RUNS` (their ranks: as many as each has records), one
     ``Linear(WIDTH, WIDTH)`` per model stage; ``layer_s`` is that layer's forward + backward. Per kind, send and
@@ -300,14 +305,17 @@ def fit_pipeline(pipeline: Sequence[PipelineTimes], layer_s: float,
         costs = stage_costs([layer] * len(owner), [1] * len(owner))
         runs.append((p, order, Measured(steps, owner, costs)))
         shown.append(attribute(steps, owner).to_dict())
+    _, latency_s = fit_overhead([m for p, _, m in runs if FAMILIES[p.schedule] == "loop"] or
+                                [m for _, _, m in runs], link)
+    link = Link(link.bytes_per_s, latency_s)  # what GPipe's messages wait for, beyond their send and receive
     overheads = {}
     for family in dict.fromkeys(FAMILIES[p.schedule] for p in pipeline):
         mine = [run for run in runs if FAMILIES[run[0].schedule] == family]
-        overhead = fit_overhead([m for _, _, m in mine], link)
+        overhead, _ = fit_overhead([m for _, _, m in mine], link)
         step_s = statistics.fmean(p.schedule_s - simulate(order, m.owner, m.costs, lambda a, b: link,
                                                           overhead=overhead).schedule_s for p, order, m in mine)
         overheads[family] = replace(overhead, step_s=max(0.0, step_s))
-    return overheads, shown
+    return overheads, link, shown
 
 
 def calibrate_host(ranks: int = 2, repeats: int = 20, steps: int = 10, threads: int | None = None) -> Calibration:
@@ -319,7 +327,7 @@ def calibrate_host(ranks: int = 2, repeats: int = 20, steps: int = 10, threads: 
         ValueError: fewer than 2 ranks.
     """
     link, pipeline, layer_s = _measure(ranks, repeats, steps, threads)
-    overheads, shown = fit_pipeline(pipeline, layer_s, link)
+    overheads, link, shown = fit_pipeline(pipeline, layer_s, link)
     return Calibration(link, overheads, ranks, layer_s, tuple(pipeline), tuple(shown))
 
 

@@ -32,9 +32,9 @@ def test_the_fitted_overhead_is_the_one_that_made_the_spans(ranks: int) -> None:
                                                                      ("W", 700e-6)))
     runs = [_measured(truth, "gpipe", ranks, 2), _measured(truth, "gpipe", ranks, 8),
             _measured(truth, "zero-bubble", ranks, 2 * ranks)]
-    fitted = fit_overhead(runs, LINK)
+    fitted, latency = fit_overhead(runs, Link(LINK.bytes_per_s, 1.0))  # a ping-pong's latency is not used
     assert fitted.send_s == pytest.approx(200e-6, abs=1e-9)
-    assert fitted.message_s == pytest.approx(900e-6, abs=1e-9)
+    assert fitted.message_s == pytest.approx(900e-6, abs=1e-9) and latency == pytest.approx(LINK.latency_s)
     assert dict(fitted.kind_s) == pytest.approx(dict(truth.kind_s), abs=1e-9)
 
 
