@@ -53,6 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _jobs(args: argparse.Namespace, stages: int, out: Path) -> tuple[list[Any], list[str]]:
+    from stallfree.stage_runtime.plan.orders import torch_order
     from stallfree.stage_runtime.train.config import TrainConfig
     from stallfree.stage_runtime.train.schedules import schedule_spec
     from stallfree.stage_runtime.train.trainer import check
@@ -66,6 +67,7 @@ def _jobs(args: argparse.Namespace, stages: int, out: Path) -> tuple[list[Any], 
                     if args.batch_size % m:
                         raise ValueError(f"{m} does not divide --batch-size {args.batch_size}")
                     spec.check(stages, m)
+                    torch_order(schedule, stages, m)  # what torch itself refuses, e.g. 1F1B with M < S
                 except ValueError as err:
                     skipped.append(f"{model} {schedule} S={stages} M={m}: {err}")
                     continue

@@ -81,10 +81,16 @@ def _sends(op: Op, last: int) -> int | None:
     return None
 
 
-def _send_gaps(steps: Sequence[Sequence[Span]], owner: Sequence[int]) -> tuple[list[float], set[Span]]:
-    """The send gaps, and the spans whose output went to another rank."""
+def _send_gaps(steps: Sequence[Sequence[Span]],
+               owner: Sequence[int]) -> tuple[list[float], set[Span], list[float]]:
+    """The send gaps, the spans whose output went to another rank, and the local gaps.
+
+    A local gap follows an action that sent nothing to another rank and precedes one that reads nothing from
+    another: the runtime's own time between two actions.
+    """
     last = len(owner) - 1
     gaps: list[float] = []
+    local: list[float] = []
     sent: set[Span] = set()
     for spans in steps:
         by_rank: dict[int, list[Span]] = {}
@@ -95,14 +101,14 @@ def _send_gaps(steps: Sequence[Sequence[Span]], owner: Sequence[int]) -> tuple[l
             row.sort(key=lambda s: s.start)
             for i, a in enumerate(row):
                 dst = _sends(a.op, last)
-                if dst is None or owner[dst] == a.rank:
-                    continue
-                sent.add(a)
+                remote = dst is not None and owner[dst] != a.rank
+                if remote:
+                    sent.add(a)
                 b = row[i + 1] if i + 1 < len(row) else None
                 reads = None if b is None else _producer(b.op, last)
                 if b is not None and (reads is None or owner[reads[1]] == b.rank):
-                    gaps.append(b.start - a.end)
-    return gaps, sent
+                    (gaps if remote else local).append(b.start - a.end)
+    return gaps, sent, local
 
 
 def _messages(steps: Sequence[Sequence[Span]], owner: Sequence[int], send_s: float,
@@ -146,7 +152,7 @@ def attribute(steps: Sequence[Sequence[Span]], owner: Sequence[int]) -> Attribut
         for s in spans:
             if s.op.kind != "O":
                 per_kind.setdefault(s.op.kind, []).append(s.end - s.start)
-    gaps, sent = _send_gaps(steps, owner)
+    gaps, sent, _ = _send_gaps(steps, owner)
     send_s = statistics.fmean(gaps) if gaps else None
     delays: dict[str, list[float]] = {}
     for key, made, read, free in _messages(steps, owner, send_s or 0.0, sent):
@@ -166,47 +172,55 @@ class Measured:
     costs: Sequence[StageCost]
 
 
+def _median(values: Sequence[float], default: float = 0.0) -> float:
+    return max(0.0, statistics.median(values)) if values else default
+
+
 def fit_overhead(runs: Sequence[Measured], link: Link, step_s: float = 0.0) -> tuple[HostOverhead, float]:
     """The runtime overhead the measured ``runs`` show beyond their stages' compute, and the link's latency.
 
     Per kind (``kind_s``): the mean busy time of its actions less their stage's compute for that kind;
-    ``action_s``: the same over every action (for kinds not seen). ``send_s``: the mean send gap. ``message_s``
-    (the receiver's completion of a message that is there): the mean gap before an action whose message arrived
-    long before its rank was free (made more than twice the median delay earlier). The latency: the mean delay of
-    the messages a rank waited for, less the send, the receive and their bytes on ``link``'s bandwidth (its own
-    latency is not used: a ping-pong's is not what a pipeline's messages see). ``step_s`` is given: the spans do
-    not show the step's own set-up. Means, not medians: the simulator charges each action and message its
-    expected cost, and on a loaded machine the delays have a long tail.
+    ``action_s``: the same over every action (for kinds not seen). The idle costs are medians: ``gap_s``, the gap
+    between two actions of a rank where the first sends nothing to another rank and the second reads nothing
+    from one; ``send_s``, the gap after an action that sends, less ``gap_s``; ``message_s`` (the receiver's
+    completion of a message that is there), the gap before an action whose message arrived long before its rank
+    was free (made more than twice the median delay earlier); the latency, the delay of the messages a rank
+    waited for less the gap, the send, the receive and their bytes on ``link``'s bandwidth (its own latency is
+    not used: a ping-pong's is not what a pipeline's messages see). ``step_s`` is given: the spans do not show
+    the step's own set-up. Medians for the idle costs because a calibration's few steps on a loaded machine
+    catch a few gaps of a whole time slice (2-5 ms) that would dominate their mean.
 
     Raises:
         ValueError: no compute action in the spans.
     """
     residual: dict[str, list[float]] = {}
     gaps: list[float] = []
+    local: list[float] = []
     sent: list[set[Span]] = []
     for run in runs:
         for spans in run.steps:
             for s in spans:
                 if s.op.kind != "O":
                     residual.setdefault(s.op.kind, []).append(s.end - s.start - compute_s(s.op, run.costs[s.op.stage]))
-        more, out = _send_gaps(run.steps, run.owner)
+        more, out, idle = _send_gaps(run.steps, run.owner)
         gaps += more
+        local += idle
         sent.append(out)
     if not residual:
         raise ValueError("fitting the host overhead needs spans of compute actions, got none")
-    send_s = max(0.0, statistics.fmean(gaps)) if gaps else 0.0
-    messages = [(run, made, read, free) for run, out in zip(runs, sent, strict=True)
+    gap_s = _median(local)
+    send_s = max(0.0, _median(gaps, gap_s) - gap_s)
+    messages = [(run, made, read, free + gap_s) for run, out in zip(runs, sent, strict=True)
                 for _, made, read, free in _messages(run.steps, run.owner, send_s, out)]
     waited = [(run, made, read) for run, made, read, free in messages if free <= made.end]
-    typical = statistics.median(read.start - made.end for _, made, read in waited) if waited else 0.0
-    early = [read.start - free for _, made, read, free in messages if free - made.end > 2 * typical]
-    receive_s = max(0.0, statistics.fmean(early)) if early else 0.0
-    beyond = [read.start - made.end - send_s - receive_s
-              - link.busy_s(run.costs[min(made.op.stage, read.op.stage)].output_bytes) for run, made, read in waited]
-    latency_s = max(0.0, statistics.fmean(beyond)) if beyond else link.latency_s
+    typical = _median([read.start - made.end for _, made, read in waited])
+    receive_s = _median([read.start - free for _, made, read, free in messages if free - made.end > 2 * typical])
+    latency_s = _median([read.start - made.end - gap_s - send_s - receive_s
+                         - link.busy_s(run.costs[min(made.op.stage, read.op.stage)].output_bytes)
+                         for run, made, read in waited], link.latency_s)
     every = [v for values in residual.values() for v in values]
     overhead = HostOverhead(max(0.0, statistics.fmean(every)), receive_s, max(0.0, step_s), send_s,
-                            tuple((k, max(0.0, statistics.fmean(v))) for k, v in sorted(residual.items())))
+                            tuple((k, max(0.0, statistics.fmean(v))) for k, v in sorted(residual.items())), gap_s)
     return overhead, latency_s
 
 

@@ -108,8 +108,10 @@ class HostOverhead:
     input- and weight-gradient chunks cost more than a forward. ``message_s`` occupies a rank once per message it
     receives (before the action that reads it) and ``send_s`` once per message it sends (after the action that
     made it; ``None``: the same as ``message_s``): posting and completing a gloo operation, idle in the trainer's
-    bubble. ``step_s`` is the schedule step's own set-up (splitting the batch into micro-batches, merging the
-    losses), idle on every rank. Measured by :func:`~stallfree.stage_runtime.plan.calibrate.calibrate_host`.
+    bubble. ``gap_s`` idles a rank after each of its actions, before the next (and before its send): the
+    runtime's own bookkeeping between two chunk calls. ``step_s`` is the schedule step's own set-up (splitting the
+    batch into micro-batches, merging the losses), idle on every rank. Measured by
+    :func:`~stallfree.stage_runtime.plan.calibrate.calibrate_host`.
     """
 
     action_s: float = 0.0
@@ -117,12 +119,14 @@ class HostOverhead:
     step_s: float = 0.0
     send_s: float | None = None
     kind_s: tuple[tuple[str, float], ...] = ()
+    gap_s: float = 0.0
 
     def __post_init__(self) -> None:
-        values = [self.action_s, self.message_s, self.step_s, self.sender_s, *(v for _, v in self.kind_s)]
+        values = [self.action_s, self.message_s, self.step_s, self.sender_s, self.gap_s, *(v for _, v in self.kind_s)]
         if min(values) < 0:
             raise ValueError(f"host overheads must be >= 0 seconds, got action {self.action_s}, message "
-                             f"{self.message_s}, step {self.step_s}, send {self.send_s}, per kind {dict(self.kind_s)}")
+                             f"{self.message_s}, step {self.step_s}, send {self.send_s}, gap {self.gap_s}, per kind "
+                             f"{dict(self.kind_s)}")
         unknown = [k for k, _ in self.kind_s if k not in KINDS]
         if unknown:
             raise ValueError(f"host overhead per action kind: unknown kinds {unknown}; choose from {', '.join(KINDS)}")
@@ -138,12 +142,12 @@ class HostOverhead:
 
     def actions_only(self) -> HostOverhead:
         """The per-action costs alone (the bubble's causes keep them: they are part of each action)."""
-        return HostOverhead(self.action_s, kind_s=self.kind_s, send_s=0.0)
+        return HostOverhead(self.action_s, kind_s=self.kind_s, send_s=0.0, gap_s=self.gap_s)
 
     def to_dict(self) -> dict[str, Any]:
         """As JSON (:meth:`from_dict` reads it back)."""
         return {"action_s": self.action_s, "message_s": self.message_s, "step_s": self.step_s,
-                "send_s": self.sender_s, "kind_s": dict(self.kind_s)}
+                "send_s": self.sender_s, "gap_s": self.gap_s, "kind_s": dict(self.kind_s)}
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> HostOverhead:
@@ -160,7 +164,8 @@ class HostOverhead:
         send = data.get("send_s")
         return cls(_number(data, "action_s", where, 0.0), _number(data, "message_s", where, 0.0),
                    _number(data, "step_s", where, 0.0), None if send is None else _number(data, "send_s", where),
-                   tuple((str(k), _number(kinds, k, f"{where}, kind_s")) for k in sorted(kinds)))
+                   tuple((str(k), _number(kinds, k, f"{where}, kind_s")) for k in sorted(kinds)),
+                   _number(data, "gap_s", where, 0.0))
 
 
 NO_OVERHEAD = HostOverhead()

@@ -18,8 +18,8 @@ real costs and free links (what that adds is imbalance); the rest is communicati
 The host's own cost of torch's runtime (:class:`~.costs.HostOverhead`, calibrated on this machine) is charged too:
 ``action_s`` (or its kind's ``kind_s``) on every compute action (busy, as the trainer's stage timing counts it),
 ``send_s`` on the sending rank after an action that sends to another rank and ``message_s`` on the receiving rank
-before the action that reads it (idle), and ``step_s`` on every rank before the first action (idle). With all of
-them 0 the textbook holds.
+before the action that reads it (idle), ``gap_s`` after every compute action (idle, before its send), and
+``step_s`` on every rank before the first action (idle). With all of them 0 the textbook holds.
 """
 
 from __future__ import annotations
@@ -191,7 +191,7 @@ def simulate(program: Mapping[int, Sequence[Op]], owner: Sequence[int], costs: S
         nxt[r] += 1
         cost = costs[op.stage] if op.kind != "O" else None
         end = start + (compute_s(op, cost) + overhead.action(op.kind) if cost is not None else opt[r])
-        now[r] = end
+        now[r] = end + (overhead.gap_s if cost is not None else 0.0)
         spans.append(Span(r, op, start, end))
         if cost is None:
             continue
@@ -199,12 +199,12 @@ def simulate(program: Mapping[int, Sequence[Op]], owner: Sequence[int], costs: S
         if op.kind == "F":
             memory.append((start, cost.activation_bytes, r, op.stage))
             if op.stage < last:
-                now[r] = send("act", op.stage, op.stage + 1, op.mb, end, cost.output_bytes)
+                now[r] = send("act", op.stage, op.stage + 1, op.mb, now[r], cost.output_bytes)
         elif op.kind in ("B", "I"):
             if op.kind == "B":
                 memory.append((end, -cost.activation_bytes, r, op.stage))
             if op.stage > 0:
-                now[r] = send("grad", op.stage, op.stage - 1, op.mb, end, costs[op.stage - 1].output_bytes)
+                now[r] = send("grad", op.stage, op.stage - 1, op.mb, now[r], costs[op.stage - 1].output_bytes)
         elif op.kind == "W":  # the weight gradient still reads the stage's saved inputs: freed only now
             memory.append((end, -cost.activation_bytes, r, op.stage))
 

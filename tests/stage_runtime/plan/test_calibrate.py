@@ -28,12 +28,12 @@ def _measured(truth: HostOverhead, schedule: str, ranks: int, m: int) -> Measure
 
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_the_fitted_overhead_is_the_one_that_made_the_spans(ranks: int) -> None:
-    truth = HostOverhead(150e-6, 900e-6, 0.0, send_s=200e-6, kind_s=(("B", 300e-6), ("F", 150e-6), ("I", 500e-6),
-                                                                     ("W", 700e-6)))
+    truth = HostOverhead(150e-6, 900e-6, 0.0, send_s=200e-6, gap_s=80e-6,
+                         kind_s=(("B", 300e-6), ("F", 150e-6), ("I", 500e-6), ("W", 700e-6)))
     runs = [_measured(truth, "gpipe", ranks, 2), _measured(truth, "gpipe", ranks, 8),
             _measured(truth, "zero-bubble", ranks, 2 * ranks)]
     fitted, latency = fit_overhead(runs, Link(LINK.bytes_per_s, 1.0))  # a ping-pong's latency is not used
-    assert fitted.send_s == pytest.approx(200e-6, abs=1e-9)
+    assert fitted.send_s == pytest.approx(200e-6, abs=1e-9) and fitted.gap_s == pytest.approx(80e-6, abs=1e-9)
     assert fitted.message_s == pytest.approx(900e-6, abs=1e-9) and latency == pytest.approx(LINK.latency_s)
     assert dict(fitted.kind_s) == pytest.approx(dict(truth.kind_s), abs=1e-9)
 
