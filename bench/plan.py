@@ -4,12 +4,15 @@ For each bundled model (``--models``), pipeline ranks (``--stages``) and micro-b
 every synchronous schedule torch accepts is trained for ``--steps`` steps on generated tensors (no input cost) in
 one set of stage processes per rank count, on gloo, and its measured step time and bubble (medians over the steps
 after the first) are set beside the simulator's prediction for the same split (``stallfree.stage_runtime.plan
-.predict``). Before each rank count's jobs, that many gloo processes calibrate the simulator on this machine
-(``stage_runtime/plan/calibrate.py``): the link from measured sends (unless ``--link`` gives one) and the host
-overhead of torch's schedule runtime per action, message and step from a near-empty pipeline (unless
+.predict``, from the layer costs rank 0 measured). Before each rank count's jobs, that many gloo processes
+calibrate the simulator on this machine (``stage_runtime/plan/calibrate.py``): the link's bandwidth from measured
+sends and its latency from a near-empty pipeline's messages (unless ``--link`` gives one), and the host overhead
+of torch's schedule runtime per action kind, gap, send, receive and step from that pipeline's spans (unless
 ``--no-overhead``). The table says, per cell, whether the step is within 15% and the bubble within 5 points, and
 the count of cells that are; then, per model, whether the simulator's top choice among the cells run (the
-fastest predicted) is within 10% of the fastest measured.
+fastest predicted) is within 10% of the fastest measured; then, per cell, what the job's spans show per action
+kind, per message and per send beside the simulated step's (``stage_runtime/plan/attribution.py``). The load
+averages at the start and the end say how busy the machine was.
 """
 
 from __future__ import annotations
@@ -213,8 +216,9 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
               f"{'not used' if args.no_overhead else 'calibrated'}:", file=out)
         for family, o in c["overhead"].items():
             kinds = ", ".join(f"{k} {v * 1e6:.0f}" for k, v in o["kind_s"].items())
-            print(f"  {family} schedules: us per action {kinds}; {o['send_s'] * 1e6:.0f} us per send, "
-                  f"{o['message_s'] * 1e6:.0f} us per receive, {o['step_s'] * 1e6:.0f} us per step", file=out)
+            print(f"  {family} schedules: us per action {kinds}; {o['gap_s'] * 1e6:.0f} us between actions, "
+                  f"{o['send_s'] * 1e6:.0f} us per send, {o['message_s'] * 1e6:.0f} us per receive, "
+                  f"{o['step_s'] * 1e6:.0f} us per step", file=out)
     print(f"batch {args.batch_size}, {args.steps} steps per job, medians after the first; step = rank 0's "
           "schedule step, the optimizer outside it (as the trainer measures)", file=out)
     print(f"| {'model':<9} | {'schedule':<16} | {'S':>1} | {'M':>2} | {'step ms meas.':>13} | {'pred.':>8} | "

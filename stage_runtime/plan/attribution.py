@@ -50,13 +50,6 @@ class Attribution:
     send_s: float | None  # None: no action sent with a next action free of messages
     samples: dict[str, int]
 
-    def message_s(self) -> float | None:
-        """The mean delay over every counted message (None: none counted)."""
-        n = sum(self.samples.get(k, 0) for k in self.per_message_s)
-        if not n:
-            return None
-        return sum(v * self.samples[k] for k, v in self.per_message_s.items()) / n
-
     def to_dict(self) -> dict[str, Any]:
         """As JSON."""
         return {"per_action_s": self.per_action_s, "per_message_s": self.per_message_s, "send_s": self.send_s,
