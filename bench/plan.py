@@ -4,18 +4,22 @@ For each bundled model (``--models``), pipeline ranks (``--stages``) and micro-b
 every synchronous schedule torch accepts is trained for ``--steps`` steps on generated tensors (no input cost) in
 one set of stage processes per rank count, on gloo, and its measured step time and bubble (medians over the steps
 after the first) are set beside the simulator's prediction for the same split (``stallfree.stage_runtime.plan
-.predict``). Before each rank count's jobs, that many gloo processes calibrate the simulator on this machine
-(``stage_runtime/plan/calibrate.py``): the link from measured sends (unless ``--link`` gives one) and the host
-overhead of torch's schedule runtime per action, message and step from a near-empty pipeline (unless
+.predict``, from the layer costs rank 0 measured). Before each rank count's jobs, that many gloo processes
+calibrate the simulator on this machine (``stage_runtime/plan/calibrate.py``): the link's bandwidth from measured
+sends and its latency from a near-empty pipeline's messages (unless ``--link`` gives one), and the host overhead
+of torch's schedule runtime per action kind, gap, send, receive and step from that pipeline's spans (unless
 ``--no-overhead``). The table says, per cell, whether the step is within 15% and the bubble within 5 points, and
 the count of cells that are; then, per model, whether the simulator's top choice among the cells run (the
-fastest predicted) is within 10% of the fastest measured.
+fastest predicted) is within 10% of the fastest measured; then, per cell, what the job's spans show per action
+kind, per message and per send beside the simulated step's (``stage_runtime/plan/attribution.py``). The load
+averages at the start and the end say how busy the machine was.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -52,6 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _jobs(args: argparse.Namespace, stages: int, out: Path) -> tuple[list[Any], list[str]]:
+    from stallfree.stage_runtime.plan.orders import torch_order
     from stallfree.stage_runtime.train.config import TrainConfig
     from stallfree.stage_runtime.train.schedules import schedule_spec
     from stallfree.stage_runtime.train.trainer import check
@@ -65,6 +70,7 @@ def _jobs(args: argparse.Namespace, stages: int, out: Path) -> tuple[list[Any], 
                     if args.batch_size % m:
                         raise ValueError(f"{m} does not divide --batch-size {args.batch_size}")
                     spec.check(stages, m)
+                    torch_order(schedule, stages, m)  # what torch itself refuses, e.g. 1F1B with M < S
                 except ValueError as err:
                     skipped.append(f"{model} {schedule} S={stages} M={m}: {err}")
                     continue
@@ -109,17 +115,81 @@ def _name(cell: dict[str, Any]) -> str:
     return f"{cell['schedule']} S={cell['stages']} M={cell['microbatches']} ({cell['measured_step_s'] * 1e3:.1f} ms)"
 
 
+def _load(avg: tuple[float, float, float]) -> str:
+    return ", ".join(f"{v:.1f}" for v in avg)
+
+
+def _row(config: Any, summary: dict[str, Any], link: Any, overhead: Any) -> dict[str, Any]:
+    """One cell: measured (train.jsonl and the spans) beside predicted, from the layer costs rank 0 measured."""
+    from stallfree.stage_runtime.plan.attribution import attribute, trainer_steps
+    from stallfree.stage_runtime.plan.costs import LayerTimes
+    from stallfree.stage_runtime.plan.orders import placement, torch_order
+    from stallfree.stage_runtime.plan.predict import predict_training
+
+    step_s, bubble = _measured(config)
+    costs = summary.get("layer_costs")
+    measured = None if costs is None else ([LayerTimes(**c) for c in costs["layers"]], float(costs["optimizer_s"]))
+    predicted = predict_training(config, tuple(summary["balance"]), summary["num_classes"], link, overhead,
+                                 measured=measured)
+    per_rank = config.spec.stages_per_rank(config.virtual_stages)
+    order = torch_order(config.schedule, config.stages, config.microbatches, per_rank)
+    owner = placement(config.schedule, config.stages, config.stages * per_rank)
+    shown = attribute(trainer_steps(config.out_dir, order), owner)
+    return {"model": config.model, "schedule": config.schedule, "stages": config.stages,
+            "microbatches": config.microbatches, "balance": summary["balance"],
+            "measured_step_s": step_s, "predicted_step_s": predicted["step_s"],
+            "measured_bubble": bubble, "predicted_bubble": predicted["bubble"],
+            "step_error": predicted["step_s"] / step_s - 1,
+            "within": abs(predicted["step_s"] / step_s - 1) <= STEP_TOLERANCE
+            and abs(predicted["bubble"] - bubble) <= BUBBLE_POINTS,
+            "measured_spans": shown.to_dict(),
+            "predicted_spans": {k: predicted[k] for k in ("per_action_s", "per_message_s", "send_s")}}
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1e3:.2f}"
+
+
+def _mean_message(values: dict[str, float], samples: dict[str, int] | None, kind: str) -> float | None:
+    """The mean of the ``kind`` (act or grad) messages, weighted by their counts where given."""
+    keys = [k for k in values if k.startswith(kind)]
+    if not keys:
+        return None
+    weights = [samples.get(k, 1) if samples else 1 for k in keys]
+    return sum(values[k] * w for k, w in zip(keys, weights, strict=True)) / sum(weights)
+
+
+def _print_attribution(rows: list[dict[str, Any]], out: TextIO) -> None:
+    """Per cell, measured / predicted milliseconds: one action of each kind, one message each way, one send."""
+    if not rows:
+        return
+    print("per action kind, message and send: mean ms measured / predicted (from the trainer's spans after the "
+          "first step, and the simulated step's)", file=out)
+    print(f"| {'model':<9} | {'schedule':<16} | S |  M | {'F':>11} | {'B':>11} | {'I':>11} | {'W':>11} | "
+          f"{'act':>11} | {'grad':>11} | {'send':>11} |", file=out)
+    print(f"|{'-' * 11}|{'-' * 18}|---|----|" + f"{'-' * 13}|" * 7, file=out)
+    for r in rows:
+        m, p = r["measured_spans"], r["predicted_spans"]
+        cells = [f"{_ms(m['per_action_s'].get(k))} / {_ms(p['per_action_s'].get(k))}"
+                 if k in m["per_action_s"] or k in p["per_action_s"] else "-" for k in ("F", "B", "I", "W")]
+        cells += [f"{_ms(_mean_message(m['per_message_s'], m['samples'], k))} / "
+                  f"{_ms(_mean_message(p['per_message_s'], None, k))}" for k in ("act", "grad")]
+        cells.append(f"{_ms(m['send_s'])} / {_ms(p['send_s'])}")
+        print(f"| {r['model']:<9} | {r['schedule']:<16} | {r['stages']} | {r['microbatches']:>2} | "
+              + " | ".join(f"{c:>11}" for c in cells) + " |", file=out)
+
+
 def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
     """Run the benchmark, print its table to ``out`` and return its results (JSON-able)."""
     from stallfree.stage_runtime.plan.calibrate import cached_calibration
     from stallfree.stage_runtime.plan.costs import NO_OVERHEAD, parse_link
-    from stallfree.stage_runtime.plan.predict import predict_training
     from stallfree.stage_runtime.train.trainer import train_many
 
     if args.steps < 2 or args.batch_size < 1 or min(args.stages) < 2:
         raise ValueError("--steps must be >= 2, --batch-size >= 1 and every --stages >= 2")
     given = parse_link(args.link) if args.link else None
     how = "given" if given else "calibrated from measured sends"
+    load_start = os.getloadavg()
     rows: list[dict[str, Any]] = []
     skipped: list[str] = []
     calibrations: dict[str, Any] = {}
@@ -134,25 +204,21 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
             calibration = cached_calibration(stages, configs[0].threads)
             calibrations[str(stages)] = calibration.to_dict()
             link = given or calibration.link
-            overhead = NO_OVERHEAD if args.no_overhead else calibration.overhead
             print(f"training {len(configs)} jobs in {stages} stage processes ...", file=sys.stderr, flush=True)
             for config, summary in zip(configs, train_many(configs), strict=True):
-                step_s, bubble = _measured(config)
-                predicted = predict_training(config, tuple(summary["balance"]), summary["num_classes"], link,
-                                             overhead)
-                rows.append({"model": config.model, "schedule": config.schedule, "stages": stages,
-                             "microbatches": config.microbatches, "balance": summary["balance"],
-                             "measured_step_s": step_s, "predicted_step_s": predicted["step_s"],
-                             "measured_bubble": bubble, "predicted_bubble": predicted["bubble"],
-                             "step_error": predicted["step_s"] / step_s - 1,
-                             "within": abs(predicted["step_s"] / step_s - 1) <= STEP_TOLERANCE
-                             and abs(predicted["bubble"] - bubble) <= BUBBLE_POINTS})
+                overhead = NO_OVERHEAD if args.no_overhead else calibration.overhead(config.schedule)
+                rows.append(_row(config, summary, link, overhead))
+    load_end = os.getloadavg()
     hits = sum(r["within"] for r in rows)
+    print(f"load average (1, 5, 15 min) {_load(load_start)} at the start, {_load(load_end)} at the end", file=out)
     for stages, c in calibrations.items():
-        o = c["overhead"]
         print(f"S={stages}: link {given.describe() if given else c['link']} ({how}); host overhead "
-              f"{'not used' if args.no_overhead else 'calibrated'}: {o['action_s'] * 1e6:.0f} us per action, "
-              f"{o['message_s'] * 1e6:.0f} us per message, {o['step_s'] * 1e6:.0f} us per step", file=out)
+              f"{'not used' if args.no_overhead else 'calibrated'}:", file=out)
+        for family, o in c["overhead"].items():
+            kinds = ", ".join(f"{k} {v * 1e6:.0f}" for k, v in o["kind_s"].items())
+            print(f"  {family} schedules: us per action {kinds}; {o['gap_s'] * 1e6:.0f} us between actions, "
+                  f"{o['send_s'] * 1e6:.0f} us per send, {o['message_s'] * 1e6:.0f} us per receive, "
+                  f"{o['step_s'] * 1e6:.0f} us per step", file=out)
     print(f"batch {args.batch_size}, {args.steps} steps per job, medians after the first; step = rank 0's "
           "schedule step, the optimizer outside it (as the trainer measures)", file=out)
     print(f"| {'model':<9} | {'schedule':<16} | {'S':>1} | {'M':>2} | {'step ms meas.':>13} | {'pred.':>8} | "
@@ -173,6 +239,8 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
               f"{'within' if t['within'] else 'not within'} {TOP_TOLERANCE:.0%}", file=out)
     for reason in skipped:
         print(f"skipped {reason}", file=out)
-    return {"link": given.describe() if given else None, "link_source": how, "overhead_used": not args.no_overhead,
+    _print_attribution(rows, out)
+    return {"load_average": {"start": list(load_start), "end": list(load_end)},
+            "link": given.describe() if given else None, "link_source": how, "overhead_used": not args.no_overhead,
             "calibration": calibrations, "rows": rows, "within": hits, "cells": len(rows), "top_choice": tops,
             "skipped": skipped}

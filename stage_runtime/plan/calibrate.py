@@ -4,52 +4,67 @@
 CPU), measure two things in one start-up (most of it importing torch in each process):
 
 1. **The link.** Ranks 0 and 1 exchange a small and a large tensor back and forth (ping-pong, the way a pipeline's
-   activation and its gradient travel). Half the round trip of the small message is the latency; the large
-   message's extra time over it gives the bandwidth: ``bytes / (t_large - t_small)`` per direction.
+   activation and its gradient travel). The large message's extra time over the small one gives the bandwidth:
+   ``bytes / (t_large - t_small)`` per direction. The latency is what the near-empty GPipe's messages (below)
+   took beyond their send and receive: half a small round trip is a different path (blocking ``send`` and
+   ``recv``, no schedule) and measured 0.2-2 ms here, where the pipeline's messages took 0.1-0.5 ms.
 2. **The runtime's overhead.** The ranks are the stages of a model that computes almost nothing (one
-   ``Linear(4, 4)`` each, on micro-batches of one row) and run torch's ``ScheduleGPipe`` over it at
-   ``MICROBATCHES`` micro-batch counts, through the trainer's own timed stage (``TimedStage``): rank 0 times
-   ``schedule.step`` and every rank its busy time, as the trainer does. Whatever an action costs beyond the
-   layer's compute (measured by the partitioner's ``measure_layers``) is torch's runtime. :func:`fit_overhead`
-   turns that into a :class:`~.costs.HostOverhead`:
+   ``Linear(4, 4)`` per model stage, on micro-batches of one row) and run torch's own schedules over it through
+   the trainer's own timed stage (``TimedStage``), which records each action as a span on the stage clock:
+   ``ScheduleGPipe`` at 2 and 8 micro-batches (forwards and full backwards), then ``ScheduleInterleaved1F1B``
+   and ``ScheduleInterleavedZeroBubble`` (forwards, input and weight gradients) with 2 stages per rank at
+   2 x ranks. Rank 0 times ``schedule.step`` as the trainer does. torch runs GPipe and 1F1B by a hand-written
+   loop and the others by its action-list runtime, whose costs differ (:data:`FAMILIES`): each family's overhead
+   is fitted from its own runs. The spans give the overhead
+   (:func:`~.attribution.fit_overhead`): each action kind's busy time beyond the layer's compute for that kind
+   (measured by the partitioner's ``measure_layers``), the sender's gap after a send, and each message's delay
+   beyond the send and the link; ``step_s`` is then what the measured schedule still takes beyond the simulated
+   one, the mean over the runs.
 
-   - ``action_s``: busy time per action less the layer's compute per action (median over ranks and counts);
-   - ``message_s``: found by bisection so that the simulated schedule grows from the fewest micro-batches to the
-     most as the measured one does (each micro-batch adds messages, not steps);
-   - ``step_s``: what the measured schedule still takes beyond the simulated one, the mean over the counts.
-
-Medians of the repeats throughout. The measurement runs with the torch threads the trainer gives each stage
-process, so that per-action costs are those of the job's processes; with more stage processes than cores,
-``ranks`` of them share the cores as the job's will.
+Medians of the schedule steps, means of the spans. The measurement runs with the torch threads the trainer gives
+each stage process, so that per-action costs are those of the job's processes; with more stage processes than
+cores, ``ranks`` of them share the cores as the job's will.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
-from stallfree.stage_runtime.plan.costs import HostOverhead, LayerTimes, Link, stage_costs
+from stallfree.stage_runtime.plan.costs import HostOverhead, LayerTimes, Link, parse_link, stage_costs
 
-__all__ = ["MICROBATCHES", "Calibration", "PipelineTimes", "calibrate_gloo_link", "calibrate_host",
-           "cached_calibration", "fit_overhead"]
+__all__ = ["FAMILIES", "RUNS", "Calibration", "PipelineTimes", "calibrate_gloo_link", "calibrate_host",
+           "cached_calibration", "fit_pipeline", "read_calibration"]
 
 SMALL, LARGE = 1024, 4 * 2**20  # bytes
 WIDTH = 4  # the near-empty stages: Linear(WIDTH, WIDTH) on one row per micro-batch
-MICROBATCHES = (2, 8)  # GPipe runs any count; the difference between the two is what messages cost
+# (schedule, micro-batches per rank count): GPipe's F and B at two counts, zero-bubble's F, I and W
+RUNS: tuple[tuple[str, int], ...] = (("gpipe", 2), ("gpipe", 8), ("interleaved-1f1b", 0), ("zero-bubble", 0))
+# torch runs GPipe and 1F1B by a hand-written loop, the others by its action-list runtime: each family has its
+# own costs per action, send and step, so each is fitted from its own runs.
+FAMILIES = {"gpipe": "loop", "1f1b": "loop", "interleaved-1f1b": "runtime", "zero-bubble": "runtime",
+            "zbv": "runtime"}
+
+
+def _microbatches(schedule: str, m: int, ranks: int) -> int:
+    return m or 2 * ranks  # 0: twice the ranks (zero-bubble wants a multiple of them)
 
 
 @dataclass(frozen=True)
 class PipelineTimes:
-    """The near-empty pipeline at one micro-batch count: medians over the timed steps."""
+    """The near-empty pipeline under one schedule: the median schedule step and every rank's spans."""
 
+    schedule: str
     microbatches: int
-    schedule_s: float  # rank 0's schedule.step, as the trainer times it
-    busy_s: tuple[float, ...]  # per rank, inside the timed stage's chunks
+    schedule_s: float  # rank 0's schedule.step, as the trainer times it (median over the timed steps)
+    records: tuple[dict[str, Any], ...] = field(repr=False)  # per rank, its stage clock's records
 
 
 @dataclass(frozen=True)
@@ -57,17 +72,76 @@ class Calibration:
     """What this machine measured: the link, the runtime's overhead, and the figures they were fitted from."""
 
     link: Link
-    overhead: HostOverhead
+    overheads: dict[str, HostOverhead]  # per family of :data:`FAMILIES`
     ranks: int
     layer_s: float  # the near-empty layer's forward + backward, by the partitioner's measurement
-    pipeline: tuple[PipelineTimes, ...]
+    pipeline: tuple[PipelineTimes, ...] = ()
+    attribution: tuple[dict[str, Any], ...] = ()  # per run of ``pipeline``: what its spans show
+
+    def overhead(self, schedule: str) -> HostOverhead:
+        """The overhead of ``schedule``'s family.
+
+        Raises:
+            ValueError: an unknown schedule, or one whose family this calibration did not measure.
+        """
+        family = FAMILIES.get(schedule)
+        if family is None or family not in self.overheads:
+            raise ValueError(f"no calibrated host overhead for schedule {schedule!r} (measured: "
+                             f"{', '.join(self.overheads)}; families {FAMILIES})")
+        return self.overheads[family]
 
     def to_dict(self) -> dict[str, Any]:
-        """As JSON."""
-        return {"link": self.link.describe(), "overhead": self.overhead.to_dict(), "ranks": self.ranks,
-                "layer_s": self.layer_s,
-                "pipeline": [{"microbatches": p.microbatches, "schedule_s": p.schedule_s, "busy_s": list(p.busy_s)}
-                             for p in self.pipeline]}
+        """As JSON (:func:`read_calibration` reads it back)."""
+        return {"format": CALIBRATION_FORMAT, "link": self.link.describe(),
+                "overhead": {k: v.to_dict() for k, v in self.overheads.items()},
+                "ranks": self.ranks, "layer_s": self.layer_s,
+                "pipeline": [{"schedule": p.schedule, "microbatches": p.microbatches, "schedule_s": p.schedule_s,
+                              **a} for p, a in zip(self.pipeline, self.attribution, strict=True)]}
+
+
+CALIBRATION_FORMAT = "stallfree-calibration-2"
+
+
+def read_calibration(path: str | Path) -> dict[int, Calibration]:
+    """The calibrations in ``path``, keyed by their rank count.
+
+    ``path`` holds one :meth:`Calibration.to_dict`, or ``stallfree bench plan``'s JSON (one per stage count,
+    under ``calibration``).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: not JSON, or neither form; the message names the file and the field.
+    """
+    path = Path(path)
+    where = f"--calibration {path}"
+    if not path.is_file():
+        raise FileNotFoundError(f"{where}: no such file")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{where}: not JSON ({err})") from None
+    if isinstance(data, dict) and isinstance(data.get("calibration"), dict):
+        entries = list(data["calibration"].values())
+    else:
+        entries = [data]
+    out = {}
+    for entry in entries:
+        if not isinstance(entry, dict) or entry.get("format") != CALIBRATION_FORMAT:
+            raise ValueError(f"{where}: wants a calibration ({CALIBRATION_FORMAT!r}, as stallfree bench plan "
+                             f"--json-file writes), got {str(entry)[:80]!r}")
+        ranks = entry.get("ranks")
+        if not isinstance(ranks, int) or ranks < 2:
+            raise ValueError(f"{where}: 'ranks' must be an integer >= 2, got {ranks!r}")
+        overheads = entry.get("overhead")
+        if not isinstance(overheads, dict) or not overheads or any(k not in FAMILIES.values() for k in overheads):
+            raise ValueError(f"{where}: 'overhead' wants an object per schedule family "
+                             f"({', '.join(sorted(set(FAMILIES.values())))}), got {str(overheads)[:80]!r}")
+        out[ranks] = Calibration(parse_link(str(entry.get("link")), f"{where}: 'link'"),
+                                 {k: HostOverhead.from_dict(v, f"{where}: 'overhead', {k!r}")
+                                  for k, v in overheads.items()}, ranks, float(entry.get("layer_s", 0.0)))
+    if not out:
+        raise ValueError(f"{where}: holds no calibration")
+    return out
 
 
 def _ping_pong(rank: int, repeats: int) -> dict[int, float]:
@@ -92,45 +166,57 @@ def _ping_pong(rank: int, repeats: int) -> dict[int, float]:
     return times
 
 
-def _near_empty_pipeline(rank: int, ranks: int, steps: int) -> tuple[list[PipelineTimes], float]:
-    """This rank's medians at each of :data:`MICROBATCHES`, and the layer's measured compute (rank 0's)."""
+def _near_empty_pipeline(rank: int, ranks: int, steps: int) -> tuple[list[tuple[float, dict[str, Any]]], float]:
+    """Per run of :data:`RUNS`: this rank's median schedule step and its spans; and the layer's compute."""
     import torch
     import torch.distributed as dist
     from torch import nn
-    from torch.distributed.pipelining import ScheduleGPipe
 
+    from stallfree.stage_runtime.clock import StageClock
     from stallfree.stage_runtime.train.partition import measure_layers
+    from stallfree.stage_runtime.train.schedules import build_schedule, schedule_spec
     from stallfree.stage_runtime.train.stage import TimedStage
 
     torch.manual_seed(rank)
-    layer = nn.Linear(WIDTH, WIDTH)
-    layer_s = statistics.median(measure_layers([layer], torch.randn(1, WIDTH), repeats=5)[0].time_s
+    layer_s = statistics.median(measure_layers([nn.Linear(WIDTH, WIDTH)], torch.randn(1, WIDTH), repeats=5)[0].time_s
                                 for _ in range(3))
     out = []
-    for m in MICROBATCHES:
-        inp = torch.empty(1, WIDTH, device="meta").requires_grad_(rank > 0)
-        stage = TimedStage(layer, rank, ranks, torch.device("cpu"), input_args=inp,
-                           output_args=torch.empty(1, WIDTH, device="meta").requires_grad_(True))
-        schedule = ScheduleGPipe(stage, m, loss_fn=nn.functional.cross_entropy)
+    for schedule, count in RUNS:
+        m = _microbatches(schedule, count, ranks)
+        spec = schedule_spec(schedule)
+        stages = ranks * spec.stages_per_rank(2)
+        clock = StageClock()
+        mine = [s for s in range(stages) if spec.owner(s, ranks) == rank]
+        layers = [nn.Linear(WIDTH, WIDTH) for _ in mine]
+        timed = [TimedStage(layer, s, stages, torch.device("cpu"), clock=clock,
+                            input_args=torch.empty(1, WIDTH, device="meta").requires_grad_(s > 0),
+                            output_args=torch.empty(1, WIDTH, device="meta").requires_grad_(True))
+                 for layer, s in zip(layers, mine, strict=True)]
+        runner: Any = build_schedule(schedule, timed, m, nn.functional.cross_entropy)
+        first, last = spec.owner(0, ranks) == rank, spec.owner(stages - 1, ranks) == rank
         x, y = torch.randn(m, WIDTH), torch.zeros(m, dtype=torch.int64)
-        walls, busy = [], []
+        walls = []
         for i in range(steps + 2):  # two untimed: the first step sets up the stage's buffers and connections
+            for stage in timed:
+                stage.step_number = i
             dist.barrier()  # the trainer's ranks meet once a step too (its all-reduce of the step's figures)
             start = time.perf_counter()
-            if rank == 0:
-                schedule.step(x)
-            elif rank == ranks - 1:
-                schedule.step(target=y, losses=[])
+            if first and last:
+                runner.step(x, target=y, losses=[])
+            elif first:
+                runner.step(x)
+            elif last:
+                runner.step(target=y, losses=[])
             else:
-                schedule.step()
+                runner.step()
             wall = time.perf_counter() - start
-            layer.zero_grad(set_to_none=True)
+            for layer in layers:
+                layer.zero_grad(set_to_none=True)
+            for stage in timed:
+                stage.take_busy()
             if i >= 2:
                 walls.append(wall)
-                busy.append(stage.take_busy())
-            else:
-                stage.take_busy()
-        out.append(PipelineTimes(m, statistics.median(walls), (statistics.median(busy),)))
+        out.append((statistics.median(walls), clock.to_records()))
     return out, layer_s
 
 
@@ -165,7 +251,7 @@ def _measure(ranks: int, repeats: int, steps: int, threads: int | None) -> tuple
     for p in procs:
         p.start()
     try:
-        results = sorted((queue.get(timeout=180) for _ in procs), key=lambda row: row[0])
+        results = sorted((queue.get(timeout=300) for _ in procs), key=lambda row: row[0])
     finally:
         for p in procs:
             p.join(timeout=30)
@@ -175,8 +261,9 @@ def _measure(ranks: int, repeats: int, steps: int, threads: int | None) -> tuple
     latency = times[SMALL] / 2
     extra = max(times[LARGE] / 2 - latency, 1e-9)
     link = Link((LARGE - SMALL) / extra, latency)
-    pipeline = [PipelineTimes(p.microbatches, p.schedule_s, tuple(row[2][i].busy_s[0] for row in results))
-                for i, p in enumerate(results[0][2])]
+    pipeline = [PipelineTimes(schedule, _microbatches(schedule, count, ranks), results[0][2][i][0],
+                              tuple(row[2][i][1] for row in results))
+                for i, (schedule, count) in enumerate(RUNS)] if steps else []
     return link, pipeline, results[0][3]
 
 
@@ -185,51 +272,50 @@ def calibrate_gloo_link(repeats: int = 20) -> Link:
     return _measure(2, repeats, 0, None)[0]
 
 
-def fit_overhead(pipeline: Sequence[PipelineTimes], layer_s: float, link: Link) -> HostOverhead:
-    """The runtime's overhead that makes the simulator reproduce the near-empty pipeline's measured steps.
+def fit_pipeline(pipeline: Sequence[PipelineTimes], layer_s: float,
+                 link: Link) -> tuple[dict[str, HostOverhead], Link, list[dict[str, Any]]]:
+    """Per schedule family, the runtime overhead the near-empty pipeline's spans show; the link; each run's figures.
 
-    ``pipeline`` holds GPipe's figures at two or more micro-batch counts, on as many ranks as ``busy_s`` has,
-    one ``Linear(WIDTH, WIDTH)`` stage each; ``layer_s`` is that layer's forward + backward.
+    The link keeps ``link``'s bandwidth (the ping-pong's large message) and takes the latency GPipe's messages
+    showed (:func:`~.attribution.fit_overhead`).
+
+    ``pipeline`` holds the runs of :data:`RUNS` (their ranks: as many as each has records), one
+    ``Linear(WIDTH, WIDTH)`` per model stage; ``layer_s`` is that layer's forward + backward. Per kind, send and
+    message: :func:`~.attribution.fit_overhead` over the family's runs; ``step_s``: the measured schedule step
+    less the simulated one with that overhead, the mean over the family's runs.
 
     Raises:
-        ValueError: fewer than two micro-batch counts.
+        ValueError: no run, or a run whose spans do not match torch's order (the message says where).
     """
-    from stallfree.stage_runtime.plan.orders import torch_order
+    from stallfree.stage_runtime.plan.attribution import Measured, attribute, fit_overhead, steps_from_records
+    from stallfree.stage_runtime.plan.orders import placement, torch_order
     from stallfree.stage_runtime.plan.simulate import simulate
 
-    if len({p.microbatches for p in pipeline}) < 2:
-        raise ValueError(f"fitting the overhead needs two micro-batch counts or more, got "
-                         f"{[p.microbatches for p in pipeline]}")
-    ranks = len(pipeline[0].busy_s)
-    # Busy per action: M forwards and M backwards per rank, each its layer's share plus the runtime's.
-    per_action = [b / (2 * p.microbatches) for p in pipeline for b in p.busy_s]
-    action_s = max(0.0, statistics.median(per_action) - layer_s / 2)
+    if not pipeline:
+        raise ValueError("fitting the overhead needs at least one run of the near-empty pipeline")
     layer = LayerTimes(layer_s / 3, 2 * layer_s / 3, layer_s / 3, 0, 4 * WIDTH)
-    costs = stage_costs([layer] * ranks, [1] * ranks)
-
-    def simulated(m: int, message_s: float) -> float:
-        order = torch_order("gpipe", ranks, m)
-        return simulate(order, list(range(ranks)), costs, lambda a, b: link,
-                        overhead=HostOverhead(action_s, message_s)).schedule_s
-
-    few, most = min(pipeline, key=lambda p: p.microbatches), max(pipeline, key=lambda p: p.microbatches)
-    measured = most.schedule_s - few.schedule_s
-
-    def growth(message_s: float) -> float:
-        return simulated(most.microbatches, message_s) - simulated(few.microbatches, message_s)
-
-    lo, hi = 0.0, max(measured, 1e-6)
-    if growth(lo) >= measured:
-        message_s = 0.0
-    else:
-        while growth(hi) < measured and hi < 10.0:  # each micro-batch adds at least one message: soon above
-            hi *= 2
-        for _ in range(60):
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if growth(mid) < measured else (lo, mid)
-        message_s = (lo + hi) / 2
-    step_s = max(0.0, statistics.fmean(p.schedule_s - simulated(p.microbatches, message_s) for p in pipeline))
-    return HostOverhead(action_s, message_s, step_s)
+    runs, shown = [], []
+    for p in pipeline:
+        ranks = len(p.records)
+        per_rank = 1 if FAMILIES[p.schedule] == "loop" else 2
+        order = torch_order(p.schedule, ranks, p.microbatches, per_rank)
+        owner = placement(p.schedule, ranks, ranks * per_rank)
+        records = {r: (f"calibration {p.schedule} M={p.microbatches} rank {r}", rec) for r, rec in enumerate(p.records)}
+        steps = steps_from_records(records, order, skip=2)
+        costs = stage_costs([layer] * len(owner), [1] * len(owner))
+        runs.append((p, order, Measured(steps, owner, costs)))
+        shown.append(attribute(steps, owner).to_dict())
+    _, latency_s = fit_overhead([m for p, _, m in runs if FAMILIES[p.schedule] == "loop"] or
+                                [m for _, _, m in runs], link)
+    link = Link(link.bytes_per_s, latency_s)  # what GPipe's messages wait for, beyond their send and receive
+    overheads = {}
+    for family in dict.fromkeys(FAMILIES[p.schedule] for p in pipeline):
+        mine = [run for run in runs if FAMILIES[run[0].schedule] == family]
+        overhead, _ = fit_overhead([m for _, _, m in mine], link)
+        step_s = statistics.fmean(p.schedule_s - simulate(order, m.owner, m.costs, lambda a, b: link,
+                                                          overhead=overhead).schedule_s for p, order, m in mine)
+        overheads[family] = replace(overhead, step_s=max(0.0, step_s))
+    return overheads, link, shown
 
 
 def calibrate_host(ranks: int = 2, repeats: int = 20, steps: int = 10, threads: int | None = None) -> Calibration:
@@ -241,7 +327,8 @@ def calibrate_host(ranks: int = 2, repeats: int = 20, steps: int = 10, threads: 
         ValueError: fewer than 2 ranks.
     """
     link, pipeline, layer_s = _measure(ranks, repeats, steps, threads)
-    return Calibration(link, fit_overhead(pipeline, layer_s, link), ranks, layer_s, tuple(pipeline))
+    overheads, link, shown = fit_pipeline(pipeline, layer_s, link)
+    return Calibration(link, overheads, ranks, layer_s, tuple(pipeline), tuple(shown))
 
 
 @functools.lru_cache(maxsize=8)

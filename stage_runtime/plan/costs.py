@@ -22,6 +22,7 @@ from typing import Any
 
 __all__ = [
     "BACKWARD_SHARE",
+    "KINDS",
     "NO_OVERHEAD",
     "HostOverhead",
     "LayerTimes",
@@ -94,31 +95,77 @@ class Link:
 FREE_LINK = Link(float("inf"), 0.0)
 
 
+KINDS = ("F", "B", "I", "W")  # forward, full backward, input gradient, weight gradient
+
+
 @dataclass(frozen=True)
 class HostOverhead:
     """What torch's schedule runtime costs the host beside the layers' compute, per step, action and message.
 
     ``action_s`` is added to every forward, backward, input- and weight-gradient action: the Python of
     ``PipelineStage``'s chunk calls (argument handling, shape checks, autograd plumbing), which the trainer's stage
-    timing counts as busy. ``message_s`` occupies a rank once per message it sends (after the action that made it)
-    and once per message it receives (before the action that reads it): posting and completing a gloo operation,
-    idle in the trainer's bubble. ``step_s`` is the schedule step's own set-up (splitting the batch into
-    micro-batches, merging the losses), idle on every rank. Measured by
+    timing counts as busy. ``kind_s`` replaces it for the kinds it names (``(("I", 9e-4), ("W", 8e-4))``): torch's
+    input- and weight-gradient chunks cost more than a forward. ``message_s`` occupies a rank once per message it
+    receives (before the action that reads it) and ``send_s`` once per message it sends (after the action that
+    made it; ``None``: the same as ``message_s``): posting and completing a gloo operation, idle in the trainer's
+    bubble. ``gap_s`` idles a rank after each of its actions, before the next (and before its send): the
+    runtime's own bookkeeping between two chunk calls. ``step_s`` is the schedule step's own set-up (splitting the
+    batch into micro-batches, merging the losses), idle on every rank. Measured by
     :func:`~stallfree.stage_runtime.plan.calibrate.calibrate_host`.
     """
 
     action_s: float = 0.0
     message_s: float = 0.0
     step_s: float = 0.0
+    send_s: float | None = None
+    kind_s: tuple[tuple[str, float], ...] = ()
+    gap_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if min(self.action_s, self.message_s, self.step_s) < 0:
+        values = [self.action_s, self.message_s, self.step_s, self.sender_s, self.gap_s, *(v for _, v in self.kind_s)]
+        if min(values) < 0:
             raise ValueError(f"host overheads must be >= 0 seconds, got action {self.action_s}, message "
-                             f"{self.message_s}, step {self.step_s}")
+                             f"{self.message_s}, step {self.step_s}, send {self.send_s}, gap {self.gap_s}, per kind "
+                             f"{dict(self.kind_s)}")
+        unknown = [k for k, _ in self.kind_s if k not in KINDS]
+        if unknown:
+            raise ValueError(f"host overhead per action kind: unknown kinds {unknown}; choose from {', '.join(KINDS)}")
 
-    def to_dict(self) -> dict[str, float]:
-        """As JSON."""
-        return {"action_s": self.action_s, "message_s": self.message_s, "step_s": self.step_s}
+    @property
+    def sender_s(self) -> float:
+        """What a message costs its sender."""
+        return self.message_s if self.send_s is None else self.send_s
+
+    def action(self, kind: str) -> float:
+        """What one action of ``kind`` (F, B, I or W) costs beside its compute."""
+        return dict(self.kind_s).get(kind, self.action_s)
+
+    def actions_only(self) -> HostOverhead:
+        """The per-action costs alone (the bubble's causes keep them: they are part of each action)."""
+        return HostOverhead(self.action_s, kind_s=self.kind_s, send_s=0.0, gap_s=self.gap_s)
+
+    def to_dict(self) -> dict[str, Any]:
+        """As JSON (:meth:`from_dict` reads it back)."""
+        return {"action_s": self.action_s, "message_s": self.message_s, "step_s": self.step_s,
+                "send_s": self.sender_s, "gap_s": self.gap_s, "kind_s": dict(self.kind_s)}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> HostOverhead:
+        """Read :meth:`to_dict`'s JSON; ``where`` names the file for the error.
+
+        Raises:
+            ValueError: not an object of seconds >= 0, or an unknown action kind.
+        """
+        if not isinstance(data, dict):
+            raise ValueError(f"{where}: the host overhead wants an object, got {data!r}")
+        kinds = data.get("kind_s", {})
+        if not isinstance(kinds, dict):
+            raise ValueError(f"{where}: 'kind_s' wants an object of action kind -> seconds, got {kinds!r}")
+        send = data.get("send_s")
+        return cls(_number(data, "action_s", where, 0.0), _number(data, "message_s", where, 0.0),
+                   _number(data, "step_s", where, 0.0), None if send is None else _number(data, "send_s", where),
+                   tuple((str(k), _number(kinds, k, f"{where}, kind_s")) for k in sorted(kinds)),
+                   _number(data, "gap_s", where, 0.0))
 
 
 NO_OVERHEAD = HostOverhead()

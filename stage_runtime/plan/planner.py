@@ -90,11 +90,17 @@ def splits(layers: Sequence[LayerTimes], stages: int) -> dict[str, tuple[int, ..
     return {"time": tuple(balance_costs(times, stages)), "time+memory": tuple(trainer)}
 
 
+def _overhead(overhead: HostOverhead | Callable[[str, int], HostOverhead], schedule: str,
+              ranks: int) -> HostOverhead:
+    return overhead if isinstance(overhead, HostOverhead) else overhead(schedule, ranks)
+
+
 def rank_plans(layers_for: Callable[[int], Sequence[LayerTimes]], optimizer_s: float, batch: int,
                network: Network, memory_limit: int | None = None,
                schedules: Sequence[str] = SYNC_SCHEDULES, microbatches: Sequence[int] = (1, 2, 4, 8, 16, 32),
                virtuals: Sequence[int] = (2, 4), top: int = 5,
-               skipped: list[str] | None = None, overhead: HostOverhead = NO_OVERHEAD) -> list[Candidate]:
+               skipped: list[str] | None = None,
+               overhead: HostOverhead | Callable[[str, int], HostOverhead] = NO_OVERHEAD) -> list[Candidate]:
     """Simulate every configuration and return them fastest first, those within ``memory_limit`` before others.
 
     Args:
@@ -108,7 +114,9 @@ def rank_plans(layers_for: Callable[[int], Sequence[LayerTimes]], optimizer_s: f
         virtuals: the stages per rank to try for interleaved-1f1b and zero-bubble (ZBV always has 2).
         top: how many of the best get their bubble split into causes (two more simulations each).
         skipped: gets one line per configuration torch refuses, with its reason.
-        overhead: the host's cost of torch's runtime per action, message and step (``calibrate_host``).
+        overhead: the host's cost of torch's runtime per action, message and step (``calibrate_host``), or a
+            function of (schedule, pipeline ranks) giving it (a calibration measures each schedule family and
+            rank count apart).
 
     Raises:
         ValueError: nothing can be simulated (say, a model of one layer).
@@ -142,7 +150,8 @@ def rank_plans(layers_for: Callable[[int], Sequence[LayerTimes]], optimizer_s: f
                                and c.virtual == per_rank and c.microbatches == m for c in out):
                             continue  # both rules chose the same split
                         costs = stage_costs(layers, balance, optimizer_s)
-                        result = simulate_step(order, owner, costs, network.between, causes=False, overhead=overhead)
+                        result = simulate_step(order, owner, costs, network.between, causes=False,
+                                               overhead=_overhead(overhead, schedule, ranks))
                         memory = [0] * ranks
                         for s, r in enumerate(owner):
                             memory[r] += STATE_COPIES * costs[s].param_bytes
@@ -157,7 +166,8 @@ def rank_plans(layers_for: Callable[[int], Sequence[LayerTimes]], optimizer_s: f
     for i, c in enumerate(out[:top]):
         order = torch_order(c.schedule, c.ranks, c.microbatches, c.virtual)
         owner = placement(c.schedule, c.ranks, c.ranks * c.virtual)
-        full = simulate_step(order, owner, c.costs, network.between, causes=True, overhead=overhead)
+        full = simulate_step(order, owner, c.costs, network.between, causes=True,
+                             overhead=_overhead(overhead, c.schedule, c.ranks))
         out[i] = Candidate(c.schedule, c.ranks, c.virtual, c.microbatches, c.balance, c.split, c.batch, full,
                            c.memory_bytes, c.fits, c.cross_cuts, c.costs)
     return out

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from stallfree.stage_runtime.plan.attribution import attribute
 from stallfree.stage_runtime.plan.costs import NO_OVERHEAD, HostOverhead, Link, parse_link, stage_costs
 from stallfree.stage_runtime.plan.orders import placement, torch_order
 from stallfree.stage_runtime.plan.simulate import simulate_step
@@ -35,6 +36,10 @@ def predict_training(config: Any, balance: tuple[int, ...], num_classes: int, li
     a GPU job takes :data:`DEFAULT_LINK` and no overhead. ``overhead`` given replaces the calibrated one.
     ``measured``: the per-layer times and optimizer seconds the job already measured (the trainer's rank 0 does,
     to split the model); without it the model is built and measured here.
+
+    Beside the step it returns what the simulated spans show per action kind (``per_action_s``: mean busy seconds
+    of one F, B, I, W), per message (``per_message_s``) and per send (``send_s``), as
+    :func:`~.attribution.attribute` reads them from the trainer's measured spans.
     """
     import torch
 
@@ -50,7 +55,7 @@ def predict_training(config: Any, balance: tuple[int, ...], num_classes: int, li
         from stallfree.stage_runtime.plan.calibrate import cached_calibration
 
         calibration = cached_calibration(max(2, config.stages), threads)  # one stage: its actions' cost still
-        link, overhead, source = calibration.link, overhead or calibration.overhead, "calibrated"
+        link, overhead, source = calibration.link, overhead or calibration.overhead(config.schedule), "calibrated"
     link = link or parse_link(DEFAULT_LINK)
     overhead = overhead or NO_OVERHEAD
     if measured is not None:
@@ -69,7 +74,9 @@ def predict_training(config: Any, balance: tuple[int, ...], num_classes: int, li
     owner = placement(config.schedule, config.stages, config.stages * per_rank)
     result = simulate_step(order, owner, costs, lambda a, b: link, causes=True, overhead=overhead)
     assert result.bubble is not None  # causes=True splits it
-    return {"step_s": result.schedule_s, "step_with_optimizer_s": result.step_s,
+    shown = attribute([list(result.spans)], owner)
+    return {"per_action_s": shown.per_action_s, "per_message_s": shown.per_message_s, "send_s": shown.send_s,
+            "step_s": result.schedule_s, "step_with_optimizer_s": result.step_s,
             "images_per_s": config.batch_size * config.dp / result.schedule_s,
             "bubble": result.bubble.total, "causes": result.bubble.to_dict(), "link": link.describe(),
             "link_source": source, "overhead": overhead.to_dict()}

@@ -16,9 +16,10 @@ the mean of the stages' and free links (what is left is the schedule's own warm-
 real costs and free links (what that adds is imbalance); the rest is communication.
 
 The host's own cost of torch's runtime (:class:`~.costs.HostOverhead`, calibrated on this machine) is charged too:
-``action_s`` on every compute action (busy, as the trainer's stage timing counts it), ``message_s`` on the
-sending rank after an action that sends to another rank and on the receiving rank before the action that reads
-it (idle), and ``step_s`` on every rank before the first action (idle). With all three 0 the textbook holds.
+``action_s`` (or its kind's ``kind_s``) on every compute action (busy, as the trainer's stage timing counts it),
+``send_s`` on the sending rank after an action that sends to another rank and ``message_s`` on the receiving rank
+before the action that reads it (idle), ``gap_s`` after every compute action (idle, before its send), and
+``step_s`` on every rank before the first action (idle). With all of them 0 the textbook holds.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from .costs import FREE_LINK, NO_OVERHEAD, HostOverhead, Link, StageCost
 from .orders import Op
 
-__all__ = ["Bubble", "Span", "StepResult", "simulate", "simulate_step"]
+__all__ = ["Bubble", "Span", "StepResult", "compute_s", "simulate", "simulate_step"]
 
 LinkFor = Callable[[int, int], Link]
 
@@ -86,7 +87,8 @@ class StepResult:
         return 1.0 - sum(self.busy_s) / (ranks * self.schedule_s) if self.schedule_s > 0 else 0.0
 
 
-def _duration(op: Op, cost: StageCost) -> float:
+def compute_s(op: Op, cost: StageCost) -> float:
+    """The seconds of compute ``op`` (F, B, I or W) takes on a stage of ``cost``."""
     if op.kind == "F":
         return cost.forward_s
     if op.kind == "B":
@@ -163,7 +165,7 @@ def simulate(program: Mapping[int, Sequence[Op]], owner: Sequence[int], costs: S
         if src == dst:
             ready[(kind, dst_stage, m)] = at
             return at
-        at += overhead.message_s  # posting the send occupies the sender; the message leaves after it
+        at += overhead.sender_s  # posting the send occupies the sender; the message leaves after it
         ln = link(src, dst)
         start = max(at, link_free.get((src, dst), 0.0))
         link_free[(src, dst)] = start + ln.busy_s(nbytes)
@@ -188,8 +190,8 @@ def simulate(program: Mapping[int, Sequence[Op]], owner: Sequence[int], costs: S
         op = program[r][nxt[r]]
         nxt[r] += 1
         cost = costs[op.stage] if op.kind != "O" else None
-        end = start + (_duration(op, cost) + overhead.action_s if cost is not None else opt[r])
-        now[r] = end
+        end = start + (compute_s(op, cost) + overhead.action(op.kind) if cost is not None else opt[r])
+        now[r] = end + (overhead.gap_s if cost is not None else 0.0)
         spans.append(Span(r, op, start, end))
         if cost is None:
             continue
@@ -197,12 +199,12 @@ def simulate(program: Mapping[int, Sequence[Op]], owner: Sequence[int], costs: S
         if op.kind == "F":
             memory.append((start, cost.activation_bytes, r, op.stage))
             if op.stage < last:
-                now[r] = send("act", op.stage, op.stage + 1, op.mb, end, cost.output_bytes)
+                now[r] = send("act", op.stage, op.stage + 1, op.mb, now[r], cost.output_bytes)
         elif op.kind in ("B", "I"):
             if op.kind == "B":
                 memory.append((end, -cost.activation_bytes, r, op.stage))
             if op.stage > 0:
-                now[r] = send("grad", op.stage, op.stage - 1, op.mb, end, costs[op.stage - 1].output_bytes)
+                now[r] = send("grad", op.stage, op.stage - 1, op.mb, now[r], costs[op.stage - 1].output_bytes)
         elif op.kind == "W":  # the weight gradient still reads the stage's saved inputs: freed only now
             memory.append((end, -cost.activation_bytes, r, op.stage))
 
@@ -244,7 +246,7 @@ def simulate_step(program: Mapping[int, Sequence[Op]], owner: Sequence[int], cos
         return result
     ranks, t, busy = len(program), result.schedule_s, sum(result.busy_s)
     free: LinkFor = lambda a, b: FREE_LINK  # noqa: E731
-    actions = HostOverhead(action_s=overhead.action_s)
+    actions = overhead.actions_only()
     ideal = simulate(program, owner, _mean_costs(costs), free, overhead=actions).schedule_s
     no_comm = simulate(program, owner, costs, free, overhead=actions).schedule_s
     runtime = overhead.step_s / t

@@ -18,6 +18,8 @@ EXAMPLES = """examples:
   stallfree plan --model resnet50 --image-size 224 --batch-size 64 --devices 8 --memory-per-device 16GiB
   stallfree plan --model mlp --devices 8 --sites 2 --link 25GB/s,5us --cross-link 1GB/s,20ms
   stallfree plan --costs my_layers.json --devices 4 --json | jq .best    # costs of hardware you do not have
+  stallfree bench plan --stages 2 --json-file bench-plan.json              # measure the host overhead and link
+  stallfree plan --model mlp --image-size 16 --devices 2 --device cpu --calibration bench-plan.json
 """
 
 
@@ -57,7 +59,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sites", type=int, default=None,
                    help="the devices form this many equal sites joined by --cross-link (default 1; 2 with "
                    "--cross-link)")
-    p.add_argument("--link", default="25GB/s,5us", help="bandwidth,latency between devices of a site")
+    p.add_argument("--link", default=None,
+                   help="bandwidth,latency between devices of a site (default 25GB/s,5us, or --calibration's)")
+    p.add_argument("--calibration", type=Path, default=None,
+                   help="a calibration JSON (what stallfree bench plan --json-file writes): rank with its measured "
+                   "link and the host overhead of torch's schedule runtime per action kind, send, message and "
+                   "step, for gloo on the CPU it was measured on (default: free runtime, --link)")
     p.add_argument("--cross-link", default=None, help="bandwidth,latency between sites, e.g. 1GB/s,20ms")
     p.add_argument("--memory-per-device", default=None, help="e.g. 16GiB; plans that need more rank last")
     p.add_argument("--schedules", type=lambda t: t.split(","), default=list(SYNC_SCHEDULES),
@@ -96,6 +103,8 @@ def _check(args: argparse.Namespace) -> None:
                          f"{args.batch_size}")
     if args.costs is not None and not args.costs.is_file():
         raise FileNotFoundError(f"--costs {args.costs}: no such file")
+    if args.calibration is not None and not args.calibration.is_file():
+        raise FileNotFoundError(f"--calibration {args.calibration}: no such file")
 
 
 def _layer_source(args: argparse.Namespace) -> tuple[Any, float, dict[str, Any]]:
@@ -126,6 +135,30 @@ def _layer_source(args: argparse.Namespace) -> tuple[Any, float, dict[str, Any]]
     return layers_for, optimizer[0], {"source": "measured", "device": device, "threads": torch.get_num_threads()}
 
 
+def _calibration(args: argparse.Namespace) -> tuple[dict[str, Any], Any, Any]:
+    """(what was used, for plan.json; (schedule, ranks) -> host overhead; the calibrated link or None)."""
+    from stallfree.stage_runtime.plan.calibrate import read_calibration
+    from stallfree.stage_runtime.plan.costs import NO_OVERHEAD
+
+    if args.calibration is None:
+        return {}, NO_OVERHEAD, None
+    found = read_calibration(args.calibration)
+    used: dict[int, int] = {}
+
+    def nearest(ranks: int) -> int:
+        return min(found, key=lambda r: (abs(r - ranks), -r))  # the same rank count, else the nearest
+
+    def overhead_for(schedule: str, ranks: int) -> Any:
+        used[ranks] = nearest(ranks)
+        return found[used[ranks]].overhead(schedule)
+
+    link = found[min(found)].link  # two processes' ping-pong: the least contended
+    describe = (f"{args.calibration} (measured on {', '.join(map(str, sorted(found)))} processes; a plan of S ranks "
+                f"takes the nearest; link {link.describe()})")
+    return {"file": str(args.calibration), "describe": describe, "ranks": sorted(found), "used": used,
+            "calibrations": {str(r): c.to_dict() for r, c in found.items()}}, overhead_for, link
+
+
 def run(args: argparse.Namespace) -> int:
     """Measure, simulate, print the table, write plan.json and timeline.png; returns the exit code."""
     _check(args)
@@ -152,10 +185,12 @@ def _run(args: argparse.Namespace) -> int:
     from stallfree.stage_runtime.plan.costs import parse_bytes, parse_link
     from stallfree.stage_runtime.plan.handoff import PLAN_FORMAT
     from stallfree.stage_runtime.plan.planner import Network, rank_plans
+    from stallfree.stage_runtime.plan.predict import DEFAULT_LINK
     from stallfree.stage_runtime.plan.timeline import draw_timeline
     from stallfree.stage_runtime.train.schedules import schedule_spec
 
-    link = parse_link(args.link)
+    calibrated, overhead_for, link = _calibration(args)
+    link = parse_link(args.link) if args.link else link or parse_link(DEFAULT_LINK)
     cross = parse_link(args.cross_link, "--cross-link") if args.cross_link else link
     sites = args.sites if args.sites is not None else (2 if args.cross_link else 1)
     network = Network(args.devices, link, cross, sites)
@@ -163,7 +198,8 @@ def _run(args: argparse.Namespace) -> int:
     layers_for, optimizer_s, source = _layer_source(args)
     skipped: list[str] = []
     plans = rank_plans(layers_for, optimizer_s, args.batch_size, network, limit, args.schedules,
-                       args.microbatches, args.virtual_stages, top=args.top, skipped=skipped)
+                       args.microbatches, args.virtual_stages, top=args.top, skipped=skipped,
+                       overhead=overhead_for)
     best = plans[0]
     out = sys.stderr if args.json else sys.stdout
     where = f"{args.devices} devices" + (f" in {sites} sites" if sites > 1 else "")
@@ -172,6 +208,8 @@ def _run(args: argparse.Namespace) -> int:
     model = args.model if args.costs is None else str(args.costs)
     print(f"plan for {model} ({len(layers_for(args.batch_size))} layers), batch {args.batch_size}, {where} "
           f"({links}){memory}: {len(plans)} configurations simulated", file=out)
+    if calibrated:
+        print(f"host overhead and link calibrated: {calibrated['describe']}", file=out)
     if limit and not best.fits:
         print(f"none fits in {args.memory_per_device} per device: the smallest needs "
               f"{_mib(min(max(c.memory_bytes) for c in plans))}; shown fastest first anyway", file=out)
@@ -205,7 +243,8 @@ def _run(args: argparse.Namespace) -> int:
     result = {"format": PLAN_FORMAT, "model": args.model, "image_size": args.image_size, "classes": args.classes,
               "batch_size": args.batch_size, "devices": args.devices, "sites": sites, "link": link.describe(),
               "cross_link": cross.describe(), "memory_per_device": limit, "costs": source,
-              "optimizer_s": optimizer_s, "best": best.to_dict(), "train_command": train,
+              "optimizer_s": optimizer_s, "calibration": calibrated or None, "best": best.to_dict(),
+              "train_command": train,
               "candidates": [c.to_dict() for c in plans], "skipped": skipped, "asynchronous": asynchronous}
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write(args.out / "plan.json", json.dumps(result, indent=1).encode())

@@ -30,7 +30,12 @@ def test_bench_plan_sets_prediction_beside_measurement(tmp_path: Path, capsys: p
     assert f"{result['within']} of 2 cells within 15% step time" in text
     # the host overhead was calibrated on 2 processes and used; the top choice is reported per model
     overhead = result["calibration"]["2"]["overhead"]
-    assert result["overhead_used"] and min(overhead.values()) >= 0
+    assert result["overhead_used"] and set(overhead) == {"loop", "runtime"}
+    assert min(overhead["loop"]["kind_s"].values()) >= 0 and overhead["loop"]["send_s"] >= 0
+    # per action kind and message, measured from the job's spans beside the simulated
+    assert set(row["measured_spans"]["per_action_s"]) == set(row["predicted_spans"]["per_action_s"]) == {"F", "B"}
+    assert "act 0->1" in row["measured_spans"]["per_message_s"] and "per action kind, message and send" in text
+    assert "load average" in text and len(result["load_average"]["start"]) == 3
     assert [t["model"] for t in result["top_choice"]] == ["mlp"] and "mlp: the top choice of 2 cells" in text
 
 
@@ -55,6 +60,8 @@ def test_the_calibrated_link_is_positive() -> None:
 
 def test_the_host_calibration_runs_torchs_schedule_on_every_rank() -> None:
     calibration = calibrate_host(ranks=2, repeats=2, steps=2)
-    assert [p.microbatches for p in calibration.pipeline] == [2, 8]
-    assert all(len(p.busy_s) == 2 and p.schedule_s > 0 for p in calibration.pipeline)
-    assert min(calibration.overhead.to_dict().values()) >= 0 and calibration.layer_s > 0
+    assert [(p.schedule, p.microbatches) for p in calibration.pipeline] == [
+        ("gpipe", 2), ("gpipe", 8), ("interleaved-1f1b", 4), ("zero-bubble", 4)]
+    assert all(len(p.records) == 2 and p.schedule_s > 0 for p in calibration.pipeline)
+    assert set(calibration.overheads) == {"loop", "runtime"} and calibration.layer_s > 0
+    assert dict(calibration.overhead("zbv").kind_s).keys() == {"F", "B", "I", "W"}  # interleaved-1f1b runs B

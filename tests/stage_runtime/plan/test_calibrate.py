@@ -1,46 +1,82 @@
-"""The calibration's fit: the runtime overhead that made a near-empty pipeline's steps is found again from them."""
+"""The calibration's fit: the runtime overhead that made a pipeline's spans is found again from them."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
-from stallfree.stage_runtime.plan.calibrate import MICROBATCHES, PipelineTimes, fit_overhead
+from stallfree.stage_runtime.plan.attribution import Measured, attribute, fit_overhead, steps_from_records
+from stallfree.stage_runtime.plan.calibrate import Calibration, read_calibration
 from stallfree.stage_runtime.plan.costs import HostOverhead, LayerTimes, Link, stage_costs
-from stallfree.stage_runtime.plan.orders import torch_order
+from stallfree.stage_runtime.plan.orders import placement, torch_order
 from stallfree.stage_runtime.plan.simulate import simulate
 
+LINK = Link(2e9, 60e-6)
+LAYER = LayerTimes(20e-6, 40e-6, 20e-6, 0, 16)
 
-def _synthetic(truth: HostOverhead, ranks: int, layer_s: float, link: Link) -> list[PipelineTimes]:
-    """What the near-empty pipeline would measure if the simulator were the machine."""
-    layer = LayerTimes(layer_s / 3, 2 * layer_s / 3, layer_s / 3, 0, 16)
-    costs = stage_costs([layer] * ranks, [1] * ranks)
-    out = []
-    for m in MICROBATCHES:
-        result = simulate(torch_order("gpipe", ranks, m), list(range(ranks)), costs, lambda a, b: link,
-                          overhead=truth)
-        out.append(PipelineTimes(m, result.schedule_s, result.busy_s))
-    return out
+
+def _measured(truth: HostOverhead, schedule: str, ranks: int, m: int) -> Measured:
+    """What the machine would record if the simulator were the machine: one step's spans."""
+    per_rank = 2 if schedule in ("zero-bubble", "zbv") else 1
+    owner = placement(schedule, ranks, ranks * per_rank)
+    costs = stage_costs([LAYER] * len(owner), [1] * len(owner))
+    result = simulate(torch_order(schedule, ranks, m, per_rank), owner, costs, lambda a, b: LINK, overhead=truth)
+    return Measured([list(result.spans)], owner, costs)
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
-@pytest.mark.parametrize("truth", [HostOverhead(150e-6, 80e-6, 400e-6), HostOverhead(40e-6, 0.0, 0.0),
-                                   HostOverhead(0.0, 1e-3, 2e-3)])
-def test_the_fitted_overhead_is_the_one_that_made_the_timings(ranks: int, truth: HostOverhead) -> None:
-    link = Link(2e9, 60e-6)
-    fitted = fit_overhead(_synthetic(truth, ranks, 20e-6, link), 20e-6, link)
-    assert fitted.action_s == pytest.approx(truth.action_s, abs=1e-9)
-    assert fitted.message_s == pytest.approx(truth.message_s, abs=1e-8)
-    assert fitted.step_s == pytest.approx(truth.step_s, abs=1e-7)
+def test_the_fitted_overhead_is_the_one_that_made_the_spans(ranks: int) -> None:
+    truth = HostOverhead(150e-6, 900e-6, 0.0, send_s=200e-6, gap_s=80e-6,
+                         kind_s=(("B", 300e-6), ("F", 150e-6), ("I", 500e-6), ("W", 700e-6)))
+    runs = [_measured(truth, "gpipe", ranks, 2), _measured(truth, "gpipe", ranks, 8),
+            _measured(truth, "zero-bubble", ranks, 2 * ranks)]
+    fitted, latency = fit_overhead(runs, Link(LINK.bytes_per_s, 1.0))  # a ping-pong's latency is not used
+    assert fitted.send_s == pytest.approx(200e-6, abs=1e-9) and fitted.gap_s == pytest.approx(80e-6, abs=1e-9)
+    assert fitted.message_s == pytest.approx(900e-6, abs=1e-9) and latency == pytest.approx(LINK.latency_s)
+    assert dict(fitted.kind_s) == pytest.approx(dict(truth.kind_s), abs=1e-9)
 
 
-def test_timings_no_slower_than_the_bare_simulation_fit_no_overhead() -> None:
-    link = Link(2e9, 60e-6)
-    fitted = fit_overhead(_synthetic(HostOverhead(), 2, 20e-6, link), 20e-6, link)
-    assert fitted.action_s == pytest.approx(0, abs=1e-12) and fitted.message_s == pytest.approx(0, abs=1e-12)
-    assert fitted.step_s == pytest.approx(0, abs=1e-12)
+def test_attribution_names_each_kind_and_message_direction() -> None:
+    truth = HostOverhead(100e-6, 1e-3, send_s=250e-6)
+    run = _measured(truth, "gpipe", 2, 4)
+    found = attribute(run.steps, run.owner)
+    assert found.per_action_s == pytest.approx({"F": 120e-6, "B": 140e-6})
+    assert set(found.per_message_s) == {"act 0->1", "grad 1->0"}
+    delay = 250e-6 + LINK.latency_s + LINK.busy_s(16) + 1e-3  # send, link, receive: rank 1 waits for each
+    assert found.per_message_s["act 0->1"] == pytest.approx(delay)
+    assert found.send_s == pytest.approx(250e-6) and found.samples["send"] > 0
 
 
-def test_one_microbatch_count_is_not_enough_to_fit() -> None:
-    one = [PipelineTimes(4, 1e-3, (5e-4, 5e-4))]
-    with pytest.raises(ValueError, match=r"two micro-batch counts or more, got \[4\]"):
-        fit_overhead(one, 1e-5, Link(1e9, 1e-5))
+def test_the_trainers_spans_become_the_schedules_operations() -> None:
+    order = torch_order("gpipe", 2, 2)
+    records = {0: ("rank0", {"spans": [["input", "waiting", 0.0, 0.1, 1]] + [
+        ["stage0", "busy", t, t + 0.01, step] for step in (1, 2) for t in (step + 0.0, step + 0.1, step + 0.2,
+                                                                           step + 0.3)]}),
+               1: ("rank1", {"spans": [["stage1", "busy", t, t + 0.01, step] for step in (1, 2)
+                                       for t in (step + 0.05, step + 0.15, step + 0.25, step + 0.35)]})}
+    steps = steps_from_records(records, order, skip=1)
+    assert len(steps) == 1  # step 1 skipped
+    assert [str(s.op) for s in steps[0] if s.rank == 0] == ["0F0", "0F1", "0B0", "0B1"]
+    assert steps[0][0].start == pytest.approx(0.0)
+    records[1][1]["spans"].pop()
+    with pytest.raises(ValueError, match=r"rank1, step 2: 3 busy spans, but rank 1's schedule runs 4 actions"):
+        steps_from_records(records, order, skip=1)
+
+
+def test_a_calibration_file_is_read_back_and_bad_ones_are_named(tmp_path: Path) -> None:
+    overhead = HostOverhead(1e-4, 9e-4, 2e-4, send_s=2e-4, kind_s=(("W", 8e-4),))
+    calibration = Calibration(Link(2e9, 1e-4), {"loop": overhead}, 2, 1e-5)
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"calibration": {"2": calibration.to_dict()}}))
+    read = read_calibration(bench)[2]
+    assert read.overhead("1f1b") == overhead and read.link.describe() == calibration.link.describe()
+    with pytest.raises(ValueError, match=r"no calibrated host overhead for schedule 'zbv' \(measured: loop"):
+        read.overhead("zbv")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"link": "1GB/s,1ms"}))
+    with pytest.raises(ValueError, match=r"--calibration .*bad.json: wants a calibration"):
+        read_calibration(bad)
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        read_calibration(tmp_path / "none.json")

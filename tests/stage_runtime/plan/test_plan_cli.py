@@ -77,3 +77,27 @@ def test_registering_plan_imports_no_torch():
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_calibration_file_charges_its_host_overhead_and_link(tmp_path, capsys):
+    from stallfree.stage_runtime.plan.calibrate import Calibration
+    from stallfree.stage_runtime.plan.costs import HostOverhead, Link
+
+    runtime = HostOverhead(2e-4, 1e-4, 5e-3, send_s=3e-4, kind_s=(("I", 4e-4), ("W", 4e-4)))
+    calibration = Calibration(Link(2e9, 3e-4), {"loop": HostOverhead(1e-4, 1e-4, 1e-3, send_s=2e-4),
+                                                "runtime": runtime}, 2, 1e-5)
+    path = tmp_path / "bench-plan.json"
+    path.write_text(json.dumps({"calibration": {"2": calibration.to_dict()}}))
+    args = ["plan", "--costs", str(_costs(tmp_path)), "--devices", "2", "--batch-size", "8", "--json"]
+    assert main([*args, "--out", str(tmp_path / "free")]) == 0
+    free = json.loads(capsys.readouterr().out)
+    assert main([*args, "--out", str(tmp_path / "cal"), "--calibration", str(path)]) == 0
+    captured = capsys.readouterr()
+    plan = json.loads(captured.out)
+    assert plan["link"] == "2GB/s,300us" and plan["calibration"]["used"] == {"2": 2}
+    assert "host overhead and link calibrated" in captured.err
+    step = {(c["schedule"], c["microbatches"], tuple(c["balance"])): c["step_s"] for c in free["candidates"]}
+    # every plan costs more with the runtime's overhead; the step set-up alone adds 1 ms (loop) or 5 ms (runtime)
+    for c in plan["candidates"]:
+        extra = 5e-3 if c["schedule"] in ("interleaved-1f1b", "zero-bubble", "zbv") else 1e-3
+        assert c["step_s"] > step[(c["schedule"], c["microbatches"], tuple(c["balance"]))] + extra
