@@ -43,6 +43,9 @@ def _step(title: str) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from stallfree.dali import require_dali
+
+    require_dali()  # before minutes of writing JPEGs, not after
     from stallfree.bench import e2e
     from stallfree.commands.bench import options
     from stallfree.ingest.runner import ingest

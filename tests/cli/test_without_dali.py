@@ -70,3 +70,4 @@ def test_help_ingest_and_info_work_and_demo_says_what_to_install(tmp_path: Path)
                      "demo": 2}, done.stderr
     assert f"stallfree demo: error: {MISSING_DALI}" in done.stderr.splitlines()
     assert "Traceback" not in done.stderr
+    assert not (tmp_path / "demo").exists(), "demo wrote its data before finding that DALI is missing"
