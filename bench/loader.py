@@ -244,13 +244,15 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
     base = medians.get(LABELS["torch"])
     print(f"{len(files)} images in {args.data}, batch {args.batch_size}, {args.threads} threads, {args.device}, "
           f"median of {args.repeats} x {args.batches} batches", file=out)
-    print(f"| {'loader':<33} | {'img/s (median)':>14} | {'runs':<28} | {'vs torch DataLoader':>19} | "
+    texts = {label: ", ".join(f"{r:.0f}" for r in rates) for label, rates in results.items()}
+    width = max([28, *map(len, texts.values())])
+    print(f"| {'loader':<33} | {'img/s (median)':>14} | {'runs':<{width}} | {'vs torch DataLoader':>19} | "
           f"{'cores busy':>10} |", file=out)
-    print(f"|{'-' * 35}|{'-' * 15}:|{'-' * 30}|{'-' * 20}:|{'-' * 11}:|", file=out)
+    print(f"|{'-' * 35}|{'-' * 15}:|{'-' * (width + 2)}|{'-' * 20}:|{'-' * 11}:|", file=out)
     for label, median in medians.items():
         ratio = f"{median / base:.2f}x" if base else "-"
-        runs_text = ", ".join(f"{r:.0f}" for r in results[label])
-        print(f"| {label:<33} | {median:>14.0f} | {runs_text:<28} | {ratio:>19} | {busy[label]:>10.2f} |", file=out)
+        print(f"| {label:<33} | {median:>14.0f} | {texts[label]:<{width}} | {ratio:>19} | {busy[label]:>10.2f} |",
+              file=out)
     print(f"cores busy: CPU seconds of the process, its threads and workers over wall seconds, median of the passes "
           f"({len(os.sched_getaffinity(0))} cores here)", file=out)
     from stallfree.stage_runtime.baseline import transform_label
