@@ -48,7 +48,9 @@ __all__ = ["ChecksumMismatch", "Progress", "RemoteStoreError", "Retry", "downloa
 #: The optional extra that brings each scheme's client.
 _CLIENTS = {"s3": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs"), "http": ("aiohttp", "remote"),
             "https": ("aiohttp", "remote"), "file": ("fsspec", "remote")}
-_PIECE = 1 << 20
+#: Bytes per ranged request of a download: one request per piece (a store's round trip is paid once per piece,
+#: not per MiB), and a piece is what a download holds in memory and what a retry may have to fetch again.
+_PIECE = 8 << 20
 _T = TypeVar("_T")
 
 
@@ -232,20 +234,25 @@ def download(fs: Any, path: str, url: str, dest: Path, size: int, sha256: str, r
 
 
 def _read_from(fs: Any, path: str, offset: int, size: int, out: Any, digest: Any, progress: Progress) -> int:
-    """Read ``path`` from ``offset`` on into ``out``; the offset reached (less than ``size`` if the reply ended)."""
-    with fs.open(path, "rb", block_size=_PIECE, cache_type="none") as remote:
-        if offset:
-            remote.seek(offset)
-        while offset < size:
-            piece = remote.read(min(_PIECE, size - offset))
-            if not piece:
-                break
-            out.write(piece)
-            digest.update(piece)
-            offset += len(piece)
-            progress.add(len(piece))
-        if offset == size and remote.read(1):
+    """Read ``path`` from ``offset`` on into ``out``; the offset reached (less than ``size`` if the reply ended).
+
+    One ranged GET per piece (``cat_file``), and no request for the object's size: the manifest gives it, and
+    asking (a HEAD before each download, as ``fs.open`` does) would double the round trips of a small shard. The
+    last piece asks for one byte more, so an object longer than the manifest says is caught without another
+    request.
+    """
+    while offset < size:
+        wanted = min(_PIECE, size - offset)
+        last = offset + wanted == size
+        piece = fs.cat_file(path, start=offset, end=offset + wanted + (1 if last else 0))
+        if len(piece) > wanted:
             raise RemoteStoreError(f"the object is longer than the manifest's {size} bytes (another dataset?)")
+        out.write(piece)
+        digest.update(piece)
+        offset += len(piece)
+        progress.add(len(piece))
+        if len(piece) < wanted:  # the reply ended early: the caller retries from here
+            break
     return offset
 
 

@@ -132,7 +132,7 @@ def _slow_ingest(source: Path, url: str, staging: Path, options: dict[str, Any])
         time.sleep(0.05)
         return write(*args, **kwargs)
 
-    runner.write_shard = slow  # type: ignore[assignment]  # this forked child only
+    runner.write_shard = slow  # type: ignore[assignment]  # this child process only
     ingest(source, url, OPTIONS, staging=staging, storage_options=options)
 
 
@@ -140,10 +140,11 @@ def test_kill_9_mid_ingest_then_rerun_uploads_only_what_is_missing(
         indexed_list: Path, reference: Path, s3: str, tmp_path: Path) -> None:
     staging = tmp_path / "staging"
     receipts = staging / ".ingest" / "uploaded"
-    child = multiprocessing.get_context("fork").Process(
+    # spawn, not fork: a fork of this process (DALI's and torch's threads running) can die of SIGSEGV on its own
+    child = multiprocessing.get_context("spawn").Process(
         target=_slow_ingest, args=(indexed_list, "s3://out/killed/", staging, s3_options(s3)))
     child.start()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while len(list(receipts.glob("*.json"))) < 3 and time.monotonic() < deadline:
         time.sleep(0.005)
     os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
