@@ -29,7 +29,7 @@ def _slow_ingest(source: Path, out: Path) -> None:
         time.sleep(0.05)
         return write(*args, **kwargs)
 
-    runner.write_shard = slow  # this forked child only
+    runner.write_shard = slow  # this child process only
     ingest(source, out, OPTIONS)
 
 
@@ -42,9 +42,10 @@ def reference(folder, tmp_path_factory) -> Path:
 
 def test_kill_9_then_rerun_gives_the_same_shards(folder, reference, tmp_path):
     out = tmp_path / "out"
-    child = multiprocessing.get_context("fork").Process(target=_slow_ingest, args=(folder, out))
+    # spawn, not fork: a fork of this process (DALI's and torch's threads running) can die of SIGSEGV on its own
+    child = multiprocessing.get_context("spawn").Process(target=_slow_ingest, args=(folder, out))
     child.start()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while len(list((out / ".ingest").glob("shard-*.json"))) < 3 and time.monotonic() < deadline:
         time.sleep(0.005)
     os.kill(child.pid, signal.SIGKILL)
