@@ -3,11 +3,14 @@
 One synthetic dataset is ingested once; the Loader then reads it from local disk, and from an HTTP server (with
 Range) and moto's S3 server on 127.0.0.1 through the fault proxy at each ``--latency`` (ms added to every reply)
 under a ``--bandwidth`` cap, each from a cold cache; last, with a cache of ``--cache-share`` of the dataset and
-``shuffle="block"``. A simulated training step (``--step-ms``, default half the local Loader's time per batch)
+``shuffle="block"``, which is compared with the same block shuffle on local disk (the other rows with the global
+shuffle on local disk). A simulated training step (``--step-ms``, default half the local Loader's time per batch)
 follows every batch, so the input-stall share means what it does in training: the share of the loop's time spent
 waiting in ``next(loader)``. Images/s and the stall share count from the 11th batch on, once the first shards
 have arrived and the prefetch queues have filled; the time to first batch is measured from the Loader's
-construction. The servers run in a process of their own, so they take no interpreter time from the Loader.
+construction. Every row runs ``--repeats`` times, the rows taking turns (so a busy minute of a shared machine
+falls on all of them), and the table gives medians. The servers run in a process of their own, so they take no
+interpreter time from the Loader.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,6 +33,7 @@ __all__ = ["add_arguments", "run"]
 EXAMPLES = """examples:
   stallfree bench remote                                   # 1,200 synthetic images, 0/20/100 ms, 100 MB/s
   stallfree bench remote --images 4000 --latency 0 50 --bandwidth 25 --json | jq .rows
+  stallfree bench remote --repeats 5 --json-file bench-remote.json
 """
 
 
@@ -46,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "local Loader's time per batch)")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                         help="Loader threads (default: the cores this process may use)")
-    parser.add_argument("--downloads", type=int, default=4, help="concurrent downloads")
+    parser.add_argument("--downloads", type=int, default=8, help="concurrent downloads")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of every row (the table gives medians)")
 
 
 def _epoch(loader: Any, step: float, built: float, settle: int = 10) -> dict[str, float]:
@@ -88,9 +94,9 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
     from stallfree.ingest.synthetic import make_image_folder
     from stallfree.ingest.writer import IngestOptions
 
-    if args.images < 20 * args.batch_size or not 0 < args.cache_share <= 1:
-        raise ValueError("--images must hold 20 batches (10 settle, 10 timed) and --cache-share must be in (0, 1]")
-    rows: list[dict[str, Any]] = []
+    if args.images < 20 * args.batch_size or not 0 < args.cache_share <= 1 or args.repeats < 1:
+        raise ValueError("--images must hold 20 batches (10 settle, 10 timed), --cache-share must be in (0, 1] "
+                         "and --repeats at least 1")
     with tempfile.TemporaryDirectory(prefix="stallfree-bench-remote-") as work_dir:
         work = Path(work_dir)
         print(f"writing and ingesting {args.images} synthetic JPEGs ...", file=sys.stderr)
@@ -101,14 +107,20 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
         shards = read_manifest(data)["shards"]
         total = sum(s["bytes"] for s in shards)
         _epoch(_loader(data, args), 0.0, time.perf_counter())  # warm-up: page cache, graph compilation
-        built = time.perf_counter()
-        local = _epoch(_loader(data, args), 0.0, built)
-        per_batch = args.batch_size / local["img_s"]
-        step = args.step_ms / 1e3 if args.step_ms is not None else per_batch / 2
-        built = time.perf_counter()
-        rows.append({"source": "local disk", "latency_ms": 0, **_epoch(_loader(data, args), step, built)})
+        local = _epoch(_loader(data, args), 0.0, time.perf_counter())
+        step = args.step_ms / 1e3 if args.step_ms is not None else args.batch_size / local["img_s"] / 2
         cache_limit = max(int(total * args.cache_share), 3 * max(s["bytes"] for s in shards))
         block = max(1, int(len(shards) * args.cache_share / 3))
+        blocked = {"shuffle": "block", "block_shards": block}
+        note = f", cache {args.cache_share:.0%}, block shuffle ({block} shards)"
+        # (source, kind, added latency, Loader keywords, the local row it is compared with)
+        local_block = f"local disk, block shuffle ({block} shards)"
+        plans: list[tuple[str, str, float, dict[str, Any], str]] = [
+            ("local disk", "local", 0.0, {}, "local disk"), (local_block, "local", 0.0, blocked, local_block)]
+        for kind in ("HTTP", "S3"):
+            plans += [(kind, kind, ms, {}, "local disk") for ms in args.latency]
+            plans.append((f"{kind}{note}", kind, 20.0, {"cache_limit": cache_limit, **blocked}, local_block))
+        runs: dict[tuple[str, float], list[dict[str, Any]]] = {}
         servers = subprocess.Popen([sys.executable, "-m", "stallfree.bench.servers", str(data),
                                     str(args.bandwidth * 1e6)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                    stderr=subprocess.DEVNULL, text=True)
@@ -116,34 +128,88 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
             pipe = servers.stdout
             assert pipe is not None  # for mypy: it is a pipe
             proxies = json.loads(pipe.readline())
-            for kind in ("HTTP", "S3"):
-                proxy = proxies[kind.lower()]
-                plans: list[tuple[float, dict[str, Any], str]] = [(ms, {}, "") for ms in args.latency]
-                plans.append((20.0, {"cache_limit": cache_limit, "shuffle": "block", "block_shards": block},
-                              f", cache {args.cache_share:.0%}, block shuffle ({block} shards)"))
-                for ms, extra, note in plans:
-                    urllib.request.urlopen(f"{proxy}{CONTROL}{ms:g}", timeout=10).close()
-                    url = proxy if kind == "HTTP" else "s3://bench/ds/"
-                    options = {"storage_options": s3_options(proxy)} if kind == "S3" else {}
-                    print(f"{kind} at {ms:g} ms{note} ...", file=sys.stderr)
-                    built = time.perf_counter()
-                    loader = _loader(url, args, cache_dir=work / f"cache-{len(rows)}", downloads=args.downloads,
-                                     **options, **extra)
-                    measured = _epoch(loader, step, built)
-                    measured["fetched"] = loader.reader.cache.fetched
-                    loader.close()
-                    rows.append({"source": f"{kind}{note}", "latency_ms": ms, **measured})
+            for repeat in range(args.repeats):
+                for number, (source, kind, ms, extra, _) in enumerate(plans):
+                    print(f"run {repeat + 1}/{args.repeats}: {source} at {ms:g} ms ...", file=sys.stderr)
+                    runs.setdefault((source, ms), []).append(
+                        _run_one(data, kind, ms, extra, proxies, work / f"cache-{repeat}-{number}", step, args,
+                                 CONTROL, s3_options, servers.pid))
         finally:
             servers.kill()
             servers.wait()
-    base = rows[0]["img_s"]
+    rows = [_median_row(source, ms, runs[(source, ms)]) for source, _, ms, _, _ in plans]
+    base = {row["source"]: row["img_s"] for row, plan in zip(rows, plans, strict=True) if plan[1] == "local"}
+    for row, (_, _, _, _, against) in zip(rows, plans, strict=True):
+        row["vs"], row["vs_local"] = against, row["img_s"] / base[against]
     print(f"{args.images} images ({total / 1e6:.1f} MB in {len(shards)} shards), batch {args.batch_size}, "
-          f"{args.threads} threads, proxy cap {args.bandwidth:g} MB/s, simulated step {step * 1e3:.1f} ms/batch",
-          file=out)
-    print("| source | added latency | img/s | vs local | input-stall share | time to first batch | shards fetched |",
-          file=out)
-    print("|---|---:|---:|---:|---:|---:|---:|", file=out)
+          f"{args.threads} threads, proxy cap {args.bandwidth:g} MB/s, simulated step {step * 1e3:.1f} ms/batch, "
+          f"median of {args.repeats} runs", file=out)
+    print("| source | added latency | img/s | runs | vs local | input-stall share | time to first batch | "
+          "shards fetched | CPU s: Loader, servers |", file=out)
+    print("|---|---:|---:|---|---:|---:|---:|---:|---:|", file=out)
     for row in rows:
-        print(f"| {row['source']} | {row['latency_ms']:g} ms | {row['img_s']:.0f} | {row['img_s'] / base:.0%} | "
-              f"{row['stall']:.1%} | {row['first_s']:.2f} s | {row.get('fetched', '-')} |", file=out)
-    return {"images": args.images, "shards": len(shards), "bytes": total, "step_ms": step * 1e3, "rows": rows}
+        served = "-" if "fetched" not in row or row["servers_cpu_s"] is None else f"{row['servers_cpu_s']:.2f}"
+        print(f"| {row['source']} | {row['latency_ms']:g} ms | {row['img_s']:.0f} | "
+              f"{', '.join(f'{v:.0f}' for v in row['runs'])} | {row['vs_local']:.0%} | {row['stall']:.1%} | "
+              f"{row['first_s']:.2f} s | {row.get('fetched', '-')} | {row['cpu_s']:.2f}, {served} |", file=out)
+    print("vs local: against local disk with the same shuffle (the block rows against the block shuffle's)", file=out)
+    print("CPU s: seconds of CPU in the epoch, of this process (Loader, downloads) and of the servers' process, "
+          "on the same cores", file=out)
+    return {"images": args.images, "shards": len(shards), "bytes": total, "step_ms": step * 1e3,
+            "repeats": args.repeats, "rows": rows}
+
+
+def _cpu(pid: int | None = None) -> float | None:
+    """CPU seconds of this process (all its threads) or of process ``pid``.
+
+    A process's figure comes from /proc; ``None`` where there is no /proc.
+    """
+    if pid is None:
+        times = os.times()
+        return times.user + times.system
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _run_one(data: Path, kind: str, ms: float, extra: dict[str, Any], proxies: dict[str, str], cache: Path,
+             step: float, args: argparse.Namespace, control: str, s3_options: Any, servers: int) -> dict[str, Any]:
+    """One row's epoch, with the CPU seconds this process and the servers' spent in it."""
+    before, served = _cpu(), _cpu(servers)
+    measured = _one_epoch(data, kind, ms, extra, proxies, cache, step, args, control, s3_options)
+    after, served_after = _cpu(), _cpu(servers)
+    measured["cpu_s"] = (after or 0.0) - (before or 0.0)
+    measured["servers_cpu_s"] = served_after - served if served is not None and served_after is not None else None
+    return measured
+
+
+def _one_epoch(data: Path, kind: str, ms: float, extra: dict[str, Any], proxies: dict[str, str], cache: Path,
+               step: float, args: argparse.Namespace, control: str, s3_options: Any) -> dict[str, Any]:
+    """One epoch of one row: from local disk, or from a cold cache through the proxy at ``ms`` added latency."""
+    if kind == "local":
+        return _epoch(_loader(data, args, **extra), step, time.perf_counter())
+    proxy = proxies[kind.lower()]
+    urllib.request.urlopen(f"{proxy}{control}{ms:g}", timeout=10).close()
+    url = proxy if kind == "HTTP" else "s3://bench/ds/"
+    options = {"storage_options": s3_options(proxy)} if kind == "S3" else {}
+    built = time.perf_counter()
+    loader = _loader(url, args, cache_dir=cache, downloads=args.downloads, **options, **extra)
+    try:
+        measured: dict[str, Any] = _epoch(loader, step, built)
+        measured["fetched"] = loader.reader.cache.fetched
+    finally:
+        loader.close()
+    return measured
+
+
+def _median_row(source: str, ms: float, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    row: dict[str, Any] = {"source": source, "latency_ms": ms, "runs": [r["img_s"] for r in runs]}
+    for key in ("img_s", "stall", "first_s", "cpu_s"):
+        row[key] = statistics.median(r[key] for r in runs)
+    served = [r["servers_cpu_s"] for r in runs if r["servers_cpu_s"] is not None]
+    row["servers_cpu_s"] = statistics.median(served) if served else None
+    if "fetched" in runs[0]:
+        row["fetched"] = max(r["fetched"] for r in runs)
+    return row

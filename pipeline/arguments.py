@@ -135,7 +135,7 @@ def check_arguments(args: dict[str, Any]) -> None:
 
 
 #: The Loader keywords of a remote source, and their defaults (a local source refuses any other value).
-REMOTE_DEFAULTS: dict[str, Any] = {"cache_dir": None, "cache_limit": None, "storage_options": None, "downloads": 4,
+REMOTE_DEFAULTS: dict[str, Any] = {"cache_dir": None, "cache_limit": None, "storage_options": None, "downloads": 8,
                                    "read_ahead": None, "retries": 5, "remote_timeout": 60.0}
 
 

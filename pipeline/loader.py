@@ -127,7 +127,7 @@ class Loader:
         cache_dir, cache_limit, storage_options, downloads, read_ahead, retries, remote_timeout: for a source at a
             URL only (docs/remote.md): the local shard cache (default ``~/.cache/stallfree/shards``) and its size
             in bytes (default: no limit), the fsspec store's options (credentials, ``endpoint_url``), concurrent
-            downloads (4), bytes fetched ahead of the reads (default 3/4 of the cache, or 1 GiB), tries per download
+            downloads (8), bytes fetched ahead of the reads (default 3/4 of the cache, or 1 GiB), tries per download
             (5) and seconds without a byte before a try fails (60).
 
     DataLoader's other keywords (``num_workers``, ``persistent_workers``, ``collate_fn``, ``sampler``, ...) are
@@ -171,7 +171,7 @@ class Loader:
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | None = None,
         storage_options: dict[str, Any] | None = None,
-        downloads: int = 4,
+        downloads: int = 8,
         read_ahead: int | None = None,
         retries: int = 5,
         remote_timeout: float = 60.0,

@@ -53,7 +53,7 @@ class RemoteShardReader:
     """
 
     def __init__(self, url: str, *, cache_dir: str | Path | None = None, cache_limit: int | None = None,
-                 storage_options: dict[str, Any] | None = None, downloads: int = 4, read_ahead: int | None = None,
+                 storage_options: dict[str, Any] | None = None, downloads: int = 8, read_ahead: int | None = None,
                  retry: Retry | None = None, rank: int = 0):
         self.retry = retry or Retry()
         base = url[: -len(MANIFEST)] if url.endswith("/" + MANIFEST) else url
