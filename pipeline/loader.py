@@ -45,6 +45,7 @@ from stallfree.pipeline.readers import Reader, open_source, unwrap_torchvision_d
 from stallfree.pipeline.sampler import process_shard
 from stallfree.pipeline.samples import BadSampleError
 from stallfree.pipeline.shards import Verify
+from stallfree.pipeline.webdataset import is_webdataset
 from stallfree.resume import check_fingerprint
 from stallfree.transforms.compile import CompiledTransforms, Dtype, Layout
 from stallfree.transforms.from_torchvision import to_steps
@@ -199,9 +200,10 @@ class Loader:
             raise ValueError("placement='gpu' needs a CUDA device=; got device='cpu'")
         on_gpu = placement == "gpu" or (placement == "auto" and self.device.type == "cuda")
         rank, world_size = process_shard(rank, world_size)
-        remote = remote_keywords(dict(locals()), is_url(source))
+        webdataset = is_webdataset(source)
+        remote = remote_keywords(dict(locals()), is_url(source), webdataset)
         self.reader = open_source(source, exif=exif, verify=verify,
-                                  remote={**remote, "rank": rank} if remote else None)
+                                  remote={**remote, "rank": rank} if remote and not webdataset else remote or None)
         echo_k = echo if echo_mode == "example" else 1
         self.shuffle_mode = "block" if shuffle == "block" else ("global" if shuffle else "none")
         self.block_shards = int(block_shards)
