@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import os
 import re
 import tarfile
@@ -69,10 +70,11 @@ def expand(pattern: str) -> list[str]:
         ValueError: a brace that is not ``{first..last}`` of digits, a range that runs backwards, an unmatched
             brace, or more than a million names.
     """
-    pieces: list[list[str]] = []
+    texts: list[str] = []
+    ranges: list[tuple[int, int, int]] = []  # first, last, width
     last = 0
     for match in _BRACE.finditer(pattern):
-        pieces.append([pattern[last : match.start()]])
+        texts.append(pattern[last : match.start()])
         numbers = _RANGE.fullmatch(match[1])
         if numbers is None:
             raise ValueError(f"WebDataset pattern {redact(pattern)!r}: {match[0]!r} is not a range; write "
@@ -81,18 +83,19 @@ def expand(pattern: str) -> list[str]:
         if first > end:
             raise ValueError(f"WebDataset pattern {redact(pattern)!r}: the range {match[0]} runs backwards; write "
                              f"{{{numbers[2]}..{numbers[1]}}}")
-        width = len(numbers[1])
-        pieces.append([str(n).zfill(width) for n in range(first, end + 1)])
+        ranges.append((first, end, len(numbers[1])))
         last = match.end()
-    pieces.append([pattern[last:]])
-    if any("{" in p[0] or "}" in p[0] for p in pieces[::2]):
+    texts.append(pattern[last:])
+    if any("{" in text or "}" in text for text in texts):
         raise ValueError(f"WebDataset pattern {redact(pattern)!r} has an unmatched or nested brace; write "
                          "{first..last} with digits, e.g. train-{000000..000099}.tar")
-    count = int(np.prod([len(p) for p in pieces], dtype=np.float64))
+    count = math.prod(end - first + 1 for first, end, _ in ranges)
     if count > _MAX_TARS:
         raise ValueError(f"WebDataset pattern {redact(pattern)!r} names {count} tars, over {_MAX_TARS}; are the "
                          "ranges right?")
-    return ["".join(parts) for parts in itertools.product(*pieces)]
+    choices = [[str(n).zfill(width) for n in range(first, end + 1)] for first, end, width in ranges]
+    return ["".join(itertools.chain.from_iterable(zip(texts, (*chosen, ""), strict=True)))
+            for chosen in itertools.product(*choices)]
 
 
 def default_index_dir() -> Path:
