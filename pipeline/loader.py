@@ -73,7 +73,8 @@ class Loader:
 
     Args:
         source: an ImageFolder tree, a CSV or Parquet file list (``path``, ``label``), an ingested shard folder
-            (or its URL: ``s3://``, ``gs://``, ``https://``, ``file://``; docs/remote.md), a map-style torch
+            (or its URL: ``s3://``, ``gs://``, ``https://``, ``file://``; docs/remote.md), WebDataset tars read in
+            place (a path or URL ending in ``.tar`` or with ``{first..last}`` ranges; docs/remote.md), a map-style torch
             ``Dataset`` of ``(image, label)`` items (see :class:`DatasetReader`), or a :class:`Reader`. A
             torchvision dataset (``ImageFolder(root, transform=...)``) brings its transforms (see
             :func:`~stallfree.pipeline.readers.unwrap_torchvision_dataset`), so ``DataLoader(dataset, ...)``
@@ -129,7 +130,9 @@ class Loader:
             URL only (docs/remote.md): the local shard cache (default ``~/.cache/stallfree/shards``) and its size
             in bytes (default: no limit), the fsspec store's options (credentials, ``endpoint_url``), concurrent
             downloads (4), bytes fetched ahead of the reads (default 3/4 of the cache, or 1 GiB), tries per download
-            (5) and seconds without a byte before a try fails (60).
+            (5) and seconds without a byte before a try fails (60). WebDataset tars take ``cache_dir`` (where their
+            indexes are kept, default ``~/.cache/stallfree/webdataset-index``) and, at a URL, ``storage_options``,
+            ``retries`` and ``remote_timeout``.
 
     DataLoader's other keywords (``num_workers``, ``persistent_workers``, ``collate_fn``, ``sampler``, ...) are
     refused with a ``TypeError`` that says what the Loader does instead.

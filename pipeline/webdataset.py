@@ -46,6 +46,8 @@ _BRACE = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"(\d+)\.\.(\d+)")
 _MAX_TARS = 1_000_000
 _FORMAT = 1  # the index file's format; another one is walked again
+#: What says a remote tar changed, by client (s3fs, gcsfs, fsspec's HTTP), in order of preference.
+_STAMPS = ("ETag", "etag", "Last-Modified", "LastModified", "mtime", "updated")
 _PIECE = 1 << 20  # the remote walk's range size: small members come many to a read, large ones are skipped
 
 
@@ -198,7 +200,7 @@ class WebDatasetReader:
             info = retried(lambda: fs.info(path), shown, self.retry)
         except FileNotFoundError:
             raise FileNotFoundError(f"WebDataset tar {shown} does not exist (from {redact(self.pattern)})") from None
-        stamp = next((str(info[k]) for k in ("ETag", "etag", "LastModified", "mtime", "updated") if info.get(k)), "")
+        stamp = next((str(info[k]) for k in _STAMPS if info.get(k)), "")
         return int(info["size"]), stamp
 
     def __len__(self) -> int:

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 from stallfree import Loader
-from stallfree.bench.servers import RangeServer
+from stallfree.bench.servers import RangeServer, s3_options, s3_server
 from stallfree.ingest.runner import ingest
 from stallfree.pipeline.samples import BadSampleError
 from stallfree.pipeline.webdataset import WebDatasetReader, expand, is_webdataset
@@ -156,6 +156,18 @@ def test_tars_over_http_give_the_local_batches(tars: Path, tmp_path: Path) -> No
         with pytest.raises(FileNotFoundError, match=r"train-3\.tar does not exist") as missing:
             WebDatasetReader(f"{secret}/train-{{2..3}}.tar?token=hunter2", cache_dir=tmp_path)
         assert "hunter2" not in str(missing.value)
+
+
+def test_tars_on_s3_give_the_local_samples(tars: Path, tmp_path: Path) -> None:
+    local = WebDatasetReader(str(tars / PATTERN), cache_dir=tmp_path / "a")
+    with s3_server(tars, bucket="wds", prefix="train") as endpoint:
+        remote = WebDatasetReader(f"s3://wds/train/{PATTERN}", cache_dir=tmp_path / "b",
+                                  storage_options=s3_options(endpoint))
+        assert [remote.read(i).tobytes() for i in (0, 9, 23)] == [local.read(i).tobytes() for i in (0, 9, 23)]
+        assert remote.fingerprint() == local.fingerprint() and remote.describe(9) == "s3://wds/train/train-1.tar:s11"
+        again = WebDatasetReader(f"s3://wds/train/{PATTERN}", cache_dir=tmp_path / "b",
+                                 storage_options=s3_options(endpoint))
+        assert again.walked == 0  # keyed by the object's ETag
 
 
 def test_a_missing_tar_is_named(tars: Path, tmp_path: Path) -> None:
