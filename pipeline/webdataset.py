@@ -28,16 +28,16 @@ import re
 import tarfile
 import urllib.parse
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
 from stallfree.ingest.atomic import atomic_write
 from stallfree.ingest.home import cache_dir as stallfree_cache_dir
-from stallfree.ingest.remote import Retry, is_url, open_store, redact, retried
+from stallfree.ingest.remote import RemoteStoreError, Retry, is_url, open_store, redact, retried, scrubbed
 from stallfree.ingest.tars import compressed, label_bytes, members, samples
 
 __all__ = ["WebDatasetReader", "default_index_dir", "expand", "is_webdataset"]
@@ -45,6 +45,7 @@ __all__ = ["WebDatasetReader", "default_index_dir", "expand", "is_webdataset"]
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"(\d+)\.\.(\d+)")
 _MAX_TARS = 1_000_000
+_T = TypeVar("_T")
 _FORMAT = 1  # the index file's format; another one is walked again
 #: What says a remote tar changed, by client (s3fs, gcsfs, fsspec's HTTP), in order of preference.
 _STAMPS = ("ETag", "etag", "Last-Modified", "LastModified", "mtime", "updated")
@@ -183,7 +184,7 @@ class WebDatasetReader:
                 with open(path, "rb") as f:
                     index = _walk(f, shown, size)
             else:
-                index = retried(lambda: _walk_remote(fs, path, shown, size), shown, self.retry)
+                index = _remote(lambda: _walk_remote(fs, path, shown, size), shown, self.retry)
             self.walked += 1
             atomic_write(index_file, json.dumps({**index, "format": _FORMAT, "tar": shown, "size": size,
                                                  "stamp": stamp}).encode())
@@ -197,9 +198,12 @@ class WebDatasetReader:
             if fs is None:
                 stat = os.stat(path)
                 return stat.st_size, str(stat.st_mtime_ns)
-            info = retried(lambda: fs.info(path), shown, self.retry)
+            info = _remote(lambda: fs.info(path), shown, self.retry)
         except FileNotFoundError:
             raise FileNotFoundError(f"WebDataset tar {shown} does not exist (from {redact(self.pattern)})") from None
+        if info.get("size") is None:
+            raise ValueError(f"{shown}: the store gives no size for it (no Content-Length), so its members cannot be "
+                             "read by range; serve it with one, or ingest the tars")
         stamp = next((str(info[k]) for k in _STAMPS if info.get(k)), "")
         return int(info["size"]), stamp
 
@@ -234,7 +238,7 @@ class WebDatasetReader:
                 f.seek(offset)
                 data = f.read(size)
         else:
-            data = retried(lambda: tar.fs.cat_file(tar.path, start=offset, end=offset + size), tar.shown, self.retry)
+            data = _remote(lambda: tar.fs.cat_file(tar.path, start=offset, end=offset + size), tar.shown, self.retry)
         if len(data) != size:
             raise OSError(f"{tar.shown}:{tar.keys[row]}: the tar ends inside this member ({len(data)} of its {size} "
                           "bytes): it changed since it was indexed")
@@ -257,6 +261,27 @@ class WebDatasetReader:
             digest.update(tar.sizes.tobytes())
             digest.update(tar.labels.tobytes())
         return digest.hexdigest()
+
+
+def _remote(call: Callable[[], _T], shown: str, retry: Retry) -> _T:
+    """``call()`` on a store, retried on transient failures; any other failure of the client is named, redacted.
+
+    A client's own message may quote the URL it was given, signature and all: it becomes an ``OSError`` naming
+    ``shown``.
+
+    Raises:
+        RemoteStoreError: tries spent.
+        FileNotFoundError: no such object.
+        OSError: the client's other errors (a 403...), redacted.
+    """
+    try:
+        return retried(call, shown, retry)
+    except (RemoteStoreError, ValueError):
+        raise
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{shown} does not exist") from None
+    except Exception as err:  # noqa: BLE001 - every client's errors differ; all are named here without credentials
+        raise OSError(f"{shown}: {scrubbed(err)}") from err
 
 
 def _progress(locations: list[str]) -> Any:

@@ -14,7 +14,8 @@ import torch
 from PIL import Image
 
 from stallfree import Loader
-from stallfree.bench.servers import RangeServer, s3_options, s3_server
+from stallfree.bench.servers import FaultProxy, RangeServer, s3_options, s3_server
+from stallfree.ingest.remote import RemoteStoreError, Retry
 from stallfree.ingest.runner import ingest
 from stallfree.pipeline.samples import BadSampleError
 from stallfree.pipeline.webdataset import WebDatasetReader, expand, is_webdataset
@@ -168,6 +169,20 @@ def test_tars_on_s3_give_the_local_samples(tars: Path, tmp_path: Path) -> None:
         again = WebDatasetReader(f"s3://wds/train/{PATTERN}", cache_dir=tmp_path / "b",
                                  storage_options=s3_options(endpoint))
         assert again.walked == 0  # keyed by the object's ETag
+
+
+def test_a_failing_store_is_retried_then_named_without_credentials(tars: Path, tmp_path: Path) -> None:
+    with RangeServer(tars) as server, FaultProxy(server.url) as proxy:
+        url = proxy.url.replace("http://", "http://user:hunter2@") + f"/{PATTERN}?token=hunter2"
+        retry = Retry(attempts=2, backoff=0.01)
+        proxy.inject("503", count=1, match=".tar")  # the index walk's first read: tried again
+        reader = WebDatasetReader(url, cache_dir=tmp_path, retry=retry)
+        proxy.inject("503", count=1, match=".tar")
+        assert reader.read(9).tobytes() == _jpeg(9)
+        proxy.inject("503", count=2, match=".tar")
+        with pytest.raises(RemoteStoreError, match=r"train-1\.tar: 2 tries failed") as failed:
+            reader.read(9)
+        assert "hunter2" not in str(failed.value) and len(proxy.met) == 4
 
 
 def test_a_missing_tar_is_named(tars: Path, tmp_path: Path) -> None:
