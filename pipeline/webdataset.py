@@ -28,7 +28,7 @@ import re
 import tarfile
 import urllib.parse
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -329,8 +329,18 @@ def _walk(f: Any, shown: str, size: int) -> dict[str, Any]:
     name = shown.rsplit("/", 1)[-1]
     damage: list[dict[str, str]] = []
     refused: list[dict[str, str]] = []
+    labels: dict[str, bytes] = {}
+    read_label = label_bytes(tar)
+
+    def listed() -> Iterator[tarfile.TarInfo]:
+        """The members, each ``.cls`` read as it passes: read later, each would be a seek back (a request)."""
+        for member in members(tar, name, size, damage):
+            if member.isfile() and member.name.lower().endswith(".cls"):
+                labels[member.name] = read_label(member)
+            yield member
+
     with tar:
-        found = samples(name, members(tar, name, size, damage), label_bytes(tar), refused)
+        found = samples(name, listed(), lambda member: labels[member.name], refused)
     if damage:
         raise ValueError(f"{_in(shown, damage[0]['path'])}: {damage[0]['reason']} (the whole tar is refused; "
                          "re-copy it, or ingest the tars to keep the samples before the damage)")
