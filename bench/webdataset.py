@@ -142,7 +142,8 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
             servers.wait()
     base = rows[0]["img_s"]
     print(f"{args.images} images ({total / 1e6:.1f} MB in {args.tars} tars), batch {args.batch_size}, "
-          f"{args.threads} threads, io_threads {args.io_threads}, proxy {args.latency:g} ms, cap {args.bandwidth:g} MB/s", file=out)
+          f"{args.threads} threads, io_threads {args.io_threads}, proxy {args.latency:g} ms, "
+          f"cap {args.bandwidth:g} MB/s", file=out)
     print("| source | index, cold | index, cached | img/s | vs ingested |", file=out)
     print("|---|---:|---:|---:|---:|", file=out)
     for row in rows:
