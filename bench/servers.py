@@ -115,6 +115,7 @@ class _RangeHandler(BaseHTTPRequestHandler):
         self.send_header("Accept-Ranges", "bytes")
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Length", str(max(0, end - start + 1)))
+        self.send_header("ETag", f'"{path.stat().st_mtime_ns:x}-{size:x}"')  # as nginx does: a changed file, a new tag
         if match is not None:
             self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
         self.end_headers()

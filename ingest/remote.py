@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import socket
 import threading
 import time
@@ -43,7 +44,7 @@ from typing import Any, TypeVar
 from stallfree.ingest.atomic import atomic_path
 
 __all__ = ["ChecksumMismatch", "Progress", "RemoteStoreError", "Retry", "download", "is_url", "open_store",
-           "read_object", "redact", "retried", "transient", "upload"]
+           "read_object", "redact", "retried", "scrubbed", "transient", "upload"]
 
 #: The optional extra that brings each scheme's client.
 _CLIENTS = {"s3": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs"), "http": ("aiohttp", "remote"),
@@ -106,6 +107,14 @@ def redact(url: str) -> str:
     parts = urllib.parse.urlsplit(url)
     netloc = parts.netloc.rsplit("@", 1)[-1]
     return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+
+
+def scrubbed(err: BaseException) -> str:
+    """``err`` as ``Type: message`` with every URL in it redacted: a client's error may quote a signed URL."""
+    return f"{type(err).__name__}: {_URL_IN_TEXT.sub(lambda m: redact(m[0]), str(err))}"
 
 
 def open_store(url: str, storage_options: dict[str, Any], timeout: float) -> tuple[Any, str]:
@@ -221,7 +230,7 @@ def download(fs: Any, path: str, url: str, dest: Path, size: int, sha256: str, r
             except Exception as err:  # noqa: BLE001 - sorted right below: transient ones are retried, others raised
                 if not transient(err):
                     raise
-                failures.append(f"{type(err).__name__}: {err}")
+                failures.append(scrubbed(err))
                 if len(failures) >= retry.attempts:
                     raise RemoteStoreError(
                         f"{shown}: {len(failures)} tries failed (the last: {failures[-1]}); check that the store "
@@ -270,7 +279,7 @@ def retried(call: Callable[[], _T], what: str, retry: Retry) -> _T:
             if not transient(err):
                 raise
             if tries == retry.attempts:
-                raise RemoteStoreError(f"{what}: {tries} tries failed (the last: {type(err).__name__}: {err})") from err
+                raise RemoteStoreError(f"{what}: {tries} tries failed (the last: {scrubbed(err)})") from err
             time.sleep(retry.wait(tries))
     raise AssertionError("unreachable")  # the loop returns or raises
 

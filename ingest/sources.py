@@ -16,11 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from stallfree.ingest.folders import inside_root, scan_image_folder
-from stallfree.ingest.tars import members
+from stallfree.ingest.tars import compressed, label_bytes, members, samples, too_large
 
 __all__ = ["DEFAULT_MAX_SAMPLE_BYTES", "Item", "Plan", "fetch_many", "plan_source"]
 
-_TAR_IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 #: The default ``--max-sample-bytes``: no training image is this large, and a worker holds a few at once.
 DEFAULT_MAX_SAMPLE_BYTES = 256 << 20
 
@@ -171,70 +170,29 @@ def _tars(source: Path) -> list[Path]:
     tars = [source] if source.is_file() else sorted(source.glob("*.tar"))
     for tar in tars:
         with open(tar, "rb") as f:
-            magic = f.read(3)
-        if magic[:2] == b"\x1f\x8b" or magic == b"BZh" or magic[:3] == b"\xfd7z":
-            raise ValueError(f"{tar} is compressed; WebDataset ingest needs uncompressed .tar shards (random access)")
+            if compressed(f.read(3)):
+                raise ValueError(f"{tar} is compressed; WebDataset ingest needs uncompressed .tar shards "
+                                 "(random access)")
     return tars
 
 
 def _webdataset(source: Path, max_sample_bytes: int | None) -> Plan:
     plan = Plan("webdataset", str(source.resolve()), [])
-    found: list[tuple[str, str, int, int, int]] = []  # key, tar, offset, size, label
     for tar_path in _tars(source):
-        samples: dict[str, dict[str, Any]] = {}
-        order: list[str] = []
         try:
             tar = tarfile.open(tar_path, "r:")
         except tarfile.ReadError as err:
             plan.rejected.append({"path": tar_path.name, "reason": f"not a readable tar ({err}); all of it rejected"})
             continue
-        with tar:
-            for member in members(tar, tar_path, plan.rejected):  # headers only: nothing is extracted to disk
-                name = member.name
-                where = f"{tar_path.name}:{name}"
-                if name.startswith("/") or os.path.isabs(name):
-                    plan.rejected.append({"path": where, "reason": "absolute path in tar"})
-                    continue
-                if ".." in Path(name).parts:
-                    plan.rejected.append({"path": where, "reason": "tar member escapes the root ('..')"})
-                    continue
-                if member.issym() or member.islnk():
-                    plan.rejected.append({"path": where, "reason": "link in tar (links are not followed)"})
-                    continue
-                if member.issparse():  # its bytes in the tar are not the file's: they need the sparse map
-                    plan.rejected.append({"path": where, "reason": "sparse tar member (GNU sparse is not read)"})
-                    continue
-                if not member.isfile():
-                    continue
-                directory, base = os.path.split(name)
-                stem, _, ext = base.partition(".")
-                key = os.path.join(directory, stem)
-                if key not in samples:
-                    samples[key] = {}
-                    order.append(key)
-                samples[key][ext.lower()] = member
-            for key in order:
-                parts = samples[key]
-                image = next((parts[e] for e in _TAR_IMAGE_EXTENSIONS if e in parts), None)
-                where = f"{tar_path.name}:{key}"
-                if image is None or "cls" not in parts:
-                    plan.rejected.append({"path": where, "reason": "sample lacks an image (.jpg/.png) or a .cls"})
-                    continue
-                if max_sample_bytes is not None and image.size > max_sample_bytes:  # named by member, not sample
-                    plan.rejected.append({"path": f"{tar_path.name}:{image.name}",
-                                          "reason": _too_large(image.size, max_sample_bytes)})
-                    continue
-                cls = parts["cls"]
-                handle = tar.extractfile(cls)
-                text = handle.read(64).decode("utf-8", "replace").strip() if handle else ""
-                if not text.isdigit():
-                    plan.rejected.append({"path": where, "reason": f".cls is not a non-negative integer: {text!r}"})
-                    continue
-                found.append((where, str(tar_path.resolve()), image.offset_data, image.size, int(text)))
-    if not found and not plan.rejected:
+        with tar:  # headers only: nothing is extracted to disk
+            listed = members(tar, tar_path.name, os.path.getsize(tar_path), plan.rejected)
+            found = samples(tar_path.name, listed, label_bytes(tar), plan.rejected, max_sample_bytes)
+        location = str(tar_path.resolve())
+        plan.items += [Item(f"{tar_path.name}:{s.key}", s.label, ("tar", location, s.offset, s.size), s.size)
+                       for s in found]
+    if not plan.items and not plan.rejected:
         raise ValueError(f"no WebDataset samples (.jpg/.png + .cls) in {source}")
-    plan.classes = [str(i) for i in range(max((f[4] for f in found), default=-1) + 1)]
-    plan.items = [Item(key, label, ("tar", tar, offset, size), size) for key, tar, offset, size, label in found]
+    plan.classes = [str(i) for i in range(max((item.label for item in plan.items), default=-1) + 1)]
     return plan
 
 
@@ -251,14 +209,10 @@ def plan_source(source: str | os.PathLike[str], *, max_sample_bytes: int | None 
     plan = _list(Path(source), max_sample_bytes)
     if max_sample_bytes is not None:  # the files' and Parquet cells' sizes (a tar's were checked by member)
         kept = [item for item in plan.items if item.size <= max_sample_bytes]
-        plan.rejected += [{"path": item.key, "reason": _too_large(item.size, max_sample_bytes)}
+        plan.rejected += [{"path": item.key, "reason": too_large(item.size, max_sample_bytes)}
                           for item in plan.items if item.size > max_sample_bytes]
         plan.items = kept
     return plan
-
-
-def _too_large(size: int, limit: int) -> str:
-    return f"{size} bytes, over the {limit}-byte limit (--max-sample-bytes); not read"
 
 
 def _list(path: Path, max_sample_bytes: int | None) -> Plan:
@@ -293,7 +247,7 @@ def fetch_many(items: list[Item], max_bytes: int | None = None) -> list[bytes | 
                 with open(item.locator[1], "rb") as f:
                     data = f.read(-1 if max_bytes is None else max_bytes + 1)
                 if max_bytes is not None and len(data) > max_bytes:
-                    raise OSError(errno.EFBIG, _too_large(os.path.getsize(item.locator[1]), max_bytes))
+                    raise OSError(errno.EFBIG, too_large(os.path.getsize(item.locator[1]), max_bytes))
                 out[i] = data
             elif kind == "tar":
                 with open(item.locator[1], "rb") as f:

@@ -139,28 +139,48 @@ REMOTE_DEFAULTS: dict[str, Any] = {"cache_dir": None, "cache_limit": None, "stor
                                    "read_ahead": None, "retries": 5, "remote_timeout": 60.0}
 
 
-def remote_keywords(args: dict[str, Any], remote: bool) -> dict[str, Any]:
-    """The remote reader's keywords from the Loader's, checked; for a local source, a refusal of any set one."""
-    if not remote:
-        given = [name for name, default in REMOTE_DEFAULTS.items() if args[name] != default]
-        if given:
-            raise ValueError(f"{', '.join(n + '=' for n in given)} apply to a dataset at a URL (s3://, gs://, "
-                             f"https://, file://), but the source is {args['source']!r}; drop them")
+#: The remote keywords a WebDataset source takes (its tars are read by range: there is no shard cache to size).
+_WEBDATASET_KEYWORDS = ("cache_dir", "storage_options", "retries", "remote_timeout")
+
+
+def remote_keywords(args: dict[str, Any], remote: bool, webdataset: bool = False) -> dict[str, Any]:
+    """The remote reader's keywords from the Loader's, checked; for a local source, a refusal of any set one.
+
+    A WebDataset source (``webdataset``) takes ``cache_dir`` (its index cache), its store's options and retries
+    when ``remote``, and the Loader's ``on_error``; it refuses the shard cache's other keywords.
+    """
+    if webdataset:
+        allowed: tuple[str, ...] = _WEBDATASET_KEYWORDS if remote else ("cache_dir",)
+    else:
+        allowed = tuple(REMOTE_DEFAULTS) if remote else ()
+    refused = [name for name, default in REMOTE_DEFAULTS.items() if args[name] != default and name not in allowed]
+    if refused and webdataset:
+        where = "at a URL" if remote else "on local disk"
+        raise ValueError(f"{', '.join(n + '=' for n in refused)} apply to an ingested dataset at a URL, not to "
+                         f"WebDataset tars {where} ({args['source']!r}), which take only "
+                         f"{', '.join(n + '=' for n in allowed)}; drop them")
+    if refused:
+        raise ValueError(f"{', '.join(n + '=' for n in refused)} apply to a dataset at a URL (s3://, gs://, "
+                         f"https://, file://), but the source is {args['source']!r}; drop them")
+    if not remote and not webdataset:
         return {}
+    if args["cache_dir"] is not None and not isinstance(args["cache_dir"], (str, os.PathLike)):
+        raise ValueError(f"cache_dir must be a path or None, got {args['cache_dir']!r}")
+    if args["storage_options"] is not None and not isinstance(args["storage_options"], dict):
+        raise ValueError(f"storage_options must be a dict of the store's options (e.g. {{'endpoint_url': ...}}), got "
+                         f"{type(args['storage_options']).__name__}")
+    from stallfree.ingest.remote import Retry
+
+    retry = Retry(attempts=int(args["retries"]) if is_int(args["retries"]) else args["retries"],
+                  timeout=args["remote_timeout"])
+    if webdataset:
+        return {"cache_dir": args["cache_dir"], "storage_options": args["storage_options"], "retry": retry,
+                "on_error": args["on_error"]}
     for name in ("cache_limit", "read_ahead"):
         if args[name] is not None and (not is_int(args[name]) or args[name] <= 0):
             raise ValueError(f"{name} must be a positive number of bytes or None, got {args[name]!r}")
     if not is_int(args["downloads"]) or args["downloads"] < 1:
         raise ValueError(f"downloads must be an int >= 1 (concurrent downloads), got {args['downloads']!r}")
-    if args["storage_options"] is not None and not isinstance(args["storage_options"], dict):
-        raise ValueError(f"storage_options must be a dict of the store's options (e.g. {{'endpoint_url': ...}}), got "
-                         f"{type(args['storage_options']).__name__}")
-    if args["cache_dir"] is not None and not isinstance(args["cache_dir"], (str, os.PathLike)):
-        raise ValueError(f"cache_dir must be a path or None, got {args['cache_dir']!r}")
-    from stallfree.ingest.remote import Retry
-
-    retry = Retry(attempts=int(args["retries"]) if is_int(args["retries"]) else args["retries"],
-                  timeout=args["remote_timeout"])
     return {"cache_dir": args["cache_dir"], "cache_limit": args["cache_limit"], "read_ahead": args["read_ahead"],
             "storage_options": args["storage_options"], "downloads": int(args["downloads"]), "retry": retry}
 

@@ -45,6 +45,7 @@ from stallfree.pipeline.readers import Reader, open_source, unwrap_torchvision_d
 from stallfree.pipeline.sampler import process_shard
 from stallfree.pipeline.samples import BadSampleError
 from stallfree.pipeline.shards import Verify
+from stallfree.pipeline.webdataset import is_webdataset
 from stallfree.resume import check_fingerprint
 from stallfree.transforms.compile import CompiledTransforms, Dtype, Layout
 from stallfree.transforms.from_torchvision import to_steps
@@ -72,7 +73,8 @@ class Loader:
 
     Args:
         source: an ImageFolder tree, a CSV or Parquet file list (``path``, ``label``), an ingested shard folder
-            (or its URL: ``s3://``, ``gs://``, ``https://``, ``file://``; docs/remote.md), a map-style torch
+            (or its URL: ``s3://``, ``gs://``, ``https://``, ``file://``; docs/remote.md), WebDataset tars read in
+            place (a path or URL ending in ``.tar`` or with ``{first..last}`` ranges; docs/remote.md), a map-style torch
             ``Dataset`` of ``(image, label)`` items (see :class:`DatasetReader`), or a :class:`Reader`. A
             torchvision dataset (``ImageFolder(root, transform=...)``) brings its transforms (see
             :func:`~stallfree.pipeline.readers.unwrap_torchvision_dataset`), so ``DataLoader(dataset, ...)``
@@ -128,7 +130,9 @@ class Loader:
             URL only (docs/remote.md): the local shard cache (default ``~/.cache/stallfree/shards``) and its size
             in bytes (default: no limit), the fsspec store's options (credentials, ``endpoint_url``), concurrent
             downloads (8), bytes fetched ahead of the reads (default 3/4 of the cache, or 1 GiB), tries per download
-            (5) and seconds without a byte before a try fails (60).
+            (5) and seconds without a byte before a try fails (60). WebDataset tars take ``cache_dir`` (where their
+            indexes are kept, default ``~/.cache/stallfree/webdataset-index``) and, at a URL, ``storage_options``,
+            ``retries`` and ``remote_timeout``.
 
     DataLoader's other keywords (``num_workers``, ``persistent_workers``, ``collate_fn``, ``sampler``, ...) are
     refused with a ``TypeError`` that says what the Loader does instead.
@@ -199,9 +203,10 @@ class Loader:
             raise ValueError("placement='gpu' needs a CUDA device=; got device='cpu'")
         on_gpu = placement == "gpu" or (placement == "auto" and self.device.type == "cuda")
         rank, world_size = process_shard(rank, world_size)
-        remote = remote_keywords(dict(locals()), is_url(source))
+        webdataset = is_webdataset(source)
+        remote = remote_keywords(dict(locals()), is_url(source), webdataset)
         self.reader = open_source(source, exif=exif, verify=verify,
-                                  remote={**remote, "rank": rank} if remote else None)
+                                  remote={**remote, "rank": rank} if remote and not webdataset else remote or None)
         echo_k = echo if echo_mode == "example" else 1
         self.shuffle_mode = "block" if shuffle == "block" else ("global" if shuffle else "none")
         self.block_shards = int(block_shards)

@@ -20,6 +20,7 @@ from stallfree.ingest.folders import inside_root, scan_image_folder
 from stallfree.ingest.images import Exif
 from stallfree.ingest.remote import is_url
 from stallfree.pipeline.shards import ShardReader, Verify, is_shard_folder
+from stallfree.pipeline.webdataset import is_webdataset
 
 __all__ = ["DatasetReader", "FileListReader", "FolderReader", "Reader", "open_source", "unwrap_torchvision_dataset"]
 
@@ -341,9 +342,11 @@ def open_source(source: str | os.PathLike[str] | Reader | Any, *, exif: Exif = "
                 verify: Verify = "first-use", remote: dict[str, Any] | None = None) -> Reader:
     """The reader for ``source``, decoding under the Loader's ``exif`` setting (shards checked as ``verify`` says).
 
-    A Reader as it is (a :class:`DatasetReader` as a copy with that setting), an ingested shard folder, the URL
-    of one (``s3://``, ``gs://``, ``http(s)://``, ``file://``: a :class:`RemoteShardReader` given the keywords
-    ``remote``), a CSV/Parquet list, an image folder, or a map-style torch Dataset (see :class:`DatasetReader`).
+    A Reader as it is (a :class:`DatasetReader` as a copy with that setting), WebDataset tars (a path or URL
+    ending in ``.tar`` or with a ``{a..b}`` range: a :class:`~stallfree.pipeline.webdataset.WebDatasetReader`
+    given the keywords ``remote``), an ingested shard folder, the URL of one (``s3://``, ``gs://``, ``http(s)://``,
+    ``file://``: a :class:`RemoteShardReader` given the keywords ``remote``), a CSV/Parquet list, an image folder,
+    or a map-style torch Dataset (see :class:`DatasetReader`).
 
     Raises:
         ValueError: ``exif="apply"`` for ``--raw`` shards, whose pixels were decoded at ingest without turning.
@@ -363,6 +366,10 @@ def open_source(source: str | os.PathLike[str] | Reader | Any, *, exif: Exif = "
         dataset = DatasetReader(source)
         dataset.exif = exif
         return dataset
+    if is_webdataset(source):
+        from stallfree.pipeline.webdataset import WebDatasetReader
+
+        return WebDatasetReader(source, **(remote or {}))
     if is_url(source):
         from stallfree.pipeline.remote_shards import RemoteShardReader
 

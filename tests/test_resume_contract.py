@@ -10,6 +10,7 @@ must refuse the state.
 from __future__ import annotations
 
 import json
+import tarfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -96,7 +97,24 @@ def remote_cache(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _factories(image_folder: Path, indexed_list: Path, shards: Path, url: str, cache: Path) -> dict[str, Factory]:
+@pytest.fixture(scope="module")
+def webdataset(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The image folder's files as 3 WebDataset tars (label = class folder), read in place: their pattern."""
+    out = tmp_path_factory.mktemp("contract_wds")
+    files = sorted(image_folder.glob("*/*"))
+    classes = sorted({f.parent.name for f in files})
+    for t in range(3):
+        with tarfile.open(out / f"part-{t:02d}.tar", "w") as tar:
+            for i, file in enumerate(files[t::3]):
+                tar.add(file, f"{i:03d}{file.suffix}")
+                label = out / "label.cls"
+                label.write_text(str(classes.index(file.parent.name)))
+                tar.add(label, f"{i:03d}.cls")
+    return str(out / "part-{00..02}.tar")
+
+
+def _factories(image_folder: Path, indexed_list: Path, shards: Path, url: str, cache: Path,
+               webdataset: str) -> dict[str, Factory]:
     gen = torch.Generator().manual_seed(1)
     mix_in = [(torch.rand(4, 3, 6, 6, generator=gen), torch.randint(0, 5, (4,), generator=gen)) for _ in range(5)]
     return {
@@ -108,6 +126,7 @@ def _factories(image_folder: Path, indexed_list: Path, shards: Path, url: str, c
         # a cache of 3 shards' worth: shards are evicted and fetched again as the epochs go on
         "loader-http-block": _loader(url, shuffle="block", block_shards=1, cache_dir=cache,
                                      cache_limit=3 * max(s["bytes"] for s in read_manifest(shards)["shards"])),
+        "loader-webdataset-block": _loader(webdataset, shuffle="block", block_shards=1, cache_dir=cache),
         "tensor-batches": lambda v, seed: TensorBatches(40, 6, 8, 3, seed=seed),
         "torch-feed": lambda v, seed: TorchFeed(str(image_folder), 5, 12, train=True, seed=seed, replica=0,
                                                 replicas=1, workers=v),
@@ -117,13 +136,13 @@ def _factories(image_folder: Path, indexed_list: Path, shards: Path, url: str, c
 
 
 PARTS = ["loader-folder", "loader-file-list", "loader-dataset", "loader-shards", "loader-shards-block",
-         "loader-http-block", "tensor-batches", "torch-feed", "mixup", "cutmix"]
+         "loader-http-block", "loader-webdataset-block", "tensor-batches", "torch-feed", "mixup", "cutmix"]
 
 
 @pytest.fixture
 def factory(request: pytest.FixtureRequest, image_folder: Path, indexed_list: Path, shards: Path, shards_url: str,
-            remote_cache: Path) -> Factory:
-    return _factories(image_folder, indexed_list, shards, shards_url, remote_cache)[request.param]
+            remote_cache: Path, webdataset: str) -> Factory:
+    return _factories(image_folder, indexed_list, shards, shards_url, remote_cache, webdataset)[request.param]
 
 
 def _same(a: list[Batch], b: list[Batch]) -> bool:

@@ -1,0 +1,353 @@
+"""WebDataset tars read in place: ``Loader("path/or/url/train-{000000..000099}.tar", ...)``, without ingest.
+
+The source is a tar's path or URL (``s3://``, ``gs://``, ``http(s)://``, ``file://``), or a pattern of them with
+brace ranges (:func:`expand`). Each tar is indexed once: its member headers are walked (locally through the file;
+remotely through an fsspec file that reads 1 MiB ranges and seeks over large members) and grouped into samples by
+:func:`stallfree.ingest.tars.samples`, the grouping ``stallfree ingest`` uses, so the two accept and refuse the
+same members. The index (every sample's key, image offset and size, and its ``.cls`` label) is saved as a small
+JSON file in the index cache, ``webdataset-index/`` beside the shard cache (``~/.cache/stallfree/`` by default,
+or ``cache_dir``), one file per tar, named by a hash of its path or URL and holding the tar's size and its
+modification time (local) or ETag (remote): a tar that changed is walked again. After that, a sample is one ranged
+read (a local ``seek`` + ``read``, or ``fs.cat_file(path, start, end)``), retried on transient failures.
+
+The sampler, shuffle (``shuffle="block"`` takes a tar as a shard), resume and error rules are the Loader's, as for
+any source. A compressed or damaged tar (a header that does not parse, a member whose data runs past the tar's
+end) is a ``ValueError`` naming the tar and member; a refused sample (no image or no ``.cls``, a label that is not
+a non-negative integer, a link, ``..`` or an absolute name) is a ``ValueError`` under ``on_error="raise"`` and
+left out with a warning under ``on_error="skip"`` (:attr:`WebDatasetReader.rejected` lists them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import os
+import re
+import tarfile
+import urllib.parse
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import numpy as np
+
+from stallfree.ingest.atomic import atomic_write
+from stallfree.ingest.home import cache_dir as stallfree_cache_dir
+from stallfree.ingest.remote import RemoteStoreError, Retry, is_url, open_store, redact, retried, scrubbed
+from stallfree.ingest.tars import compressed, label_bytes, members, samples
+
+__all__ = ["WebDatasetReader", "default_index_dir", "expand", "is_webdataset"]
+
+_BRACE = re.compile(r"\{([^{}]*)\}")
+_RANGE = re.compile(r"(\d+)\.\.(\d+)")
+_MAX_TARS = 1_000_000
+_T = TypeVar("_T")
+_FORMAT = 1  # the index file's format; another one is walked again
+#: What says a remote tar changed, by client (s3fs, gcsfs, fsspec's HTTP), in order of preference.
+_STAMPS = ("ETag", "etag", "Last-Modified", "LastModified", "mtime", "updated")
+_PIECE = 1 << 20  # the remote walk's range size: small members come many to a read, large ones are skipped
+
+
+def is_webdataset(source: Any) -> bool:
+    """Whether ``source`` is a string or path naming WebDataset tars: a ``{a..b}`` range, or ending in ``.tar``."""
+    if not isinstance(source, (str, os.PathLike)):
+        return False
+    text = os.fspath(source)
+    if not isinstance(text, str):
+        return False
+    path = urllib.parse.urlsplit(text).path if is_url(text) else text
+    return bool(_BRACE.search(text)) or path.lower().endswith(".tar")
+
+
+def expand(pattern: str) -> list[str]:
+    """Every name of a brace pattern, in order: ``a-{00..02}.tar`` gives ``a-00.tar``, ``a-01.tar``, ``a-02.tar``.
+
+    A range keeps the first number's width (``{000000..000099}`` gives six digits; ``{1..10}`` none); several
+    ranges give every combination, the last varying fastest. A pattern without braces is one name.
+
+    Raises:
+        ValueError: a brace that is not ``{first..last}`` of digits, a range that runs backwards, an unmatched
+            brace, or more than a million names.
+    """
+    texts: list[str] = []
+    ranges: list[tuple[int, int, int]] = []  # first, last, width
+    last = 0
+    for match in _BRACE.finditer(pattern):
+        texts.append(pattern[last : match.start()])
+        numbers = _RANGE.fullmatch(match[1])
+        if numbers is None:
+            raise ValueError(f"WebDataset pattern {redact(pattern)!r}: {match[0]!r} is not a range; write "
+                             "{first..last} with digits, e.g. train-{000000..000099}.tar")
+        first, end = int(numbers[1]), int(numbers[2])
+        if first > end:
+            raise ValueError(f"WebDataset pattern {redact(pattern)!r}: the range {match[0]} runs backwards; write "
+                             f"{{{numbers[2]}..{numbers[1]}}}")
+        ranges.append((first, end, len(numbers[1])))
+        last = match.end()
+    texts.append(pattern[last:])
+    if any("{" in text or "}" in text for text in texts):
+        raise ValueError(f"WebDataset pattern {redact(pattern)!r} has an unmatched or nested brace; write "
+                         "{first..last} with digits, e.g. train-{000000..000099}.tar")
+    count = math.prod(end - first + 1 for first, end, _ in ranges)
+    if count > _MAX_TARS:
+        raise ValueError(f"WebDataset pattern {redact(pattern)!r} names {count} tars, over {_MAX_TARS}; are the "
+                         "ranges right?")
+    choices = [[str(n).zfill(width) for n in range(first, end + 1)] for first, end, width in ranges]
+    return ["".join(itertools.chain.from_iterable(zip(texts, (*chosen, ""), strict=True)))
+            for chosen in itertools.product(*choices)]
+
+
+def default_index_dir() -> Path:
+    """``webdataset-index/`` in the stallfree cache, beside the shard cache's ``shards/``."""
+    return stallfree_cache_dir() / "webdataset-index"
+
+
+@dataclass
+class _Tar:
+    """One tar: where it is (``fs`` None for a local file), how it is shown in messages, and its samples."""
+
+    location: str
+    shown: str
+    fs: Any
+    path: str
+    keys: list[str]
+    offsets: np.ndarray
+    sizes: np.ndarray
+    labels: np.ndarray
+
+
+class WebDatasetReader:
+    """Samples of WebDataset tars read in place (the :class:`~stallfree.pipeline.readers.Reader` protocol).
+
+    Rows are the tars' samples in the pattern's order, each tar's in member order (the order ``stallfree ingest``
+    gives the same tars).
+
+    Args:
+        source: a tar's path or URL, or a pattern of them (:func:`expand`).
+        cache_dir: where the tars' indexes are kept (default :func:`default_index_dir`).
+        storage_options: passed to the fsspec file system of a URL (credentials, ``endpoint_url``...).
+        retry: how remote requests are retried, and their timeout.
+        on_error: ``"raise"``: a refused sample is a ValueError; ``"skip"``: it is left out, with a warning.
+
+    Raises:
+        FileNotFoundError: a tar does not exist (named).
+        ValueError: a malformed pattern, a compressed or damaged tar, a refused sample under ``on_error="raise"``,
+            or tars that hold no sample.
+        RemoteStoreError: the store did not answer.
+    """
+
+    encoded = True
+    columns: Sequence[str] = ()
+
+    def __init__(self, source: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None,
+                 storage_options: dict[str, Any] | None = None, retry: Retry | None = None,
+                 on_error: Literal["raise", "skip"] = "raise"):
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        self.pattern = os.fspath(source)
+        self.retry = retry or Retry()
+        self.index_dir = Path(cache_dir) if cache_dir is not None else default_index_dir()
+        self.walked = 0  # tars whose headers were walked, not loaded from the index cache (for tests)
+        self.rejected: list[dict[str, str]] = []  # the samples left out under on_error="skip"
+        self._options = storage_options or {}
+        self._tars = [self._tar(location) for location in _progress(expand(self.pattern))]
+        if self.rejected and on_error == "raise":
+            first = self.rejected[0]
+            raise ValueError(f"{first['path']}: {first['reason']} ({len(self.rejected)} sample(s) refused in "
+                             f"{redact(self.pattern)}); pass on_error='skip' to leave them out")
+        if self.rejected:
+            first = self.rejected[0]
+            warnings.warn(f"{len(self.rejected)} sample(s) of {redact(self.pattern)} left out (on_error='skip'), "
+                          f"the first {first['path']}: {first['reason']}", UserWarning, stacklevel=2)
+        self._starts = np.cumsum([0] + [len(t.keys) for t in self._tars])
+        if len(self) == 0:
+            raise ValueError(f"no WebDataset samples (.jpg/.png + .cls) in {redact(self.pattern)}")
+        self._labels = np.concatenate([t.labels for t in self._tars]).astype(np.int64)
+        self.classes = [str(i) for i in range(int(self._labels.max()) + 1)]
+
+    def _tar(self, location: str) -> _Tar:
+        if is_url(location):
+            fs, path = open_store(location, self._options, self.retry.timeout)  # fsspec reuses one client
+            shown = redact(location)
+        else:
+            fs, path = None, location
+            shown = os.path.abspath(location)
+        size, stamp = self._stat(fs, path, shown)
+        index_file = self.index_dir / (hashlib.sha256(shown.encode()).hexdigest()[:32] + ".json")
+        index = _load(index_file, shown, size, stamp)
+        if index is None:
+            if fs is None:
+                with open(path, "rb") as f:
+                    index = _walk(f, shown, size)
+            else:
+                index = _remote(lambda: _walk_remote(fs, path, shown, size), shown, self.retry)
+            self.walked += 1
+            atomic_write(index_file, json.dumps({**index, "format": _FORMAT, "tar": shown, "size": size,
+                                                 "stamp": stamp}).encode())
+        self.rejected += index["refused"]
+        return _Tar(location, shown, fs, path, list(index["keys"]), np.asarray(index["offsets"], np.int64),
+                    np.asarray(index["sizes"], np.int64), np.asarray(index["labels"], np.int64))
+
+    def _stat(self, fs: Any, path: str, shown: str) -> tuple[int, str]:
+        """The tar's size and what says it changed: its modification time, or the store's ETag."""
+        try:
+            if fs is None:
+                stat = os.stat(path)
+                return stat.st_size, str(stat.st_mtime_ns)
+            info = _remote(lambda: fs.info(path), shown, self.retry)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"WebDataset tar {shown} does not exist (from {redact(self.pattern)})") from None
+        if info.get("size") is None:
+            raise ValueError(f"{shown}: the store gives no size for it (no Content-Length), so its members cannot be "
+                             "read by range; serve it with one, or ingest the tars")
+        stamp = next((str(info[k]) for k in _STAMPS if info.get(k)), "")
+        return int(info["size"]), stamp
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def labels(self) -> np.ndarray:
+        """Every sample's label (from its ``.cls``), int64."""
+        return self._labels
+
+    def shard_rows(self) -> list[int]:
+        """Samples per tar, in order (the shards of ``shuffle="block"``)."""
+        return [len(t.keys) for t in self._tars]
+
+    def _locate(self, index: int) -> tuple[_Tar, int]:
+        if not 0 <= index < len(self):
+            raise IndexError(f"row {index} out of range for {len(self)} samples in {redact(self.pattern)}")
+        t = int(np.searchsorted(self._starts, index, side="right")) - 1
+        return self._tars[t], index - int(self._starts[t])
+
+    def read(self, index: int) -> np.ndarray:
+        """Sample ``index``'s image bytes: one ranged read of its member.
+
+        Raises:
+            OSError: the tar cannot be read, or ends inside the member (it changed since it was indexed).
+            RemoteStoreError: the store did not answer.
+        """
+        tar, row = self._locate(index)
+        offset, size = int(tar.offsets[row]), int(tar.sizes[row])
+        if tar.fs is None:
+            with open(tar.path, "rb") as f:
+                f.seek(offset)
+                data = f.read(size)
+        else:
+            data = _remote(lambda: tar.fs.cat_file(tar.path, start=offset, end=offset + size), tar.shown, self.retry)
+        if len(data) != size:
+            raise OSError(f"{tar.shown}:{tar.keys[row]}: the tar ends inside this member ({len(data)} of its {size} "
+                          "bytes): it changed since it was indexed")
+        return np.frombuffer(data, np.uint8)
+
+    def describe(self, index: int) -> str:
+        """``<tar>:<key>``: the tar's path or (redacted) URL and the sample's key."""
+        tar, row = self._locate(index)
+        return f"{tar.shown}:{tar.keys[row]}"
+
+    def column(self, name: str, rows: np.ndarray) -> np.ndarray | list[Any]:
+        raise KeyError(f"no column {name!r} in WebDataset tars {redact(self.pattern)}: only ingested shards carry "
+                       "extra columns")
+
+    def fingerprint(self) -> str:
+        """The tars' names, and their samples' keys, sizes and labels, hashed: the same wherever the tars lie."""
+        digest = hashlib.sha256()
+        for tar in self._tars:
+            digest.update(f"{tar.shown.rsplit('/', 1)[-1]}\0{chr(0).join(tar.keys)}\0".encode())
+            digest.update(tar.sizes.tobytes())
+            digest.update(tar.labels.tobytes())
+        return digest.hexdigest()
+
+
+def _remote(call: Callable[[], _T], shown: str, retry: Retry) -> _T:
+    """``call()`` on a store, retried on transient failures; any other failure of the client is named, redacted.
+
+    A client's own message may quote the URL it was given, signature and all: it becomes an ``OSError`` naming
+    ``shown``.
+
+    Raises:
+        RemoteStoreError: tries spent.
+        FileNotFoundError: no such object.
+        OSError: the client's other errors (a 403...), redacted.
+    """
+    try:
+        return retried(call, shown, retry)
+    except (RemoteStoreError, ValueError):
+        raise
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{shown} does not exist") from None
+    except Exception as err:  # noqa: BLE001 - every client's errors differ; all are named here without credentials
+        raise OSError(f"{shown}: {scrubbed(err)}") from err
+
+
+def _progress(locations: list[str]) -> Any:
+    """The tars, with a progress bar on stderr while they are indexed (a terminal only, and from 8 tars on)."""
+    from tqdm import tqdm
+
+    return tqdm(locations, desc="indexing tars", unit="tar", disable=None if len(locations) >= 8 else True,
+                leave=False)
+
+
+def _load(index_file: Path, shown: str, size: int, stamp: str) -> dict[str, Any] | None:
+    """The cached index of a tar, or None when there is none, or it is of another size, stamp or format."""
+    try:
+        index = json.loads(index_file.read_bytes())
+    except FileNotFoundError:
+        return None
+    except ValueError as err:  # written atomically, so only another program could have left it so
+        warnings.warn(f"the index {index_file} of {shown} is not JSON ({err}); walking the tar again", UserWarning,
+                      stacklevel=3)
+        return None
+    fresh = (index.get("format"), index.get("tar"), index.get("size"), index.get("stamp")) == (
+        _FORMAT, shown, size, stamp)
+    return index if fresh and stamp else None  # no stamp (a server without ETag): every open walks the tar
+
+
+def _walk_remote(fs: Any, path: str, shown: str, size: int) -> dict[str, Any]:
+    with fs.open(path, "rb", block_size=_PIECE, cache_type="readahead") as f:
+        return _walk(f, shown, size)
+
+
+def _walk(f: Any, shown: str, size: int) -> dict[str, Any]:
+    """The index of the tar open as ``f`` (seekable, ``size`` bytes): its samples, and the samples it refused.
+
+    Raises:
+        ValueError: the tar is compressed, not a tar, or damaged (the first damage is named).
+    """
+    if compressed(f.read(3)):
+        raise ValueError(f"{shown} is compressed; WebDataset tars are read by offset, so they must be uncompressed "
+                         "(gunzip them, or ingest them)")
+    f.seek(0)
+    try:
+        tar = tarfile.open(fileobj=f, mode="r:")
+    except tarfile.ReadError as err:
+        raise ValueError(f"{shown} is not a readable tar ({err})") from err
+    name = shown.rsplit("/", 1)[-1]
+    damage: list[dict[str, str]] = []
+    refused: list[dict[str, str]] = []
+    labels: dict[str, bytes] = {}
+    read_label = label_bytes(tar)
+
+    def listed() -> Iterator[tarfile.TarInfo]:
+        """The members, each ``.cls`` read as it passes: read later, each would be a seek back (a request)."""
+        for member in members(tar, name, size, damage):
+            if member.isfile() and member.name.lower().endswith(".cls"):
+                labels[member.name] = read_label(member)
+            yield member
+
+    with tar:
+        found = samples(name, listed(), lambda member: labels[member.name], refused)
+    if damage:
+        raise ValueError(f"{_in(shown, damage[0]['path'])}: {damage[0]['reason']} (the whole tar is refused; "
+                         "re-copy it, or ingest the tars to keep the samples before the damage)")
+    return {"keys": [s.key for s in found], "offsets": [s.offset for s in found], "sizes": [s.size for s in found],
+            "labels": [s.label for s in found], "refused": [{**r, "path": _in(shown, r["path"])} for r in refused]}
+
+
+def _in(shown: str, where: str) -> str:
+    """A record's ``tar:member`` with the tar's full path or URL in place of its name."""
+    return shown.rsplit("/", 1)[0] + "/" + where if "/" in shown else where
