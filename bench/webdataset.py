@@ -5,7 +5,8 @@ ingested into Arrow shards. The tars are then indexed from a cold index cache an
 local disk and over HTTP and S3 (moto) on 127.0.0.1 through the fault proxy (``--latency`` ms added to every
 reply, ``--bandwidth`` cap); the servers run in a process of their own, so they take no interpreter time from the
 Loader. Last, one epoch of the Loader (after a warm-up epoch over the local shards) over each source: the ingested
-shards on local disk, the tars on local disk, over HTTP and over S3. Images/s counts from the 3rd batch on.
+shards on local disk, the tars on local disk, over HTTP and over S3, each under a global and a block shuffle
+(``--shuffle``). Images/s counts from the 3rd batch on.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ __all__ = ["add_arguments", "run"]
 
 EXAMPLES = """examples:
   stallfree bench webdataset                               # 1,200 synthetic images in 12 tars, 20 ms latency
-  stallfree bench webdataset --io-threads 32                # 32 ranged reads at once
+  stallfree bench webdataset --downloads 16 --shuffle global  # 16 ranged reads in flight
   stallfree bench webdataset --images 4000 --tars 40 --latency 0 --json | jq .rows
 """
 
@@ -41,8 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=32, help="images per batch")
     parser.add_argument("--latency", type=float, default=20.0, metavar="MS", help="latency the proxy adds to replies")
     parser.add_argument("--bandwidth", type=float, default=100.0, metavar="MB/S", help="the proxy's bandwidth cap")
-    parser.add_argument("--io-threads", type=int, default=4, help="the Loader's io_threads: reads at once (over a "
-                        "store each sample is a request, so they bound the rate at io_threads / latency)")
+    parser.add_argument("--io-threads", type=int, default=4, help="the Loader's io_threads")
+    parser.add_argument("--downloads", type=int, default=None, help="ranged requests in flight for the tars at a URL "
+                        "(default: the Loader's, 64); a global shuffle's rate is at most downloads / latency")
+    parser.add_argument("--shuffle", choices=("global", "block", "both"), default="both",
+                        help="the Loader's shuffle over the tars (block: 2 tars a block); both: a row each")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                         help="Loader threads (default: the cores this process may use)")
 
@@ -122,32 +126,38 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
             proxies = json.loads(pipe.readline())
             for proxy in proxies.values():
                 urllib.request.urlopen(f"{proxy}{CONTROL}{args.latency:g}", timeout=10).close()
-            sources: list[tuple[str, str, dict[str, Any]]] = [
+            ahead = {} if args.downloads is None else {"downloads": args.downloads}
+            stores: list[tuple[str, str, dict[str, Any]]] = [
                 ("tars, local disk", str(work / "tars" / pattern), {}),
-                ("tars, HTTP", f"{proxies['http']}/{pattern}", {}),
-                ("tars, S3", f"s3://bench/ds/{pattern}", {"storage_options": s3_options(proxies["s3"])})]
+                ("tars, HTTP", f"{proxies['http']}/{pattern}", ahead),
+                ("tars, S3", f"s3://bench/ds/{pattern}", {"storage_options": s3_options(proxies["s3"]), **ahead})]
+            shuffles = ["global", "block"] if args.shuffle == "both" else [args.shuffle]
             print("warm-up epoch ...", file=sys.stderr)
             _epoch_rate(work / "shards", args)  # the page cache, the graph's compilation
             print("ingested shards, local disk ...", file=sys.stderr)
-            rows.append({"source": "ingested shards, local disk", "index_cold_s": None, "index_warm_s": None,
-                         "img_s": _epoch_rate(work / "shards", args)})
-            for number, (name, source, options) in enumerate(sources):
-                print(f"{name} ...", file=sys.stderr)
+            rows.append({"source": "ingested shards, local disk", "shuffle": "global", "index_cold_s": None,
+                         "index_warm_s": None, "img_s": _epoch_rate(work / "shards", args)})
+            for number, (name, source, options) in enumerate(stores):
                 cache = work / f"index-{number}"
-                cold, warm = _index_times(source, cache, options)
-                rate = _epoch_rate(source, args, cache_dir=cache, **options)
-                rows.append({"source": name, "index_cold_s": cold, "index_warm_s": warm, "img_s": rate})
+                print(f"{name}: index ...", file=sys.stderr)
+                cold, warm = _index_times(source, cache, {k: v for k, v in options.items() if k != "downloads"})
+                for shuffle in shuffles:
+                    print(f"{name}, {shuffle} shuffle ...", file=sys.stderr)
+                    rate = _epoch_rate(source, args, cache_dir=cache, shuffle=shuffle, block_shards=2, **options)
+                    rows.append({"source": name, "shuffle": shuffle, "index_cold_s": cold, "index_warm_s": warm,
+                                 "img_s": rate})
         finally:
             servers.kill()
             servers.wait()
     base = rows[0]["img_s"]
     print(f"{args.images} images ({total / 1e6:.1f} MB in {args.tars} tars), batch {args.batch_size}, "
-          f"{args.threads} threads, io_threads {args.io_threads}, proxy {args.latency:g} ms, "
-          f"cap {args.bandwidth:g} MB/s", file=out)
-    print("| source | index, cold | index, cached | img/s | vs ingested |", file=out)
-    print("|---|---:|---:|---:|---:|", file=out)
+          f"{args.threads} threads, io_threads {args.io_threads}, downloads {args.downloads or 'default (64)'}, "
+          f"proxy {args.latency:g} ms, cap {args.bandwidth:g} MB/s", file=out)
+    print("| source | shuffle | index, cold | index, cached | img/s | vs ingested |", file=out)
+    print("|---|---|---:|---:|---:|---:|", file=out)
     for row in rows:
         first = "-" if row["index_cold_s"] is None else f"{row['index_cold_s']:.2f} s"
         again = "-" if row["index_warm_s"] is None else f"{row['index_warm_s']:.2f} s"
-        print(f"| {row['source']} | {first} | {again} | {row['img_s']:.0f} | {row['img_s'] / base:.0%} |", file=out)
+        print(f"| {row['source']} | {row['shuffle']} | {first} | {again} | {row['img_s']:.0f} | "
+              f"{row['img_s'] / base:.0%} |", file=out)
     return {"images": args.images, "tars": args.tars, "bytes": total, "rows": rows}

@@ -135,19 +135,20 @@ def check_arguments(args: dict[str, Any]) -> None:
 
 
 #: The Loader keywords of a remote source, and their defaults (a local source refuses any other value).
-REMOTE_DEFAULTS: dict[str, Any] = {"cache_dir": None, "cache_limit": None, "storage_options": None, "downloads": 8,
+REMOTE_DEFAULTS: dict[str, Any] = {"cache_dir": None, "cache_limit": None, "storage_options": None, "downloads": None,
                                    "read_ahead": None, "retries": 5, "remote_timeout": 60.0}
 
 
-#: The remote keywords a WebDataset source takes (its tars are read by range: there is no shard cache to size).
-_WEBDATASET_KEYWORDS = ("cache_dir", "storage_options", "retries", "remote_timeout")
+#: The remote keywords a WebDataset source at a URL takes (its tars are read by range: no shard cache to size).
+_WEBDATASET_KEYWORDS = ("cache_dir", "storage_options", "retries", "remote_timeout", "downloads", "read_ahead")
 
 
 def remote_keywords(args: dict[str, Any], remote: bool, webdataset: bool = False) -> dict[str, Any]:
     """The remote reader's keywords from the Loader's, checked; for a local source, a refusal of any set one.
 
-    A WebDataset source (``webdataset``) takes ``cache_dir`` (its index cache), its store's options and retries
-    when ``remote``, and the Loader's ``on_error``; it refuses the shard cache's other keywords.
+    A WebDataset source (``webdataset``) takes ``cache_dir`` (its index cache), and when ``remote`` its store's
+    options, retries, ``downloads`` and ``read_ahead`` (for its ranges), and the Loader's ``on_error``; it refuses
+    ``cache_limit`` (there is no shard cache).
     """
     if webdataset:
         allowed: tuple[str, ...] = _WEBDATASET_KEYWORDS if remote else ("cache_dir",)
@@ -173,16 +174,18 @@ def remote_keywords(args: dict[str, Any], remote: bool, webdataset: bool = False
 
     retry = Retry(attempts=int(args["retries"]) if is_int(args["retries"]) else args["retries"],
                   timeout=args["remote_timeout"])
-    if webdataset:
-        return {"cache_dir": args["cache_dir"], "storage_options": args["storage_options"], "retry": retry,
-                "on_error": args["on_error"]}
     for name in ("cache_limit", "read_ahead"):
         if args[name] is not None and (not is_int(args[name]) or args[name] <= 0):
             raise ValueError(f"{name} must be a positive number of bytes or None, got {args[name]!r}")
-    if not is_int(args["downloads"]) or args["downloads"] < 1:
-        raise ValueError(f"downloads must be an int >= 1 (concurrent downloads), got {args['downloads']!r}")
+    if args["downloads"] is not None and (not is_int(args["downloads"]) or args["downloads"] < 1):
+        raise ValueError(f"downloads must be an int >= 1 (concurrent downloads) or None, got {args['downloads']!r}")
+    # None: the reader's own default (8 shard downloads; 64 ranged requests for tars, each one sample or a few)
+    downloads = {} if args["downloads"] is None else {"downloads": int(args["downloads"])}
+    if webdataset:
+        return {"cache_dir": args["cache_dir"], "storage_options": args["storage_options"], "retry": retry,
+                "on_error": args["on_error"], "read_ahead": args["read_ahead"], **downloads}
     return {"cache_dir": args["cache_dir"], "cache_limit": args["cache_limit"], "read_ahead": args["read_ahead"],
-            "storage_options": args["storage_options"], "downloads": int(args["downloads"]), "retry": retry}
+            "storage_options": args["storage_options"], "retry": retry, **downloads}
 
 
 def source_identity(reader: Reader) -> str:

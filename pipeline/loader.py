@@ -132,7 +132,8 @@ class Loader:
             downloads (8), bytes fetched ahead of the reads (default 3/4 of the cache, or 1 GiB), tries per download
             (5) and seconds without a byte before a try fails (60). WebDataset tars take ``cache_dir`` (where their
             indexes are kept, default ``~/.cache/stallfree/webdataset-index``) and, at a URL, ``storage_options``,
-            ``retries`` and ``remote_timeout``.
+            ``downloads`` (ranged requests in flight, default 64), ``read_ahead`` (bytes of coming samples held in
+            memory, default 64 MiB), ``retries`` and ``remote_timeout``.
 
     DataLoader's other keywords (``num_workers``, ``persistent_workers``, ``collate_fn``, ``sampler``, ...) are
     refused with a ``TypeError`` that says what the Loader does instead.
@@ -175,7 +176,7 @@ class Loader:
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | None = None,
         storage_options: dict[str, Any] | None = None,
-        downloads: int = 8,
+        downloads: int | None = None,
         read_ahead: int | None = None,
         retries: int = 5,
         remote_timeout: float = 60.0,

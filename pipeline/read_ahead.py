@@ -9,12 +9,16 @@ a few rows early or late: a row whose shard is not there is fetched on demand.
 
 With a global shuffle every shard is needed within a few rows, so a cache smaller than the dataset fetches shards
 again and again; the block shuffle (``shuffle="block"``) keeps each stretch of the order inside a few shards.
+
+A source read by range rather than by shard (WebDataset tars at a URL) has :class:`RangeReadAhead` instead: it
+fetches the coming rows' byte ranges into memory, merged where they lie close together in one file.
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,7 +26,7 @@ import numpy as np
 if TYPE_CHECKING:
     from stallfree.pipeline.shard_cache import ShardCache
 
-__all__ = ["ReadAhead"]
+__all__ = ["RangeReadAhead", "ReadAhead"]
 
 
 class ReadAhead:
@@ -107,8 +111,8 @@ class ReadAhead:
         self._wake.set()
 
 
-def _loop(ref: weakref.ref[ReadAhead], wake: threading.Event) -> None:
-    """The read-ahead thread: it holds its ReadAhead only while it works.
+def _loop(ref: weakref.ref[ReadAhead] | weakref.ref[RangeReadAhead], wake: threading.Event) -> None:
+    """The read-ahead thread: it holds its ReadAhead (or RangeReadAhead) only while it works.
 
     Never while it waits, so a reader (and the Loader that held it) dropped without ``close()`` is collected, and
     the thread then ends.
@@ -120,3 +124,140 @@ def _loop(ref: weakref.ref[ReadAhead], wake: threading.Event) -> None:
         if ahead is None or not ahead._step():
             return
         del ahead
+
+
+class RangeReadAhead:
+    """Reads the byte ranges of the rows a rank reads next into memory, for sources read by range (tars).
+
+    The coming rows (:meth:`follow`) are fetched in steps of a quarter of ``budget`` bytes and at most
+    ``rows_per_step`` rows (so the first ones arrive soon), each step as one
+    :meth:`fetch` of every row's range, sorted by file and offset and merged where the gap between two is at most
+    ``gap`` bytes (a merged range at most ``span`` bytes), so a stretch of rows in a few files (the block shuffle)
+    costs a few large requests instead of one small one per row. Fetched bytes wait in memory, at most ``budget``
+    of them, until :meth:`take` hands them to the read of their row. Anything that could not be fetched (a
+    failure, a short answer) is simply not held: the row's read then goes to the store itself, which retries and
+    raises as it always does, so the read-ahead changes when bytes arrive, never what is read.
+
+    Args:
+        locate: rows -> (file number, offset, size) arrays.
+        fetch: (file numbers, starts, ends) -> each range's bytes, or the exception that ended it.
+        budget: bytes held, fetched or being fetched, ahead of the reads.
+        rows_per_step: rows fetched at most in one step.
+    """
+
+    gap = 64 << 10
+    span = 8 << 20
+    stale = 1024  # a held row this many reads behind the position was read from the store: dropped
+
+    def __init__(self, locate: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]],
+                 fetch: Callable[[list[int], list[int], list[int]], list[Any]], budget: int, rows_per_step: int = 512):
+        self._locate, self._fetch, self.budget, self.rows_per_step = locate, fetch, budget, rows_per_step
+        self._rows = np.empty(0, np.int64)  # the coming rows, in stream order
+        self._position = 0  # rows read since follow()
+        self._next = 0  # the first coming row not yet fetched
+        self._held: dict[int, tuple[int, bytes]] = {}  # row -> (its stream index, its bytes)
+        self._bytes = 0
+        self._generation = 0  # follow() drops what a fetch in flight for the old rows brings back
+        self.hits = self.misses = 0  # reads served from memory, and from the store (for tests and benchmarks)
+        self.fetches = 0  # fetch steps ended, each one request per merged range
+        self._wake = threading.Event()
+        self._closed = False
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def follow(self, rows: np.ndarray) -> None:
+        """Rows this rank reads next, in order (a new epoch or a resumed position replaces the old ones)."""
+        with self._lock:
+            self._rows, self._position, self._next = np.asarray(rows, np.int64), 0, 0
+            self._held, self._bytes = {}, 0
+            self._generation += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=_loop, args=(weakref.ref(self), self._wake),
+                                                name="stallfree-range-read-ahead", daemon=True)
+                self._thread.start()
+        self._wake.set()
+
+    def take(self, row: int) -> bytes | None:
+        """Row ``row``'s bytes if they were fetched ahead (handed over once), else ``None``; counts one read."""
+        with self._lock:
+            held = self._held.pop(row, None)
+            self._position += 1
+            if held is None:
+                self.misses += 1
+            else:
+                self.hits += 1
+                self._bytes -= len(held[1])
+        self._wake.set()
+        return None if held is None else held[1]
+
+    def _window(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int] | None:
+        """The next rows to fetch, their stream indexes and ranges, within a quarter of the budget; None: none now."""
+        with self._lock:
+            for row, (index, data) in list(self._held.items()):
+                if index < self._position - self.stale:
+                    del self._held[row]
+                    self._bytes -= len(data)
+            self._next = max(self._next, self._position)
+            room = min(self.budget - self._bytes, max(self.budget // 4, 1))
+            if self._next >= len(self._rows) or room <= 0:
+                return None
+            first, generation = self._next, self._generation
+            rows = self._rows[first : first + self.rows_per_step]
+        files, offsets, sizes = self._locate(rows)
+        count = max(1, int(np.searchsorted(np.cumsum(sizes), room, side="right")))
+        with self._lock:
+            if generation != self._generation:
+                return None
+            self._next = first + count
+        return rows[:count], np.arange(first, first + count), files[:count], offsets[:count], sizes[:count], generation
+
+    def _step(self) -> bool:
+        """Fetch the next window of rows; ``False`` once closed or every coming row is fetched or read."""
+        if self._closed:
+            return False
+        window = self._window()
+        if window is None:
+            with self._lock:
+                if self._next >= len(self._rows) and not self._held:
+                    self._thread = None
+                    return False
+            return True
+        rows, indexes, files, offsets, sizes, generation = window
+        order = np.lexsort((offsets, files))
+        ranges: list[tuple[int, int, int, list[int]]] = []  # file, start, end, members (positions in rows)
+        for i in order.tolist():
+            file, start, end = int(files[i]), int(offsets[i]), int(offsets[i] + sizes[i])
+            if ranges and ranges[-1][0] == file and start - ranges[-1][2] <= self.gap \
+                    and end - ranges[-1][1] <= self.span:
+                last = ranges[-1]
+                ranges[-1] = (file, last[1], max(last[2], end), [*last[3], i])
+            else:
+                ranges.append((file, start, end, [i]))
+        try:
+            answers = self._fetch([r[0] for r in ranges], [r[1] for r in ranges], [r[2] for r in ranges])
+        except OSError:
+            answers = [None] * len(ranges)  # the rows' own reads go to the store, which retries and names it
+        with self._lock:
+            self.fetches += 1
+            if generation != self._generation or self._closed:
+                return not self._closed
+            for (_, start, end, members), data in zip(ranges, answers, strict=True):
+                if not isinstance(data, (bytes, bytearray)) or len(data) != end - start:
+                    continue
+                for i in members:
+                    begin = int(offsets[i]) - start
+                    if int(indexes[i]) >= self._position - self.stale:
+                        piece = bytes(data[begin : begin + int(sizes[i])])
+                        self._held[int(rows[i])] = (int(indexes[i]), piece)
+                        self._bytes += len(piece)
+        return True
+
+    def close(self, wait: float = 10.0) -> None:
+        """Stop: drop what is held, and wait up to ``wait`` seconds for a fetch in flight to end."""
+        self._closed = True
+        with self._lock:
+            self._held, self._bytes = {}, 0
+            thread = self._thread
+        self._wake.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(wait)

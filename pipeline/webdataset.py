@@ -8,7 +8,10 @@ same members. The index (every sample's key, image offset and size, and its ``.c
 JSON file in the index cache, ``webdataset-index/`` beside the shard cache (``~/.cache/stallfree/`` by default,
 or ``cache_dir``), one file per tar, named by a hash of its path or URL and holding the tar's size and its
 modification time (local) or ETag (remote): a tar that changed is walked again. After that, a sample is one ranged
-read (a local ``seek`` + ``read``, or ``fs.cat_file(path, start, end)``), retried on transient failures.
+read (a local ``seek`` + ``read``, or ``fs.cat_file(path, start, end)``), retried on transient failures. At a URL,
+the rows the sampler reads next are fetched ahead into memory (:class:`~stallfree.pipeline.read_ahead.RangeReadAhead`):
+their ranges sorted by tar and offset and merged where close, ``downloads`` requests in flight, so a block shuffle
+costs a few large requests per stretch of rows and a global one many small concurrent ones.
 
 The sampler, shuffle (``shuffle="block"`` takes a tar as a shard), resume and error rules are the Loader's, as for
 any source. A compressed or damaged tar (a header that does not parse, a member whose data runs past the tar's
@@ -39,6 +42,7 @@ from stallfree.ingest.atomic import atomic_write
 from stallfree.ingest.home import cache_dir as stallfree_cache_dir
 from stallfree.ingest.remote import RemoteStoreError, Retry, is_url, open_store, redact, retried, scrubbed
 from stallfree.ingest.tars import compressed, label_bytes, members, samples
+from stallfree.pipeline.read_ahead import RangeReadAhead
 
 __all__ = ["WebDatasetReader", "default_index_dir", "expand", "is_webdataset"]
 
@@ -50,6 +54,7 @@ _FORMAT = 1  # the index file's format; another one is walked again
 #: What says a remote tar changed, by client (s3fs, gcsfs, fsspec's HTTP), in order of preference.
 _STAMPS = ("ETag", "etag", "Last-Modified", "LastModified", "mtime", "updated")
 _PIECE = 1 << 20  # the remote walk's range size: small members come many to a read, large ones are skipped
+_READ_AHEAD = 64 << 20  # bytes of coming samples a remote reader holds in memory, by default
 
 
 def is_webdataset(source: Any) -> bool:
@@ -132,6 +137,9 @@ class WebDatasetReader:
         storage_options: passed to the fsspec file system of a URL (credentials, ``endpoint_url``...).
         retry: how remote requests are retried, and their timeout.
         on_error: ``"raise"``: a refused sample is a ValueError; ``"skip"``: it is left out, with a warning.
+        downloads: tars at a URL: ranged requests in flight at once, for the read-ahead (under a global shuffle
+            each is one sample, so they bound the rate at ``downloads`` / the store's latency).
+        read_ahead: tars at a URL: bytes of coming samples fetched ahead and held in memory (default 64 MiB).
 
     Raises:
         FileNotFoundError: a tar does not exist (named).
@@ -145,7 +153,7 @@ class WebDatasetReader:
 
     def __init__(self, source: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None,
                  storage_options: dict[str, Any] | None = None, retry: Retry | None = None,
-                 on_error: Literal["raise", "skip"] = "raise"):
+                 on_error: Literal["raise", "skip"] = "raise", downloads: int = 64, read_ahead: int | None = None):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         self.pattern = os.fspath(source)
@@ -168,6 +176,13 @@ class WebDatasetReader:
             raise ValueError(f"no WebDataset samples (.jpg/.png + .cls) in {redact(self.pattern)}")
         self._labels = np.concatenate([t.labels for t in self._tars]).astype(np.int64)
         self.classes = [str(i) for i in range(int(self._labels.max()) + 1)]
+        self.downloads = downloads
+        self._offsets = np.concatenate([t.offsets for t in self._tars])
+        self._sizes = np.concatenate([t.sizes for t in self._tars])
+        self._tar_of = np.repeat(np.arange(len(self._tars)), [len(t.keys) for t in self._tars])
+        remote = any(t.fs is not None for t in self._tars)
+        self.read_ahead = RangeReadAhead(self._ranges, self._fetch_ranges, read_ahead or _READ_AHEAD,
+                                         rows_per_step=8 * downloads) if remote else None
 
     def _tar(self, location: str) -> _Tar:
         if is_url(location):
@@ -233,6 +248,9 @@ class WebDatasetReader:
         """
         tar, row = self._locate(index)
         offset, size = int(tar.offsets[row]), int(tar.sizes[row])
+        ahead = self.read_ahead.take(index) if self.read_ahead is not None else None
+        if ahead is not None:
+            return np.frombuffer(ahead, np.uint8)
         if tar.fs is None:
             with open(tar.path, "rb") as f:
                 f.seek(offset)
@@ -243,6 +261,34 @@ class WebDatasetReader:
             raise OSError(f"{tar.shown}:{tar.keys[row]}: the tar ends inside this member ({len(data)} of its {size} "
                           "bytes): it changed since it was indexed")
         return np.frombuffer(data, np.uint8)
+
+    def follow(self, rows: np.ndarray) -> None:
+        """The rows this rank reads next, in order: tars at a URL have them fetched ahead (by range, merged)."""
+        if self.read_ahead is not None:
+            self.read_ahead.follow(rows)
+
+    def close(self) -> None:
+        """Stop the read-ahead and drop what it holds."""
+        if self.read_ahead is not None:
+            self.read_ahead.close()
+
+    def _ranges(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each row's tar number, image offset and size."""
+        return self._tar_of[rows], self._offsets[rows], self._sizes[rows]
+
+    def _fetch_ranges(self, tars: list[int], starts: list[int], ends: list[int]) -> list[Any]:
+        """The ranges' bytes (or the exception that ended each), ``downloads`` requests at a time per store."""
+        answers: list[Any] = [None] * len(tars)
+        by_store: dict[int, list[int]] = {}
+        for i, t in enumerate(tars):
+            by_store.setdefault(id(self._tars[t].fs), []).append(i)
+        for chosen in by_store.values():
+            fs = self._tars[tars[chosen[0]]].fs
+            got = fs.cat_ranges([self._tars[tars[i]].path for i in chosen], [starts[i] for i in chosen],
+                                [ends[i] for i in chosen], batch_size=self.downloads, on_error="return")
+            for i, data in zip(chosen, got, strict=True):
+                answers[i] = data
+        return answers
 
     def describe(self, index: int) -> str:
         """``<tar>:<key>``: the tar's path or (redacted) URL and the sample's key."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import tarfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -231,3 +232,56 @@ def test_shard_cache_keywords_are_refused(tars: Path) -> None:
     with pytest.raises(ValueError, match=r"cache_limit= apply to an ingested dataset at a URL, not to WebDataset "
                                          r"tars on local disk .* which take only cache_dir="):
         Loader(str(tars / PATTERN), 4, transform=SPEC, cache_limit=1 << 20)
+
+
+def _fetched(reader: WebDatasetReader, rows: np.ndarray, steps: int = 1) -> None:
+    """Hand ``rows`` to the read-ahead and wait until ``steps`` fetches have ended."""
+    ahead = reader.read_ahead
+    assert ahead is not None
+    ahead.follow(rows)
+    for _ in range(500):
+        if ahead.fetches >= steps:
+            return
+        time.sleep(0.01)
+    raise AssertionError("the read-ahead fetched nothing in 5 s")
+
+
+def test_tars_at_a_url_are_read_ahead_in_merged_ranges(tars: Path, tmp_path: Path) -> None:
+    local = WebDatasetReader(str(tars / PATTERN), cache_dir=tmp_path / "a")
+    assert local.read_ahead is None  # a local tar is read where it lies
+    rows = np.random.default_rng(0).permutation(len(local))  # a stretch of rows spread over every tar
+    with RangeServer(tars) as server:
+        reader = WebDatasetReader(f"{server.url}/{PATTERN}", cache_dir=tmp_path / "b")
+        before = server.requests
+        _fetched(reader, rows)
+        assert server.requests == before + 3  # the 24 samples' ranges merged: one request per tar
+        assert [reader.read(int(r)).tobytes() for r in rows] == [local.read(int(r)).tobytes() for r in rows]
+        assert server.requests == before + 3 and reader.read_ahead.hits == 24
+        reader.close()
+
+
+def test_a_read_ahead_that_fails_leaves_the_reads_to_the_store(tars: Path, tmp_path: Path) -> None:
+    local = WebDatasetReader(str(tars / PATTERN), cache_dir=tmp_path / "a")
+    rows = np.arange(len(local))[::-1]
+    with RangeServer(tars) as server, FaultProxy(server.url) as proxy:
+        reader = WebDatasetReader(f"{proxy.url}/{PATTERN}", cache_dir=tmp_path / "b",
+                                  retry=Retry(attempts=2, backoff=0.01))
+        proxy.inject("503", count=1, match="train-1.tar")
+        proxy.inject("truncate", count=1, match="train-2.tar")
+        _fetched(reader, rows)
+        assert [reader.read(int(r)).tobytes() for r in rows] == [local.read(int(r)).tobytes() for r in rows]
+        assert reader.read_ahead.hits == 8 and reader.read_ahead.misses == 16  # train-0's 8 came ahead
+        reader.close()
+
+
+def test_read_ahead_keywords_apply_to_tars_at_a_url_only(tars: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"downloads= apply to an ingested dataset at a URL, not to WebDataset tars on "
+                                         r"local disk"):
+        Loader(str(tars / PATTERN), 4, transform=SPEC, downloads=2)
+    with RangeServer(tars) as server:
+        loader = Loader(f"{server.url}/{PATTERN}", 4, transform=SPEC, cache_dir=tmp_path, downloads=2,
+                        read_ahead=1 << 16)
+        assert loader.reader.downloads == 2 and loader.reader.read_ahead.budget == 1 << 16
+        with pytest.raises(ValueError, match="read_ahead must be a positive number of bytes"):
+            Loader(f"{server.url}/{PATTERN}", 4, transform=SPEC, cache_dir=tmp_path, read_ahead=-1)
+        loader.close()
