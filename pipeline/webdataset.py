@@ -246,11 +246,11 @@ class WebDatasetReader:
             OSError: the tar cannot be read, or ends inside the member (it changed since it was indexed).
             RemoteStoreError: the store did not answer.
         """
-        tar, row = self._locate(index)
-        offset, size = int(tar.offsets[row]), int(tar.sizes[row])
         ahead = self.read_ahead.take(index) if self.read_ahead is not None else None
         if ahead is not None:
             return np.frombuffer(ahead, np.uint8)
+        tar, row = self._locate(index)
+        offset, size = int(tar.offsets[row]), int(tar.sizes[row])
         if tar.fs is None:
             with open(tar.path, "rb") as f:
                 f.seek(offset)
