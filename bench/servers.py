@@ -35,6 +35,9 @@ _HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # socketserver's default listen backlog is 5: a client opening 64 connections at once (a read-ahead's
+    # concurrent ranged reads) had most of its SYNs dropped and retried after 1, 3, 7 ... s. nginx listens with 511.
+    request_queue_size = 511
     closed = False
 
     def handle_error(self, request: Any, client_address: Any) -> None:
