@@ -17,6 +17,7 @@ fetches the coming rows' byte ranges into memory, merged where they lie close to
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -130,19 +131,24 @@ class RangeReadAhead:
     """Reads the byte ranges of the rows a rank reads next into memory, for sources read by range (tars).
 
     The coming rows (:meth:`follow`) are fetched in steps of a quarter of ``budget`` bytes and at most
-    ``rows_per_step`` rows (so the first ones arrive soon), each step as one
-    :meth:`fetch` of every row's range, sorted by file and offset and merged where the gap between two is at most
-    ``gap`` bytes (a merged range at most ``span`` bytes), so a stretch of rows in a few files (the block shuffle)
-    costs a few large requests instead of one small one per row. Fetched bytes wait in memory, at most ``budget``
-    of them, until :meth:`take` hands them to the read of their row. Anything that could not be fetched (a
-    failure, a short answer) is simply not held: the row's read then goes to the store itself, which retries and
-    raises as it always does, so the read-ahead changes when bytes arrive, never what is read.
+    ``rows_per_step`` rows (so the first ones arrive soon). A step sorts its rows' ranges by file and offset and
+    merges them where the gap between two is at most ``gap`` bytes (a merged range at most ``span`` bytes), so a
+    stretch of rows in a few files (the block shuffle) costs a few large requests instead of one small one per
+    row; the merged ranges are then fetched in the order their rows are read, ``ranges_per_fetch`` to a
+    :meth:`fetch`, each call's rows handed over as soon as it returns (so with a global shuffle, one request per
+    row, the next rows are not kept waiting for the whole step). Fetched bytes wait in memory, at most ``budget``
+    of them, until :meth:`take` hands them to the read of their row; a read whose row is being fetched waits for
+    it (up to ``wait`` seconds) rather than ask the store for the same bytes a second time. Anything that could
+    not be fetched (a failure, a short answer) is simply not held: the row's read then goes to the store itself,
+    which retries and raises as it always does, so the read-ahead changes when bytes arrive, never what is read.
 
     Args:
         locate: rows -> (file number, offset, size) arrays.
         fetch: (file numbers, starts, ends) -> each range's bytes, or the exception that ended it.
         budget: bytes held, fetched or being fetched, ahead of the reads.
         rows_per_step: rows fetched at most in one step.
+        ranges_per_fetch: merged ranges in one :meth:`fetch` call (its requests run concurrently).
+        wait: seconds a read waits for its row's fetch in flight before it reads the row itself.
     """
 
     gap = 64 << 10
@@ -150,36 +156,52 @@ class RangeReadAhead:
     stale = 1024  # a held row this many reads behind the position was read from the store: dropped
 
     def __init__(self, locate: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]],
-                 fetch: Callable[[list[int], list[int], list[int]], list[Any]], budget: int, rows_per_step: int = 512):
+                 fetch: Callable[[list[int], list[int], list[int]], list[Any]], budget: int, rows_per_step: int = 512,
+                 ranges_per_fetch: int = 64, wait: float = 60.0):
         self._locate, self._fetch, self.budget, self.rows_per_step = locate, fetch, budget, rows_per_step
+        self.ranges_per_fetch, self.wait = max(1, ranges_per_fetch), wait
         self._rows = np.empty(0, np.int64)  # the coming rows, in stream order
         self._position = 0  # rows read since follow()
         self._next = 0  # the first coming row not yet fetched
         self._held: dict[int, tuple[int, bytes]] = {}  # row -> (its stream index, its bytes)
+        self._flight: set[int] = set()  # rows of the step being fetched, not yet handed over
+        self._ready: tuple[Any, ...] | None = None  # the first window of follow(), for the thread to fetch
         self._bytes = 0
         self._generation = 0  # follow() drops what a fetch in flight for the old rows brings back
         self.hits = self.misses = 0  # reads served from memory, and from the store (for tests and benchmarks)
-        self.fetches = 0  # fetch steps ended, each one request per merged range
+        self.fetches = 0  # fetch calls ended, each one request per merged range
         self._wake = threading.Event()
         self._closed = False
         self._lock = threading.Lock()
+        self._arrived = threading.Condition(self._lock)  # a fetch call ended: rows left the flight
         self._thread: threading.Thread | None = None
 
     def follow(self, rows: np.ndarray) -> None:
         """Rows this rank reads next, in order (a new epoch or a resumed position replaces the old ones)."""
         with self._lock:
             self._rows, self._position, self._next = np.asarray(rows, np.int64), 0, 0
-            self._held, self._bytes = {}, 0
+            self._held, self._bytes, self._flight = {}, 0, set()
             self._generation += 1
+            self._arrived.notify_all()
             if self._thread is None:
                 self._thread = threading.Thread(target=_loop, args=(weakref.ref(self), self._wake),
                                                 name="stallfree-range-read-ahead", daemon=True)
                 self._thread.start()
+        first = self._window()  # taken now, so the first reads find their rows in flight and wait for them
+        with self._lock:
+            self._ready = first
         self._wake.set()
 
     def take(self, row: int) -> bytes | None:
-        """Row ``row``'s bytes if they were fetched ahead (handed over once), else ``None``; counts one read."""
+        """Row ``row``'s bytes if they were fetched ahead (handed over once), else ``None``; counts one read.
+
+        A row being fetched is waited for, up to ``wait`` seconds.
+        """
         with self._lock:
+            if row in self._flight:
+                deadline = time.monotonic() + self.wait
+                while row in self._flight and not self._closed and (left := deadline - time.monotonic()) > 0:
+                    self._arrived.wait(left)
             held = self._held.pop(row, None)
             self._position += 1
             if held is None:
@@ -209,16 +231,20 @@ class RangeReadAhead:
             if generation != self._generation:
                 return None
             self._next = first + count
+            self._flight.update(rows[:count].tolist())
         return rows[:count], np.arange(first, first + count), files[:count], offsets[:count], sizes[:count], generation
 
     def _step(self) -> bool:
         """Fetch the next window of rows; ``False`` once closed or every coming row is fetched or read."""
         if self._closed:
             return False
-        window = self._window()
+        with self._lock:
+            window, self._ready = self._ready, None
+        if window is None or window[-1] != self._generation:
+            window = self._window()
         if window is None:
             with self._lock:
-                if self._next >= len(self._rows) and not self._held:
+                if self._next >= len(self._rows) and not self._held and self._ready is None:
                     self._thread = None
                     return False
             return True
@@ -233,6 +259,22 @@ class RangeReadAhead:
                 ranges[-1] = (file, last[1], max(last[2], end), [*last[3], i])
             else:
                 ranges.append((file, start, end, [i]))
+        ranges.sort(key=lambda r: int(indexes[r[3][0]]))  # fetched in the order their first rows are read
+        try:
+            for begin in range(0, len(ranges), self.ranges_per_fetch):
+                if not self._hand_over(ranges[begin : begin + self.ranges_per_fetch], rows, indexes, offsets, sizes,
+                                       generation):
+                    break
+        finally:
+            with self._lock:  # a step that ended early keeps no read waiting for it
+                if generation == self._generation:
+                    self._flight.difference_update(rows.tolist())
+                self._arrived.notify_all()
+        return not self._closed
+
+    def _hand_over(self, ranges: list[tuple[int, int, int, list[int]]], rows: np.ndarray, indexes: np.ndarray,
+                   offsets: np.ndarray, sizes: np.ndarray, generation: int) -> bool:
+        """Fetch ``ranges`` and hold their rows' bytes; ``False`` if the rows were replaced or the reader closed."""
         try:
             answers = self._fetch([r[0] for r in ranges], [r[1] for r in ranges], [r[2] for r in ranges])
         except OSError:
@@ -240,23 +282,25 @@ class RangeReadAhead:
         with self._lock:
             self.fetches += 1
             if generation != self._generation or self._closed:
-                return not self._closed
+                return False
             for (_, start, end, members), data in zip(ranges, answers, strict=True):
-                if not isinstance(data, (bytes, bytearray)) or len(data) != end - start:
-                    continue
+                whole = isinstance(data, (bytes, bytearray)) and len(data) == end - start
                 for i in members:
+                    self._flight.discard(int(rows[i]))
                     begin = int(offsets[i]) - start
-                    if int(indexes[i]) >= self._position - self.stale:
+                    if whole and int(indexes[i]) >= self._position - self.stale:
                         piece = bytes(data[begin : begin + int(sizes[i])])
                         self._held[int(rows[i])] = (int(indexes[i]), piece)
                         self._bytes += len(piece)
+            self._arrived.notify_all()
         return True
 
     def close(self, wait: float = 10.0) -> None:
         """Stop: drop what is held, and wait up to ``wait`` seconds for a fetch in flight to end."""
         self._closed = True
         with self._lock:
-            self._held, self._bytes = {}, 0
+            self._held, self._bytes, self._flight = {}, 0, set()
+            self._arrived.notify_all()
             thread = self._thread
         self._wake.set()
         if thread is not None and thread is not threading.current_thread():

@@ -182,7 +182,8 @@ class WebDatasetReader:
         self._tar_of = np.repeat(np.arange(len(self._tars)), [len(t.keys) for t in self._tars])
         remote = any(t.fs is not None for t in self._tars)
         self.read_ahead = RangeReadAhead(self._ranges, self._fetch_ranges, read_ahead or _READ_AHEAD,
-                                         rows_per_step=8 * downloads) if remote else None
+                                         rows_per_step=8 * downloads, ranges_per_fetch=downloads,
+                                         wait=self.retry.timeout) if remote else None
 
     def _tar(self, location: str) -> _Tar:
         if is_url(location):
