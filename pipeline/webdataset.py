@@ -113,16 +113,17 @@ def default_index_dir() -> Path:
 
 @dataclass
 class _Tar:
-    """One tar: where it is (``fs`` None for a local file), how it is shown in messages, and its samples."""
+    """One tar: where it is (``fs`` None for a local file), how it is shown in messages, and its samples' keys.
+
+    Its samples' offsets, sizes and labels are rows ``first:first + len(keys)`` of the reader's arrays.
+    """
 
     location: str
     shown: str
     fs: Any
     path: str
     keys: list[str]
-    offsets: np.ndarray
-    sizes: np.ndarray
-    labels: np.ndarray
+    first: int
 
 
 class WebDatasetReader:
@@ -162,7 +163,8 @@ class WebDatasetReader:
         self.walked = 0  # tars whose headers were walked, not loaded from the index cache (for tests)
         self.rejected: list[dict[str, str]] = []  # the samples left out under on_error="skip"
         self._options = storage_options or {}
-        self._tars = [self._tar(location) for location in _progress(expand(self.pattern))]
+        self._tars: list[_Tar] = []
+        indexes = [self._tar(location) for location in _progress(expand(self.pattern))]
         if self.rejected and on_error == "raise":
             first = self.rejected[0]
             raise ValueError(f"{first['path']}: {first['reason']} ({len(self.rejected)} sample(s) refused in "
@@ -171,21 +173,24 @@ class WebDatasetReader:
             first = self.rejected[0]
             warnings.warn(f"{len(self.rejected)} sample(s) of {redact(self.pattern)} left out (on_error='skip'), "
                           f"the first {first['path']}: {first['reason']}", UserWarning, stacklevel=2)
-        self._starts = np.cumsum([0] + [len(t.keys) for t in self._tars])
+        counts = [len(t.keys) for t in self._tars]
+        self._count = sum(counts)
         if len(self) == 0:
             raise ValueError(f"no WebDataset samples (.jpg/.png + .cls) in {redact(self.pattern)}")
-        self._labels = np.concatenate([t.labels for t in self._tars]).astype(np.int64)
+        # One array per field for all tars' samples, indexed by row: what the read-ahead and a read look up.
+        self._offsets = np.concatenate([np.asarray(i["offsets"], np.int64) for i in indexes])
+        self._sizes = np.concatenate([np.asarray(i["sizes"], np.int64) for i in indexes])
+        self._labels = np.concatenate([np.asarray(i["labels"], np.int64) for i in indexes])
+        self._tar_of = np.repeat(np.arange(len(self._tars)), counts)
         self.classes = [str(i) for i in range(int(self._labels.max()) + 1)]
         self.downloads = downloads
-        self._offsets = np.concatenate([t.offsets for t in self._tars])
-        self._sizes = np.concatenate([t.sizes for t in self._tars])
-        self._tar_of = np.repeat(np.arange(len(self._tars)), [len(t.keys) for t in self._tars])
         remote = any(t.fs is not None for t in self._tars)
         self.read_ahead = RangeReadAhead(self._ranges, self._fetch_ranges, read_ahead or _READ_AHEAD,
                                          rows_per_step=8 * downloads, ranges_per_fetch=downloads,
                                          wait=self.retry.timeout) if remote else None
 
-    def _tar(self, location: str) -> _Tar:
+    def _tar(self, location: str) -> dict[str, Any]:
+        """The tar's index (walked once, then loaded from the index cache); the tar joins ``self._tars``."""
         if is_url(location):
             fs, path = open_store(location, self._options, self.retry.timeout)  # fsspec reuses one client
             shown = redact(location)
@@ -205,8 +210,9 @@ class WebDatasetReader:
             atomic_write(index_file, json.dumps({**index, "format": _FORMAT, "tar": shown, "size": size,
                                                  "stamp": stamp}).encode())
         self.rejected += index["refused"]
-        return _Tar(location, shown, fs, path, list(index["keys"]), np.asarray(index["offsets"], np.int64),
-                    np.asarray(index["sizes"], np.int64), np.asarray(index["labels"], np.int64))
+        first = self._tars[-1].first + len(self._tars[-1].keys) if self._tars else 0
+        self._tars.append(_Tar(location, shown, fs, path, list(index["keys"]), first))
+        return index
 
     def _stat(self, fs: Any, path: str, shown: str) -> tuple[int, str]:
         """The tar's size and what says it changed: its modification time, or the store's ETag."""
@@ -224,7 +230,7 @@ class WebDatasetReader:
         return int(info["size"]), stamp
 
     def __len__(self) -> int:
-        return int(self._starts[-1])
+        return self._count
 
     def labels(self) -> np.ndarray:
         """Every sample's label (from its ``.cls``), int64."""
@@ -235,10 +241,11 @@ class WebDatasetReader:
         return [len(t.keys) for t in self._tars]
 
     def _locate(self, index: int) -> tuple[_Tar, int]:
+        """Row ``index``'s tar and its place among the tar's samples."""
         if not 0 <= index < len(self):
             raise IndexError(f"row {index} out of range for {len(self)} samples in {redact(self.pattern)}")
-        t = int(np.searchsorted(self._starts, index, side="right")) - 1
-        return self._tars[t], index - int(self._starts[t])
+        tar = self._tars[int(self._tar_of[index])]
+        return tar, index - tar.first
 
     def read(self, index: int) -> np.ndarray:
         """Sample ``index``'s image bytes: one ranged read of its member.
@@ -251,7 +258,7 @@ class WebDatasetReader:
         if ahead is not None:
             return np.frombuffer(ahead, np.uint8)
         tar, row = self._locate(index)
-        offset, size = int(tar.offsets[row]), int(tar.sizes[row])
+        offset, size = int(self._offsets[index]), int(self._sizes[index])
         if tar.fs is None:
             with open(tar.path, "rb") as f:
                 f.seek(offset)
@@ -304,9 +311,10 @@ class WebDatasetReader:
         """The tars' names, and their samples' keys, sizes and labels, hashed: the same wherever the tars lie."""
         digest = hashlib.sha256()
         for tar in self._tars:
+            rows = slice(tar.first, tar.first + len(tar.keys))
             digest.update(f"{tar.shown.rsplit('/', 1)[-1]}\0{chr(0).join(tar.keys)}\0".encode())
-            digest.update(tar.sizes.tobytes())
-            digest.update(tar.labels.tobytes())
+            digest.update(self._sizes[rows].tobytes())
+            digest.update(self._labels[rows].tobytes())
         return digest.hexdigest()
 
 

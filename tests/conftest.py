@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import io
 import random
-from collections.abc import Iterator
+import tarfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +55,20 @@ def write_indexed_list(root: Path, count: int, size: tuple[int, int] = (20, 24),
         lines.append(f"{name},{i}")
     (root / "list.csv").write_text("\n".join(lines) + "\n")
     return root / "list.csv"
+
+
+def _write_tar(path: Path, members: list[tuple[str, bytes]]) -> None:
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+@pytest.fixture(scope="session")
+def write_tar() -> Callable[[Path, list[tuple[str, bytes]]], None]:
+    """``write_tar(path, [(member name, bytes), ...])``: an uncompressed tar with those members, in that order."""
+    return _write_tar
 
 
 @pytest.fixture(scope="session")

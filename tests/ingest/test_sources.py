@@ -1,8 +1,6 @@
 """Every source kind round-trips: the shards hold each sample's original bytes, label, key and extra columns."""
 
-import io
 import json
-import tarfile
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -69,22 +67,16 @@ def test_parquet_with_image_bytes(tmp_path, encode, shard_rows, layout):
     assert rows[4]["key"] == ("d.parquet:4:p4.jpg" if layout == "struct" else "d.parquet:4")
 
 
-def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    member = tarfile.TarInfo(name)
-    member.size = len(data)
-    tar.addfile(member, io.BytesIO(data))
-
-
-def test_webdataset_tars(tmp_path, encode, shard_rows):
+def test_webdataset_tars(tmp_path, encode, shard_rows, write_tar):
     (tmp_path / "wds").mkdir()
     expected = []
     for t in range(2):
-        with tarfile.open(tmp_path / "wds" / f"train-{t}.tar", "w") as tar:
-            for i in range(3):
-                image = encode(10 * t + i, fmt="PNG" if i == 1 else "JPEG")
-                _add(tar, f"s{t}{i}.{'png' if i == 1 else 'jpg'}", image)
-                _add(tar, f"s{t}{i}.cls", str(i + t).encode())
-                expected.append((image, i + t))
+        members = []
+        for i in range(3):
+            image = encode(10 * t + i, fmt="PNG" if i == 1 else "JPEG")
+            members += [(f"s{t}{i}.{'png' if i == 1 else 'jpg'}", image), (f"s{t}{i}.cls", str(i + t).encode())]
+            expected.append((image, i + t))
+        write_tar(tmp_path / "wds" / f"train-{t}.tar", members)
     ingest(tmp_path / "wds", tmp_path / "out")
     rows = shard_rows(tmp_path / "out")
     assert [(r["image"], r["label"]) for r in rows] == expected

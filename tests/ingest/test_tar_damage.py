@@ -20,14 +20,6 @@ def _rejected(out: Path) -> dict[str, str]:
     return {r["path"]: r["reason"] for r in map(json.loads, (out / REJECTED).read_text().splitlines())}
 
 
-def _write_tar(path: Path, members: list[tuple[str, bytes]]) -> None:
-    with tarfile.open(path, "w") as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-
-
 def _sample(name: str, image: bytes, label: int) -> list[tuple[str, bytes]]:
     return [(f"{name}.jpg", image), (f"{name}.cls", str(label).encode())]
 
@@ -39,17 +31,17 @@ def _offset_of(path: Path, member: str) -> int:
 
 
 def test_a_member_claiming_more_bytes_than_the_tar_holds_rejects_the_rest_of_that_tar_only(
-        tmp_path, encode, shard_rows):
+        tmp_path, encode, shard_rows, write_tar):
     # Before: `tarfile.ReadError: unexpected end of data` ended the ingest with no manifest and no rejected.jsonl.
     src = tmp_path / "src"
     src.mkdir()
-    _write_tar(src / "a.tar", _sample("s0", encode(0), 0) + _sample("s1", encode(1), 1)
+    write_tar(src / "a.tar", _sample("s0", encode(0), 0) + _sample("s1", encode(1), 1)
                + [("big.jpg", encode(2, (200, 200))), ("big.cls", b"0"), ("after.jpg", encode(3)), ("after.cls", b"1")])
     with tarfile.open(src / "a.tar", "r:") as tar:
         big = tar.getmember("big.jpg")
     with open(src / "a.tar", "r+b") as f:
         f.truncate(big.offset_data + 100)  # the header says big.size bytes follow; 100 do
-    _write_tar(src / "b.tar", _sample("s2", encode(4), 1))
+    write_tar(src / "b.tar", _sample("s2", encode(4), 1))
 
     summary = ingest(src, tmp_path / "out")
 
@@ -63,10 +55,10 @@ def test_a_member_claiming_more_bytes_than_the_tar_holds_rejects_the_rest_of_tha
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["rows"] == 3
 
 
-def test_a_garbage_header_mid_tar_is_recorded_not_silently_the_end(tmp_path, encode, shard_rows):
+def test_a_garbage_header_mid_tar_is_recorded_not_silently_the_end(tmp_path, encode, shard_rows, write_tar):
     # tarfile ends its listing without a word at a header that does not parse: the members after it were lost.
     path = tmp_path / "x.tar"
-    _write_tar(path, _sample("s0", encode(0), 0) + _sample("s1", encode(1), 1))
+    write_tar(path, _sample("s0", encode(0), 0) + _sample("s1", encode(1), 1))
     damaged = _offset_of(path, "s1.jpg")
     data = bytearray(path.read_bytes())
     data[damaged : damaged + 512] = b"\x07" * 512
@@ -136,9 +128,9 @@ def test_max_sample_bytes_defaults_to_256_mib_and_is_a_cli_flag(tmp_path, encode
         IngestOptions(max_sample_bytes=0)
 
 
-def test_a_tar_cut_inside_a_header_keeps_the_members_before_it(tmp_path, encode, shard_rows):
+def test_a_tar_cut_inside_a_header_keeps_the_members_before_it(tmp_path, encode, shard_rows, write_tar):
     path = tmp_path / "x.tar"
-    _write_tar(path, _sample("s0", encode(0), 0) + _sample("s1", encode(1), 1))
+    write_tar(path, _sample("s0", encode(0), 0) + _sample("s1", encode(1), 1))
     cut = _offset_of(path, "s1.jpg") + 100
     with open(path, "r+b") as f:
         f.truncate(cut)
@@ -160,9 +152,9 @@ def test_a_parquet_cell_over_max_sample_bytes_is_refused(tmp_path, encode, shard
         "x.parquet:1": f"{len(large)} bytes, over the {len(small)}-byte limit (--max-sample-bytes); not read"}
 
 
-def test_end_of_archive_zeros_cut_short_are_not_damage(tmp_path, encode, shard_rows):
+def test_end_of_archive_zeros_cut_short_are_not_damage(tmp_path, encode, shard_rows, write_tar):
     path = tmp_path / "x.tar"
-    _write_tar(path, _sample("s0", encode(0), 0))
+    write_tar(path, _sample("s0", encode(0), 0))
     with tarfile.open(path, "r:") as tar:
         last = tar.getmember("s0.cls")
     with open(path, "r+b") as f:

@@ -33,26 +33,18 @@ def _jpeg(seed: int) -> bytes:
     return buffer.getvalue()
 
 
-def _write_tar(path: Path, members: list[tuple[str, bytes]]) -> None:
-    with tarfile.open(path, "w") as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-
-
-def _tars(root: Path, count: int = 3, per_tar: int = 8) -> Path:
+def _tars(write_tar: Any, root: Path, count: int = 3, per_tar: int = 8) -> Path:
     """``count`` tars of ``per_tar`` 16x16 JPEGs each; a sample's label is its row in the whole set."""
     root.mkdir(parents=True, exist_ok=True)
     for t in range(count):
-        _write_tar(root / f"train-{t}.tar", [member for i in range(per_tar) for member in (
+        write_tar(root / f"train-{t}.tar", [member for i in range(per_tar) for member in (
             (f"s{t}{i}.jpg", _jpeg(t * per_tar + i)), (f"s{t}{i}.cls", str(t * per_tar + i).encode()))])
     return root
 
 
 @pytest.fixture(scope="module")
-def tars(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _tars(tmp_path_factory.mktemp("wds"))
+def tars(tmp_path_factory: pytest.TempPathFactory, write_tar: Any) -> Path:
+    return _tars(write_tar, tmp_path_factory.mktemp("wds"))
 
 
 def _batches(loader: Loader) -> list[tuple[torch.Tensor, ...]]:
@@ -129,13 +121,13 @@ def test_a_state_taken_mid_epoch_resumes_bit_identically(tars: Path, tmp_path: P
         Loader(other, 4, transform=SPEC, seed=7).load_state_dict(first.state_dict())
 
 
-def test_the_index_is_cached_and_a_changed_tar_is_walked_again(tmp_path: Path) -> None:
-    tars = _tars(tmp_path / "wds")
+def test_the_index_is_cached_and_a_changed_tar_is_walked_again(tmp_path: Path, write_tar: Any) -> None:
+    tars = _tars(write_tar, tmp_path / "wds")
     assert WebDatasetReader(str(tars / PATTERN), cache_dir=tmp_path / "index").walked == 3
     assert len(list((tmp_path / "index").glob("*.json"))) == 3
     again = WebDatasetReader(str(tars / PATTERN), cache_dir=tmp_path / "index")
     assert again.walked == 0 and again.labels().tolist() == list(range(24))
-    _write_tar(tars / "train-1.tar", [("new.jpg", _jpeg(99)), ("new.cls", b"4")])
+    write_tar(tars / "train-1.tar", [("new.jpg", _jpeg(99)), ("new.cls", b"4")])
     stat = os.stat(tars / "train-1.tar")
     os.utime(tars / "train-1.tar", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # a later mtime, surely
     changed = WebDatasetReader(str(tars / PATTERN), cache_dir=tmp_path / "index")
@@ -191,8 +183,8 @@ def test_a_missing_tar_is_named(tars: Path, tmp_path: Path) -> None:
         Loader(str(tars / "train-{0..3}.tar"), 4, transform=SPEC, cache_dir=tmp_path)
 
 
-def test_a_truncated_or_compressed_tar_is_named(tmp_path: Path) -> None:
-    tars = _tars(tmp_path / "wds", count=2)
+def test_a_truncated_or_compressed_tar_is_named(tmp_path: Path, write_tar: Any) -> None:
+    tars = _tars(write_tar, tmp_path / "wds", count=2)
     with tarfile.open(tars / "train-1.tar", "r:") as tar:
         cut = tar.getmember("s13.jpg").offset_data + 10
     with open(tars / "train-1.tar", "r+b") as f:
@@ -206,8 +198,8 @@ def test_a_truncated_or_compressed_tar_is_named(tmp_path: Path) -> None:
         WebDatasetReader(str(tars / "train-{0..1}.tar"), cache_dir=tmp_path)
 
 
-def test_refused_samples_raise_or_are_left_out_as_on_error_says(tmp_path: Path) -> None:
-    _write_tar(tmp_path / "a.tar", [("ok.jpg", _jpeg(0)), ("ok.cls", b"1"), ("bad.jpg", _jpeg(1)),
+def test_refused_samples_raise_or_are_left_out_as_on_error_says(tmp_path: Path, write_tar: Any) -> None:
+    write_tar(tmp_path / "a.tar", [("ok.jpg", _jpeg(0)), ("ok.cls", b"1"), ("bad.jpg", _jpeg(1)),
                                     ("bad.cls", b"cat"), ("alone.jpg", _jpeg(2))])
     with pytest.raises(ValueError, match=r"a\.tar:bad: \.cls is not a non-negative integer: 'cat' \(2 sample\(s\) "
                                          r"refused .*on_error='skip'"):
@@ -218,8 +210,8 @@ def test_refused_samples_raise_or_are_left_out_as_on_error_says(tmp_path: Path) 
         f"{tmp_path / 'a.tar'}:bad", f"{tmp_path / 'a.tar'}:alone"]
 
 
-def test_a_sample_that_fails_to_decode_is_named_by_tar_and_member(tmp_path: Path) -> None:
-    _write_tar(tmp_path / "a.tar", [("s0.jpg", _jpeg(0)), ("s0.cls", b"0"), ("s1.jpg", b"not an image"),
+def test_a_sample_that_fails_to_decode_is_named_by_tar_and_member(tmp_path: Path, write_tar: Any) -> None:
+    write_tar(tmp_path / "a.tar", [("s0.jpg", _jpeg(0)), ("s0.cls", b"0"), ("s1.jpg", b"not an image"),
                                     ("s1.cls", b"1")])
     with pytest.raises(BadSampleError, match=r"a\.tar:s1"):
         _batches(Loader(str(tmp_path / "a.tar"), 2, transform=SPEC, cache_dir=tmp_path))
