@@ -150,23 +150,9 @@ def fingerprint(pixel: Callable[..., None]) -> str | None:
 
 
 def cache_folder(pixel: Callable[..., None]) -> Path | None:
-    """Where the generated files for ``pixel`` go: Numba's cache folder for its source file, or ``None`` if none.
-
-    Numba's own locators decide, in Numba's order (``$NUMBA_CACHE_DIR``, the ``__pycache__`` beside the file, the
-    user-wide cache), each checking that it can write there.
-    """
-    from numba.core import caching
-
-    try:
-        source = Path(pixel.__code__.co_filename)
-    except AttributeError:
-        return None
-    locators: list[Any] = list(caching.CacheImpl._locator_classes)  # Numba's own order
-    for locator_class in locators:
-        locator = locator_class.from_function(pixel, str(source))
-        if locator is not None:
-            return Path(locator.get_cache_path()) / "stallfree_kernels"
-    return None
+    """Where the generated files for ``pixel`` go: under Numba's cache folder for its source file, or ``None``."""
+    folder = numba_abi.numba_cache_folder(pixel)
+    return None if folder is None else folder / "stallfree_kernels"
 
 
 def _source(name: str, image_dtype: type, param_dtypes: Sequence[type]) -> str:

@@ -21,6 +21,10 @@ where ``*_ptrs`` is an int64 array of data pointers, ``*_ndims`` an int32 array 
 
 from __future__ import annotations
 
+import hashlib
+import os
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,12 +32,73 @@ from numba import carray, cfunc, njit
 from numba import types as nbt
 from nvidia.dali.plugin.numba import address_as_void_pointer as _ptr  # type: ignore[attr-defined]
 
+from stallfree.transforms import color
+from stallfree.transforms import resample as _resample_module
 from stallfree.transforms.color import jitter
 from stallfree.transforms.resample import resample, resample_normalize
 
-__all__ = ["JITTER_ENTRIES", "RESIZE_ENTRIES", "RESIZE_NORMALIZE_ENTRIES", "RUN", "SETUP", "VIEWS", "hwc_f32", "hwc_u8",
-           "same_shape_setup",
+__all__ = ["JITTER_ENTRIES", "RESIZE_ENTRIES", "RESIZE_NORMALIZE_ENTRIES", "RUN", "SETUP", "VIEWS", "drop_stale_cache",
+           "hwc_f32", "hwc_u8", "numba_cache_folder", "same_shape_setup",
            "vector_f32", "vector_f64", "vector_i32", "vector_u8"]
+
+
+def numba_cache_folder(function: Callable[..., Any]) -> Path | None:
+    """The folder Numba caches ``function``'s compiled code in, or ``None`` where it has none it can write.
+
+    Numba's own locators decide, in Numba's order (``$NUMBA_CACHE_DIR``, the ``__pycache__`` beside the file, the
+    user-wide cache), each checking that it can write there.
+    """
+    from numba.core import caching
+
+    try:
+        source = function.__code__.co_filename
+    except AttributeError:
+        return None
+    locators: list[Any] = list(caching.CacheImpl._locator_classes)  # Numba's own order
+    for locator_class in locators:
+        locator = locator_class.from_function(function, source)
+        if locator is not None:
+            return Path(locator.get_cache_path())
+    return None
+
+
+def drop_stale_cache(folder: Path, sources: str) -> bool:
+    """Delete this module's cached entry points in ``folder`` unless they were compiled from ``sources``.
+
+    Numba checks a cached function against the stamp of its own file only, but the entry points here compile
+    :mod:`.resample` and :mod:`.color` into themselves: after a change to either (an upgrade, a ``git pull`` in an
+    editable install) a new process would load the old machine code. A marker beside the cache holds a hash of
+    the sources they were compiled from; where it differs, the module's cache files go and the next import
+    compiles again. Returns whether it deleted anything.
+    """
+    marker = folder / f"{__name__.rsplit('.', 1)[-1]}.sources"
+    if marker.exists() and marker.read_text() == sources:
+        return False
+    stale = [*folder.glob(f"{marker.stem}.*.nbi"), *folder.glob(f"{marker.stem}.*.nbc")]
+    for path in stale:
+        path.unlink(missing_ok=True)  # another process may have deleted it first
+    folder.mkdir(parents=True, exist_ok=True)
+    temporary = marker.with_name(f".{marker.name}.{os.getpid()}.tmp")
+    temporary.write_text(sources)
+    os.replace(temporary, marker)
+    return bool(stale)
+
+
+def _compiled_sources() -> str:
+    """A hash of the files the entry points below compile in (this file's own stamp Numba checks itself)."""
+    digest = hashlib.sha256()
+    for module in (_resample_module, color):
+        digest.update(Path(module.__file__ or "").read_bytes())
+    return digest.hexdigest()
+
+
+def _check_cache() -> None:
+    folder = numba_cache_folder(_check_cache)
+    if folder is not None:
+        drop_stale_cache(folder, _compiled_sources())
+
+
+_check_cache()  # before the cfuncs below load (or compile) their code
 
 #: DALI's per-sample run and per-batch set-up signatures.
 RUN = nbt.void(nbt.uint64, nbt.uint64, nbt.uint64, nbt.int32, nbt.uint64, nbt.uint64, nbt.uint64, nbt.int32)

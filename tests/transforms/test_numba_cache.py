@@ -38,3 +38,21 @@ def test_color_jitter_on_the_cpu_builds_from_the_cached_entry_points() -> None:
     run, setup = numba_abi.JITTER_ENTRIES[True]
     built = [op for op in numba_dali._OPERATORS.values() if isinstance(op, numba_dali._precompiled_class())]
     assert any(op.run_fn == run.address and op.setup_fn == setup.address for op in built)
+
+
+def test_a_change_to_the_compiled_sources_drops_the_cached_entry_points(tmp_path) -> None:
+    # Numba checks a cached cfunc against numba_abi.py's stamp only; the resampler compiled into it lives in
+    # resample.py. A changed resample.py used to leave a new process running the old machine code.
+    mine = [tmp_path / "numba_abi._resize-96.py311.nbi", tmp_path / "numba_abi._resize-96.py311.1.nbc"]
+    others = [tmp_path / "resample.resample-120.py311.nbi", tmp_path / "kernel.nbc"]
+    for path in mine + others:
+        path.write_bytes(b"cached")
+    assert numba_abi.drop_stale_cache(tmp_path, "sources v1")  # no marker yet: compiled from unknown sources
+    assert not any(p.exists() for p in mine) and all(p.exists() for p in others)
+    for path in mine:
+        path.write_bytes(b"cached")
+    assert not numba_abi.drop_stale_cache(tmp_path, "sources v1")  # the same sources: kept
+    assert all(p.exists() for p in mine)
+    assert numba_abi.drop_stale_cache(tmp_path, "sources v2")  # resample.py or color.py changed
+    assert not any(p.exists() for p in mine) and all(p.exists() for p in others)
+    assert (tmp_path / "numba_abi.sources").read_text() == "sources v2"
