@@ -104,3 +104,17 @@ def test_the_two_files_dalis_decoder_fails_on_are_refused_with_the_fix() -> None
 def test_the_size_limit_holds_for_every_format() -> None:
     with pytest.raises(BadImage, match="more than max_pixels=100"):
         read_header(encoded("BMP"), max_pixels=100)
+
+
+def test_a_progressive_jpeg_cut_inside_a_later_scan_is_truncated() -> None:
+    # The end-of-image check looks for a scan after the last EOI (it used to search backwards for the last scan,
+    # across all the entropy-coded data). A progressive JPEG has several scans; cut inside the last one, its
+    # only EOI is gone and a scan remains after whatever came before.
+    whole = encoded("JPEG", quality=90, progressive=True)
+    scans = [i for i in range(len(whole) - 1) if whole[i : i + 2] == b"\xff\xda"]
+    assert len(scans) > 1, "PIL wrote a progressive JPEG with several scans"
+    assert read_header(whole).format == "jpeg"
+    with pytest.raises(BadImage, match="truncated JPEG"):
+        read_header(whole[: scans[-1] + 8])
+    with pytest.raises(BadImage, match="truncated JPEG"):
+        read_header(whole[:-2])  # only the EOI marker cut off
