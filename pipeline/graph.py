@@ -133,7 +133,10 @@ class Graph:
             enable_conditionals=compiled.conditionals,  # the auto-augment policies choose operations per sample
         )
         def pipeline() -> Any:
-            source = fn.external_source(name="images", dtype=types.UINT8, layout=None if encoded else "HWC")
+            # no_copy: DALI reads the samples where they lie (a shard's map, a file's bytes) instead of copying the
+            # batch first (2 ms of each 64-image batch, while DALI's threads waited); run() holds them until it returns.
+            source = fn.external_source(name="images", dtype=types.UINT8, layout=None if encoded else "HWC",
+                                        no_copy=True)
             params = {
                 name: fn.external_source(name=name, dtype=dali_type(kind))
                 for name, kind in compiled.param_inputs.items()
