@@ -8,7 +8,9 @@ decode, torchvision's transforms when torchvision is importable (a labelled PIL 
 gives the ceiling: no loader that decodes whole JPEGs on these cores can beat it.
 
 Each contender runs one warm-up pass (so the page cache is warm for everyone), then ``--repeats`` timed passes of
-``--batches`` batches; the table shows the median and its ratio to torch's DataLoader.
+``--batches`` batches; the table shows the median and its ratio to torch's DataLoader. With ``--rounds R`` the
+whole sequence runs R times (each contender built, warmed up and timed again in each round), so that a shared
+machine's slow minutes fall on every contender alike instead of on whichever ran then.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ EXAMPLES = """examples:
   stallfree bench loader ./bench-data --synthetic 2000     # make 2,000 ImageNet-sized JPEGs there first
   stallfree bench loader ./bench-data --shards             # and the Loader over Arrow shards of the same files
   stallfree bench loader ~/imagenet/train --batches 50 --repeats 5 --json-file result.json
+  stallfree bench loader ./bench-data --rounds 3 --repeats 2   # contenders in turn, 3 times: a shared machine
 """
 
 MEAN = (0.485, 0.456, 0.406)
@@ -45,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=64, help="images per batch")
     parser.add_argument("--batches", type=int, default=20, help="batches per timed pass")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per contender (the median is shown)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every contender in turn this many times, --repeats passes each time: on a shared "
+                        "machine whose speed drifts, each contender then meets the same drift")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                         help="threads or workers for every contender (default: the cores this process may use)")
     parser.add_argument("--device", default="cpu",
@@ -217,19 +223,23 @@ def shard_runs(args: argparse.Namespace, work: Path) -> list[tuple[str, str, Pat
 def measure_runs(
     runs: list[tuple[str, str, Path]], args: argparse.Namespace, cores: dict[str, list[float]] | None = None
 ) -> dict[str, list[float]]:
-    """Time each (label, contender, data) in turn; img/s of every timed pass, by label (and cores busy, if asked)."""
-    out = {}
-    for label, name, data in runs:
-        busy: list[float] | None = None if cores is None else cores.setdefault(label, [])
-        out[label] = _measure(name, argparse.Namespace(**{**vars(args), "data": data}), busy)
+    """Time each (label, contender, data) in turn, ``args.rounds`` times over (default once).
+
+    Returns the img/s of every timed pass, by label, in the order they ran (and cores busy, if asked).
+    """
+    out: dict[str, list[float]] = {label: [] for label, _, _ in runs}
+    for _ in range(getattr(args, "rounds", 1)):
+        for label, name, data in runs:
+            busy: list[float] | None = None if cores is None else cores.setdefault(label, [])
+            out[label] += _measure(name, argparse.Namespace(**{**vars(args), "data": data}), busy)
     return out
 
 
 def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
     """Run the benchmark, print its table to ``out`` and return its results (JSON-able)."""
     write_synthetic(args.data, args.synthetic)
-    if args.batches < 1 or args.repeats < 1 or args.batch_size < 1:
-        raise ValueError("--batches, --repeats and --batch-size must be positive")
+    if args.batches < 1 or args.repeats < 1 or args.batch_size < 1 or args.rounds < 1:
+        raise ValueError("--batches, --repeats, --rounds and --batch-size must be positive")
     files = image_files(args.data)
     if len(files) < args.batch_size:
         raise ValueError(f"{args.data} has {len(files)} images, fewer than one batch of {args.batch_size}")
@@ -243,7 +253,8 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
     busy = {label: statistics.median(values) for label, values in cores.items()}
     base = medians.get(LABELS["torch"])
     print(f"{len(files)} images in {args.data}, batch {args.batch_size}, {args.threads} threads, {args.device}, "
-          f"median of {args.repeats} x {args.batches} batches", file=out)
+          f"median of {args.rounds * args.repeats} x {args.batches} batches"
+          + (f" ({args.rounds} rounds of {args.repeats})" if args.rounds > 1 else ""), file=out)
     texts = {label: ", ".join(f"{r:.0f}" for r in rates) for label, rates in results.items()}
     width = max([28, *map(len, texts.values())])
     print(f"| {'loader':<33} | {'img/s (median)':>14} | {'runs':<{width}} | {'vs torch DataLoader':>19} | "
@@ -260,4 +271,5 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
     if LABELS["torch"] in results:
         print(f"torch DataLoader: PIL decode, {transform_label()}", file=out)
     return {"images": len(files), "batch_size": args.batch_size, "threads": args.threads, "device": args.device,
-            "runs": results, "median": medians, "cores_busy": busy, "torch_transform": transform_label()}
+            "rounds": args.rounds, "runs": results, "median": medians, "cores_busy": busy,
+            "torch_transform": transform_label()}

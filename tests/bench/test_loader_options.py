@@ -31,3 +31,25 @@ def test_cpu_seconds_counts_child_processes() -> None:
     before = cpu_seconds()
     child = float(subprocess.run([sys.executable, "-c", burn], capture_output=True, text=True, check=True).stdout)
     assert cpu_seconds() - before >= 0.9 * child
+
+
+def test_rounds_run_the_contenders_in_turn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # With --rounds, a slow spell of a shared machine must fall on every contender, not on whichever ran then.
+    from stallfree.bench import loader as bench_loader
+
+    built: list[str] = []
+
+    def fake(name: str):
+        def stream(args):
+            built.append(name)
+            while True:
+                yield None
+        return stream
+
+    monkeypatch.setitem(bench_loader.CONTENDERS, "torch", fake("torch"))
+    monkeypatch.setitem(bench_loader.CONTENDERS, "dali", fake("dali"))
+    args = options("loader", tmp_path, batches=2, repeats=2, rounds=3)
+    runs = [("a", "torch", tmp_path), ("b", "dali", tmp_path)]
+    rates = bench_loader.measure_runs(runs, args)
+    assert built == ["torch", "dali"] * 3
+    assert {label: len(values) for label, values in rates.items()} == {"a": 6, "b": 6}
