@@ -4,8 +4,9 @@ The crops are what a training graph resizes: RandomResizedCrop(224) windows of t
 with PIL before timing. Each contender resizes every crop to 224 x 224 (bilinear with antialiasing) using
 ``--threads`` threads: the two DALI contenders as a CPU pipeline fed by ``external_source``, PIL through a thread
 pool (``Image.resize`` releases the GIL). After a warm-up batch (Numba compiles there), ``--repeats`` timed passes
-of ``--batches`` batches; the table shows the median, the ratio to DALI's resize, and the largest difference
-from PIL's output (torchvision resizes PIL images with PIL) over the first batch.
+of ``--batches`` batches, the contenders in turns (none of them works ahead, so taking turns is fair, and a shared
+machine's slow spell then falls on all of them); the table shows the median, the ratio to DALI's resize, and the
+largest difference from PIL's output (torchvision resizes PIL images with PIL) over the first batch.
 """
 
 from __future__ import annotations
@@ -108,16 +109,13 @@ def _pil(threads: int) -> Callable[[Batch], Batch]:
     return lambda crops: list(pool.map(one, crops))
 
 
-def _time(run_batch: Callable[[Batch], Batch], batches: list[Batch], repeats: int, bar: Any) -> list[float]:
-    run_batch(batches[0])  # warm-up
-    rates = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for batch in batches:
-            run_batch(batch)
-            bar.update()
-        rates.append(sum(len(b) for b in batches) / (time.perf_counter() - start))
-    return rates
+def _pass(run_batch: Callable[[Batch], Batch], batches: list[Batch], bar: Any) -> float:
+    """One timed pass over ``batches``: images per second."""
+    start = time.perf_counter()
+    for batch in batches:
+        run_batch(batch)
+        bar.update()
+    return sum(len(b) for b in batches) / (time.perf_counter() - start)
 
 
 def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
@@ -138,15 +136,19 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
         "PIL Image.resize": lambda: _pil(args.threads),
     }
     reference = _pil(args.threads)(batches[0])
-    rows: list[dict[str, Any]] = []
     with tqdm(total=len(contenders) * args.repeats * args.batches, desc="resize", unit="batch", file=sys.stderr,
               mininterval=1.0, leave=False) as bar:
-        for name, make in contenders.items():
-            run_batch = make()
+        runners = {name: make() for name, make in contenders.items()}
+        worst = {}
+        for name, run_batch in runners.items():  # the warm-up (Numba compiles there), checked against PIL
             first = run_batch(batches[0])
-            worst = max(int(np.abs(a.astype(np.int16) - b).max()) for a, b in zip(first, reference, strict=True))
-            rates = _time(run_batch, batches, args.repeats, bar)
-            rows.append({"resize": name, "img_per_s": statistics.median(rates), "runs": rates, "max_diff": worst})
+            worst[name] = max(int(np.abs(a.astype(np.int16) - b).max()) for a, b in zip(first, reference, strict=True))
+        rates: dict[str, list[float]] = {name: [] for name in runners}
+        for _ in range(args.repeats):  # in turns: a shared machine's slow spell falls on every contender alike
+            for name, run_batch in runners.items():
+                rates[name].append(_pass(run_batch, batches, bar))
+        rows: list[dict[str, Any]] = [{"resize": name, "img_per_s": statistics.median(rates[name]), "runs": rates[name],
+                 "max_diff": worst[name]} for name in runners]
     mean_px = statistics.fmean(c.shape[0] * c.shape[1] for c in crops)
     print(f"{len(crops)} RandomResizedCrop windows of {args.data} (mean {mean_px:,.0f} px) to 224x224, "
           f"{args.threads} threads, median of {args.repeats} x {args.batches} batches of {args.batch_size}", file=out)
