@@ -4,7 +4,7 @@ Torchvision resizes PIL images with ``Image.resize(..., BILINEAR)``: a separable
 widens with the downscale factor (antialiasing), applied along one axis, then the other (in Pillow's order, see
 :func:`_resample`), in 22-bit fixed point with a uint8 image between the two passes. This module computes the same
 thing and equals PIL's output exactly (``tests/transforms/test_resample.py``). It exists for speed: on the
-crops of an ImageNet-like training graph it runs 4.7x DALI's CPU ``fn.resize`` (``stallfree bench resize``; the
+crops of an ImageNet-like training graph it runs 2.9x DALI's CPU ``fn.resize`` (``stallfree bench resize``; the
 figures are in README.md), and resizing is the largest cost of a CPU training graph after decoding. On the GPU,
 and for float images (a resize placed after ``Normalize``), the graph uses DALI's ``fn.resize``.
 
