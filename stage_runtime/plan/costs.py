@@ -1,7 +1,8 @@
 """What the simulator charges: per-stage compute times and sizes, links between devices, and their parsing.
 
 Costs come from the partitioner's measurement (:func:`stallfree.stage_runtime.train.partition.measure_layers`, the one
-``stallfree train`` balances with) or from a JSON file a user writes for hardware they do not have::
+``stallfree train`` balances with, which times the forward, the backward and the backward's weight-gradient part
+apart) or from a JSON file a user writes for hardware they do not have::
 
     {"microbatch": 8,                        # the micro-batch size these figures are for
      "optimizer_s": 0.002,                   # one optimizer step over the whole model (optional, default 0)
@@ -21,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "BACKWARD_SHARE",
     "KINDS",
     "NO_OVERHEAD",
     "HostOverhead",
@@ -34,12 +34,6 @@ __all__ = [
     "scale_layers",
     "stage_costs",
 ]
-
-# The partitioner measures forward + backward together. A backward costs about two forwards (one product for
-# the input gradient, one for the weight gradient), so the simulator charges 1/3 forward, 1/3 input gradient,
-# 1/3 weight gradient; a JSON file can give its own split.
-BACKWARD_SHARE = 2 / 3
-
 
 @dataclass(frozen=True)
 class LayerTimes:

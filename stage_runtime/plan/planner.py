@@ -84,7 +84,8 @@ def splits(layers: Sequence[LayerTimes], stages: int) -> dict[str, tuple[int, ..
     from stallfree.stage_runtime.train.partition import LayerCost, balance_costs, plan
 
     times = [c.forward_s + c.backward_s for c in layers]
-    measured = [LayerCost(t, c.param_bytes, c.activation_bytes) for t, c in zip(times, layers, strict=True)]
+    measured = [LayerCost(t, c.param_bytes, c.activation_bytes, c.forward_s, c.weight_s)
+                for t, c in zip(times, layers, strict=True)]
     # plan() reads only len(layers) when given costs and no balance: the modules themselves are not needed.
     trainer = plan(cast(Any, [None] * len(layers)), stages, costs=measured).balance
     return {"time": tuple(balance_costs(times, stages)), "time+memory": tuple(trainer)}
