@@ -24,6 +24,7 @@ from typing import Any
 __all__ = [
     "KINDS",
     "NO_OVERHEAD",
+    "Cores",
     "HostOverhead",
     "LayerTimes",
     "Link",
@@ -87,6 +88,28 @@ class Link:
 
 
 FREE_LINK = Link(float("inf"), 0.0)
+
+
+@dataclass(frozen=True)
+class Cores:
+    """The pipeline's ranks share ``count`` cores (stage processes on one CPU machine), each computing on ``threads``.
+
+    While ``k`` ranks compute at once and ``k x threads`` exceeds ``count``, each computes at ``count / (k x
+    threads)`` of its own speed (processor sharing: the cores' time is shared out evenly among the threads that
+    want it). Layer costs are measured by one process alone, at full speed.
+    """
+
+    count: int
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or self.threads < 1:
+            raise ValueError(f"cores and threads per rank must be >= 1, got {self.count} cores and {self.threads} "
+                             "threads per rank")
+
+    def rate(self, computing: int) -> float:
+        """The speed of each of ``computing`` ranks computing at once, as a share of its speed alone."""
+        return min(1.0, self.count / (computing * self.threads)) if computing else 1.0
 
 
 KINDS = ("F", "B", "I", "W")  # forward, full backward, input gradient, weight gradient
