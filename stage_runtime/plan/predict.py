@@ -48,6 +48,7 @@ def predict_training(config: Any, balance: tuple[int, ...], num_classes: int, li
     import torch
 
     from stallfree.stage_runtime.plan.measure import measure_model
+    from stallfree.stage_runtime.train.accelerator import parse_accelerator
     from stallfree.stage_runtime.train.models import build_model
 
     micro = config.batch_size // config.microbatches
@@ -78,7 +79,7 @@ def predict_training(config: Any, balance: tuple[int, ...], num_classes: int, li
     owner = placement(config.schedule, config.stages, config.stages * per_rank)
     # The processes of a CPU job share this machine's cores (a GPU job's compute, and the simulated accelerator's
     # waits, hold none); the replicas of --dp are not simulated, so their share of the cores is not either.
-    on_cpu = not config.device.startswith("cuda") and config.accelerator is None
+    on_cpu = not config.device.startswith("cuda") and parse_accelerator(config.accelerator) is None
     sharing = Cores(cores, threads) if on_cpu and share_cores else None
     result = simulate_step(order, owner, costs, lambda a, b: link, causes=True, overhead=overhead, cores=sharing)
     assert result.bubble is not None  # causes=True splits it

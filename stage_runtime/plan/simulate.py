@@ -20,6 +20,16 @@ The host's own cost of torch's runtime (:class:`~.costs.HostOverhead`, calibrate
 ``send_s`` on the sending rank after an action that sends to another rank and ``message_s`` on the receiving rank
 before the action that reads it (idle), ``gap_s`` after every compute action (idle, before its send), and
 ``step_s`` on every rank before the first action (idle). With all of them 0 the textbook holds.
+
+Ranks that share cores (:class:`~.costs.Cores`: stage processes on one CPU machine) compute slower while more of
+them compute at once than the cores hold, so the simulation advances from event to event (an action starts, its
+compute ends, it ends) and settles every computing action's remaining work whenever their speed changes::
+
+    4 ranks, 1 thread each, 2 cores:   computing  1    2    3    4
+                                       speed      1    1   2/3  1/2
+
+An action's host overhead runs after its compute, unshared. Without shared cores no speed ever changes, and an
+action ends at exactly its start plus its cost.
 """
 
 from __future__ import annotations
