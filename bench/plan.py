@@ -8,11 +8,13 @@ after the first) are set beside the simulator's prediction for the same split (`
 calibrate the simulator on this machine (``stage_runtime/plan/calibrate.py``): the link's bandwidth from measured
 sends and its latency from a near-empty pipeline's messages (unless ``--link`` gives one), and the host overhead
 of torch's schedule runtime per action kind, gap, send, receive and step from that pipeline's spans (unless
-``--no-overhead``). The table says, per cell, whether the step is within 15% and the bubble within 5 points, and
-the count of cells that are; then, per model, whether the simulator's top choice among the cells run (the
-fastest predicted) is within 10% of the fastest measured; then, per cell, what the job's spans show per action
-kind, per message and per send beside the simulated step's (``stage_runtime/plan/attribution.py``). The load
-averages at the start and the end say how busy the machine was.
+``--no-overhead``). The stage processes share this machine's cores, and so do the simulated ranks (processor
+sharing, ``stage_runtime/plan/costs.py``'s ``Cores``; unless ``--no-sharing``). The table says, per cell,
+whether the step is within 15% and the bubble within 5 points, and the count of cells that are; then, per model,
+whether the simulator's top choice among the cells run (the fastest predicted) is within 10% of the fastest
+measured; then, per cell, what the job's spans show per action kind, per message and per send beside the
+simulated step's (``stage_runtime/plan/attribution.py``). The load averages at the start and the end say how
+busy the machine was.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ EXAMPLES = """examples:
   stallfree bench plan --models mlp --stages 2 --microbatches 4 --steps 6
   stallfree bench plan --link 1GB/s,2ms --json-file bench-plan.json   # a given link instead of the calibration
   stallfree bench plan --no-overhead                       # the simulator without torch's runtime overhead
+  stallfree bench plan --stages 4 --no-sharing             # predict as if each stage process had its own cores
 """
 STEP_TOLERANCE, BUBBLE_POINTS, TOP_TOLERANCE = 0.15, 0.05, 0.10
 
@@ -53,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--link", help="BANDWIDTH,LATENCY instead of the calibration, e.g. 1GB/s,2ms")
     parser.add_argument("--no-overhead", action="store_true",
                         help="predict without the calibrated per-action, per-message and per-step host overhead")
+    parser.add_argument("--no-sharing", action="store_true",
+                        help="predict as if each stage process had cores of its own (by default the simulated ranks "
+                        "share this machine's cores as the stage processes do)")
 
 
 def _jobs(args: argparse.Namespace, stages: int, out: Path) -> tuple[list[Any], list[str]]:
@@ -119,7 +125,7 @@ def _load(avg: tuple[float, float, float]) -> str:
     return ", ".join(f"{v:.1f}" for v in avg)
 
 
-def _row(config: Any, summary: dict[str, Any], link: Any, overhead: Any) -> dict[str, Any]:
+def _row(config: Any, summary: dict[str, Any], link: Any, overhead: Any, share_cores: bool) -> dict[str, Any]:
     """One cell: measured (train.jsonl and the spans) beside predicted, from the layer costs rank 0 measured."""
     from stallfree.stage_runtime.plan.attribution import attribute, trainer_steps
     from stallfree.stage_runtime.plan.costs import LayerTimes
@@ -130,7 +136,7 @@ def _row(config: Any, summary: dict[str, Any], link: Any, overhead: Any) -> dict
     costs = summary.get("layer_costs")
     measured = None if costs is None else ([LayerTimes(**c) for c in costs["layers"]], float(costs["optimizer_s"]))
     predicted = predict_training(config, tuple(summary["balance"]), summary["num_classes"], link, overhead,
-                                 measured=measured)
+                                 measured=measured, share_cores=share_cores)
     per_rank = config.spec.stages_per_rank(config.virtual_stages)
     order = torch_order(config.schedule, config.stages, config.microbatches, per_rank)
     owner = placement(config.schedule, config.stages, config.stages * per_rank)
@@ -139,7 +145,7 @@ def _row(config: Any, summary: dict[str, Any], link: Any, overhead: Any) -> dict
             "microbatches": config.microbatches, "balance": summary["balance"],
             "measured_step_s": step_s, "predicted_step_s": predicted["step_s"],
             "measured_bubble": bubble, "predicted_bubble": predicted["bubble"],
-            "step_error": predicted["step_s"] / step_s - 1,
+            "step_error": predicted["step_s"] / step_s - 1, "cores": predicted["cores"],
             "within": abs(predicted["step_s"] / step_s - 1) <= STEP_TOLERANCE
             and abs(predicted["bubble"] - bubble) <= BUBBLE_POINTS,
             "measured_spans": shown.to_dict(),
@@ -207,7 +213,7 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
             print(f"training {len(configs)} jobs in {stages} stage processes ...", file=sys.stderr, flush=True)
             for config, summary in zip(configs, train_many(configs), strict=True):
                 overhead = NO_OVERHEAD if args.no_overhead else calibration.overhead(config.schedule)
-                rows.append(_row(config, summary, link, overhead))
+                rows.append(_row(config, summary, link, overhead, not args.no_sharing))
     load_end = os.getloadavg()
     hits = sum(r["within"] for r in rows)
     print(f"load average (1, 5, 15 min) {_load(load_start)} at the start, {_load(load_end)} at the end", file=out)
@@ -219,6 +225,11 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
             print(f"  {family} schedules: us per action {kinds}; {o['gap_s'] * 1e6:.0f} us between actions, "
                   f"{o['send_s'] * 1e6:.0f} us per send, {o['message_s'] * 1e6:.0f} us per receive, "
                   f"{o['step_s'] * 1e6:.0f} us per step", file=out)
+    for stages in dict.fromkeys(r["stages"] for r in rows):
+        shared = next(r["cores"] for r in rows if r["stages"] == stages)
+        print(f"S={stages}: " + (f"the simulated ranks share {shared['count']} cores, {shared['threads']} torch "
+                                 f"thread(s) each, as the stage processes do" if shared else
+                                 "each simulated rank computes on cores of its own (--no-sharing)"), file=out)
     print(f"batch {args.batch_size}, {args.steps} steps per job, medians after the first; step = rank 0's "
           "schedule step, the optimizer outside it (as the trainer measures)", file=out)
     print(f"| {'model':<9} | {'schedule':<16} | {'S':>1} | {'M':>2} | {'step ms meas.':>13} | {'pred.':>8} | "
@@ -242,5 +253,6 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
     _print_attribution(rows, out)
     return {"load_average": {"start": list(load_start), "end": list(load_end)},
             "link": given.describe() if given else None, "link_source": how, "overhead_used": not args.no_overhead,
+            "cores_shared": not args.no_sharing,
             "calibration": calibrations, "rows": rows, "within": hits, "cells": len(rows), "top_choice": tops,
             "skipped": skipped}

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .costs import Link, StageCost
+from .costs import Cores, Link, StageCost
 from .orders import Op, torch_order
 from .simulate import StepResult, simulate
 
@@ -76,8 +76,8 @@ def _program(name: str, ranks: int, microbatches: int, steps: int) -> dict[int, 
 
 
 def simulate_async(name: str, ranks: int, microbatches: int, batch: int, costs: Sequence[StageCost],
-                   link: Callable[[int, int], Link], steps: int = 6) -> AsyncResult:
-    """Simulate ``steps`` steps of ``name`` without a flush, one model stage per rank.
+                   link: Callable[[int, int], Link], steps: int = 6, cores: Cores | None = None) -> AsyncResult:
+    """Simulate ``steps`` steps of ``name`` without a flush, one model stage per rank (sharing ``cores`` if given).
 
     Raises:
         ValueError: an unknown name, fewer than 3 steps, or a stage count that is not the rank count.
@@ -89,7 +89,8 @@ def simulate_async(name: str, ranks: int, microbatches: int, batch: int, costs: 
     if len(costs) != ranks:
         raise ValueError(f"asynchronous schedules hold one stage per rank: got {len(costs)} stages, {ranks} ranks")
     program = _program(name, ranks, microbatches, steps)
-    result = simulate(program, list(range(ranks)), costs, link, optimizer_s=[c.optimizer_s for c in costs])
+    result = simulate(program, list(range(ranks)), costs, link, optimizer_s=[c.optimizer_s for c in costs],
+                      cores=cores)
     by_rank: dict[int, list[Any]] = {r: [] for r in range(ranks)}
     for span in result.spans:
         by_rank[span.rank].append(span)

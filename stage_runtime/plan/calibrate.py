@@ -166,20 +166,25 @@ def _ping_pong(rank: int, repeats: int) -> dict[int, float]:
     return times
 
 
-def _near_empty_pipeline(rank: int, ranks: int, steps: int) -> tuple[list[tuple[float, dict[str, Any]]], float]:
+def _near_empty_pipeline(rank: int, ranks: int,
+                         steps: int) -> tuple[list[tuple[float, dict[str, Any]]], LayerTimes]:
     """Per run of :data:`RUNS`: this rank's median schedule step and its spans; and the layer's compute."""
     import torch
     import torch.distributed as dist
     from torch import nn
 
     from stallfree.stage_runtime.clock import StageClock
+    from stallfree.stage_runtime.plan.measure import layer_times
     from stallfree.stage_runtime.train.partition import measure_layers
     from stallfree.stage_runtime.train.schedules import build_schedule, schedule_spec
     from stallfree.stage_runtime.train.stage import TimedStage
 
     torch.manual_seed(rank)
-    layer_s = statistics.median(measure_layers([nn.Linear(WIDTH, WIDTH)], torch.randn(1, WIDTH), repeats=5)[0].time_s
-                                for _ in range(3))
+    passes = [layer_times(measure_layers([nn.Linear(WIDTH, WIDTH)], torch.randn(1, WIDTH), repeats=5)[0])
+              for _ in range(3)]
+    near_empty = LayerTimes(statistics.median(c.forward_s for c in passes),
+                            statistics.median(c.backward_s for c in passes),
+                            statistics.median(c.weight_s for c in passes), 0, 4 * WIDTH)
     out = []
     for schedule, count in RUNS:
         m = _microbatches(schedule, count, ranks)
@@ -217,7 +222,7 @@ def _near_empty_pipeline(rank: int, ranks: int, steps: int) -> tuple[list[tuple[
             if i >= 2:
                 walls.append(wall)
         out.append((statistics.median(walls), clock.to_records()))
-    return out, layer_s
+    return out, near_empty
 
 
 def _worker(rank: int, ranks: int, port: int, repeats: int, steps: int, threads: int, queue: Any) -> None:
@@ -228,13 +233,14 @@ def _worker(rank: int, ranks: int, port: int, repeats: int, steps: int, threads:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ranks)
     try:
         times = _ping_pong(rank, repeats)
-        pipeline, layer_s = _near_empty_pipeline(rank, ranks, steps) if steps else ([], 0.0)
-        queue.put((rank, times, pipeline, layer_s))
+        pipeline, layer = _near_empty_pipeline(rank, ranks, steps) if steps else ([], None)
+        queue.put((rank, times, pipeline, layer))
     finally:
         dist.destroy_process_group()
 
 
-def _measure(ranks: int, repeats: int, steps: int, threads: int | None) -> tuple[Link, list[PipelineTimes], float]:
+def _measure(ranks: int, repeats: int, steps: int,
+             threads: int | None) -> tuple[Link, list[PipelineTimes], LayerTimes | None]:
     import torch.multiprocessing as mp
 
     from stallfree.stage_runtime.train.launcher import free_port
@@ -272,7 +278,7 @@ def calibrate_gloo_link(repeats: int = 20) -> Link:
     return _measure(2, repeats, 0, None)[0]
 
 
-def fit_pipeline(pipeline: Sequence[PipelineTimes], layer_s: float,
+def fit_pipeline(pipeline: Sequence[PipelineTimes], layer: LayerTimes,
                  link: Link) -> tuple[dict[str, HostOverhead], Link, list[dict[str, Any]]]:
     """Per schedule family, the runtime overhead the near-empty pipeline's spans show; the link; each run's figures.
 
@@ -280,7 +286,7 @@ def fit_pipeline(pipeline: Sequence[PipelineTimes], layer_s: float,
     showed (:func:`~.attribution.fit_overhead`).
 
     ``pipeline`` holds the runs of :data:`RUNS` (their ranks: as many as each has records), one
-    ``Linear(WIDTH, WIDTH)`` per model stage; ``layer_s`` is that layer's forward + backward. Per kind, send and
+    ``Linear(WIDTH, WIDTH)`` per model stage; ``layer`` is that layer's compute per pass. Per kind, send and
     message: :func:`~.attribution.fit_overhead` over the family's runs; ``step_s``: the measured schedule step
     less the simulated one with that overhead, the mean over the family's runs.
 
@@ -293,7 +299,6 @@ def fit_pipeline(pipeline: Sequence[PipelineTimes], layer_s: float,
 
     if not pipeline:
         raise ValueError("fitting the overhead needs at least one run of the near-empty pipeline")
-    layer = LayerTimes(layer_s / 3, 2 * layer_s / 3, layer_s / 3, 0, 4 * WIDTH)
     runs, shown = [], []
     for p in pipeline:
         ranks = len(p.records)
@@ -326,9 +331,11 @@ def calibrate_host(ranks: int = 2, repeats: int = 20, steps: int = 10, threads: 
     Raises:
         ValueError: fewer than 2 ranks.
     """
-    link, pipeline, layer_s = _measure(ranks, repeats, steps, threads)
-    overheads, link, shown = fit_pipeline(pipeline, layer_s, link)
-    return Calibration(link, overheads, ranks, layer_s, tuple(pipeline), tuple(shown))
+    link, pipeline, layer = _measure(ranks, repeats, steps, threads)
+    if layer is None:
+        raise ValueError(f"calibration needs at least 1 step of the near-empty pipeline, got steps={steps}")
+    overheads, link, shown = fit_pipeline(pipeline, layer, link)
+    return Calibration(link, overheads, ranks, layer.forward_s + layer.backward_s, tuple(pipeline), tuple(shown))
 
 
 @functools.lru_cache(maxsize=8)

@@ -1,7 +1,8 @@
 """What the simulator charges: per-stage compute times and sizes, links between devices, and their parsing.
 
 Costs come from the partitioner's measurement (:func:`stallfree.stage_runtime.train.partition.measure_layers`, the one
-``stallfree train`` balances with) or from a JSON file a user writes for hardware they do not have::
+``stallfree train`` balances with, which times the forward, the backward and the backward's weight-gradient part
+apart) or from a JSON file a user writes for hardware they do not have::
 
     {"microbatch": 8,                        # the micro-batch size these figures are for
      "optimizer_s": 0.002,                   # one optimizer step over the whole model (optional, default 0)
@@ -21,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "BACKWARD_SHARE",
     "KINDS",
     "NO_OVERHEAD",
+    "Cores",
     "HostOverhead",
     "LayerTimes",
     "Link",
@@ -34,12 +35,6 @@ __all__ = [
     "scale_layers",
     "stage_costs",
 ]
-
-# The partitioner measures forward + backward together. A backward costs about two forwards (one product for
-# the input gradient, one for the weight gradient), so the simulator charges 1/3 forward, 1/3 input gradient,
-# 1/3 weight gradient; a JSON file can give its own split.
-BACKWARD_SHARE = 2 / 3
-
 
 @dataclass(frozen=True)
 class LayerTimes:
@@ -93,6 +88,28 @@ class Link:
 
 
 FREE_LINK = Link(float("inf"), 0.0)
+
+
+@dataclass(frozen=True)
+class Cores:
+    """The pipeline's ranks share ``count`` cores (stage processes on one CPU machine), each computing on ``threads``.
+
+    While ``k`` ranks compute at once and ``k x threads`` exceeds ``count``, each computes at ``count / (k x
+    threads)`` of its own speed (processor sharing: the cores' time is shared out evenly among the threads that
+    want it). Layer costs are measured by one process alone, at full speed.
+    """
+
+    count: int
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or self.threads < 1:
+            raise ValueError(f"cores and threads per rank must be >= 1, got {self.count} cores and {self.threads} "
+                             "threads per rank")
+
+    def rate(self, computing: int) -> float:
+        """The speed of each of ``computing`` ranks computing at once, as a share of its speed alone."""
+        return min(1.0, self.count / (computing * self.threads)) if computing else 1.0
 
 
 KINDS = ("F", "B", "I", "W")  # forward, full backward, input gradient, weight gradient

@@ -5,18 +5,31 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .costs import BACKWARD_SHARE, LayerTimes
+from .costs import LayerTimes
 
-__all__ = ["measure_model"]
+__all__ = ["layer_times", "measure_model"]
+
+
+def layer_times(cost: Any) -> LayerTimes:
+    """A :class:`~stallfree.stage_runtime.train.partition.LayerCost` from ``measure_layers`` as the simulator's.
+
+    Raises:
+        ValueError: a cost without its passes (one given by hand: only ``measure_layers`` times them apart).
+    """
+    if cost.forward_s is None or cost.weight_s is None:
+        raise ValueError(f"layer cost {cost} has no forward and weight-gradient seconds of its own; measure it "
+                         "with measure_layers, which times each pass apart")
+    return LayerTimes(cost.forward_s, cost.time_s - cost.forward_s, cost.weight_s, cost.param_bytes,
+                      cost.activation_bytes)
 
 
 def measure_model(model: Any, image_size: int, micro: int, device: str = "cpu",
                   repeats: int = 3) -> tuple[list[LayerTimes], float]:
     """Time every layer of ``model`` (an ``nn.Sequential``) on one micro-batch of ``micro`` images.
 
-    Returns the layers' costs (forward + backward measured together by
-    :func:`~stallfree.stage_runtime.train.partition.measure_layers`, split by :data:`~.costs.BACKWARD_SHARE`) and the
-    seconds of one SGD-with-momentum step over the whole model, the trainer's optimizer.
+    Returns the layers' costs (the forward, the backward and its weight-gradient part, each timed by
+    :func:`~stallfree.stage_runtime.train.partition.measure_layers`) and the seconds of one SGD-with-momentum step
+    over the whole model, the trainer's optimizer.
     """
     import torch
 
@@ -25,10 +38,7 @@ def measure_model(model: Any, image_size: int, micro: int, device: str = "cpu",
     model = model.to(device)
     sample = torch.randn(micro, 3, image_size, image_size, device=device)
     measured = measure_layers(list(model), sample, repeats=repeats)
-    layers = []
-    for c in measured:
-        backward = c.time_s * BACKWARD_SHARE
-        layers.append(LayerTimes(c.time_s - backward, backward, backward / 2, c.param_bytes, c.activation_bytes))
+    layers = [layer_times(c) for c in measured]
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         return layers, 0.0

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from .costs import FREE_LINK, NO_OVERHEAD, HostOverhead, LayerTimes, Link, StageCost, stage_costs
+from .costs import FREE_LINK, NO_OVERHEAD, Cores, HostOverhead, LayerTimes, Link, StageCost, stage_costs
 from .orders import placement, torch_order
 from .simulate import StepResult, simulate_step
 
@@ -84,7 +84,8 @@ def splits(layers: Sequence[LayerTimes], stages: int) -> dict[str, tuple[int, ..
     from stallfree.stage_runtime.train.partition import LayerCost, balance_costs, plan
 
     times = [c.forward_s + c.backward_s for c in layers]
-    measured = [LayerCost(t, c.param_bytes, c.activation_bytes) for t, c in zip(times, layers, strict=True)]
+    measured = [LayerCost(t, c.param_bytes, c.activation_bytes, c.forward_s, c.weight_s)
+                for t, c in zip(times, layers, strict=True)]
     # plan() reads only len(layers) when given costs and no balance: the modules themselves are not needed.
     trainer = plan(cast(Any, [None] * len(layers)), stages, costs=measured).balance
     return {"time": tuple(balance_costs(times, stages)), "time+memory": tuple(trainer)}
@@ -100,7 +101,8 @@ def rank_plans(layers_for: Callable[[int], Sequence[LayerTimes]], optimizer_s: f
                schedules: Sequence[str] = SYNC_SCHEDULES, microbatches: Sequence[int] = (1, 2, 4, 8, 16, 32),
                virtuals: Sequence[int] = (2, 4), top: int = 5,
                skipped: list[str] | None = None,
-               overhead: HostOverhead | Callable[[str, int], HostOverhead] = NO_OVERHEAD) -> list[Candidate]:
+               overhead: HostOverhead | Callable[[str, int], HostOverhead] = NO_OVERHEAD,
+               cores: Cores | None = None) -> list[Candidate]:
     """Simulate every configuration and return them fastest first, those within ``memory_limit`` before others.
 
     Args:
@@ -117,6 +119,7 @@ def rank_plans(layers_for: Callable[[int], Sequence[LayerTimes]], optimizer_s: f
         overhead: the host's cost of torch's runtime per action, message and step (``calibrate_host``), or a
             function of (schedule, pipeline ranks) giving it (a calibration measures each schedule family and
             rank count apart).
+        cores: the cores every plan's ranks share (stage processes on one CPU machine); ``None``: a device each.
 
     Raises:
         ValueError: nothing can be simulated (say, a model of one layer).
@@ -151,7 +154,7 @@ def rank_plans(layers_for: Callable[[int], Sequence[LayerTimes]], optimizer_s: f
                             continue  # both rules chose the same split
                         costs = stage_costs(layers, balance, optimizer_s)
                         result = simulate_step(order, owner, costs, network.between, causes=False,
-                                               overhead=_overhead(overhead, schedule, ranks))
+                                               overhead=_overhead(overhead, schedule, ranks), cores=cores)
                         memory = [0] * ranks
                         for s, r in enumerate(owner):
                             memory[r] += STATE_COPIES * costs[s].param_bytes
@@ -167,7 +170,7 @@ def rank_plans(layers_for: Callable[[int], Sequence[LayerTimes]], optimizer_s: f
         order = torch_order(c.schedule, c.ranks, c.microbatches, c.virtual)
         owner = placement(c.schedule, c.ranks, c.ranks * c.virtual)
         full = simulate_step(order, owner, c.costs, network.between, causes=True,
-                             overhead=_overhead(overhead, c.schedule, c.ranks))
+                             overhead=_overhead(overhead, c.schedule, c.ranks), cores=cores)
         out[i] = Candidate(c.schedule, c.ranks, c.virtual, c.microbatches, c.balance, c.split, c.batch, full,
                            c.memory_bytes, c.fits, c.cross_cuts, c.costs)
     return out

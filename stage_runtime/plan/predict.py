@@ -5,7 +5,10 @@ stages, the optimizer step and torch's own runtime, so this module predicts the 
 model measured by the partitioner's measurement (``measure_model``) at the job's micro-batch, cut by the job's
 balance, ordered as torch's schedule runs it, over the link and with the runtime's per-action, per-message and
 per-step host overhead calibrated on this machine (:mod:`.calibrate`; a CPU job only, the calibration measures gloo).
-It runs in the command's process after training, with the torch threads each stage process had.
+A CPU job's stage processes share this machine's cores, each computing on the torch threads the trainer gave it
+(cores / processes, at least 1): with more processes than cores, their compute is stretched while more of them
+compute at once than the cores hold (:class:`~.costs.Cores`). It runs in the command's process after training,
+with the torch threads each stage process had.
 
 The step it predicts is the one the trainer measures: rank 0's ``schedule.step`` (the optimizer step runs after
 it, outside the trainer's step time and bubble); ``step_with_optimizer_s`` adds the slowest rank's optimizer.
@@ -17,7 +20,7 @@ import os
 from typing import Any
 
 from stallfree.stage_runtime.plan.attribution import attribute
-from stallfree.stage_runtime.plan.costs import NO_OVERHEAD, HostOverhead, Link, parse_link, stage_costs
+from stallfree.stage_runtime.plan.costs import NO_OVERHEAD, Cores, HostOverhead, Link, parse_link, stage_costs
 from stallfree.stage_runtime.plan.orders import placement, torch_order
 from stallfree.stage_runtime.plan.simulate import simulate_step
 
@@ -28,14 +31,15 @@ DEFAULT_LINK = "25GB/s,5us"  # stallfree plan's default, for a GPU job (the cali
 
 def predict_training(config: Any, balance: tuple[int, ...], num_classes: int, link: Link | None = None,
                      overhead: HostOverhead | None = None,
-                     measured: tuple[list[Any], float] | None = None) -> dict[str, Any]:
+                     measured: tuple[list[Any], float] | None = None, share_cores: bool = True) -> dict[str, Any]:
     """Predicted step time, images/s and bubble (split into causes) of ``config`` (a ``TrainConfig``).
 
     ``balance`` is the split the job ran. Without ``link`` a CPU job calibrates the link and the runtime's overhead
     on this machine (:func:`~.calibrate.cached_calibration`: one start of the stage processes, once per stage count);
     a GPU job takes :data:`DEFAULT_LINK` and no overhead. ``overhead`` given replaces the calibrated one.
     ``measured``: the per-layer times and optimizer seconds the job already measured (the trainer's rank 0 does,
-    to split the model); without it the model is built and measured here.
+    to split the model); without it the model is built and measured here. ``share_cores``: a CPU job's stage
+    processes share this machine's cores (``False``: predict as if each had cores of its own).
 
     Beside the step it returns what the simulated spans show per action kind (``per_action_s``: mean busy seconds
     of one F, B, I, W), per message (``per_message_s``) and per send (``send_s``), as
@@ -44,6 +48,7 @@ def predict_training(config: Any, balance: tuple[int, ...], num_classes: int, li
     import torch
 
     from stallfree.stage_runtime.plan.measure import measure_model
+    from stallfree.stage_runtime.train.accelerator import parse_accelerator
     from stallfree.stage_runtime.train.models import build_model
 
     micro = config.batch_size // config.microbatches
@@ -72,11 +77,16 @@ def predict_training(config: Any, balance: tuple[int, ...], num_classes: int, li
     costs = stage_costs(layers, balance, optimizer_s)
     order = torch_order(config.schedule, config.stages, config.microbatches, per_rank)
     owner = placement(config.schedule, config.stages, config.stages * per_rank)
-    result = simulate_step(order, owner, costs, lambda a, b: link, causes=True, overhead=overhead)
+    # The processes of a CPU job share this machine's cores (a GPU job's compute, and the simulated accelerator's
+    # waits, hold none); the replicas of --dp are not simulated, so their share of the cores is not either.
+    on_cpu = not config.device.startswith("cuda") and parse_accelerator(config.accelerator) is None
+    sharing = Cores(cores, threads) if on_cpu and share_cores else None
+    result = simulate_step(order, owner, costs, lambda a, b: link, causes=True, overhead=overhead, cores=sharing)
     assert result.bubble is not None  # causes=True splits it
     shown = attribute([list(result.spans)], owner)
     return {"per_action_s": shown.per_action_s, "per_message_s": shown.per_message_s, "send_s": shown.send_s,
             "step_s": result.schedule_s, "step_with_optimizer_s": result.step_s,
             "images_per_s": config.batch_size * config.dp / result.schedule_s,
             "bubble": result.bubble.total, "causes": result.bubble.to_dict(), "link": link.describe(),
-            "link_source": source, "overhead": overhead.to_dict()}
+            "link_source": source, "overhead": overhead.to_dict(),
+            "cores": None if sharing is None else {"count": sharing.count, "threads": sharing.threads}}

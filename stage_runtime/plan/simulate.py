@@ -20,6 +20,16 @@ The host's own cost of torch's runtime (:class:`~.costs.HostOverhead`, calibrate
 ``send_s`` on the sending rank after an action that sends to another rank and ``message_s`` on the receiving rank
 before the action that reads it (idle), ``gap_s`` after every compute action (idle, before its send), and
 ``step_s`` on every rank before the first action (idle). With all of them 0 the textbook holds.
+
+Ranks that share cores (:class:`~.costs.Cores`: stage processes on one CPU machine) compute slower while more of
+them compute at once than the cores hold, so the simulation advances from event to event (an action starts, its
+compute ends, it ends) and settles every computing action's remaining work whenever their speed changes::
+
+    4 ranks, 1 thread each, 2 cores:   computing  1    2    3    4
+                                       speed      1    1   2/3  1/2
+
+An action's host overhead runs after its compute, unshared. Without shared cores no speed ever changes, and an
+action ends at exactly its start plus its cost.
 """
 
 from __future__ import annotations
@@ -27,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from .costs import FREE_LINK, NO_OVERHEAD, HostOverhead, Link, StageCost
+from .costs import FREE_LINK, NO_OVERHEAD, Cores, HostOverhead, Link, StageCost
 from .orders import Op
 
 __all__ = ["Bubble", "Span", "StepResult", "compute_s", "simulate", "simulate_step"]
@@ -98,9 +108,25 @@ def compute_s(op: Op, cost: StageCost) -> float:
     return cost.weight_s
 
 
+@dataclass
+class _Running:
+    """An operation under way on its rank.
+
+    ``left`` seconds of compute at full speed remain since ``since``; then ``after`` seconds of the runtime's host
+    work, not shared (the calibration measured it with the ranks already sharing the cores).
+    """
+
+    op: Op
+    start: float
+    left: float
+    since: float
+    after: float
+    end: float | None = None  # known once its compute is done
+
+
 def simulate(program: Mapping[int, Sequence[Op]], owner: Sequence[int], costs: Sequence[StageCost],
              link: LinkFor, optimizer_s: Sequence[float] | None = None,
-             overhead: HostOverhead = NO_OVERHEAD) -> StepResult:
+             overhead: HostOverhead = NO_OVERHEAD, cores: Cores | None = None) -> StepResult:
     """Run ``program`` (each rank's operations in order) and return what happened.
 
     Args:
@@ -111,6 +137,8 @@ def simulate(program: Mapping[int, Sequence[Op]], owner: Sequence[int], costs: S
         optimizer_s: the optimizer step per rank after the schedule (default: the sum of its stages' shares);
             O operations inside the program cost the same.
         overhead: the host's cost of torch's runtime per action, message and step (none by default).
+        cores: the cores the ranks share, stretching their compute while more of them compute at once than the
+            cores hold (:class:`~.costs.Cores`); ``None`` (the default): each rank has a device of its own.
 
     Raises:
         ValueError: the program cannot finish (an operation waits for one that never runs), naming them.
@@ -129,6 +157,8 @@ def simulate(program: Mapping[int, Sequence[Op]], owner: Sequence[int], costs: S
     link_free: dict[tuple[int, int], float] = {}
     now = [overhead.step_s] * ranks  # the step's own set-up, before any action
     nxt = [0] * ranks
+    running: dict[int, _Running] = {}  # rank -> its operation under way
+    rate = 1.0  # the speed of every computing rank, as a share of its own
     spans: list[Span] = []
     memory: list[tuple[float, int, int, int]] = []  # (time, +bytes/-bytes, rank, stage)
     transfers = 0
@@ -174,30 +204,34 @@ def simulate(program: Mapping[int, Sequence[Op]], owner: Sequence[int], costs: S
         transfers += 1
         return at
 
-    total_ops = sum(len(p) for p in program.values())
-    for _ in range(total_ops):
-        best: tuple[float, int] | None = None
-        for r in range(ranks):
-            if nxt[r] < len(program[r]):
-                at = start_at(r, program[r][nxt[r]])
-                if at is not None and (best is None or at < best[0]):
-                    best = (at, r)
-        if best is None:
-            stuck = [str(program[r][nxt[r]]) for r in range(ranks) if nxt[r] < len(program[r])]
-            raise ValueError(f"the schedule cannot finish: each rank's next operation waits for one that never "
-                             f"runs (rank by rank: {', '.join(stuck)})")
-        start, r = best
-        op = program[r][nxt[r]]
-        nxt[r] += 1
-        cost = costs[op.stage] if op.kind != "O" else None
-        end = start + (compute_s(op, cost) + overhead.action(op.kind) if cost is not None else opt[r])
-        now[r] = end + (overhead.gap_s if cost is not None else 0.0)
-        spans.append(Span(r, op, start, end))
-        if cost is None:
-            continue
+    def reshare(t: float, computing: int) -> None:
+        """At ``t``, ``computing`` ranks compute from now on: settle the compute done so far if the speed changes.
+
+        Only a change of speed touches the figures, so without sharing an operation ends at exactly its start
+        plus its cost.
+        """
+        nonlocal rate
+        new = cores.rate(computing) if cores is not None else 1.0
+        if new != rate:
+            for run in running.values():
+                if run.end is None:
+                    run.left -= (t - run.since) * rate
+                    run.since = t
+            rate = new
+
+    def finish(r: int, run: _Running) -> None:
+        """``run`` ended: its span, its outputs sent, its memory, and when its rank is free again."""
+        op, end = run.op, run.end
+        assert end is not None  # finished only once its compute is done
+        spans.append(Span(r, op, run.start, end))
+        if op.kind == "O":
+            now[r] = end
+            return
+        now[r] = end + overhead.gap_s
+        cost = costs[op.stage]
         done[(op.kind, op.stage, op.mb)] = end
         if op.kind == "F":
-            memory.append((start, cost.activation_bytes, r, op.stage))
+            memory.append((run.start, cost.activation_bytes, r, op.stage))
             if op.stage < last:
                 now[r] = send("act", op.stage, op.stage + 1, op.mb, now[r], cost.output_bytes)
         elif op.kind in ("B", "I"):
@@ -207,6 +241,44 @@ def simulate(program: Mapping[int, Sequence[Op]], owner: Sequence[int], costs: S
                 now[r] = send("grad", op.stage, op.stage - 1, op.mb, now[r], costs[op.stage - 1].output_bytes)
         elif op.kind == "W":  # the weight gradient still reads the stage's saved inputs: freed only now
             memory.append((end, -cost.activation_bytes, r, op.stage))
+
+    total_ops = sum(len(p) for p in program.values())
+    t = 0.0
+    while len(spans) < total_ops:
+        # The next event, in time order; at a tie, an end before a compute's end before a start, then by rank.
+        best: tuple[float, int, int] | None = None
+        for r in range(ranks):
+            run = running.get(r)
+            if run is not None:
+                event = (run.end, 0, r) if run.end is not None else (max(t, run.since + run.left / rate), 1, r)
+            elif nxt[r] < len(program[r]):
+                at = start_at(r, program[r][nxt[r]])
+                if at is None:
+                    continue
+                event = (at, 2, r)
+            else:
+                continue
+            if best is None or event < best:
+                best = event
+        if best is None:
+            stuck = [str(program[r][nxt[r]]) for r in range(ranks) if nxt[r] < len(program[r])]
+            raise ValueError(f"the schedule cannot finish: each rank's next operation waits for one that never "
+                             f"runs (rank by rank: {', '.join(stuck)})")
+        t, what, r = best
+        if what == 0:  # the action's host work is done too
+            finish(r, running.pop(r))
+        elif what == 1:  # its compute is done; the host work after it is not shared
+            run = running[r]
+            run.end = max(t, run.since + (run.left / rate + run.after))
+            reshare(t, sum(x.end is None for x in running.values()))
+        else:
+            op = program[r][nxt[r]]
+            nxt[r] += 1
+            work = opt[r] if op.kind == "O" else compute_s(op, costs[op.stage])
+            host = 0.0 if op.kind == "O" else overhead.action(op.kind)
+            reshare(t, sum(x.end is None for x in running.values()) + 1)
+            running[r] = _Running(op, t, work, t, host)
+    spans.sort(key=lambda x: (x.start, x.rank))  # in the order they started, as the trainer's clock lists them
 
     compute = [s for s in spans if s.op.kind != "O"]
     schedule_s = max((s.end for s in compute), default=0.0)
@@ -235,20 +307,23 @@ def _mean_costs(costs: Sequence[StageCost]) -> list[StageCost]:
 
 
 def simulate_step(program: Mapping[int, Sequence[Op]], owner: Sequence[int], costs: Sequence[StageCost],
-                  link: LinkFor, causes: bool = True, overhead: HostOverhead = NO_OVERHEAD) -> StepResult:
+                  link: LinkFor, causes: bool = True, overhead: HostOverhead = NO_OVERHEAD,
+                  cores: Cores | None = None) -> StepResult:
     """:func:`simulate`, with the bubble split into its causes (two more runs) when ``causes``.
 
     The two runs keep ``overhead``'s per-action cost (it is part of each action, as compute is) and drop its
-    per-message cost (communication) and per-step set-up (``runtime``, ``step_s`` / schedule time).
+    per-message cost (communication) and per-step set-up (``runtime``, ``step_s`` / schedule time). They share
+    ``cores`` as the step does: ranks sharing cores compute slower, which shows in their busy time, not as a
+    cause of idle time.
     """
-    result = simulate(program, owner, costs, link, overhead=overhead)
+    result = simulate(program, owner, costs, link, overhead=overhead, cores=cores)
     if not causes or result.schedule_s <= 0:
         return result
     ranks, t, busy = len(program), result.schedule_s, sum(result.busy_s)
     free: LinkFor = lambda a, b: FREE_LINK  # noqa: E731
     actions = overhead.actions_only()
-    ideal = simulate(program, owner, _mean_costs(costs), free, overhead=actions).schedule_s
-    no_comm = simulate(program, owner, costs, free, overhead=actions).schedule_s
+    ideal = simulate(program, owner, _mean_costs(costs), free, overhead=actions, cores=cores).schedule_s
+    no_comm = simulate(program, owner, costs, free, overhead=actions, cores=cores).schedule_s
     runtime = overhead.step_s / t
     bubble = Bubble(result.bubble_share, (ranks * ideal - busy) / (ranks * t), (no_comm - ideal) / t,
                     (t - no_comm) / t - runtime, runtime)

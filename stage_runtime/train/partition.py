@@ -1,7 +1,8 @@
 """The partitioner: cut a sequence of layers into contiguous pipeline stages of balanced cost.
 
-Each layer's cost is measured (forward + backward time on a sample micro-batch, parameter + activation memory),
-and the stages are chosen to minimise the most expensive stage, which is what bounds a pipeline's step time.
+Each layer's cost is measured (forward and backward time on a sample micro-batch, each pass timed apart, and
+parameter + activation memory), and the stages are chosen to minimise the most expensive stage's forward +
+backward, which is what bounds a pipeline's step time.
 ``torch.distributed.pipelining`` has no automatic balancing (DESIGN.md, "Known pitfalls"); this is it.
 """
 
@@ -20,11 +21,18 @@ __all__ = ["LayerCost", "Partition", "balance_costs", "measure_layers", "plan", 
 
 @dataclass(frozen=True)
 class LayerCost:
-    """One layer's measured cost: forward + backward seconds per micro-batch, parameter and activation bytes."""
+    """One layer's cost per micro-batch: forward + backward seconds, parameter and activation bytes.
+
+    ``time_s`` is what the partitioner balances by. :func:`measure_layers` also gives the passes it is made of
+    (``forward_s``, and ``weight_s``: the weight-gradient part of the backward ``time_s - forward_s``); a cost
+    given by hand may leave them out (``None``), since the partitioner needs only the sum.
+    """
 
     time_s: float
     param_bytes: int
     activation_bytes: int
+    forward_s: float | None = None
+    weight_s: float | None = None
 
     @property
     def memory_bytes(self) -> int:
@@ -87,31 +95,57 @@ def balance_costs(costs: Sequence[float], stages: int) -> list[int]:
     return sizes[::-1]
 
 
+def _since(start: float, out: torch.Tensor) -> float:
+    """Seconds since ``start``, once the device that made ``out`` is done."""
+    if out.is_cuda:
+        torch.cuda.synchronize(out.device)
+    return time.perf_counter() - start
+
+
+def _gradient_s(out: torch.Tensor, wrt: Sequence[torch.Tensor], grad: torch.Tensor, keep: bool) -> float:
+    """Seconds to compute ``out``'s gradient for ``wrt`` alone (``keep``: the graph stays for another part)."""
+    start = time.perf_counter()
+    torch.autograd.grad(out, wrt, grad, retain_graph=keep, allow_unused=True)
+    return _since(start, out)
+
+
 def measure_layers(layers: Sequence[nn.Module], sample: torch.Tensor, repeats: int = 3) -> list[LayerCost]:
-    """Time each layer's forward + backward on ``sample`` (one micro-batch) and size its memory.
+    """Time each layer's forward and backward on ``sample`` (one micro-batch) apart, and size its memory.
 
     Each layer is timed on its own input (the previous layer's output, detached), best of ``repeats`` after a
-    warm-up, so the figures are per micro-batch and independent of the others. The layers themselves are not
-    touched (copies are run).
+    warm-up, so the figures are per micro-batch and independent of the others. Per repeat, the forward is timed,
+    then the whole backward (``backward()``) after it; on a second forward, the input gradient alone
+    (``torch.autograd.grad`` for the input, keeping the graph) and then the weight gradient alone (for the
+    parameters), as the zero-bubble schedules run them. A convolution's forward can cost as much as its
+    backward, a linear layer's about half, so no fixed share fits every layer. The weight-gradient share of the
+    two parts splits the whole backward (``weight_s``): the parts timed apart cost a little more than the whole,
+    each being one more pass of the autograd engine. The layers themselves are not touched (copies are run).
     """
     costs, x = [], sample
     # On copies: a forward in training mode moves BatchNorm's running statistics, and these samples are noise.
     for layer in copy.deepcopy(list(layers)):
-        params = sum(p.numel() * p.element_size() for p in layer.parameters())
-        best = float("inf")
-        out = None
+        params = [p for p in layer.parameters() if p.requires_grad]
+        forward = backward = inputs = weights = float("inf")
+        out = x
         for _ in range(repeats + 1):
             inp = x.detach().requires_grad_(x.is_floating_point())
             start = time.perf_counter()
             out = layer(inp)
-            if out.requires_grad:
-                out.backward(torch.ones_like(out))
-            if out.is_cuda:
-                torch.cuda.synchronize(out.device)
-            best = min(best, time.perf_counter() - start)
+            forward = min(forward, _since(start, out))
+            if not out.requires_grad:  # nothing to differentiate (an integer input and no parameters)
+                backward = inputs = weights = 0.0
+                continue
+            grad = torch.ones_like(out)
+            start = time.perf_counter()
+            out.backward(grad)
+            backward = min(backward, _since(start, out))
+            again = layer(inp)  # the two parts, on a graph of their own
+            inputs = min(inputs, _gradient_s(again, [inp], grad, keep=bool(params)) if inp.requires_grad else 0.0)
+            weights = min(weights, _gradient_s(again, params, grad, keep=False) if params else 0.0)
         layer.zero_grad(set_to_none=True)
-        assert out is not None
-        costs.append(LayerCost(best, params, out.numel() * out.element_size()))
+        share = weights / (inputs + weights) if inputs + weights > 0 else 0.0
+        costs.append(LayerCost(forward + backward, sum(p.numel() * p.element_size() for p in layer.parameters()),
+                               out.numel() * out.element_size(), forward, backward * share))
         x = out.detach()
     return costs
 

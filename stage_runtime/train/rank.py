@@ -116,7 +116,8 @@ class Rank:
 
             # One measurement serves the split and the plan simulator's prediction in the summary.
             times, optimizer_s = measure_model(nn.Sequential(*layers), c.image_size, micro)
-            costs = [LayerCost(t.forward_s + t.backward_s, t.param_bytes, t.activation_bytes) for t in times]
+            costs = [LayerCost(t.forward_s + t.backward_s, t.param_bytes, t.activation_bytes, t.forward_s, t.weight_s)
+                     for t in times]
             partition = plan(layers, c.model_stages, balance=balance, costs=costs)
             if c.progress and balance is None:
                 print(partition.describe(), file=sys.stderr, flush=True)

@@ -20,6 +20,7 @@ EXAMPLES = """examples:
   stallfree plan --costs my_layers.json --devices 4 --json | jq .best    # costs of hardware you do not have
   stallfree bench plan --stages 2 --json-file bench-plan.json              # measure the host overhead and link
   stallfree plan --model mlp --image-size 16 --devices 2 --device cpu --calibration bench-plan.json
+  stallfree plan --model mlp --image-size 16 --devices 4 --device cpu --cores 2   # 4 stage processes, 2 cores
 """
 
 
@@ -77,6 +78,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads while measuring on CPU (default: cores / devices, as stallfree train gives "
                    "each stage process)")
+    p.add_argument("--cores", type=int, default=None,
+                   help="the pipeline's ranks are processes sharing N CPU cores of one machine (as stallfree train "
+                   "runs them on a CPU): compute is stretched while more ranks compute at once than the cores hold, "
+                   "each rank computing on --threads threads (default cores / devices, at least 1), e.g. --cores 2 "
+                   "--devices 4 (default: each rank has a device of its own)")
     p.add_argument("--top", type=int, default=5, help="how many plans to print (default 5)")
     p.add_argument("--no-async", dest="asynchronous", action="store_false",
                    help="leave out the asynchronous schedules")
@@ -95,6 +101,8 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"--devices must be >= 2 to split a model into a pipeline, got {args.devices}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    if args.cores is not None and args.cores < 1:
+        raise ValueError(f"--cores must be >= 1, got {args.cores}; leave it out to give each rank a device")
     unknown = [s for s in args.schedules if s not in SYNC_SCHEDULES]
     if unknown:
         raise ValueError(f"--schedules: unknown {', '.join(unknown)}; choose from {', '.join(SYNC_SCHEDULES)}")
@@ -167,12 +175,17 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     previous = torch.get_num_threads()
-    cores = len(os.sched_getaffinity(0))
-    torch.set_num_threads(args.threads or max(1, cores // min(args.devices, cores)))
+    torch.set_num_threads(_threads(args))
     try:
         return _run(args)
     finally:
         torch.set_num_threads(previous)  # process-wide: leave it as we found it
+
+
+def _threads(args: argparse.Namespace) -> int:
+    """Torch threads per rank: ``--threads``, else what stallfree train gives each of --devices stage processes."""
+    cores = args.cores or len(os.sched_getaffinity(0))
+    return int(args.threads or max(1, cores // min(args.devices, cores)))
 
 
 def _mib(n: float) -> str:
@@ -182,7 +195,7 @@ def _mib(n: float) -> str:
 def _run(args: argparse.Namespace) -> int:
     from stallfree.ingest.atomic import atomic_write
     from stallfree.stage_runtime.plan.asynchronous import ASYNC_SCHEDULES, simulate_async
-    from stallfree.stage_runtime.plan.costs import parse_bytes, parse_link
+    from stallfree.stage_runtime.plan.costs import Cores, parse_bytes, parse_link
     from stallfree.stage_runtime.plan.handoff import PLAN_FORMAT
     from stallfree.stage_runtime.plan.planner import Network, rank_plans
     from stallfree.stage_runtime.plan.predict import DEFAULT_LINK
@@ -195,16 +208,19 @@ def _run(args: argparse.Namespace) -> int:
     sites = args.sites if args.sites is not None else (2 if args.cross_link else 1)
     network = Network(args.devices, link, cross, sites)
     limit = parse_bytes(args.memory_per_device) if args.memory_per_device else None
+    cores = Cores(args.cores, _threads(args)) if args.cores else None
     layers_for, optimizer_s, source = _layer_source(args)
     skipped: list[str] = []
     plans = rank_plans(layers_for, optimizer_s, args.batch_size, network, limit, args.schedules,
                        args.microbatches, args.virtual_stages, top=args.top, skipped=skipped,
-                       overhead=overhead_for)
+                       overhead=overhead_for, cores=cores)
     best = plans[0]
     out = sys.stderr if args.json else sys.stdout
     where = f"{args.devices} devices" + (f" in {sites} sites" if sites > 1 else "")
     links = f"link {link.describe()}" + (f", cross-site {cross.describe()}" if sites > 1 else "")
     memory = f", {args.memory_per_device} per device" if limit else ""
+    if cores:
+        where += f" sharing {cores.count} cores ({cores.threads} thread{'s' if cores.threads > 1 else ''} a rank)"
     model = args.model if args.costs is None else str(args.costs)
     print(f"plan for {model} ({len(layers_for(args.batch_size))} layers), batch {args.batch_size}, {where} "
           f"({links}){memory}: {len(plans)} configurations simulated", file=out)
@@ -231,7 +247,7 @@ def _run(args: argparse.Namespace) -> int:
               f" {reference.images_per_s:.1f} img/s):", file=out)
         for name in ASYNC_SCHEDULES:
             a = simulate_async(name, reference.ranks, reference.microbatches, args.batch_size,
-                               reference.costs, network.between)
+                               reference.costs, network.between, cores=cores)
             asynchronous.append(a.to_dict())
             print(f"    {name:<14} {a.images_per_s:>9.1f} img/s ({a.images_per_s / reference.images_per_s - 1:+.0%})"
                   f"  weight versions {','.join(map(str, a.weight_versions))}  staleness (updates) "
@@ -243,6 +259,7 @@ def _run(args: argparse.Namespace) -> int:
     result = {"format": PLAN_FORMAT, "model": args.model, "image_size": args.image_size, "classes": args.classes,
               "batch_size": args.batch_size, "devices": args.devices, "sites": sites, "link": link.describe(),
               "cross_link": cross.describe(), "memory_per_device": limit, "costs": source,
+              "cores": None if cores is None else {"count": cores.count, "threads": cores.threads},
               "optimizer_s": optimizer_s, "calibration": calibrated or None, "best": best.to_dict(),
               "train_command": train,
               "candidates": [c.to_dict() for c in plans], "skipped": skipped, "asynchronous": asynchronous}

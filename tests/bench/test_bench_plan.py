@@ -37,6 +37,8 @@ def test_bench_plan_sets_prediction_beside_measurement(tmp_path: Path, capsys: p
     assert "act 0->1" in row["measured_spans"]["per_message_s"] and "per action kind, message and send" in text
     assert "load average" in text and len(result["load_average"]["start"]) == 3
     assert [t["model"] for t in result["top_choice"]] == ["mlp"] and "mlp: the top choice of 2 cells" in text
+    # the simulated ranks share this machine's cores, as the stage processes did
+    assert result["cores_shared"] and row["cores"]["count"] >= 1 and "S=2: the simulated ranks share" in text
 
 
 def _row(schedule: str, measured: float, predicted: float, model: str = "mlp") -> dict:

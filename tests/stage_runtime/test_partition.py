@@ -62,3 +62,25 @@ def test_measure_layers_sees_the_heavy_layer_and_split_shares_modules() -> None:
     assert costs[2].time_s > costs[0].time_s
     stages = split(layers, [2, 2])
     assert stages[1][0] is layers[2]
+
+
+def test_measure_layers_times_forward_backward_and_weight_gradient_apart() -> None:
+    layers = [nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 16 * 16, 10)]
+    costs = measure_layers(layers, torch.randn(4, 3, 16, 16), repeats=2)
+    for c in costs:
+        assert c.forward_s is not None and c.weight_s is not None
+        assert 0 < c.forward_s < c.time_s  # time_s, what the split balances by, is still forward + backward
+        assert 0 <= c.weight_s <= c.time_s - c.forward_s  # the weight gradient is part of the backward
+    conv, relu, flatten, linear = costs
+    assert conv.weight_s > 0 and linear.weight_s > 0
+    assert relu.weight_s == 0 and flatten.weight_s == 0  # no parameters: all of the backward is the input's
+
+
+def test_simulator_layer_times_come_from_the_measured_passes() -> None:
+    from stallfree.stage_runtime.plan.measure import layer_times
+
+    times = layer_times(LayerCost(3.0, 8, 4, forward_s=1.0, weight_s=0.5))
+    assert (times.forward_s, times.backward_s, times.weight_s, times.param_bytes, times.activation_bytes) == (
+        1.0, 2.0, 0.5, 8, 4)
+    with pytest.raises(ValueError, match="has no forward and weight-gradient seconds of its own; measure it"):
+        layer_times(LayerCost(3.0, 8, 4))

@@ -51,6 +51,27 @@ def test_plan_from_a_costs_file_prints_json_alone_on_stdout(tmp_path, capsys):
     assert "plan for" in captured.err  # the table went to stderr
 
 
+def test_ranks_sharing_cores_plan_slower_steps_than_a_device_each(tmp_path, capsys):
+    argv = ["plan", "--costs", str(_costs(tmp_path)), "--devices", "4", "--batch-size", "8", "--no-async", "--json"]
+    code = main([*argv, "--out", str(tmp_path / "own")])
+    own = json.loads(capsys.readouterr().out)
+    code += main([*argv, "--cores", "2", "--out", str(tmp_path / "shared")])
+    captured = capsys.readouterr()
+    shared = json.loads(captured.out)
+    assert code == 0 and own["cores"] is None and shared["cores"] == {"count": 2, "threads": 1}
+    assert "4 devices sharing 2 cores (1 thread a rank)" in captured.err
+    steps = {(c["schedule"], c["stages"], c["virtual_stages"], c["microbatches"], tuple(c["balance"])): c["step_s"]
+             for c in own["candidates"]}
+    for c in shared["candidates"]:
+        alone = steps[(c["schedule"], c["stages"], c["virtual_stages"], c["microbatches"], tuple(c["balance"]))]
+        if c["stages"] <= 2:  # two ranks on two cores: no sharing
+            assert c["step_s"] == pytest.approx(alone, rel=1e-12)
+        else:
+            assert c["step_s"] >= alone * (1 - 1e-12)
+    assert any(c["step_s"] > steps[(c["schedule"], c["stages"], c["virtual_stages"], c["microbatches"],
+                                    tuple(c["balance"]))] * 1.01 for c in shared["candidates"])
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--link", "fast"], "--link wants BANDWIDTH,LATENCY like 25GB/s,5us"),
     (["--devices", "1"], "--devices must be >= 2"),
@@ -58,6 +79,7 @@ def test_plan_from_a_costs_file_prints_json_alone_on_stdout(tmp_path, capsys):
     (["--devices", "3", "--sites", "2"], "--devices 3 must split evenly into --sites 2"),
     (["--memory-per-device", "lots"], "--memory-per-device wants a size like 16GiB"),
     (["--batch-size", "6", "--microbatches", "4"], "none divides --batch-size 6"),
+    (["--cores", "0"], "--cores must be >= 1, got 0"),
 ])
 def test_bad_arguments_are_one_line(tmp_path, capsys, argv, message):
     code = main(["plan", "--costs", str(_costs(tmp_path)), "--out", str(tmp_path / "o"), *argv])

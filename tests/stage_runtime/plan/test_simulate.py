@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stallfree.stage_runtime.plan.costs import FREE_LINK, HostOverhead, Link, StageCost
+from stallfree.stage_runtime.plan.costs import FREE_LINK, Cores, HostOverhead, Link, StageCost
 from stallfree.stage_runtime.plan.orders import Op, placement, torch_order
 from stallfree.stage_runtime.plan.simulate import simulate, simulate_step
 from stallfree.stage_runtime.train.schedules import SCHEDULE_SPECS
@@ -21,28 +21,32 @@ def _equal(n: int, forward: float = 1.0, backward: float = 2.0, act: int = 10) -
 
 
 def _run(schedule: str, ranks: int, m: int, virtual: int = 2, **kw):
+    if kw.get("cores") == "one each":  # as many cores as ranks: no sharing, so nothing may change
+        kw["cores"] = Cores(ranks)
     order = torch_order(schedule, ranks, m, virtual)
     per_rank = 1 if schedule in ("gpipe", "1f1b") else (2 if schedule == "zbv" else virtual)
     n = ranks * per_rank
     return simulate_step(order, placement(schedule, ranks, n), kw.pop("costs", None) or _equal(n), FREE, **kw)
 
 
+@pytest.mark.parametrize("cores", [None, "one each"])
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved-1f1b"])
 @pytest.mark.parametrize(("ranks", "m"), [(2, 2), (2, 4), (3, 6), (4, 4), (4, 8), (4, 16)])
-def test_textbook_bubble_exactly(schedule, ranks, m):
-    result = _run(schedule, ranks, m)
+def test_textbook_bubble_exactly(schedule, ranks, m, cores):
+    result = _run(schedule, ranks, m, cores=cores)
     assert result.bubble_share == pytest.approx(theoretical_bubble(schedule, ranks, m, 2), abs=1e-12)
     assert result.bubble.warmup_cooldown == pytest.approx(result.bubble_share, abs=1e-12)
     assert result.bubble.imbalance == pytest.approx(0, abs=1e-12)
     assert result.bubble.communication == pytest.approx(0, abs=1e-12)
 
 
+@pytest.mark.parametrize("cores", [None, "one each"])
 @pytest.mark.parametrize("schedule", ["zero-bubble", "zbv"])
 @pytest.mark.parametrize(("ranks", "m"), [(2, 4), (3, 6), (4, 8), (4, 16)])
-def test_zero_bubble_leaves_only_the_first_forward_walking_down(schedule, ranks, m):
+def test_zero_bubble_leaves_only_the_first_forward_walking_down(schedule, ranks, m, cores):
     # With F = I = W (the zero-bubble paper's ideal), what torch's plans leave idle is the first micro-batch's
     # forward reaching the last rank: (S-1) forward slots per rank whatever M is, so the share tends to 0.
-    result = _run(schedule, ranks, m, costs=None)
+    result = _run(schedule, ranks, m, costs=None, cores=cores)
     assert result.idle_s == pytest.approx([ranks - 1] * ranks, abs=1e-12)
     assert result.bubble_share < theoretical_bubble("1f1b", ranks, m) / 3  # ZB-H1's "a third of 1F1B's"
 
@@ -135,3 +139,38 @@ def test_the_step_set_up_is_idle_on_every_rank_and_its_own_cause():
 def test_a_negative_overhead_is_refused():
     with pytest.raises(ValueError, match=r"host overheads must be >= 0 seconds, got action -1"):
         HostOverhead(action_s=-1)
+
+
+def test_four_ranks_sharing_two_cores_compute_as_processor_sharing_says():
+    # GPipe, 4 equal ranks, 4 micro-batches, F = 1, B = 2, free links, 2 cores of one thread each. While k ranks
+    # compute at once, each runs at min(1, 2 / k) of its speed. Forwards (rank r's m-th forward needs rank r-1's):
+    #   t 0-1     rank 0 alone                                   -> F0 on rank 0 ends at 1
+    #   t 1-2     ranks 0, 1: 2 on 2 cores, full speed             -> ends at 2
+    #   t 2-3.5   ranks 0-2: each at 2/3, a forward takes 1.5      -> ends at 3.5
+    #   t 3.5-5.5 ranks 0-3: each at 1/2, a forward takes 2        -> rank 0 done (1 + 1 + 1.5 + 2 = 5.5 busy)
+    #   t 5.5-7   ranks 1-3: 1.5; t 7-8 ranks 2, 3: 1; t 8-9 rank 3 alone: 1
+    # The backwards walk back up the same way, each twice as long: 9 + 2 x 9 = 27, where one device per rank
+    # takes (M + S - 1) x (F + B) = 7 x 3 = 21.
+    alone, shared = _run("gpipe", 4, 4), _run("gpipe", 4, 4, cores=Cores(2))
+    assert alone.schedule_s == 21.0
+    assert shared.schedule_s == pytest.approx(27.0, abs=1e-12)
+    assert shared.busy_s == pytest.approx([16.5, 18.0, 18.0, 16.5], abs=1e-12)  # (5.5, 6, 6, 5.5) x 3
+    forwards = sorted(s.end for s in shared.spans if s.rank == 0 and s.op.kind == "F")
+    assert forwards == pytest.approx([1.0, 2.0, 3.5, 5.5], abs=1e-12)
+    # Two threads per rank on four cores share them as one thread per rank on two; eight cores leave them alone.
+    assert _run("gpipe", 4, 4, cores=Cores(4, threads=2)).schedule_s == pytest.approx(27.0, abs=1e-12)
+    assert _run("gpipe", 4, 4, cores=Cores(8, threads=2)).schedule_s == 21.0
+
+
+def test_ranks_sharing_cores_finish_their_work_as_the_sharing_changes():
+    # Four optimizer steps of 1, 1, 2 and 4 s at once on 2 cores: all at 1/2 until t = 2 (ranks 0 and 1 done),
+    # then ranks 2 and 3 at full speed: rank 2's last second ends at 3, rank 3's last 2 s at 5.
+    program = {r: [Op(0, "O", 0)] for r in range(4)}
+    result = simulate(program, [0], _equal(1), FREE, optimizer_s=[1.0, 1.0, 2.0, 4.0], cores=Cores(2))
+    assert sorted((s.rank, s.end) for s in result.spans) == [(0, 2.0), (1, 2.0), (2, 3.0), (3, 5.0)]
+
+
+@pytest.mark.parametrize(("count", "threads"), [(0, 1), (2, 0)])
+def test_cores_must_be_positive(count, threads):
+    with pytest.raises(ValueError, match=rf"cores and threads per rank must be >= 1, got {count} cores"):
+        Cores(count, threads)
