@@ -27,7 +27,7 @@ DEFAULT_MAX_SAMPLE_BYTES = 256 << 20
 Locator = tuple[Any, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per sample of a listing: no per-object dict
 class Item:
     """One sample of a source: ``key`` names it in errors and in the shard's ``key`` column."""
 
@@ -53,9 +53,10 @@ class Plan:
 def _folder(root: Path) -> Plan:
     scan = scan_image_folder(root)
     plan = Plan("folder", str(root.resolve()), scan.classes, rejected=list(scan.refused))
+    root_text = os.fspath(root)
     for key, label in scan.files:
-        path = root / key
-        plan.items.append(Item(key, label, ("file", str(path)), os.path.getsize(path)))
+        path = os.path.join(root_text, key)  # the scan's keys are normal: the string root / key would give
+        plan.items.append(Item(key, label, ("file", path), os.path.getsize(path)))
     return plan
 
 

@@ -100,3 +100,23 @@ def test_a_bad_file_inside_the_folder_is_named_but_its_bytes_are_not_echoed(root
     with pytest.raises(BadSampleError, match="text.jpg") as error:
         list(raising)
     assert "root:x" not in str(error.value)
+
+
+def test_spellings_that_stay_inside_are_taken_and_each_way_out_is_refused(root: Path, tmp_path: Path) -> None:
+    # The rule works on strings (a Path per file was most of a folder scan's time); it must read a path as Path
+    # does: './', '//' and a trailing '/' change nothing, '..' anywhere is refused, and so is a link out reached
+    # through any spelling of the folder it sits in.
+    (root / "sub").mkdir()
+    os.symlink(tmp_path / "secret.jpg", root / "sub" / "out.jpg")
+    os.symlink(tmp_path, root / "up")
+    rows = ["./ok.jpg", "sub//../ok.jpg", ".//sub/./out.jpg", "sub/", "up/secret.jpg", "x/..", "\\abs", "ok.jpg/"]
+    assert inside_root(root, rows) == [
+        (root / "ok.jpg", None),
+        (None, "path escapes the source root ('..')"),
+        (None, "path escapes the source root through a link"),
+        (root / "sub", None),
+        (None, "path escapes the source root through a link"),
+        (None, "path escapes the source root ('..')"),
+        (None, "absolute path (paths must be relative to the source root)"),
+        (root / "ok.jpg", None),
+    ]
