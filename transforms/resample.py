@@ -129,9 +129,11 @@ def _transpose(dst: np.ndarray, src: np.ndarray) -> None:
 
 
 @numba.njit(cache=True)
-def _row_pass(transposed: np.ndarray, xb: np.ndarray, xw: np.ndarray) -> np.ndarray:
-    """Filter along x the packed image given transposed, ``(width, rows)``: returns ``(rows, out_width)``."""
-    rows = transposed.shape[1]
+def _row_pass(packed: np.ndarray, xb: np.ndarray, xw: np.ndarray) -> np.ndarray:
+    """Filter the packed ``(rows, width)`` image along x: transposed, filtered along axis 0, transposed back."""
+    rows, width = packed.shape
+    transposed = np.empty((width, rows), np.uint32)
+    _transpose(transposed, packed)
     filtered = np.empty((xb.shape[0], rows), np.uint32)
     _filter_packed(filtered, transposed, 0, xb, xw)
     out = np.empty((rows, xb.shape[0]), np.uint32)
@@ -169,18 +171,14 @@ def _resample(out_h: int, out_w: int, image: np.ndarray, antialias: bool, mirror
         _filter_packed(columns, source, 0, yb, yw)
         if not need_x:
             return columns, False
-        transposed = np.empty((width, out_h), np.uint32)
-        _transpose(transposed, columns)
-        return _row_pass(transposed, xb, xw), mirror
+        return _row_pass(columns, xb, xw), mirror
     # Rows first, and only the rows the column pass reads.
     row_lo, row_hi = 0, height
     if need_y:
         row_lo, row_hi = yb[0, 0], yb[out_h - 1, 0] + yb[out_h - 1, 1]
     packed = np.empty((row_hi - row_lo, width), np.uint32)
     _pack(packed, image, row_lo)
-    transposed = np.empty((width, row_hi - row_lo), np.uint32)
-    _transpose(transposed, packed)
-    rows = _row_pass(transposed, xb, xw)
+    rows = _row_pass(packed, xb, xw)
     if not need_y:
         return rows, mirror
     both = np.empty((out_h, out_w), np.uint32)
