@@ -29,7 +29,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
-import os
 import sys
 import threading
 import types
@@ -172,16 +171,6 @@ def _source(name: str, image_dtype: type, param_dtypes: Sequence[type]) -> str:
     )
 
 
-def _write_once(path: Path, text: str) -> None:
-    """``path`` holding ``text``, written atomically if absent (several processes may race to write it)."""
-    if path.exists() and path.read_text() == text:
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    temporary.write_text(text)
-    os.replace(temporary, path)
-
-
 def cached_kernel(name: str, pixel: Callable[..., None], image_dtype: type,
                   param_dtypes: Sequence[type]) -> tuple[Any, Any] | None:
     """``(run, entry)`` for ``pixel`` on these dtypes, from Numba's cache once compiled; ``None`` if not cacheable.
@@ -201,7 +190,7 @@ def cached_kernel(name: str, pixel: Callable[..., None], image_dtype: type,
     with _LOCK:
         module = _LOADED.get(path)
         if module is None:
-            _write_once(path, _source(name, image_dtype, param_dtypes))
+            numba_abi.write_once(path, _source(name, image_dtype, param_dtypes))
             # Importable by name (Numba finds a cached function's module through sys.modules when it loads it).
             module_name = f"_stallfree_kernel_{path.stem}"
             spec = importlib.util.spec_from_file_location(module_name, path)

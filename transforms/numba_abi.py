@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ from stallfree.transforms.resample import resample, resample_normalize
 
 __all__ = ["JITTER_ENTRIES", "RESIZE_ENTRIES", "RESIZE_NORMALIZE_ENTRIES", "RUN", "SETUP", "VIEWS", "drop_stale_cache",
            "hwc_f32", "hwc_u8", "numba_cache_folder", "same_shape_setup",
-           "vector_f32", "vector_f64", "vector_i32", "vector_u8"]
+           "vector_f32", "vector_f64", "vector_i32", "vector_u8", "write_once"]
 
 
 def numba_cache_folder(function: Callable[..., Any]) -> Path | None:
@@ -77,11 +78,18 @@ def drop_stale_cache(folder: Path, sources: str) -> bool:
     stale = [*folder.glob(f"{marker.stem}.*.nbi"), *folder.glob(f"{marker.stem}.*.nbc")]
     for path in stale:
         path.unlink(missing_ok=True)  # another process may have deleted it first
-    folder.mkdir(parents=True, exist_ok=True)
-    temporary = marker.with_name(f".{marker.name}.{os.getpid()}.tmp")
-    temporary.write_text(sources)
-    os.replace(temporary, marker)
+    write_once(marker, sources)
     return bool(stale)
+
+
+def write_once(path: Path, text: str) -> None:
+    """``path`` holding ``text``, written atomically if absent (several processes may race to write it)."""
+    if path.exists() and path.read_text() == text:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
 
 
 def _compiled_sources() -> str:
