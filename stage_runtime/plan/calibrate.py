@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -243,12 +242,12 @@ def _measure(ranks: int, repeats: int, steps: int,
              threads: int | None) -> tuple[Link, list[PipelineTimes], LayerTimes | None]:
     import torch.multiprocessing as mp
 
+    from stallfree.stage_runtime.train.config import stage_threads
     from stallfree.stage_runtime.train.launcher import free_port
 
     if ranks < 2:
         raise ValueError(f"calibration needs at least 2 ranks, got {ranks}")
-    cores = len(os.sched_getaffinity(0))
-    threads = threads or max(1, cores // min(ranks, cores))  # what the trainer gives each stage process
+    threads = stage_threads(ranks, threads)  # what the trainer gives each stage process
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()

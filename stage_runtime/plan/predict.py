@@ -49,12 +49,13 @@ def predict_training(config: Any, balance: tuple[int, ...], num_classes: int, li
 
     from stallfree.stage_runtime.plan.measure import measure_model
     from stallfree.stage_runtime.train.accelerator import parse_accelerator
+    from stallfree.stage_runtime.train.config import stage_threads
     from stallfree.stage_runtime.train.models import build_model
 
     micro = config.batch_size // config.microbatches
     per_rank = config.spec.stages_per_rank(config.virtual_stages)
     cores = len(os.sched_getaffinity(0))
-    threads = config.threads or max(1, cores // min(config.world_size, cores))
+    threads = stage_threads(config.world_size, config.threads, cores)
     source = "given" if link is not None else "default"
     if link is None and not config.device.startswith("cuda"):
         from stallfree.stage_runtime.plan.calibrate import cached_calibration

@@ -6,13 +6,14 @@ import torch.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 from stallfree.stage_runtime.train.schedules import ScheduleSpec, schedule_spec
 
-__all__ = ["BUNDLED_MODELS", "VERIFY_MODES", "TrainConfig", "Verify"]
+__all__ = ["BUNDLED_MODELS", "VERIFY_MODES", "TrainConfig", "Verify", "stage_threads"]
 
 # The names of stallfree.stage_runtime.train.models.MODELS, listed here because that module needs torch to define
 # them; tests/cli/test_imports.py keeps the two equal.
@@ -103,3 +104,13 @@ class TrainConfig:
     def ckpt_root(self) -> Path:
         """Where checkpoints go."""
         return Path(self.checkpoint_dir) if self.checkpoint_dir else Path(self.out_dir) / "checkpoints"
+
+
+def stage_threads(processes: int, threads: int | None = None, cores: int | None = None) -> int:
+    """The torch threads each of ``processes`` stage processes on one machine gets.
+
+    ``threads`` if given, else the ``cores`` (default: those this process may use) shared out evenly, at least
+    one each. The trainer's rule; the plan simulator and its calibration assume the same of the processes they model.
+    """
+    cores = cores or len(os.sched_getaffinity(0))
+    return threads or max(1, cores // max(1, min(processes, cores)))

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from stallfree.ingest.atomic import atomic_write
 from stallfree.stage_runtime.clock import StageClock
 from stallfree.stage_runtime.train import checkpoint as ckpt
-from stallfree.stage_runtime.train.config import TrainConfig
+from stallfree.stage_runtime.train.config import TrainConfig, stage_threads
 from stallfree.stage_runtime.train.launcher import PeerWatch, StageFailure, failure, free_port, launch, torchrun_env
 from stallfree.stage_runtime.train.models import build_model, resolve
 from stallfree.stage_runtime.train.rank import Rank
@@ -131,8 +131,7 @@ def _worker(rank: int, configs: list[TrainConfig], port: int | None, local_rank:
     if port is not None:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                           WORLD_SIZE=str(first.world_size), LOCAL_RANK=str(rank))
-    cores = len(os.sched_getaffinity(0))
-    torch.set_num_threads(first.threads or max(1, cores // max(1, min(first.world_size, cores))))
+    torch.set_num_threads(stage_threads(first.world_size, first.threads))
     backend = "nccl" if first.device.startswith("cuda") else "gloo"
     dist.init_process_group(backend, rank=rank, world_size=first.world_size,
                             timeout=datetime.timedelta(seconds=first.timeout_s))

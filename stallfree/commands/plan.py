@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from functools import cache
 from pathlib import Path
@@ -184,8 +183,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _threads(args: argparse.Namespace) -> int:
     """Torch threads per rank: ``--threads``, else what stallfree train gives each of --devices stage processes."""
-    cores = args.cores or len(os.sched_getaffinity(0))
-    return int(args.threads or max(1, cores // min(args.devices, cores)))
+    from stallfree.stage_runtime.train.config import stage_threads
+
+    return stage_threads(args.devices, args.threads, args.cores)
 
 
 def _mib(n: float) -> str:
