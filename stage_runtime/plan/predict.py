@@ -17,6 +17,7 @@ it, outside the trainer's step time and bubble); ``step_with_optimizer_s`` adds 
 from __future__ import annotations
 
 import os
+from dataclasses import asdict
 from typing import Any
 
 from stallfree.stage_runtime.plan.attribution import attribute
@@ -90,4 +91,4 @@ def predict_training(config: Any, balance: tuple[int, ...], num_classes: int, li
             "images_per_s": config.batch_size * config.dp / result.schedule_s,
             "bubble": result.bubble.total, "causes": result.bubble.to_dict(), "link": link.describe(),
             "link_source": source, "overhead": overhead.to_dict(),
-            "cores": None if sharing is None else {"count": sharing.count, "threads": sharing.threads}}
+            "cores": None if sharing is None else asdict(sharing)}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -259,7 +260,7 @@ def _run(args: argparse.Namespace) -> int:
     result = {"format": PLAN_FORMAT, "model": args.model, "image_size": args.image_size, "classes": args.classes,
               "batch_size": args.batch_size, "devices": args.devices, "sites": sites, "link": link.describe(),
               "cross_link": cross.describe(), "memory_per_device": limit, "costs": source,
-              "cores": None if cores is None else {"count": cores.count, "threads": cores.threads},
+              "cores": None if cores is None else asdict(cores),
               "optimizer_s": optimizer_s, "calibration": calibrated or None, "best": best.to_dict(),
               "train_command": train,
               "candidates": [c.to_dict() for c in plans], "skipped": skipped, "asynchronous": asynchronous}
