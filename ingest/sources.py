@@ -55,7 +55,7 @@ def _folder(root: Path) -> Plan:
     plan = Plan("folder", str(root.resolve()), scan.classes, rejected=list(scan.refused))
     root_text = os.fspath(root)
     for key, label in scan.files:
-        path = os.path.join(root_text, key)  # the scan's keys are normal: the string root / key would give
+        path = os.path.join(root_text, key)  # the scan's keys are normal: the same string as str(root / key)
         plan.items.append(Item(key, label, ("file", path), os.path.getsize(path)))
     return plan
 
