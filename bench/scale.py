@@ -16,6 +16,10 @@ memory is one rank's alone, it measures rank 0 of ``--world-size``:
   (a first pass hashes them, then the timed pass).
 
 The table shows the median of the repeats. ``--keep DIR`` keeps the index for the next run.
+
+``--listing FILES`` measures ingest's listing instead: a generated image folder of ``FILES`` empty files in 100
+classes, listed as a one-part ingest lists it and as part 0 of ``--parts`` (``plan_source``), median time of
+``--repeats`` and the listing's peak allocations (tracemalloc), per file of the whole source.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ __all__ = ["add_arguments", "generate_index", "run"]
 EXAMPLES = """examples:
   stallfree bench scale
   stallfree bench scale --samples 100000000 --world-size 8 --keep /data/index-100m --repeats 3
+  stallfree bench scale --listing 100000 --parts 10     # ingest's listing, whole and one part of 10
 """
 
 IMAGENET = 1_281_167
@@ -51,6 +56,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="fresh processes measured (default 3)")
     parser.add_argument("--reads", type=int, default=20000, help="rows read for the reader's cost (default 20000)")
     parser.add_argument("--keep", type=Path, help="generate the index here (or reuse it) and keep it")
+    parser.add_argument("--listing", type=int, metavar="FILES", default=0,
+                        help="measure ingest's listing of a generated folder of FILES empty files instead")
+    parser.add_argument("--parts", type=int, default=10, help="with --listing: the split measured (default 10)")
+
+
+def _listing(files: int, parts: int, repeats: int, out: TextIO) -> dict[str, Any]:
+    """Ingest's listing of a generated folder of ``files`` empty files: whole, and as part 0 of ``parts``."""
+    import tracemalloc
+
+    from stallfree.ingest.sources import plan_source
+
+    classes = 100
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="stallfree-listing-") as tmp:
+        for c in range(classes):
+            folder = Path(tmp) / f"class{c:03d}"
+            folder.mkdir()
+            for i in range(files * c // classes, files * (c + 1) // classes):
+                (folder / f"{i:09d}.jpg").touch()
+        print(f"listing a folder of {files:,} empty files in {classes} classes, medians of {repeats}:", file=out)
+        for part in ((0, 1), (0, parts)):
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                listed = len(plan_source(tmp, part=part).items)
+                times.append(time.perf_counter() - start)
+            tracemalloc.start()
+            plan_source(tmp, part=part)
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+            row = {"part": f"{part[0]}/{part[1]}", "listed": listed, "seconds": statistics.median(times),
+                   "us_per_source_file": statistics.median(times) / files * 1e6, "peak_mb": peak / 1e6}
+            rows.append(row)
+            print(f"  part {row['part']:>6}: {listed:>10,} listed in {row['seconds']:7.3f} s "
+                  f"({row['us_per_source_file']:5.2f} us a file of the source), peak {row['peak_mb']:7.1f} MB",
+                  file=out)
+    return {"listing": files, "parts": parts, "rows": rows}
 
 
 def generate_index(out: Path, samples: int, rows_per_shard: int, classes: int = 1000) -> None:
@@ -145,9 +187,13 @@ def _measure(folder: str, world_size: int, reads: int) -> dict[str, Any]:
 
 def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
     """Generate (or reuse) the index, measure ``--repeats`` fresh processes, print and return the medians."""
-    for name in ("samples", "rows_per_shard", "world_size", "repeats", "reads"):
+    for name in ("samples", "rows_per_shard", "world_size", "repeats", "reads", "parts"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.listing < 0:
+        raise ValueError(f"--listing must be >= 0, got {args.listing}")
+    if args.listing:
+        return _listing(args.listing, args.parts, args.repeats, out)
     folder = args.keep if args.keep is not None else Path(tempfile.mkdtemp(prefix="stallfree-scale-"))
     try:
         start = time.perf_counter()

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["IMAGE_EXTENSIONS", "FolderScan", "inside_root", "scan_image_folder"]
+__all__ = ["IMAGE_EXTENSIONS", "FolderScan", "image_folder_classes", "inside_root", "outside_root",
+           "scan_image_folder"]
 
 #: File name endings an image folder's files are taken by (case-insensitive), as torchvision's IMG_EXTENSIONS.
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -29,14 +30,14 @@ def inside_root(root: Path, candidates: Sequence[str]) -> list[tuple[Path | None
     ``lstat``; ``os.path.realpath`` on every path costs about 25 us each (half a minute for 1.28M files).
     """
     return [(None, problem) if problem is not None else (root / candidate, None)
-            for candidate, problem in zip(candidates, _problems(root, candidates), strict=True)]
+            for candidate, problem in zip(candidates, outside_root(root, candidates), strict=True)]
 
 
-def _problems(root: Path, candidates: Sequence[str]) -> list[str | None]:
+def outside_root(root: Path, candidates: Sequence[str]) -> list[str | None]:
     """:func:`inside_root`'s verdicts alone: the reason each candidate may not be read, ``None`` where it may.
 
     In strings, not paths: the folder scan checks every file of a dataset, and building a ``Path`` per file (and
-    parsing it for ``..``) was most of the scan's 20 us a file.
+    parsing it for ``..``) was most of the scan's 20 us a file; a file list's rows are checked with it too.
     """
     root_text = os.fspath(root)
     real_root = os.path.realpath(root_text)
@@ -99,29 +100,45 @@ def _walk_class(root: Path, name: str, scan: FolderScan) -> list[tuple[str, list
     return sorted(walked)  # torchvision's ImageFolder order
 
 
-def scan_image_folder(root: str | os.PathLike[str]) -> FolderScan:
-    """Scan ``root`` as an ImageFolder (see the module docstring).
+def image_folder_classes(root: str | os.PathLike[str]) -> list[str]:
+    """The class names of the image folder ``root``: its sub-folders' names, sorted (a label is an index here).
 
     Raises:
         NotADirectoryError: ``root`` is not a folder.
-        ValueError: it has no class sub-folders, or they hold no image files (and nothing was refused).
+        ValueError: it has no sub-folders.
     """
-    root = Path(root)
-    if not root.is_dir():
+    if not os.path.isdir(root):
         raise NotADirectoryError(f"image folder {root} does not exist or is not a directory")
     classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
     if not classes:
         raise ValueError(f"image folder {root} has no class sub-folders (expected root/<class>/<image>)")
+    return classes
+
+
+def scan_image_folder(root: str | os.PathLike[str], labels: range | None = None) -> FolderScan:
+    """Scan ``root`` as an ImageFolder (see the module docstring).
+
+    ``labels`` scans the folders of those classes only (``classes`` still names them all): an ingest split into
+    parts lists only its own classes' files.
+
+    Raises:
+        NotADirectoryError: ``root`` is not a folder.
+        ValueError: it has no class sub-folders, or they hold no image files (and nothing was refused; not raised
+            when ``labels`` scans only some of them).
+    """
+    root = Path(root)
+    classes = image_folder_classes(root)
     scan = FolderScan(classes)
-    for label, name in enumerate(classes):
+    for label in range(len(classes)) if labels is None else labels:
+        name = classes[label]
         for dirpath, images in _walk_class(root, name, scan):
             folder = os.path.relpath(dirpath, root)  # once a folder: relpath costs more than the rest of a file's check
             keys = [os.path.join(folder, file) for file in images]
-            for key, problem in zip(keys, _problems(root, keys), strict=True):
+            for key, problem in zip(keys, outside_root(root, keys), strict=True):
                 if problem is not None:
                     scan.refused.append({"path": key, "reason": problem})
                 else:
                     scan.files.append((key, label))
-    if not scan.files and not scan.refused:
+    if labels is None and not scan.files and not scan.refused:
         raise ValueError(f"image folder {root} has class folders {classes[:5]} but no images {IMAGE_EXTENSIONS}")
     return scan

@@ -41,9 +41,12 @@ REJECTED = "rejected.jsonl"  # one JSON record per sample the ingest rejected, b
 LABELS = "labels.npy"  # every row's label, one array (stallfree.ingest.labels); listed under the manifest's "labels"
 
 
-def shard_name(index: int) -> str:
-    """The file name of shard ``index``."""
-    return f"shard-{index:05d}.arrow"
+def shard_name(index: int, part: tuple[int, int] = (0, 1)) -> str:
+    """The file name of shard ``index`` (of part ``(i, N)`` of a split ingest, which numbers its shards from 0)."""
+    if part[1] == 1:
+        return f"shard-{index:05d}.arrow"
+    width = len(str(part[1] - 1))
+    return f"shard-{part[0]:0{width}d}-of-{part[1]}-{index:05d}.arrow"
 
 
 def file_sha256(path: str | os.PathLike[str], chunk: int = 1 << 22) -> str:

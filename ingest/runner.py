@@ -1,14 +1,17 @@
 """``stallfree ingest``: list a source, cut it into shards, write them in parallel, then the manifest.
 
 The cut is decided from the listing alone (sample sizes from the file system, the tar index or Parquet metadata),
-so every run, resumed or split with ``--part i/N``, numbers the same samples into the same shards::
+so every run, resumed or not, numbers the same samples into the same shards::
 
-    plan_source(SRC) ─► cut into shards by size ─► shards i, i+N, i+2N... (this part) ─► workers convert
-      └ .ingest/plan.json (digest)                  skip shards whose record exists      chunks; shards written
-                                                                                          in order ─► manifest
+    plan_source(SRC, part) ─► cut into shards by size ─► skip shards whose ─► workers convert chunks;
+      └ .ingest/plan.json (digest)                        record exists       shards written in order ─► manifest
 
-A rerun after a crash or ``kill -9`` skips every shard whose record exists and writes the rest; a part writes
-``manifest.part-I-of-N.json`` and :func:`~stallfree.ingest.merge.merge` joins the parts into ``manifest.json``. An
+A rerun after a crash or ``kill -9`` skips every shard whose record exists and writes the rest. Split with
+``--part i/N``, a part lists only its share of the source (:func:`~stallfree.ingest.sources.part_units`: its
+contiguous run of class folders, rows, row groups or tars), so that no part pays for the whole listing; it cuts
+and names its own shards (``shard-I-of-N-NNNNN.arrow``) and writes ``manifest.part-I-of-N.json``, and
+:func:`~stallfree.ingest.merge.merge` joins the parts, in order, into ``manifest.json``. The merged dataset holds
+the samples of a one-part ingest in the same order; only where shards begin and end differs. An
 ``out`` that is a URL writes into a local staging folder and uploads each shard once it is complete, the manifest
 last (:mod:`~stallfree.ingest.upload`).
 """
@@ -104,37 +107,62 @@ def _cut(items: list[Item], options: IngestOptions) -> list[tuple[int, int]]:
     return bounds
 
 
-def _digest(plan: Plan, bounds: list[tuple[int, int]], options: IngestOptions) -> str:
+def _job(plan: Plan, options: IngestOptions, count: int) -> str:
+    """What every part of one split ingest shares: the source's kind, classes and units, the options and ``N``.
+
+    Not the source's absolute path: the parts of one job may see the same data mounted at different places. Not a
+    tar folder's classes: they are ``0..`` the largest label a part's own tars hold.
+    """
+    classes = None if plan.kind == "webdataset" else plan.classes
+    shared = [plan.kind, classes, plan.units, plan.extra_columns, options.to_json(), count]
+    return hashlib.sha256(json.dumps(shared).encode()).hexdigest()
+
+
+def _digest(plan: Plan, bounds: list[tuple[int, int]], job: str, part: tuple[int, int]) -> str:
+    """This run's (or part's) plan: the job, and every sample it lists and where its shards are cut."""
     digest = hashlib.sha256()
-    # Not the source's absolute path: the parts of one job may see the same data mounted at different places.
-    digest.update(json.dumps([plan.kind, plan.classes, plan.extra_columns, options.to_json(), bounds,
-                              plan.rejected]).encode())
+    digest.update(json.dumps([job, list(part), plan.classes, bounds, plan.rejected]).encode())
     for item in plan.items:
         digest.update(f"\0{item.key}\0{item.label}\0{item.size}".encode())
     return digest.hexdigest()
 
 
-def _check_plan(out: Path, digest: str) -> None:
-    path = out / RECORDS / "plan.json"
-    if path.is_file():
-        previous = json.loads(path.read_text()).get("digest")
-        if previous != digest:
+def _check_plan(out: Path, digest: str, job: str, part: tuple[int, int]) -> None:
+    """Record this run's plan in ``out``, or refuse an ``out`` that holds an unfinished ingest of another plan.
+
+    Another part's plan file is left alone, but one of another job (source, options or split) is refused here, not
+    at the merge.
+    """
+    index, count = part
+    name = "plan.json" if count == 1 else f"plan.part-{index}-of-{count}.json"
+    records = out / RECORDS
+    for other in sorted(records.glob("plan*.json")) if records.is_dir() else []:
+        previous = json.loads(other.read_text())
+        split = previous.get("part", [0, 1])[1]
+        if other.name != name and split != count:
             raise ValueError(
-                f"{out} holds an unfinished ingest of a different source or options (plan {previous[:12]} != "
-                f"{digest[:12]}); pass an empty OUT folder, or delete {out} to start over"
+                f"{out} holds an unfinished ingest split {split} way(s) ({other.name}), not {count}; pass an empty OUT "
+                f"folder, or delete {out} to start over"
             )
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, json.dumps({"digest": digest}).encode())
+        if (previous.get("digest") != digest) if other.name == name else (previous.get("job") != job):
+            raise ValueError(
+                f"{out} holds an unfinished ingest of a different source or options (plan "
+                f"{str(previous.get('digest'))[:12]} != {digest[:12]}); pass an empty OUT folder, or delete {out} to "
+                "start over"
+            )
+    path = records / name
+    if not path.is_file():
+        records.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, json.dumps({"digest": digest, "job": job, "part": list(part)}).encode())
 
 
-def _done(out: Path, index: int) -> dict[str, Any] | None:
-    """Shard ``index``'s record if the shard is complete, else None (it is written again)."""
-    path = record_path(out, index)
+def _done(out: Path, name: str) -> dict[str, Any] | None:
+    """The record of the shard file ``name`` if the shard is complete, else None (it is written again)."""
+    path = record_path(out, name)
     if not path.is_file():
         return None
     record = json.loads(path.read_text())
-    shard = out / shard_name(index)
+    shard = out / name
     return record if shard.is_file() and shard.stat().st_size == record["bytes"] else None
 
 
@@ -145,7 +173,7 @@ def _progress(total: int, enabled: bool) -> Any:
                 desc="ingest", smoothing=0.1)
 
 
-def _manifest(plan: Plan, options: IngestOptions, digest: str, total_shards: int,
+def _manifest(plan: Plan, options: IngestOptions, digest: str, job: str, total_shards: int,
               records: dict[int, dict[str, Any]]) -> dict[str, Any]:
     schema = _schema(plan.extra_columns, options)
     counts = [0] * len(plan.classes)
@@ -155,7 +183,7 @@ def _manifest(plan: Plan, options: IngestOptions, digest: str, total_shards: int
     return {
         "format": FORMAT,
         "version": VERSION,
-        "plan": {"digest": digest, "shards": total_shards},
+        "plan": {"digest": digest, "job": job, "shards": total_shards},
         "schema": [{"name": f.name, "type": str(f.type)} for f in schema],
         "image": {"kind": "raw", "shape": [*options.raw, 3]} if options.raw else {"kind": "encoded", "shape": None},
         "shards": [
@@ -193,7 +221,8 @@ def ingest(
             each is uploaded once complete, the manifest last; a rerun resumes and uploads only what is missing.
         options: what to check and convert.
         workers: processes fetching, checking and converting samples (1: all in this process).
-        part: ``(i, N)``: write only shards ``i, i+N, ...`` and ``manifest.part-i-of-N.json`` (not to a URL).
+        part: ``(i, N)``: list only the ``i``-th ``1/N`` of the source, write its shards and
+            ``manifest.part-i-of-N.json`` (not to a URL); :func:`~stallfree.ingest.merge.merge` joins the parts.
         progress: a progress bar on stderr.
         staging: for a URL ``out``, the local folder shards are written to first; kept at the end. By default a
             folder per URL in the stallfree cache (``$STALLFREE_CACHE_DIR``), removed once the manifest is uploaded.
@@ -226,15 +255,17 @@ def _ingest(source: str | os.PathLike[str], out: Path, options: IngestOptions, w
     """:func:`ingest` into the folder ``out`` (a URL's staging folder when ``target`` uploads it)."""
     index, count = part
     started = time.perf_counter()
-    plan = plan_source(source, max_sample_bytes=options.max_sample_bytes)
-    bounds = _cut(plan.items, options)
-    digest = _digest(plan, bounds, options)
+    plan = plan_source(source, max_sample_bytes=options.max_sample_bytes, part=part)
+    bounds = _cut(plan.items, options) if plan.items or count == 1 else []  # a part with nothing to list: no shard
+    job = _job(plan, options, count)
+    digest = _digest(plan, bounds, job, part)
     out.mkdir(parents=True, exist_ok=True)
-    _check_plan(out, digest)
+    _check_plan(out, digest, job, part)
     if target is not None:
         target.begin(digest, MANIFEST)
-    mine = [i for i in range(len(bounds)) if i % count == index]
-    records = _resume(out, mine)
+    mine = list(range(len(bounds)))
+    names = [shard_name(i, part) for i in mine]
+    records = _resume(out, names)
     todo = [i for i in mine if i not in records]
     if target is not None:
         for i in sorted(records):  # written by an earlier run: uploaded unless the store holds them
@@ -242,11 +273,11 @@ def _ingest(source: str | os.PathLike[str], out: Path, options: IngestOptions, w
     bar = _progress(sum(bounds[i][1] - bounds[i][0] for i in mine), progress)
     bar.update(sum(bounds[i][1] - bounds[i][0] for i in records))
     try:
-        source_bytes = _write_shards(out, plan, options, bounds, todo, records, workers=workers, bar=bar,
-                                     started=started, total=len(mine), on_shard=target.shard if target else None)
+        source_bytes = _write_shards(out, plan, options, bounds, todo, records, names, workers=workers, bar=bar,
+                                     started=started, on_shard=target.shard if target else None)
     finally:
         bar.close()
-    manifest, rejected = _write_manifest(out, plan, options, digest, len(bounds), records, part)
+    manifest, rejected = _write_manifest(out, plan, options, digest, job, len(bounds), records, part)
     uploaded = target.finish([LABELS, REJECTED, MANIFEST]) if target is not None else 0
     seconds = time.perf_counter() - started
     written = sum(records[i]["rows"] for i in todo)
@@ -268,12 +299,12 @@ def _ingest(source: str | os.PathLike[str], out: Path, options: IngestOptions, w
     }
 
 
-def _resume(out: Path, mine: list[int]) -> dict[int, dict[str, Any]]:
-    """The records of those of shards ``mine`` already complete in ``out``; the others' leftovers removed."""
+def _resume(out: Path, names: list[str]) -> dict[int, dict[str, Any]]:
+    """The records, by shard index, of the shard files ``names`` already complete in ``out``; leftovers removed."""
     records: dict[int, dict[str, Any]] = {}
-    for i in mine:
-        (out / f".{shard_name(i)}.tmp").unlink(missing_ok=True)  # left by a crash mid-write (only this part's)
-        record = _done(out, i)
+    for i, name in enumerate(names):
+        (out / f".{name}.tmp").unlink(missing_ok=True)  # left by a crash mid-write (only this part's)
+        record = _done(out, name)
         if record is not None:
             records[i] = record
     return records
@@ -287,7 +318,7 @@ def _chunks(bounds: list[tuple[int, int]], todo: list[int]) -> list[tuple[int, i
 
 
 def _write_shards(out: Path, plan: Plan, options: IngestOptions, bounds: list[tuple[int, int]], todo: list[int],
-                  records: dict[int, dict[str, Any]], *, workers: int, bar: Any, started: float, total: int,
+                  records: dict[int, dict[str, Any]], names: list[str], *, workers: int, bar: Any, started: float,
                   on_shard: Callable[[int, dict[str, Any]], None] | None = None) -> int:
     """Write shards ``todo``, adding their records to ``records``; returns the source bytes read.
 
@@ -306,12 +337,12 @@ def _write_shards(out: Path, plan: Plan, options: IngestOptions, bounds: list[tu
             left[i] -= 1
             if left[i]:
                 continue
-            records[i] = write_shard(out, i, pieces.pop(i), options, plan.extra_columns)
+            records[i] = write_shard(out, names[i], pieces.pop(i), options, plan.extra_columns)
             if on_shard is not None:
                 on_shard(i, records[i])
             source_bytes += records[i]["source_bytes"]
             elapsed = max(time.perf_counter() - started, 1e-9)
-            bar.set_postfix_str(f"{source_bytes / 1e6 / elapsed:.1f} MB/s, {len(records)}/{total} shards")
+            bar.set_postfix_str(f"{source_bytes / 1e6 / elapsed:.1f} MB/s, {len(records)}/{len(names)} shards")
     return source_bytes
 
 
@@ -347,24 +378,23 @@ def _converted(plan: Plan, options: IngestOptions, chunks: list[tuple[int, int, 
             yield shard, future.result()
 
 
-def _write_manifest(out: Path, plan: Plan, options: IngestOptions, digest: str, total_shards: int,
+def _write_manifest(out: Path, plan: Plan, options: IngestOptions, digest: str, job: str, total_shards: int,
                     records: dict[int, dict[str, Any]], part: tuple[int, int]) -> tuple[dict[str, Any], list[Any]]:
     """Write the manifest (a part's, with ``--part``), and ``rejected.jsonl`` and ``labels.npy`` for a whole run.
 
     Returns the manifest and every rejected record of this run or part.
     """
     index, count = part
-    manifest = _manifest(plan, options, digest, total_shards, records)
-    rejected = plan.rejected if index == 0 else []
-    rejected = rejected + [r for i in sorted(records) for r in records[i]["rejected"]]
+    manifest = _manifest(plan, options, digest, job, total_shards, records)
+    rejected = plan.rejected + [r for i in sorted(records) for r in records[i]["rejected"]]
     if count == 1:
         write_rejected(out, rejected)
         manifest["labels"] = write_labels(out, [s["file"] for s in manifest["shards"]])  # before the manifest
         write_manifest(out / MANIFEST, manifest)
     else:
         manifest["part"] = [index, count]
-        # Kept apart so that the merge lists them in a single run's order: the listing's, then shard by shard.
-        manifest["rejected_listing"] = plan.rejected if index == 0 else []
+        # Kept apart so that the merge lists them in a single run's order: the listings', then shard by shard.
+        manifest["rejected_listing"] = plan.rejected
         manifest["rejected_by_shard"] = {str(i): records[i]["rejected"] for i in sorted(records)}
         manifest["rejected"] = len(rejected)
         write_manifest(out / f"manifest.part-{index}-of-{count}.json", manifest)

@@ -2,23 +2,30 @@
 
 Listing a source gives a :class:`Plan`: every sample in a fixed order, with its label, extra column values, where
 its bytes are (a :data:`Locator`) and their size, plus the samples refused before any byte is read (paths that
-escape the source root). The plan is computed the same way on every run and every ``--part``, which is what makes
-resumed and split ingests produce the same shards. Bytes are fetched later, in the workers, by :func:`fetch`.
+escape the source root). The plan is computed the same way on every run, which is what makes a resumed ingest
+produce the same shards. Bytes are fetched later, in the workers, by :func:`fetch_many`.
+
+A source is a sequence of units, each listed on its own: an image folder's class folders, a file list's rows, a
+Parquet file's row groups, a folder's tars. Part ``i`` of ``N`` (``stallfree ingest --part``) lists only the
+``i``-th contiguous ``1/N`` of the units (:func:`part_units`), so that no part pays for the whole listing; the
+parts' listings, one after another, are the whole source's in its order. What every part needs to agree on (the
+class names, the number of units) costs a directory listing or a column read, never a file's ``stat``.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import stat
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stallfree.ingest.folders import inside_root, scan_image_folder
+from stallfree.ingest.folders import image_folder_classes, outside_root, scan_image_folder
 from stallfree.ingest.tars import compressed, label_bytes, members, samples, too_large
 
-__all__ = ["DEFAULT_MAX_SAMPLE_BYTES", "Item", "Plan", "fetch_many", "plan_source"]
+__all__ = ["DEFAULT_MAX_SAMPLE_BYTES", "Item", "Plan", "fetch_many", "part_units", "plan_source"]
 
 #: The default ``--max-sample-bytes``: no training image is this large, and a worker holds a few at once.
 DEFAULT_MAX_SAMPLE_BYTES = 256 << 20
@@ -48,11 +55,19 @@ class Plan:
     items: list[Item] = field(default_factory=list)
     rejected: list[dict[str, str]] = field(default_factory=list)
     extra_columns: list[tuple[str, str]] = field(default_factory=list)  # (name, Arrow type string)
+    units: int = 1  # how many units the whole source has (class folders, rows, row groups, tars), listed or not
 
 
-def _folder(root: Path) -> Plan:
-    scan = scan_image_folder(root)
-    plan = Plan("folder", str(root.resolve()), scan.classes, rejected=list(scan.refused))
+def part_units(units: int, part: tuple[int, int]) -> range:
+    """The units part ``(i, N)`` lists: the ``i``-th of ``N`` contiguous, near-equal runs of ``range(units)``."""
+    index, count = part
+    return range(units * index // count, units * (index + 1) // count)
+
+
+def _folder(root: Path, part: tuple[int, int]) -> Plan:
+    classes = image_folder_classes(root)
+    scan = scan_image_folder(root, None if part == (0, 1) else part_units(len(classes), part))
+    plan = Plan("folder", str(root.resolve()), scan.classes, rejected=list(scan.refused), units=len(classes))
     root_text = os.fspath(root)
     for key, label in scan.files:
         path = os.path.join(root_text, key)  # the scan's keys are normal: the same string as str(root / key)
@@ -60,17 +75,29 @@ def _folder(root: Path) -> Plan:
     return plan
 
 
-def _labels(column: list[Any], where: str) -> tuple[list[int], list[str]]:
-    if any(v is None for v in column):
-        raise ValueError(f"{where} has empty label cells (row {column.index(None)})")
-    if all(isinstance(v, str) for v in column):
-        classes = sorted(set(column))
-        index = {name: i for i, name in enumerate(classes)}
-        return [index[v] for v in column], classes
-    labels = [int(v) for v in column]
-    if labels and min(labels) < 0:
-        raise ValueError(f"{where} row {labels.index(min(labels))}: negative label {min(labels)}")
-    return labels, [str(i) for i in range(max(labels, default=-1) + 1)]
+def _labels(column: Any, where: str) -> tuple[Any, list[str]]:
+    """Every row's label (an int64 NumPy array) and the class names, from a label column of names or of integers.
+
+    In Arrow, not Python objects: every part of a split ingest reads the whole column, for the class names.
+    """
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_dictionary(column.type):  # a categorical column: its values, not its codes
+        column = pc.cast(column, column.type.value_type)
+    if column.null_count:
+        raise ValueError(f"{where} has empty label cells (row {pc.index(pc.is_null(column), True).as_py()})")
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        classes = sorted(pc.unique(column).to_pylist())
+        return pc.index_in(column, value_set=pa.array(classes, column.type)).to_numpy().astype(np.int64), classes
+    try:
+        labels = pc.cast(column, pa.int64()).to_numpy()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
+        raise ValueError(f"{where}: labels must be class names or whole numbers, got {column.type} ({err})") from err
+    if len(labels) and labels.min() < 0:
+        raise ValueError(f"{where} row {int(labels.argmin())}: negative label {int(labels.min())}")
+    return labels, [str(i) for i in range(int(labels.max(initial=-1)) + 1)]
 
 
 def _image_column(table: Any) -> str | None:
@@ -106,7 +133,7 @@ def _extras(table: Any, skip: set[str]) -> tuple[list[tuple[str, str]], list[tup
     return kinds, list(zip(*columns, strict=True)) if columns else [() for _ in range(table.num_rows)]
 
 
-def _table_source(path: Path) -> Plan:
+def _table_source(path: Path, part: tuple[int, int]) -> Plan:
     import pyarrow as pa
 
     if path.suffix.lower() == ".parquet":
@@ -115,29 +142,45 @@ def _table_source(path: Path) -> Plan:
         schema = pq.read_schema(path)
         image_column = _image_column(pa.table({n: pa.array([], schema.field(n).type) for n in schema.names}))
         if image_column is not None:
-            return _bytes_table(path, image_column)
+            return _bytes_table(path, image_column, part)
     table = _table(path)
     missing = {"path", "label"} - set(table.column_names)
     if missing:
         raise ValueError(f"file list {path} lacks column(s) {sorted(missing)}; it has {table.column_names}")
     if table.num_rows == 0:
         raise ValueError(f"file list {path} has no rows")
-    labels, classes = _labels(table.column("label").to_pylist(), f"file list {path}")
+    labels, classes = _labels(table.column("label"), f"file list {path}")
+    rows = part_units(table.num_rows, part)
+    table = table.slice(rows.start, len(rows))  # the rest is another part's: no stat, no Python objects
     kinds, extras = _extras(table, {"path", "label"})
-    plan = Plan("file_list", str(path.resolve()), classes, extra_columns=kinds)
+    plan = Plan("file_list", str(path.resolve()), classes, extra_columns=kinds, units=len(labels))
     keys = ["" if key is None else str(key) for key in table.column("path").to_pylist()]
-    for key, label, extra, (file, problem) in zip(keys, labels, extras, inside_root(path.parent, keys), strict=True):
-        if file is None:
-            plan.rejected.append({"path": key, "reason": problem or ""})
-        elif not file.is_file():
+    root = os.fspath(path.parent)
+    for key, label, extra, problem in zip(keys, labels[rows.start:rows.stop].tolist(), extras,
+                                          outside_root(path.parent, keys), strict=True):
+        if problem is not None:
+            plan.rejected.append({"path": key, "reason": problem})
+            continue
+        file = os.path.join(root, os.path.normpath(key))  # strings, not a Path per row: a list may hold millions
+        try:
+            found = os.stat(file)
+        except (FileNotFoundError, NotADirectoryError):
+            found = None
+        except OSError as err:
+            plan.rejected.append({"path": key, "reason": f"unreadable: {err.strerror or err}"})
+            continue
+        if found is None or not stat.S_ISREG(found.st_mode):
             plan.rejected.append({"path": key, "reason": "missing file"})
         else:
-            plan.items.append(Item(key, label, ("file", str(file)), file.stat().st_size, extra))
+            plan.items.append(Item(key, label, ("file", file), found.st_size, extra))
     return plan
 
 
-def _bytes_table(path: Path, image_column: str) -> Plan:
-    """A Parquet file of image bytes, listed one row group at a time (its images never all sit in memory)."""
+def _bytes_table(path: Path, image_column: str, part: tuple[int, int]) -> Plan:
+    """A Parquet file of image bytes, listed one row group at a time (its images never all sit in memory).
+
+    Its units are row groups: the image sizes come from reading the images, so a part reads only its own groups'.
+    """
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -147,10 +190,13 @@ def _bytes_table(path: Path, image_column: str) -> Plan:
     if "label" not in others:
         raise ValueError(f"Parquet {path} holds images in {image_column!r} but has no 'label' column")
     table = parquet.read(columns=others)
-    labels, classes = _labels(table.column("label").to_pylist(), f"Parquet {path}")
+    labels, classes = _labels(table.column("label"), f"Parquet {path}")
+    groups = part_units(parquet.num_row_groups, part)
+    first = sum(parquet.metadata.row_group(g).num_rows for g in range(groups.start))
+    table = table.slice(first, sum(parquet.metadata.row_group(g).num_rows for g in groups))
     names: list[Any] = []
     sizes: list[int] = []
-    for batch in parquet.iter_batches(columns=[image_column], batch_size=4096):
+    for batch in parquet.iter_batches(columns=[image_column], batch_size=4096, row_groups=list(groups)):
         column = batch.column(0)
         if pa.types.is_struct(column.type):
             fields = [column.type.field(i).name for i in range(column.type.num_fields)]
@@ -160,26 +206,31 @@ def _bytes_table(path: Path, image_column: str) -> Plan:
             names.extend([None] * len(column))
         sizes.extend(pc.fill_null(pc.binary_length(column), 0).to_pylist())
     kinds, extras = _extras(table, {"label"})
-    plan = Plan("parquet_bytes", str(path.resolve()), classes, extra_columns=kinds)
-    for row, (name, label, size, extra) in enumerate(zip(names, labels, sizes, extras, strict=True)):
+    plan = Plan("parquet_bytes", str(path.resolve()), classes, extra_columns=kinds, units=parquet.num_row_groups)
+    mine = labels[first:first + table.num_rows].tolist()
+    for row, (name, label, size, extra) in enumerate(zip(names, mine, sizes, extras, strict=True), start=first):
         key = f"{path.name}:{row}" if name is None else f"{path.name}:{row}:{name}"
         plan.items.append(Item(key, label, ("parquet", str(path.resolve()), row, image_column), int(size), extra))
     return plan
 
 
-def _tars(source: Path) -> list[Path]:
-    tars = [source] if source.is_file() else sorted(source.glob("*.tar"))
+def _tars(source: Path, part: tuple[int, int]) -> tuple[list[Path], int]:
+    """This part's tars, and how many the source has."""
+    every = [source] if source.is_file() else sorted(source.glob("*.tar"))
+    tars = [every[i] for i in part_units(len(every), part)]
     for tar in tars:
         with open(tar, "rb") as f:
             if compressed(f.read(3)):
                 raise ValueError(f"{tar} is compressed; WebDataset ingest needs uncompressed .tar shards "
                                  "(random access)")
-    return tars
+    return tars, len(every)
 
 
-def _webdataset(source: Path, max_sample_bytes: int | None) -> Plan:
-    plan = Plan("webdataset", str(source.resolve()), [])
-    for tar_path in _tars(source):
+def _webdataset(source: Path, max_sample_bytes: int | None, part: tuple[int, int]) -> Plan:
+    """Tars' samples; the classes are ``0..`` the largest label this part's tars hold (a merge takes the largest)."""
+    tars, units = _tars(source, part)
+    plan = Plan("webdataset", str(source.resolve()), [], units=units)
+    for tar_path in tars:
         try:
             tar = tarfile.open(tar_path, "r:")
         except tarfile.ReadError as err:
@@ -191,14 +242,17 @@ def _webdataset(source: Path, max_sample_bytes: int | None) -> Plan:
         location = str(tar_path.resolve())
         plan.items += [Item(f"{tar_path.name}:{s.key}", s.label, ("tar", location, s.offset, s.size), s.size)
                        for s in found]
-    if not plan.items and not plan.rejected:
+    if not plan.items and not plan.rejected and part == (0, 1):
         raise ValueError(f"no WebDataset samples (.jpg/.png + .cls) in {source}")
     plan.classes = [str(i) for i in range(max((item.label for item in plan.items), default=-1) + 1)]
     return plan
 
 
-def plan_source(source: str | os.PathLike[str], *, max_sample_bytes: int | None = None) -> Plan:
+def plan_source(source: str | os.PathLike[str], *, max_sample_bytes: int | None = None,
+                part: tuple[int, int] = (0, 1)) -> Plan:
     """List ``source``: a ``.csv``/``.parquet`` file, a ``.tar`` or a folder of them, or an ImageFolder tree.
+
+    ``part`` ``(i, N)`` lists only the units :func:`part_units` gives part ``i`` (see the module docstring).
 
     ``max_sample_bytes`` refuses samples whose listed size (a file's ``stat``, a tar header, a Parquet cell's
     length) is larger, before any of their bytes are read: a tar header or a sparse file may claim gigabytes.
@@ -207,7 +261,7 @@ def plan_source(source: str | os.PathLike[str], *, max_sample_bytes: int | None 
         FileNotFoundError: ``source`` does not exist.
         ValueError: a source of no known kind, missing columns, bad labels, compressed tars.
     """
-    plan = _list(Path(source), max_sample_bytes)
+    plan = _list(Path(source), max_sample_bytes, part)
     if max_sample_bytes is not None:  # the files' and Parquet cells' sizes (a tar's were checked by member)
         kept = [item for item in plan.items if item.size <= max_sample_bytes]
         plan.rejected += [{"path": item.key, "reason": too_large(item.size, max_sample_bytes)}
@@ -216,21 +270,21 @@ def plan_source(source: str | os.PathLike[str], *, max_sample_bytes: int | None 
     return plan
 
 
-def _list(path: Path, max_sample_bytes: int | None) -> Plan:
+def _list(path: Path, max_sample_bytes: int | None, part: tuple[int, int]) -> Plan:
     if not path.exists():
         raise FileNotFoundError(f"source {path} does not exist")
     if path.is_file():
         suffix = path.suffix.lower()
         if suffix in (".csv", ".parquet"):
-            return _table_source(path)
+            return _table_source(path, part)
         if suffix == ".tar":
-            return _webdataset(path, max_sample_bytes)
+            return _webdataset(path, max_sample_bytes, part)
         raise ValueError(f"source {path}: expected an image folder, a .csv/.parquet list or a .tar, got {suffix!r}")
     with os.scandir(path) as entries:
         has_dirs = any(entry.is_dir() for entry in entries)
     if not has_dirs and any(path.glob("*.tar")):
-        return _webdataset(path, max_sample_bytes)
-    return _folder(path)
+        return _webdataset(path, max_sample_bytes, part)
+    return _folder(path, part)
 
 
 def fetch_many(items: list[Item], max_bytes: int | None = None) -> list[bytes | OSError]:

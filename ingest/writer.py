@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from stallfree.ingest.atomic import atomic_path, atomic_write
-from stallfree.ingest.manifest import file_sha256, shard_name
+from stallfree.ingest.manifest import file_sha256
 from stallfree.ingest.sources import DEFAULT_MAX_SAMPLE_BYTES, Item
 from stallfree.ingest.validate import DEFAULT_MAX_PIXELS, Rejected, check_image, convert
 
@@ -73,9 +73,9 @@ class IngestOptions:
         return out
 
 
-def record_path(out: Path, index: int) -> Path:
-    """Where shard ``index``'s record goes."""
-    return out / RECORDS / (shard_name(index).removesuffix(".arrow") + ".json")
+def record_path(out: Path, name: str) -> Path:
+    """Where the record of the shard file ``name`` goes."""
+    return out / RECORDS / (name.removesuffix(".arrow") + ".json")
 
 
 def _schema(extra_columns: list[tuple[str, str]], options: IngestOptions) -> Any:
@@ -138,12 +138,12 @@ def convert_items(items: list[Item], options: IngestOptions, extra_columns: list
 
 def write_shard(
     out: Path,
-    index: int,
+    name: str,
     pieces: list[Converted],
     options: IngestOptions,
     extra_columns: list[tuple[str, str]],
 ) -> dict[str, Any]:
-    """Write shard ``index`` from its converted ``pieces`` (in order) into ``out``, then its record; returns it.
+    """Write the shard file ``name`` from its converted ``pieces`` (in order) into ``out``, then its record.
 
     The record is ``{"file", "rows", "bytes", "sha256", "source_bytes", "rejected": [{"path", "reason"}],
     "class_counts": {label: count}}``.
@@ -155,7 +155,6 @@ def write_shard(
     columns: dict[str, list[Any]] = {name: [v for piece in pieces for v in piece[0][name]] for name in schema.names}
     rejected = [r for piece in pieces for r in piece[1]]
     source_bytes = sum(piece[2] for piece in pieces)
-    name = shard_name(index)
     path = out / name
     rows = len(columns["key"])
     with atomic_path(path) as tmp, pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, schema) as writer:
@@ -171,7 +170,7 @@ def write_shard(
         "rejected": rejected,
         "class_counts": {str(k): v for k, v in sorted(Counter(columns["label"]).items())},
     }
-    record_file = record_path(out, index)
+    record_file = record_path(out, name)
     record_file.parent.mkdir(exist_ok=True)
     atomic_write(record_file, json.dumps(record, sort_keys=True).encode())
     return record

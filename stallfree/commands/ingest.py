@@ -85,7 +85,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-sample-bytes", type=int, default=None, metavar="BYTES",
                         help="reject samples (files, tar members, Parquet cells) larger than this before reading "
                         "them (default 268435456 = 256 MiB)")
-    parser.add_argument("--part", default="0/1", metavar="i/N", help="ingest slice i of N (shards i, i+N, ...)")
+    parser.add_argument("--part", default="0/1", metavar="i/N",
+                        help="list and ingest only the i-th of N contiguous slices of SRC (its class folders, rows, "
+                        "row groups or tars); then --merge")
     parser.add_argument("--merge", action="store_true", help="join OUT's manifest.part-*.json into manifest.json")
     parser.add_argument("--staging", type=Path, metavar="DIR",
                         help="with OUT a URL: write the shards here before uploading them, and keep them (default: a "

@@ -20,3 +20,15 @@ def test_the_index_opens_as_shards_with_every_row_where_it_belongs(tmp_path: Pat
     assert all(reader.read(row).tobytes() == bytes(range(16)) for row in edges)
     order = Sampler(len(reader), rank=1, world_size=3, seed=2).virtual_order(0)
     assert [reader.describe(int(r)).endswith(f"({r % 7}/{r}.JPEG)") for r in order[:50]] == [True] * 50
+
+
+def test_listing_measures_the_whole_folder_and_one_part() -> None:
+    import argparse
+    import io
+
+    from stallfree.bench.scale import add_arguments, run
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    result = run(parser.parse_args(["--listing", "300", "--parts", "3", "--repeats", "1"]), io.StringIO())
+    assert [(row["part"], row["listed"]) for row in result["rows"]] == [("0/1", 300), ("0/3", 99)]

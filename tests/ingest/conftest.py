@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import numpy as np
@@ -20,9 +21,12 @@ def _encode(seed: int, size: tuple[int, int] = (20, 28), fmt: str = "JPEG") -> b
 
 
 def _shard_rows(out: Path) -> list[dict]:
-    """Every row of every shard in ``out``, in shard order."""
+    """Every row of every shard in ``out``, in the manifest's order (the file names' where there is none yet)."""
+    manifest = out / "manifest.json"
+    shards = ([out / s["file"] for s in json.loads(manifest.read_text())["shards"]] if manifest.is_file()
+              else sorted(out.glob("shard-*.arrow")))
     rows = []
-    for shard in sorted(out.glob("shard-*.arrow")):
+    for shard in shards:
         with pa.memory_map(str(shard)) as source:
             rows.extend(ipc.open_file(source).read_all().to_pylist())
     return rows

@@ -1,5 +1,6 @@
 """Crash safety: kill -9 part-way, run again, and get the same bytes as an uninterrupted run; parts and merge."""
 
+import json
 import multiprocessing
 import os
 import shutil
@@ -69,7 +70,7 @@ def test_other_options_in_the_same_folder_are_refused(folder, reference, tmp_pat
         ingest(folder, out, IngestOptions(shard_mb=0.002, quality=50))
 
 
-def test_parts_then_merge_equal_one_run(folder, tmp_path, encode):
+def test_parts_then_merge_hold_one_runs_samples_in_its_order(folder, tmp_path, shard_rows):
     source = tmp_path / "src"
     shutil.copytree(folder, source)
     for name in ("circle/bad.jpg", "square/bad.jpg", "triangle/bad.jpg"):  # rejections in several shards
@@ -78,13 +79,51 @@ def test_parts_then_merge_equal_one_run(folder, tmp_path, encode):
     reference = tmp_path / "reference"
     ingest(source, reference, OPTIONS)
     out = tmp_path / "out"
-    for i in range(3):
+    for i in (2, 0, 1):  # in any order
         ingest(source, out, OPTIONS, part=(i, 3))
     assert not (out / "manifest.json").exists()
+    assert sorted(p.name for p in out.glob("shard-0-of-3-*.arrow"))  # each part names its own shards
     summary = merge(out)
     assert summary["parts"] == 3 and summary["rejected"] == 4
-    mine = {k: v for k, v in files(out).items() if not k.startswith("manifest.part-")}
-    assert mine == files(reference) and "labels.npy" in mine  # the merge writes the labels of a single run
+    assert shard_rows(out) == shard_rows(reference)  # same samples, bytes, labels and keys, in the same order
+    for name in ("rejected.jsonl", "labels.npy"):
+        assert (out / name).read_bytes() == (reference / name).read_bytes()
+    merged, one = (json.loads((o / "manifest.json").read_text()) for o in (out, reference))
+    for key in ("classes", "class_counts", "rows", "source_bytes", "rejected", "schema", "image", "options"):
+        assert merged[key] == one[key], key
+    assert merged["plan"]["job"] != one["plan"]["job"]  # the split is part of the job
+    assert verify(out) == []
+    assert merge(out) == summary  # a merge run again changes nothing
+
+
+def test_a_part_lists_only_its_own_classes(folder, tmp_path, monkeypatch):
+    from stallfree.ingest import sources
+
+    sized: list[str] = []
+    getsize = os.path.getsize
+    monkeypatch.setattr(sources.os.path, "getsize", lambda path: sized.append(str(path)) or getsize(path))
+    plan = sources.plan_source(folder, part=(1, 3))
+    assert plan.classes == ["circle", "square", "triangle"] and plan.units == 3
+    assert {item.label for item in plan.items} == {1} and len(sized) == len(plan.items) == 6
+    assert all("/square/" in path for path in sized)
+
+
+def test_a_part_refuses_a_folder_split_another_way(folder, tmp_path):
+    ingest(folder, tmp_path, OPTIONS, part=(0, 2))
+    with pytest.raises(ValueError, match=r"unfinished ingest split 2 way\(s\) \(plan.part-0-of-2.json\), not 3"):
+        ingest(folder, tmp_path, OPTIONS, part=(1, 3))
+    with pytest.raises(ValueError, match="split 2 way"):
+        ingest(folder, tmp_path, OPTIONS)
+
+
+def test_parts_of_different_jobs_are_refused(folder, tmp_path):
+    ingest(folder, tmp_path, OPTIONS, part=(0, 2))
+    with pytest.raises(ValueError, match="unfinished ingest of a different source or options"):
+        ingest(folder, tmp_path, IngestOptions(shard_mb=0.002, quality=50), part=(1, 2))
+    (tmp_path / ".ingest" / "plan.part-0-of-2.json").unlink()  # so that other options may write part 1 here
+    ingest(folder, tmp_path, IngestOptions(shard_mb=0.002, quality=50), part=(1, 2))
+    with pytest.raises(ValueError, match="different sources or options"):
+        merge(tmp_path)
 
 
 def test_merge_refuses_missing_parts(folder, tmp_path):

@@ -93,3 +93,47 @@ def test_unknown_source_is_a_clear_error(tmp_path):
     (tmp_path / "l.csv").write_text("file,label\na.jpg,0\n")
     with pytest.raises(ValueError, match=r"lacks column\(s\) \['path'\]"):
         ingest(tmp_path / "l.csv", tmp_path / "out")
+
+
+def _every_kind(tmp_path, encode, write_tar) -> dict:
+    """One small source of each kind that splits into units: rows, row groups, tars."""
+    (tmp_path / "img").mkdir()
+    lines = ["path,label,note"]
+    for i in range(7):
+        (tmp_path / "img" / f"{i}.jpg").write_bytes(encode(i))
+        lines.append(f"img/{i}.jpg,{['cat', 'dog', 'eel'][i % 3]},n{i}")
+    lines.append("img/missing.jpg,cat,gone")  # a listing rejection in the last part
+    (tmp_path / "list.csv").write_text("\n".join(lines) + "\n")
+    images = pa.array([encode(i) for i in range(7)], pa.binary())
+    table = pa.table({"image": images, "label": [i % 3 for i in range(7)]})
+    pq.write_table(table, tmp_path / "bytes.parquet", row_group_size=2)
+    (tmp_path / "wds").mkdir()
+    for t in range(3):  # the largest label is in the last tar only: each part knows fewer classes
+        write_tar(tmp_path / "wds" / f"t-{t}.tar", [(f"s{i}.jpg", encode(10 * t + i)) for i in range(2)]
+                  + [(f"s{i}.cls", str(t * 2 + i).encode()) for i in range(2)])
+    return {"file list": tmp_path / "list.csv", "parquet": tmp_path / "bytes.parquet", "tars": tmp_path / "wds"}
+
+
+@pytest.mark.parametrize("kind", ["file list", "parquet", "tars"])
+@pytest.mark.parametrize("parts", [2, 3, 5])
+def test_parts_of_every_kind_merge_into_one_runs_samples(tmp_path, encode, write_tar, shard_rows, kind, parts):
+    from stallfree.ingest.merge import merge
+
+    source = _every_kind(tmp_path, encode, write_tar)[kind]
+    ingest(source, tmp_path / "one", IngestOptions(shard_mb=0.002))
+    for i in range(parts):
+        ingest(source, tmp_path / "split", IngestOptions(shard_mb=0.002), part=(i, parts))
+    assert merge(tmp_path / "split")["parts"] == parts
+    assert shard_rows(tmp_path / "split") == shard_rows(tmp_path / "one")
+    merged, one = (json.loads((tmp_path / o / "manifest.json").read_text()) for o in ("split", "one"))
+    assert (merged["classes"], merged["class_counts"], merged["rejected"]) == (
+        one["classes"], one["class_counts"], one["rejected"])
+    assert (tmp_path / "split" / "rejected.jsonl").read_text() == (tmp_path / "one" / "rejected.jsonl").read_text()
+    assert verify(tmp_path / "split") == []
+
+
+def test_a_label_column_of_fractions_is_refused(tmp_path, encode):
+    (tmp_path / "a.jpg").write_bytes(encode(0))
+    (tmp_path / "l.csv").write_text("path,label\na.jpg,1.5\n")
+    with pytest.raises(ValueError, match=r"l.csv: labels must be class names or whole numbers, got double"):
+        ingest(tmp_path / "l.csv", tmp_path / "out")
