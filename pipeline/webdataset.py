@@ -4,10 +4,8 @@ The source is a tar's path or URL (``s3://``, ``gs://``, ``http(s)://``, ``file:
 brace ranges (:func:`expand`). Each tar is indexed once: its member headers are walked (locally through the file;
 remotely through an fsspec file that reads 1 MiB ranges and seeks over large members) and grouped into samples by
 :func:`stallfree.ingest.tars.samples`, the grouping ``stallfree ingest`` uses, so the two accept and refuse the
-same members. The index (every sample's key, image offset and size, and its ``.cls`` label) is saved as a small
-JSON file in the index cache, ``webdataset-index/`` beside the shard cache (``~/.cache/stallfree/`` by default,
-or ``cache_dir``), one file per tar, named by a hash of its path or URL and holding the tar's size and its
-modification time (local) or ETag (remote): a tar that changed is walked again. After that, a sample is one ranged
+same members. The index is kept in the index cache (:mod:`~stallfree.pipeline.tar_index`): a tar that changed is
+walked again. After that, a sample is one ranged
 read (a local ``seek`` + ``read``, or ``fs.cat_file(path, start, end)``), retried on transient failures. At a URL,
 the rows the sampler reads next are fetched ahead into memory (:class:`~stallfree.pipeline.read_ahead.RangeReadAhead`):
 their ranges sorted by tar and offset and merged where close, ``downloads`` requests in flight, so a block shuffle
@@ -24,36 +22,30 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 import math
 import os
 import re
-import tarfile
 import urllib.parse
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import numpy as np
 
-from stallfree.ingest.atomic import atomic_write
-from stallfree.ingest.home import cache_dir as stallfree_cache_dir
 from stallfree.ingest.remote import RemoteStoreError, Retry, is_url, open_store, redact, retried, scrubbed
-from stallfree.ingest.tars import compressed, label_bytes, members, samples
+from stallfree.pipeline import tar_index
 from stallfree.pipeline.read_ahead import RangeReadAhead
 
-__all__ = ["WebDatasetReader", "default_index_dir", "expand", "is_webdataset"]
+__all__ = ["WebDatasetReader", "expand", "is_webdataset"]
 
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"(\d+)\.\.(\d+)")
 _MAX_TARS = 1_000_000
 _T = TypeVar("_T")
-_FORMAT = 1  # the index file's format; another one is walked again
 #: What says a remote tar changed, by client (s3fs, gcsfs, fsspec's HTTP), in order of preference.
 _STAMPS = ("ETag", "etag", "Last-Modified", "LastModified", "mtime", "updated")
-_PIECE = 1 << 20  # the remote walk's range size: small members come many to a read, large ones are skipped
 _READ_AHEAD = 64 << 20  # bytes of coming samples a remote reader holds in memory, by default
 
 
@@ -106,11 +98,6 @@ def expand(pattern: str) -> list[str]:
             for chosen in itertools.product(*choices)]
 
 
-def default_index_dir() -> Path:
-    """``webdataset-index/`` in the stallfree cache, beside the shard cache's ``shards/``."""
-    return stallfree_cache_dir() / "webdataset-index"
-
-
 @dataclass
 class _Tar:
     """One tar: where it is (``fs`` None for a local file), how it is shown in messages, and its samples' keys.
@@ -134,7 +121,8 @@ class WebDatasetReader:
 
     Args:
         source: a tar's path or URL, or a pattern of them (:func:`expand`).
-        cache_dir: where the tars' indexes are kept (default :func:`default_index_dir`).
+        cache_dir: where the tars' indexes are kept (default
+            :func:`~stallfree.pipeline.tar_index.default_index_dir`).
         storage_options: passed to the fsspec file system of a URL (credentials, ``endpoint_url``...).
         retry: how remote requests are retried, and their timeout.
         on_error: ``"raise"``: a refused sample is a ValueError; ``"skip"``: it is left out, with a warning.
@@ -159,7 +147,7 @@ class WebDatasetReader:
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         self.pattern = os.fspath(source)
         self.retry = retry or Retry()
-        self.index_dir = Path(cache_dir) if cache_dir is not None else default_index_dir()
+        self.index_dir = Path(cache_dir) if cache_dir is not None else tar_index.default_index_dir()
         self.walked = 0  # tars whose headers were walked, not loaded from the index cache (for tests)
         self.rejected: list[dict[str, str]] = []  # the samples left out under on_error="skip"
         self._options = storage_options or {}
@@ -198,17 +186,15 @@ class WebDatasetReader:
             fs, path = None, location
             shown = os.path.abspath(location)
         size, stamp = self._stat(fs, path, shown)
-        index_file = self.index_dir / (hashlib.sha256(shown.encode()).hexdigest()[:32] + ".json")
-        index = _load(index_file, shown, size, stamp)
+        index = tar_index.load(self.index_dir, shown, size, stamp)
         if index is None:
             if fs is None:
                 with open(path, "rb") as f:
-                    index = _walk(f, shown, size)
+                    index = tar_index.walk(f, shown, size)
             else:
-                index = _remote(lambda: _walk_remote(fs, path, shown, size), shown, self.retry)
+                index = _remote(lambda: tar_index.walk_remote(fs, path, shown, size), shown, self.retry)
             self.walked += 1
-            atomic_write(index_file, json.dumps({**index, "format": _FORMAT, "tar": shown, "size": size,
-                                                 "stamp": stamp}).encode())
+            tar_index.save(self.index_dir, index, shown, size, stamp)
         self.rejected += index["refused"]
         first = self._tars[-1].first + len(self._tars[-1].keys) if self._tars else 0
         self._tars.append(_Tar(location, shown, fs, path, list(index["keys"]), first))
@@ -345,64 +331,3 @@ def _progress(locations: list[str]) -> Any:
 
     return tqdm(locations, desc="indexing tars", unit="tar", disable=None if len(locations) >= 8 else True,
                 leave=False)
-
-
-def _load(index_file: Path, shown: str, size: int, stamp: str) -> dict[str, Any] | None:
-    """The cached index of a tar, or None when there is none, or it is of another size, stamp or format."""
-    try:
-        index = json.loads(index_file.read_bytes())
-    except FileNotFoundError:
-        return None
-    except ValueError as err:  # written atomically, so only another program could have left it so
-        warnings.warn(f"the index {index_file} of {shown} is not JSON ({err}); walking the tar again", UserWarning,
-                      stacklevel=3)
-        return None
-    fresh = (index.get("format"), index.get("tar"), index.get("size"), index.get("stamp")) == (
-        _FORMAT, shown, size, stamp)
-    return index if fresh and stamp else None  # no stamp (a server without ETag): every open walks the tar
-
-
-def _walk_remote(fs: Any, path: str, shown: str, size: int) -> dict[str, Any]:
-    with fs.open(path, "rb", block_size=_PIECE, cache_type="readahead") as f:
-        return _walk(f, shown, size)
-
-
-def _walk(f: Any, shown: str, size: int) -> dict[str, Any]:
-    """The index of the tar open as ``f`` (seekable, ``size`` bytes): its samples, and the samples it refused.
-
-    Raises:
-        ValueError: the tar is compressed, not a tar, or damaged (the first damage is named).
-    """
-    if compressed(f.read(3)):
-        raise ValueError(f"{shown} is compressed; WebDataset tars are read by offset, so they must be uncompressed "
-                         "(gunzip them, or ingest them)")
-    f.seek(0)
-    try:
-        tar = tarfile.open(fileobj=f, mode="r:")
-    except tarfile.ReadError as err:
-        raise ValueError(f"{shown} is not a readable tar ({err})") from err
-    name = shown.rsplit("/", 1)[-1]
-    damage: list[dict[str, str]] = []
-    refused: list[dict[str, str]] = []
-    labels: dict[str, bytes] = {}
-    read_label = label_bytes(tar)
-
-    def listed() -> Iterator[tarfile.TarInfo]:
-        """The members, each ``.cls`` read as it passes: read later, each would be a seek back (a request)."""
-        for member in members(tar, name, size, damage):
-            if member.isfile() and member.name.lower().endswith(".cls"):
-                labels[member.name] = read_label(member)
-            yield member
-
-    with tar:
-        found = samples(name, listed(), lambda member: labels[member.name], refused)
-    if damage:
-        raise ValueError(f"{_in(shown, damage[0]['path'])}: {damage[0]['reason']} (the whole tar is refused; "
-                         "re-copy it, or ingest the tars to keep the samples before the damage)")
-    return {"keys": [s.key for s in found], "offsets": [s.offset for s in found], "sizes": [s.size for s in found],
-            "labels": [s.label for s in found], "refused": [{**r, "path": _in(shown, r["path"])} for r in refused]}
-
-
-def _in(shown: str, where: str) -> str:
-    """A record's ``tar:member`` with the tar's full path or URL in place of its name."""
-    return shown.rsplit("/", 1)[0] + "/" + where if "/" in shown else where
