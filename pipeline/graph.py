@@ -1,7 +1,9 @@
 """The DALI graph's assembly and the hand-off of its output to torch.
 
 External sources feed the images and each per-sample parameter; the compiled transforms make the rest of the
-graph; each output batch becomes a torch tensor through DLPack, without a copy.
+graph; each output batch becomes a torch tensor through DLPack, without a copy. A batch can be fed and scheduled
+(:meth:`Graph.submit`) while the one before it still runs, and is collected in order (:meth:`Graph.collect`), so
+that DALI's threads do not wait while the next batch is fed (docs/speed.md).
 
 Decoding agrees with PIL's ``Image.open(f).convert("RGB")``, torchvision's ImageFolder decode: the decoders do not
 turn images by their EXIF orientation unless ``exif="apply"`` (then as ``ImageOps.exif_transpose`` does). One kind
@@ -17,7 +19,10 @@ from __future__ import annotations
 import io
 import re
 import sys
+import threading
 import warnings
+from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,7 +33,7 @@ from stallfree.ingest.images import Exif, read_header
 from stallfree.transforms.compile import CompiledTransforms
 from stallfree.transforms.dali_types import dali_type
 
-__all__ = ["Graph", "GraphError"]
+__all__ = ["Graph", "GraphError", "Ticket"]
 
 
 class GraphError(RuntimeError):
@@ -41,6 +46,19 @@ class GraphError(RuntimeError):
         super().__init__(message)
         self.bad = bad
         self.reasons = reasons if reasons is not None else [message] * len(bad)
+
+
+@dataclass(eq=False)
+class Ticket:
+    """A batch given to :meth:`Graph.submit`: its inputs (held, since DALI reads them in place), and its state.
+
+    ``live``: fed and scheduled in the graph, its output not yet taken. ``error``: it failed before it was fed.
+    """
+
+    images: list[np.ndarray]
+    params: dict[str, list[np.ndarray]]
+    live: bool = False
+    error: GraphError | None = None
 
 
 def _dense(values: list[np.ndarray]) -> np.ndarray | list[np.ndarray]:
@@ -123,6 +141,10 @@ class Graph:
         self.compiled, self.batch_size, self.num_threads = compiled, batch_size, num_threads
         self.device_id, self.encoded, self.seed, self.exif = device_id, encoded, seed, exif
         self._pipe = self._build(batch_size)
+        self._flying: deque[Ticket] = deque()  # live tickets, oldest first: their outputs come in this order
+        # Held by the one pass that uses the graph: a pass ended from outside (a new iter(), set_epoch, a dropped
+        # iterator) finishes and drains its batches before the next pass feeds any.
+        self.lock = threading.Lock()
         self._probe: Any = None
         self._good: tuple[np.ndarray, dict[str, list[np.ndarray]]] | None = None  # a sample that ran, to tell a
         # batch of bad samples from a broken graph
@@ -141,7 +163,7 @@ class Graph:
             device_id=self.device_id,
             seed=self.seed % (1 << 31),
             exec_dynamic=True,  # outputs stay valid while torch holds them, so DLPack needs no copy
-            prefetch_queue_depth=1,  # the Loader's own threads prefetch; DALI runs one batch at a time
+            prefetch_queue_depth=1,  # no prefetch of its own: the graph stage schedules the next batch itself
             enable_conditionals=compiled.conditionals,  # the auto-augment policies choose operations per sample
         )
         def pipeline() -> Any:
@@ -161,15 +183,20 @@ class Graph:
         pipe.build()
         return pipe
 
-    def _run_on(self, pipe: Any, images: list[np.ndarray], params: dict[str, list[np.ndarray]]) -> Any:
+    def _feed(self, pipe: Any, images: list[np.ndarray], params: dict[str, list[np.ndarray]]) -> None:
         pipe.feed_input("images", images)
         for name, values in params.items():
             pipe.feed_input(name, _dense(values))
+
+    def _run_on(self, pipe: Any, images: list[np.ndarray], params: dict[str, list[np.ndarray]]) -> Any:
+        self._feed(pipe, images, params)
         (out,) = pipe.run()
         return out
 
     def run(self, images: list[np.ndarray], params: dict[str, list[np.ndarray]]) -> torch.Tensor:
         """The transformed batch as a torch tensor on the graph's device, in the spec's dtype and layout.
+
+        :meth:`submit` then :meth:`collect`; no other batch may be in the graph.
 
         Raises:
             GraphError: DALI failed; the graph is rebuilt and each sample retried alone to name the bad ones (all
@@ -177,12 +204,89 @@ class Graph:
             RuntimeError: every sample fails, and so does a sample that ran before: the graph, not the data, fails.
                 Or an image left to PIL (16-bit, or a turned TIFF) that PIL cannot decode (named by its position).
         """
-        if self.encoded:
-            images = self._decodable(images)
+        if self._flying:
+            raise RuntimeError("Graph.run with batches in the graph: collect or drain them first")
+        return self.collect(self.submit(images, params))
+
+    def submit(self, images: list[np.ndarray], params: dict[str, list[np.ndarray]]) -> Ticket:
+        """Feed a batch and schedule it behind the batches already in the graph; :meth:`collect` takes its output.
+
+        Nothing is raised here: a failure is raised by :meth:`collect`, in the batches' order.
+        """
+        try:
+            ticket = Ticket(self._decodable(images) if self.encoded else images, params)
+        except GraphError as err:
+            return Ticket(images, params, error=err)
+        self._schedule(ticket)
+        return ticket
+
+    def _schedule(self, ticket: Ticket) -> None:
+        try:
+            self._feed(self._pipe, ticket.images, ticket.params)
+            self._pipe.schedule_run()
+        except RuntimeError:  # a pipeline that refuses a feed is broken: the batch runs alone when collected
+            self._reset()
+            return
+        ticket.live = True
+        self._flying.append(ticket)
+
+    def collect(self, ticket: Ticket) -> torch.Tensor:
+        """The output of ``ticket``, the oldest batch submitted and not collected (see :meth:`run` for errors).
+
+        DALI reports a failure at the output it was waiting for, which may be a later batch's: the batch runs again
+        alone, and only if it fails alone is it the one at fault; the later batches are then fed again, in order.
+        """
+        if ticket.error is not None:
+            raise ticket.error
+        if not ticket.live:
+            return self._first(ticket, broken=False)
+        if not self._flying or self._flying[0] is not ticket:
+            raise RuntimeError("Graph.collect: batches are collected in the order they were submitted")
+        try:
+            (out,) = self._pipe.outputs()
+        except RuntimeError:
+            self._flying.popleft()
+            ticket.live = False
+            return self._first(ticket, broken=True)
+        self._flying.popleft()
+        ticket.live = False
+        self._good = ticket.images[0], {name: values[:1] for name, values in ticket.params.items()}
+        return self._to_torch(out)
+
+    def drain(self) -> None:
+        """Take every batch still in the graph and drop its output (a pass stopped, or a batch given back)."""
+        while self._flying:
+            ticket = self._flying.popleft()
+            ticket.live = False
+            try:
+                self._pipe.outputs()
+            except RuntimeError:
+                self._reset()
+
+    def _reset(self) -> None:
+        """A new pipeline in place of a failed one (a failed DALI pipeline is not reused); nothing is in it."""
+        for ticket in self._flying:
+            ticket.live = False
+        self._flying.clear()
+        self._pipe = self._build(self.batch_size)
+
+    def _first(self, ticket: Ticket, *, broken: bool) -> torch.Tensor:
+        """Run ``ticket`` alone, before the batches in the graph, which are fed again after it unless it fails."""
+        later = list(self._flying)
+        if later or broken:
+            self._reset()
+        output = self._alone(ticket)  # raises when this batch is the one at fault: the later ones stay out
+        for other in later:
+            self._schedule(other)
+        return output
+
+    def _alone(self, ticket: Ticket) -> torch.Tensor:
+        """Run ``ticket``'s batch with nothing else in the graph; name its bad samples if it fails."""
+        images, params = ticket.images, ticket.params
         try:
             out = self._run_on(self._pipe, images, params)
         except RuntimeError as err:
-            self._pipe = self._build(self.batch_size)  # a failed DALI pipeline is not reused
+            self._reset()
             bad, reasons = self._find_bad(images, params)
             if len(bad) == len(images) and self._good is not None:
                 good_image, good_params = self._good

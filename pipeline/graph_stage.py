@@ -1,5 +1,12 @@
 """The graph stage of an epoch run: take each batch's samples from the stream, run the DALI graph, copy out.
 
+Two batches are in the graph at once: batch ``k + 1`` is taken from the stream and fed while batch ``k`` runs, so
+that DALI's threads do not wait while a batch is fed and the one before is handed over (docs/speed.md); when the
+reader has not yet read batch ``k + 1``'s samples, batch ``k`` is handed over first, without waiting. Which
+samples a batch holds is what it would be one batch at a time. When batch ``k`` fails in the graph, batch
+``k + 1`` gives its samples back to the stream (the replacements it asked for are credited, so none is asked for
+twice), batch ``k`` takes its replacements from them, and batch ``k + 1`` is taken again.
+
 A sample that fails in the graph is skipped (or raised, as ``on_error`` says) and the graph runs again on the
 rest, with the reader asked for as many replacements (DALI cannot skip inside a running graph:
 NVIDIA/DALI#3913).
@@ -8,11 +15,12 @@ NVIDIA/DALI#3913).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stallfree.pipeline.graph import GraphError
+from stallfree.pipeline.graph import GraphError, Ticket
 from stallfree.pipeline.samples import BadSampleError, Batch
 
 if TYPE_CHECKING:
@@ -20,33 +28,111 @@ if TYPE_CHECKING:
 
 __all__ = ["GraphStage"]
 
+class _NotRead(Exception):
+    """The stream's next entries are not read yet (a look-ahead take does not wait for them)."""
+
+
+#: One entry of the stream: ``(position, virtual id or None, image or skip record, params)`` (read_stage.Chunk).
+Entry = tuple[int, int | None, Any, Any]
+
+
+@dataclass(eq=False)
+class _Take:
+    """Batch ``number``'s samples as taken from the stream, from position ``start``, and what taking them did."""
+
+    number: int
+    size: int
+    start: int
+    first_skip: dict[str, Any] | None  # the run's first skip before this batch: restored if it gives its samples back
+    consumed: list[Entry] = field(default_factory=list)  # every entry taken from the stream, in order
+    taken: list[Entry] = field(default_factory=list)  # those going into the graph
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    requested: int = 0  # replacements asked of the reader for samples that failed in the graph earlier
+    end: int = 0
+    ticket: Ticket | None = None
+    fed: float = 0.0
+
 
 class GraphStage:
     """Builds the run's batches from its read queue onto its output queue, in order."""
 
     def __init__(self, run: EpochRun, position: int):
         self.run, self.loader = run, run.loader
-        self._pending: list[tuple[int, int | None, Any, Any]] = []
+        self._pending: list[Entry] = []
         self._cursor = position
+        self._credit = 0  # replacements asked for by batches that gave their samples back
+        self._broken: Exception | None = None  # the reader's failure, raised wherever the stream reaches it
+        self._graph_free = 0.0  # when the graph finished the batch before (the start of the next one's busy span)
 
     def loop(self, first: int) -> None:
+        with self.run.graph.lock:  # a pass ended from outside may still be finishing its batch in the graph
+            try:
+                self._loop(first)
+            finally:
+                self.run.graph.drain()  # a stopped or failed pass leaves nothing in the graph for the next one
+
+    def _loop(self, first: int) -> None:
         run, loader = self.run, self.loader
         per_rank = len(run.order)
-        for number in range(first, loader._batches(per_rank)):
-            batch = self._assemble(number, loader._batch_len(number, per_rank))
-            if batch is None:
+        flying: _Take | None = None
+        number = first
+        while number < loader._batches(per_rank):
+            fresh = _Take(number, loader._batch_len(number, per_rank), self._cursor, run.first_skip)
+            try:
+                take = self._take(fresh, wait=flying is None)
+            except _NotRead:  # the reader is behind: hand the batch in the graph over now, then wait for it
+                done, flying = self._finish(flying, None), None  # type: ignore[arg-type]  # only a look-ahead does not wait
+                if done is None or not self._send(done):
+                    return
+                continue
+            except Exception:
+                if flying is None:
+                    raise
+                # The batch in the graph comes first, as it would one batch at a time; then this one again.
+                done, flying = self._finish(flying, None), None
+                if done is None or not self._send(done):
+                    return
+                continue
+            if take is None:
                 return
-            if batch.output is not None and batch.output.device != loader.device:
-                start_time = time.perf_counter()
-                batch.output = batch.output.pin_memory().to(loader.device, non_blocking=True)
-                run.record("h2d", "busy", start_time, number)
-            if not run.put(run.out_q, batch):
-                return
+            self._submit(take)
+            if flying is not None:
+                done, flying = self._finish(flying, take), None
+                if done is None or not self._send(done):
+                    return
+                if take.ticket is None:  # given back: the batch before took replacements from it
+                    continue
+            flying = take
+            number += 1
+        if flying is not None:
+            done = self._finish(flying, None)
+            if done is not None:
+                self._send(done)
 
-    def _entry(self) -> tuple[int, int | None, Any, Any] | None:
-        """The next entry of the stream (``None`` once stopped); a reader failure is raised here."""
+    def _send(self, batch: Batch) -> bool:
+        run, loader = self.run, self.loader
+        if batch.output is not None and batch.output.device != loader.device:
+            start_time = time.perf_counter()
+            batch.output = batch.output.pin_memory().to(loader.device, non_blocking=True)
+            run.record("h2d", "busy", start_time, batch.number)
+        return run.put(run.out_q, batch)
+
+    def _entry(self, wait: bool) -> Entry | None:
+        """The next entry of the stream (``None`` once stopped); a reader failure is raised here, and again.
+
+        Raises:
+            _NotRead: ``wait`` is false and the reader has not read the entry yet.
+        """
         while not self._pending:
-            item = self.run.get(self.run.read_q)
+            if self._broken is not None:
+                raise self._broken
+            if not wait and self.run.read_q.empty():
+                raise _NotRead
+            try:
+                item = self.run.get(self.run.read_q)
+            except Exception as err:
+                self._broken = err
+                raise
             if item is None:
                 return None
             self._pending = item.entries[::-1]
@@ -70,44 +156,94 @@ class GraphStage:
                 "in the graph"
             )
 
-    def _assemble(self, number: int, size: int) -> Batch | None:
-        """Batch ``number``: the next ``size`` good samples of the stream, through the graph."""
-        run, loader, start, n = self.run, self.loader, self._cursor, len(self.run.order)
-        taken: list[tuple[int, int, Any, Any]] = []
-        skipped: list[dict[str, Any]] = []
-        names = list(loader.compiled.param_inputs)
-        while True:
-            while len(taken) < size:
+    def _take(self, take: _Take, *, wait: bool = True) -> _Take | None:
+        """Fill ``take`` up to its size with the stream's next good samples; ``None`` once the run is stopped.
+
+        On a failure (or, without ``wait``, at an entry not read yet) the batch gives back what it took before the
+        failure is raised.
+        """
+        run, n = self.run, len(self.run.order)
+        try:
+            while len(take.taken) < take.size:
                 self._check_left()
-                entry = self._entry()
+                entry = self._entry(wait)
                 if entry is None:
                     return None
-                position, virtual, payload, params = entry
+                take.consumed.append(entry)
+                position, virtual, payload, _ = entry
                 self._cursor = position + 1
                 if virtual is None:  # failed the host checks
                     if payload is not None:
-                        self._note_skip(payload, skipped)
+                        self._note_skip(payload, take.skipped)
                 elif position % n in run.bad:  # failed in the graph earlier this epoch: replace it
-                    run.more.put(1)
+                    take.requested += 1
+                    if self._credit:
+                        self._credit -= 1
+                    else:
+                        run.more.put(1)
                 else:
-                    taken.append((position, virtual, payload, params))
-            images = [t[2] for t in taken]
-            params = {name: [t[3][j] for t in taken] for j, name in enumerate(names)}
-            rows = loader.sampler.rows(np.asarray([t[1] for t in taken], np.int64))
-            start_time = time.perf_counter()  # the graph's busy span, not the wait for the reader's samples
+                    take.taken.append(entry)
+        except Exception:  # _NotRead too
+            self._give_back(take)
+            raise
+        take.end = self._cursor
+        return take
+
+    def _give_back(self, take: _Take) -> None:
+        """Return ``take``'s entries to the stream, as if it had not been taken (the graph drops its batch)."""
+        if take.ticket is not None:
+            self.run.graph.drain()
+            take.ticket = None
+        self._pending.extend(reversed(take.consumed))
+        self._cursor = take.start
+        self._credit += take.requested
+        self.run.first_skip = take.first_skip
+        take.consumed, take.taken, take.skipped, take.requested = [], [], [], 0
+
+    def _inputs(self, take: _Take) -> tuple[list[np.ndarray], dict[str, list[np.ndarray]]]:
+        names = list(self.loader.compiled.param_inputs)
+        images = [t[2] for t in take.taken]
+        return images, {name: [t[3][j] for t in take.taken] for j, name in enumerate(names)}
+
+    def _submit(self, take: _Take) -> None:
+        take.ticket = self.run.graph.submit(*self._inputs(take))
+        take.fed = time.perf_counter()
+
+    def _finish(self, take: _Take, following: _Take | None) -> Batch | None:
+        """Batch ``take`` out of the graph; ``None`` once the run is stopped.
+
+        If it fails in the graph, ``following`` (the batch fed after it) gives its samples back first, and the
+        failed samples are replaced from the stream, running the graph again until the batch passes.
+        """
+        run, loader = self.run, self.loader
+        while True:
+            images, params = self._inputs(take)
+            rows = loader.sampler.rows(np.asarray([t[1] for t in take.taken], np.int64))
+            start_time = max(take.fed, self._graph_free)  # the graph's busy span, not the wait for the reader
             try:
-                output = run.graph.run(images, params)
-                run.record("augment", "busy", start_time, number)
+                if take.ticket is not None:
+                    ticket, take.ticket = take.ticket, None
+                    output = run.graph.collect(ticket)
+                else:
+                    output = run.graph.run(images, params)
+                self._graph_free = time.perf_counter()
+                run.record("augment", "busy", start_time, take.number)
             except GraphError as failure:
-                run.record("augment", "busy", start_time, number)
+                self._graph_free = time.perf_counter()
+                run.record("augment", "busy", start_time, take.number)
+                if following is not None and following.ticket is not None:
+                    self._give_back(following)
                 if not failure.bad or loader.on_error == "raise":
                     row = int(rows[failure.bad[0] if failure.bad else 0])
                     reason = failure.reasons[0] if failure.bad else str(failure)
                     raise BadSampleError(loader.reader.describe(row), row, f"decoding failed: {reason}") from failure
                 for i, reason in zip(failure.bad, failure.reasons, strict=True):
-                    self._note_skip(run.skip(taken[i][0], int(rows[i]), f"decoding failed: {reason}"), skipped)
+                    self._note_skip(run.skip(take.taken[i][0], int(rows[i]), f"decoding failed: {reason}"),
+                                    take.skipped)
                 bad = set(failure.bad)
-                taken = [t for i, t in enumerate(taken) if i not in bad]
+                take.taken = [t for i, t in enumerate(take.taken) if i not in bad]
                 run.more.put(len(bad))
+                if self._take(take) is None:
+                    return None
                 continue
-            return Batch(number, start, self._cursor, rows, images, params, skipped, output)
+            return Batch(take.number, take.start, take.end, rows, images, params, take.skipped, output)

@@ -92,7 +92,7 @@ def test_a_graph_failing_on_a_sample_it_ran_before_is_an_error(tmp_path: Path) -
     def broken(*args: object) -> None:
         raise RuntimeError("[/opt/dali/...] Assert on \"false\" failed: an operator broke")
 
-    loader._graph._run_on = broken  # type: ignore[method-assign]  # the graph itself breaks, not the data
+    loader._graph._feed = broken  # type: ignore[method-assign]  # the graph itself breaks, not the data
     with pytest.raises(RuntimeError, match="fails on a sample it ran before"):
         list(it)
 
@@ -137,3 +137,19 @@ def test_resume_with_skips_and_refills_is_bit_identical(tmp_path: Path) -> None:
         for (a, la), (b, lb) in zip(rest, full[stop:], strict=True):
             assert torch.equal(la, lb) and torch.equal(a, b), f"resumed at batch {stop}"
         assert sorted(s["index"] for s in resumed.skipped) == [4, 9, 19, 21]
+
+
+@pytest.mark.parametrize("prefetch", [1, 3])
+def test_batches_hold_what_one_batch_at_a_time_gives_when_the_batch_in_the_graph_fails(
+        tmp_path: Path, prefetch: int) -> None:
+    # The graph stage feeds batch k + 1 while batch k runs. When k fails inside DALI, k + 1 (here holding samples
+    # that fail in the graph and a file that fails the host checks) gives its samples back so that k's
+    # replacements are the ones a one-batch-at-a-time run takes; consecutive batches fail in turn.
+    in_graph, empty = {5, 6, 9, 13, 14, 22}, {8, 10}
+    source = listing(tmp_path, 30, {**{i: fails_in_dali() for i in in_graph}, **{i: b"" for i in empty}})
+    loader = make(source, 4, prefetch=prefetch)
+    sizes, labels = sizes_and_labels(list(loader))
+    good = [i % 30 for i in range(60) if i % 30 not in in_graph | empty]  # the stream, wrapping round
+    expected = [good[start:start + 4] for start in range(0, 28, 4)] + [good[28:30]]
+    assert sizes == [4] * 7 + [2] and labels == expected
+    assert sorted(s["index"] for s in loader.skipped) == sorted(in_graph | empty)
