@@ -50,24 +50,24 @@ def shard_labels(path: str | os.PathLike[str]) -> np.ndarray:
     return values.astype(smallest_dtype(values))
 
 
-def write_labels(out: Path, shard_files: Iterable[str]) -> dict[str, Any]:
-    """Write ``out/labels.npy`` from the label columns of ``shard_files`` (in ``out``, in order), atomically.
+def write_labels(out: Path, shard_files: Iterable[str], name: str = LABELS) -> dict[str, Any]:
+    """Write ``out/labels.npy`` (or ``name``) from the label columns of ``shard_files`` (in ``out``, in order).
 
     Returns the manifest's ``"labels"`` entry: ``{"file", "bytes", "sha256", "dtype"}``.
     """
     # Each shard's labels in its own smallest dtype: concatenating promotes to the smallest that holds them all,
     # so the whole array is never held as int64 (800 MB at 100M rows).
     pieces = [shard_labels(out / name) for name in shard_files]
-    return save_labels(out, np.concatenate(pieces) if pieces else np.empty(0, np.int8))
+    return save_labels(out, np.concatenate(pieces) if pieces else np.empty(0, np.int8), name)
 
 
-def save_labels(out: Path, labels: np.ndarray) -> dict[str, Any]:
-    """Write ``labels`` (in the dtype given) as ``out/labels.npy``, atomically; returns the manifest's entry."""
-    path = out / LABELS
+def save_labels(out: Path, labels: np.ndarray, name: str = LABELS) -> dict[str, Any]:
+    """Write ``labels`` (in its dtype) as ``out/labels.npy`` (or ``name``), atomically; returns its manifest entry."""
+    path = out / name
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as f:
             np.save(f, labels, allow_pickle=False)
-    return {"file": LABELS, "bytes": path.stat().st_size, "sha256": file_sha256(path), "dtype": str(labels.dtype)}
+    return {"file": name, "bytes": path.stat().st_size, "sha256": file_sha256(path), "dtype": str(labels.dtype)}
 
 
 def check_labels(labels: np.ndarray, entry: dict[str, Any], rows: int, where: str) -> str | None:

@@ -29,6 +29,7 @@ __all__ = [
     "parse_manifest",
     "read_manifest",
     "schema_problem",
+    "part_file",
     "shard_name",
     "write_manifest",
     "write_rejected",
@@ -39,6 +40,12 @@ VERSION = 1
 MANIFEST = "manifest.json"
 REJECTED = "rejected.jsonl"  # one JSON record per sample the ingest rejected, beside the manifest
 LABELS = "labels.npy"  # every row's label, one array (stallfree.ingest.labels); listed under the manifest's "labels"
+
+
+def part_file(name: str, part: tuple[int, int]) -> str:
+    """What part ``(i, N)`` of a split ingest calls its ``name``: ``manifest.json`` -> ``manifest.part-i-of-N.json``."""
+    stem, dot, suffix = name.rpartition(".")
+    return f"{stem}.part-{part[0]}-of-{part[1]}{dot}{suffix}"
 
 
 def shard_name(index: int, part: tuple[int, int] = (0, 1)) -> str:

@@ -42,6 +42,7 @@ from stallfree.ingest.manifest import (
     MANIFEST,
     REJECTED,
     VERSION,
+    part_file,
     shard_name,
     write_manifest,
     write_rejected,
@@ -221,8 +222,9 @@ def ingest(
             each is uploaded once complete, the manifest last; a rerun resumes and uploads only what is missing.
         options: what to check and convert.
         workers: processes fetching, checking and converting samples (1: all in this process).
-        part: ``(i, N)``: list only the ``i``-th ``1/N`` of the source, write its shards and
-            ``manifest.part-i-of-N.json`` (not to a URL); :func:`~stallfree.ingest.merge.merge` joins the parts.
+        part: ``(i, N)``: list only the ``i``-th ``1/N`` of the source, write (or upload) its shards,
+            ``labels.part-i-of-N.npy`` and ``manifest.part-i-of-N.json``; :func:`~stallfree.ingest.merge.merge`
+            joins the parts.
         progress: a progress bar on stderr.
         staging: for a URL ``out``, the local folder shards are written to first; kept at the end. By default a
             folder per URL in the stallfree cache (``$STALLFREE_CACHE_DIR``), removed once the manifest is uploaded.
@@ -262,7 +264,7 @@ def _ingest(source: str | os.PathLike[str], out: Path, options: IngestOptions, w
     out.mkdir(parents=True, exist_ok=True)
     _check_plan(out, digest, job, part)
     if target is not None:
-        target.begin(digest, MANIFEST)
+        target.begin(digest, MANIFEST if count == 1 else part_file(MANIFEST, part))
     mine = list(range(len(bounds)))
     names = [shard_name(i, part) for i in mine]
     records = _resume(out, names)
@@ -278,7 +280,8 @@ def _ingest(source: str | os.PathLike[str], out: Path, options: IngestOptions, w
     finally:
         bar.close()
     manifest, rejected = _write_manifest(out, plan, options, digest, job, len(bounds), records, part)
-    uploaded = target.finish([LABELS, REJECTED, MANIFEST]) if target is not None else 0
+    last = [LABELS, REJECTED, MANIFEST] if count == 1 else [part_file(LABELS, part), part_file(MANIFEST, part)]
+    uploaded = target.finish(last) if target is not None else 0
     seconds = time.perf_counter() - started
     written = sum(records[i]["rows"] for i in todo)
     remote = {"url": target.shown, "uploaded_shards": uploaded, "stored_shards": target.present,
@@ -393,9 +396,11 @@ def _write_manifest(out: Path, plan: Plan, options: IngestOptions, digest: str, 
         write_manifest(out / MANIFEST, manifest)
     else:
         manifest["part"] = [index, count]
+        # The part's labels, which the merge joins (a merge at a URL could not read the shards' label columns).
+        manifest["labels"] = write_labels(out, [s["file"] for s in manifest["shards"]], part_file(LABELS, part))
         # Kept apart so that the merge lists them in a single run's order: the listings', then shard by shard.
         manifest["rejected_listing"] = plan.rejected
         manifest["rejected_by_shard"] = {str(i): records[i]["rejected"] for i in sorted(records)}
         manifest["rejected"] = len(rejected)
-        write_manifest(out / f"manifest.part-{index}-of-{count}.json", manifest)
+        write_manifest(out / part_file(MANIFEST, part), manifest)
     return manifest, rejected

@@ -6,6 +6,10 @@
                                                        └ receipt STAGING/.ingest/uploaded/shard-i.json
     every shard uploaded ─► URL/labels.npy, URL/rejected.jsonl ─► URL/manifest.json, last
 
+A part of a split ingest (``--part i/N``) uploads its own shards, then ``labels.part-i-of-N.npy`` and
+``manifest.part-i-of-N.json``; ``--merge URL`` (:mod:`~stallfree.ingest.merge`) writes ``manifest.json`` once every
+part is there.
+
 A reader that finds the manifest finds every shard it lists. The staging folder is a local ingest's output folder,
 so a rerun after a failure or ``kill -9`` resumes there as a local ingest does: shards not written yet are written,
 and a shard is uploaded unless its receipt says it was and the store still holds that object (the receipt's size
@@ -25,7 +29,7 @@ from typing import Any
 
 from stallfree.ingest.atomic import atomic_write
 from stallfree.ingest.home import cache_dir
-from stallfree.ingest.manifest import parse_manifest, shard_name
+from stallfree.ingest.manifest import parse_manifest
 from stallfree.ingest.remote import RemoteStoreError, Retry, is_url, open_store, read_object, redact, retried, upload
 from stallfree.ingest.writer import RECORDS
 
@@ -35,9 +39,10 @@ __all__ = ["Upload", "default_staging", "upload_target"]
 WRITABLE = ("s3", "gs", "gcs", "file")
 
 
-def default_staging(url: str, storage_options: dict[str, Any] | None = None) -> Path:
-    """The staging folder of an ingest to ``url``: one per URL (and endpoint) in the stallfree cache."""
-    key = json.dumps([redact(url.rstrip("/")), (storage_options or {}).get("endpoint_url")])
+def default_staging(url: str, storage_options: dict[str, Any] | None = None, part: tuple[int, int] = (0, 1)) -> Path:
+    """The staging folder of an ingest to ``url``: one per URL (and endpoint, and part) in the stallfree cache."""
+    shared = [redact(url.rstrip("/")), (storage_options or {}).get("endpoint_url")]
+    key = json.dumps(shared if part == (0, 1) else [*shared, list(part)])
     return cache_dir() / "ingest" / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -46,7 +51,7 @@ def upload_target(out: str | os.PathLike[str], part: tuple[int, int], staging: s
     """The uploads of an ingest to ``out`` if it is a URL, else None (refusing the keywords only a URL takes).
 
     Raises:
-        ValueError: ``staging``, ``storage_options`` or ``retry`` for a local ``out``; a ``part`` of a URL.
+        ValueError: ``staging``, ``storage_options`` or ``retry`` for a local ``out``.
     """
     if not is_url(out):
         given = [n for n, v in (("staging", staging), ("storage_options", storage_options), ("retry", retry))
@@ -55,14 +60,11 @@ def upload_target(out: str | os.PathLike[str], part: tuple[int, int], staging: s
             raise ValueError(f"{', '.join(n + '=' for n in given)} apply to an OUT at a URL (s3://, gs://, file://), "
                              f"but OUT is {str(out)!r}; drop them")
         return None
-    if part != (0, 1):
-        raise ValueError(f"--part is not supported with an OUT at a URL ({redact(str(out))}): ingest the parts into "
-                         "local folders, copy them together, --merge them, then upload the folder")
-    return Upload(str(out), staging, storage_options, retry)
+    return Upload(str(out), staging, storage_options, retry, part=part)
 
 
-def _receipt_path(staging: Path, index: int) -> Path:
-    return staging / RECORDS / "uploaded" / (shard_name(index).removesuffix(".arrow") + ".json")
+def _receipt_path(staging: Path, name: str) -> Path:
+    return staging / RECORDS / "uploaded" / (name.removesuffix(".arrow") + ".json")
 
 
 def _tag(info: dict[str, Any]) -> str:
@@ -79,6 +81,7 @@ class Upload:
         storage_options: the fsspec file system's options (credentials, ``endpoint_url``...).
         retry: how each upload is retried.
         uploads: concurrent uploads.
+        part: the ``(i, N)`` of a split ingest (its default staging folder is its own).
 
     Raises:
         ValueError: a scheme that cannot be written (``http(s)://``), or ``uploads`` < 1.
@@ -86,7 +89,8 @@ class Upload:
     """
 
     def __init__(self, url: str, staging: str | os.PathLike[str] | None = None,
-                 storage_options: dict[str, Any] | None = None, retry: Retry | None = None, uploads: int = 4):
+                 storage_options: dict[str, Any] | None = None, retry: Retry | None = None, uploads: int = 4,
+                 part: tuple[int, int] = (0, 1)):
         scheme = url.split("://", 1)[0].lower()
         if scheme not in WRITABLE:
             raise ValueError(f"cannot ingest to {redact(url)}: {scheme}:// is read-only here; ingest to s3://, gs:// "
@@ -99,7 +103,7 @@ class Upload:
         self.fs, root = open_store(self.url, storage_options or {}, self.retry.timeout)
         self.root = root.rstrip("/")
         self.keep = staging is not None
-        self.staging = Path(staging) if staging is not None else default_staging(self.url, storage_options)
+        self.staging = Path(staging) if staging is not None else default_staging(self.url, storage_options, part)
         self.present = 0  # shards the store held already (a rerun)
         self._stored: dict[str, dict[str, Any]] = {}
         self._pool = ThreadPoolExecutor(uploads, thread_name_prefix="stallfree-upload")
@@ -144,7 +148,7 @@ class Upload:
 
     def _holds(self, index: int, record: dict[str, Any]) -> bool:
         try:
-            receipt = json.loads(_receipt_path(self.staging, index).read_text())
+            receipt = json.loads(_receipt_path(self.staging, record["file"]).read_text())
         except (OSError, ValueError):  # no receipt, or a damaged one: upload again, which is always safe
             return False
         stored = self._stored.get(record["file"])
@@ -160,7 +164,7 @@ class Upload:
             raise RemoteStoreError(f"{err}; no manifest was uploaded, and the shards uploaded so far stay: run the "
                                    "ingest again to upload the rest") from err
         receipt = {"url": self.shown, "sha256": record["sha256"], "bytes": record["bytes"], "tag": _tag(info)}
-        atomic_write(_receipt_path(self.staging, index), json.dumps(receipt, sort_keys=True).encode())
+        atomic_write(_receipt_path(self.staging, name), json.dumps(receipt, sort_keys=True).encode())
 
     def _raise_failed(self) -> None:
         for future in self._pending:

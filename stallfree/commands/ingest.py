@@ -65,7 +65,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "  stallfree ingest ./cifar-folder ./shards/cifar --raw 32x32\n"
         "  stallfree ingest ~/imagenet/train s3://bucket/imagenet/train/ --max-side 256   # upload as shards finish\n"
         "  stallfree ingest list.csv ./shards --part 0/4      # on each of 4 machines, i = 0..3\n"
-        "  stallfree ingest --merge ./shards                   # then once, after copying the parts together",
+        "  stallfree ingest --merge ./shards                   # then once, after copying the parts together\n"
+        "  stallfree ingest ~/imagenet/train s3://bucket/train/ --part 0/4   # parts straight to a store,\n"
+        "  stallfree ingest --merge s3://bucket/train/                       # then joined there",
         formatter_class=_FORMAT,
     )
     parser.add_argument("paths", nargs="+", metavar="SRC OUT",
@@ -141,11 +143,20 @@ def _ingest(args: argparse.Namespace) -> int:
     if args.merge:
         if len(args.paths) != 1:
             raise ValueError(f"--merge takes only the output folder, got {len(args.paths)} paths")
-        summary = merge(args.paths[0])
+        target = args.paths[0]
+        if is_url(target):
+            if args.staging is not None:
+                raise ValueError("--staging applies to an ingest, not to --merge")
+            summary = merge(target, storage_options=args.storage_options)
+        elif args.storage_options is not None or args.staging is not None:
+            raise ValueError(f"--staging and --storage-options apply to parts at a URL, but OUT is {target!r}; drop "
+                             "them")
+        else:
+            summary = merge(target)
         print(f"merged {summary['parts']} parts: {summary['images']} images in {summary['shards']} shards, "
               f"{summary['rejected']} rejected", file=human(args))
         emit(args, summary)
-        return _nothing_ingested(summary, str(Path(args.paths[0]) / "rejected.jsonl"))
+        return _nothing_ingested(summary, f"{_shown(target).rstrip('/')}/rejected.jsonl")
     if len(args.paths) != 2:
         raise ValueError(f"ingest takes SRC and OUT, got {len(args.paths)} paths")
     options = IngestOptions(

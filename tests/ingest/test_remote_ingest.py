@@ -197,18 +197,56 @@ def test_a_corrupted_remote_shard_fails_verify_naming_it(indexed_list: Path, s3:
     assert named in captured.out and "s3://out/bad/: 1 problem(s)" in captured.err
 
 
+def test_parts_ingested_to_s3_then_merged_there_hold_a_one_part_ingest(
+        indexed_list: Path, reference: Path, s3: str, tmp_path: Path) -> None:
+    options = s3_options(s3)
+    for i in (1, 0, 2):  # as three machines would, in any order
+        summary = ingest(indexed_list, "s3://out/split/", OPTIONS, part=(i, 3), storage_options=options)
+        assert summary["uploaded_shards"] == summary["shards"]
+        assert not default_staging("s3://out/split/", options, (i, 3)).exists()
+    stored = _objects(s3, "split")
+    assert "manifest.json" not in stored and {"manifest.part-2-of-3.json", "labels.part-2-of-3.npy"} <= set(stored)
+    assert main(["ingest", "--merge", "s3://out/split/", "--storage-options", json.dumps(options)]) == 0
+    body = {name: _client(s3).get_object(Bucket="out", Key=f"split/{name}")["Body"].read()
+            for name in ("labels.npy", "rejected.jsonl", "manifest.json")}
+    for name in ("labels.npy", "rejected.jsonl"):
+        assert body[name] == (reference / name).read_bytes(), name
+    merged, one = json.loads(body["manifest.json"]), json.loads((reference / "manifest.json").read_text())
+    assert (merged["rows"], merged["classes"], merged["class_counts"]) == (one["rows"], one["classes"],
+                                                                          one["class_counts"])
+    assert verify("s3://out/split/", storage_options=options) == []
+
+    from stallfree import Loader
+    from stallfree.transforms import Normalize, RandomResizedCrop
+
+    loader = Loader("s3://out/split/", 4, transform=[RandomResizedCrop(12), Normalize()], cache_dir=tmp_path,
+                    storage_options=options)
+    labels = sorted(int(label) for _, batch in loader for label in batch)
+    loader.close()
+    assert labels == list(range(37))  # every sample exactly once
+
+
+def test_a_merge_at_a_url_with_a_part_missing_uploads_nothing(indexed_list: Path, s3: str) -> None:
+    options = s3_options(s3)
+    ingest(indexed_list, "s3://out/halfway/", OPTIONS, part=(0, 2), storage_options=options)
+    from stallfree.ingest.merge import merge
+
+    with pytest.raises(ValueError, match=r"s3://out/halfway: expected parts 0..1 of 2"):
+        merge("s3://out/halfway/", storage_options=options)
+    assert "manifest.json" not in _objects(s3, "halfway")
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["ingest", "SRC", "https://user:secret@example.invalid/ds/"],
      "cannot ingest to https://example.invalid/ds/: https:// is read-only here"),
-    (["ingest", "SRC", "s3://out/ds/", "--part", "0/2"], "--part is not supported with an OUT at a URL"),
-    (["ingest", "--merge", "s3://out/ds/"], "--merge of a dataset at a URL (s3://out/ds/) is not supported"),
+    (["ingest", "--merge", "s3://out/nothing/"], "no manifest.part-I-of-N.json in s3://out/nothing: run"),
     (["ingest", "SRC", "./local", "--staging", "/tmp/x"], "--staging and --storage-options apply to an OUT at a URL"),
     (["info", "s3://out/nothing/"], "s3://out/nothing/manifest.json does not exist"),
 ])
 def test_cli_errors_are_one_line_without_credentials(argv: list[str], message: str, indexed_list: Path, s3: str,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     argv = [str(indexed_list) if a == "SRC" else a for a in argv]
-    if argv[0] == "info":
+    if argv[0] == "info" or "--merge" in argv:
         argv += ["--storage-options", json.dumps(s3_options(s3))]
     assert main(argv) == 2
     err = capsys.readouterr().err
