@@ -3,6 +3,7 @@
 - :class:`RangeServer` serves a folder over HTTP/1.1 with ``Range: bytes=a-b`` (206 replies), ``HEAD`` and
   keep-alive, as a static file server or a CDN does.
 - :func:`s3_server` starts moto's S3-compatible server (``moto[server]``) and uploads a folder into a bucket.
+- :func:`gcs_server` starts gcp-storage-emulator's Cloud Storage server (its JSON API) and uploads a folder.
 - :class:`FaultProxy` forwards HTTP requests to one of them and, on command, adds latency, caps bandwidth, answers
   503, drops the connection, truncates the body, flips a byte, or stalls; faults are counted per request, so a test
   says "the next 2 requests for ``.arrow`` files fail" (GETs, or uploads: ``method="PUT"``) and knows what the
@@ -25,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TextIO
 
-__all__ = ["CONTROL", "FaultProxy", "RangeServer", "s3_options", "s3_server", "serve"]
+__all__ = ["CONTROL", "FaultProxy", "RangeServer", "gcs_options", "gcs_server", "s3_options", "s3_server", "serve"]
 
 CONTROL = "/__proxy__/latency/"
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)$")
@@ -313,6 +314,50 @@ def s3_options(endpoint: str) -> dict[str, Any]:
     """The Loader's ``storage_options`` for the server of :func:`s3_server` (or a proxy in front of it)."""
     return {"endpoint_url": endpoint, "key": "testing", "secret": "testing",
             "client_kwargs": {"region_name": "us-east-1"}}
+
+
+@contextmanager
+def gcs_server(folder: str | Path | None = None, bucket: str = "data", prefix: str = "ds") -> Iterator[str]:
+    """Start a Cloud Storage server on 127.0.0.1 (its endpoint URL), with ``folder``'s files in ``bucket/prefix/``.
+
+    The server is gcp-storage-emulator's, in memory; the files are uploaded through its JSON API with urllib, not
+    with the client under test. gcsfs (from 2026) first asks the gRPC control API for the bucket's layout, which
+    the emulator does not serve (a minute's timeout), unless ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false`` is set
+    before gcsfs is imported: this sets it in the environment.
+
+    Raises:
+        ImportError: gcp-storage-emulator is missing (``pip install 'stallfree[test]'``).
+    """
+    import os
+    import urllib.parse
+    import urllib.request
+
+    try:
+        from gcp_storage_emulator.server import create_server
+    except ImportError:
+        raise ImportError("the GCS server needs gcp-storage-emulator: pip install 'stallfree[test]'") from None
+    os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
+    port = _free_port()
+    server = create_server("127.0.0.1", port, in_memory=True, default_bucket=bucket)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        if folder is not None:
+            for path in sorted(Path(folder).iterdir()):
+                if path.is_file() and path.stat().st_size:  # the emulator fails on an empty upload (rejected.jsonl)
+                    name = urllib.parse.quote(f"{prefix}/{path.name}", safe="")
+                    request = urllib.request.Request(
+                        f"{endpoint}/upload/storage/v1/b/{bucket}/o?uploadType=media&name={name}",
+                        data=path.read_bytes(), method="POST")
+                    urllib.request.urlopen(request, timeout=30).close()
+        yield endpoint
+    finally:
+        server.stop()
+
+
+def gcs_options(endpoint: str) -> dict[str, Any]:
+    """The Loader's ``storage_options`` for the server of :func:`gcs_server` (or a proxy in front of it)."""
+    return {"endpoint_url": endpoint, "token": "anon", "project": "test"}
 
 
 def serve(folder: str, bandwidth: float | None, out: TextIO) -> None:

@@ -143,6 +143,8 @@ def open_store(url: str, storage_options: dict[str, Any], timeout: float) -> tup
         config.setdefault("read_timeout", timeout)
         config.setdefault("retries", {"max_attempts": 1})
         options["config_kwargs"] = config
+    elif scheme in ("gs", "gcs"):
+        options.setdefault("requests_timeout", timeout)  # gcsfs retries 5xx itself too (6 tries), under Retry
     elif scheme in ("http", "https"):
         import aiohttp
 

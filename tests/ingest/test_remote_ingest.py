@@ -88,6 +88,26 @@ def test_ingest_to_s3_uploads_what_a_local_ingest_writes_and_the_loader_reads_it
     assert labels == list(range(37))  # every sample exactly once
 
 
+def test_ingest_to_gcs_then_verify_and_read_it(indexed_list: Path, reference: Path, tmp_path: Path) -> None:
+    from stallfree.bench.servers import gcs_options, gcs_server
+
+    with gcs_server(bucket="out") as endpoint:
+        options = gcs_options(endpoint)
+        summary = ingest(indexed_list, "gs://out/ds/", OPTIONS, storage_options=options)
+        assert summary["uploaded_shards"] == summary["shards"] > 3
+        assert verify("gs://out/ds/", storage_options=options) == []
+        assert info("gs://out/ds/", storage_options=options)["rows"] == 37
+
+        from stallfree import Loader
+        from stallfree.transforms import Normalize, RandomResizedCrop
+
+        loader = Loader("gs://out/ds/", 4, transform=[RandomResizedCrop(12), Normalize()], cache_dir=tmp_path,
+                        storage_options=options)
+        labels = sorted(int(label) for _, batch in loader for label in batch)
+        loader.close()
+    assert labels == list(range(37))  # every sample exactly once
+
+
 def test_ingest_to_a_file_url_writes_what_a_local_ingest_writes(indexed_list: Path, reference: Path,
                                                                  tmp_path: Path) -> None:
     store = tmp_path / "store"

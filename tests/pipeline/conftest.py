@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from stallfree import DatasetReader
-from stallfree.bench.servers import FaultProxy, RangeServer, s3_server
+from stallfree.bench.servers import FaultProxy, RangeServer, gcs_server, s3_server
 from stallfree.ingest.runner import ingest
 from stallfree.ingest.writer import IngestOptions
 
@@ -53,6 +53,13 @@ def http_server(remote_data: Path) -> Iterator[RangeServer]:
 def s3_endpoint(remote_data: Path) -> Iterator[str]:
     """moto's S3 server with the dataset at s3://data/ds/."""
     with s3_server(remote_data, bucket="data", prefix="ds") as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(scope="session")
+def gcs_endpoint(remote_data: Path) -> Iterator[str]:
+    """A Cloud Storage server (gcp-storage-emulator) with the dataset at gs://data/ds/."""
+    with gcs_server(remote_data, bucket="data", prefix="ds") as endpoint:
         yield endpoint
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from stallfree import Loader
-from stallfree.bench.servers import FaultProxy, RangeServer, s3_options
+from stallfree.bench.servers import FaultProxy, RangeServer, gcs_options, s3_options
 from stallfree.ingest.manifest import read_manifest
 from stallfree.ingest.remote import Progress, Retry
 from stallfree.pipeline.shard_cache import ShardCache
@@ -34,21 +34,23 @@ def _same(a: list[Any], b: list[Any]) -> bool:
                                     for p, q in zip(a, b, strict=True))
 
 
-def _url(kind: str, remote_data: Path, http_server: RangeServer, s3_endpoint: str) -> tuple[str, dict[str, Any]]:
+def _url(kind: str, remote_data: Path, request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
+    """The dataset's URL of ``kind`` and the Loader's keywords for it (each server starts when a test first asks)."""
     if kind == "http":
-        return http_server.url + "/", {}
+        return request.getfixturevalue("http_server").url + "/", {}
     if kind == "s3":
-        return "s3://data/ds/", {"storage_options": s3_options(s3_endpoint)}
+        return "s3://data/ds/", {"storage_options": s3_options(request.getfixturevalue("s3_endpoint"))}
+    if kind == "gs":
+        return "gs://data/ds/", {"storage_options": gcs_options(request.getfixturevalue("gcs_endpoint"))}
     return remote_data.resolve().as_uri(), {}
 
 
-@pytest.mark.parametrize("kind", ["http", "s3", "file"])
+@pytest.mark.parametrize("kind", ["http", "s3", "gs", "file"])
 @pytest.mark.parametrize("shuffle", [True, "block"])
 def test_a_url_gives_the_batches_of_the_local_folder(kind: str, shuffle: Any, remote_data: Path,
-                                                     http_server: RangeServer, s3_endpoint: str,
-                                                     tmp_path: Path) -> None:
+                                                     request: pytest.FixtureRequest, tmp_path: Path) -> None:
     local = _batches(Loader(remote_data, 4, transform=SPEC, seed=3, shuffle=shuffle, block_shards=2))
-    url, extra = _url(kind, remote_data, http_server, s3_endpoint)
+    url, extra = _url(kind, remote_data, request)
     loader = Loader(url, 4, transform=SPEC, seed=3, shuffle=shuffle, block_shards=2, cache_dir=tmp_path, **extra)
     assert _same(_batches(loader), local)
     manifest = read_manifest(remote_data)

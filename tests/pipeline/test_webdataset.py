@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 from stallfree import Loader
-from stallfree.bench.servers import FaultProxy, RangeServer, s3_options, s3_server
+from stallfree.bench.servers import FaultProxy, RangeServer, gcs_options, gcs_server, s3_options, s3_server
 from stallfree.ingest.remote import RemoteStoreError, Retry
 from stallfree.ingest.runner import ingest
 from stallfree.pipeline.samples import BadSampleError
@@ -152,15 +152,18 @@ def test_tars_over_http_give_the_local_batches(tars: Path, tmp_path: Path) -> No
         assert "hunter2" not in str(missing.value)
 
 
-def test_tars_on_s3_give_the_local_samples(tars: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("scheme", ["s3", "gs"])
+def test_tars_on_an_object_store_give_the_local_samples(scheme: str, tars: Path, tmp_path: Path) -> None:
     local = WebDatasetReader(str(tars / PATTERN), cache_dir=tmp_path / "a")
-    with s3_server(tars, bucket="wds", prefix="train") as endpoint:
-        remote = WebDatasetReader(f"s3://wds/train/{PATTERN}", cache_dir=tmp_path / "b",
-                                  storage_options=s3_options(endpoint))
+    server, options = (s3_server, s3_options) if scheme == "s3" else (gcs_server, gcs_options)
+    with server(tars, bucket="wds", prefix="train") as endpoint:
+        remote = WebDatasetReader(f"{scheme}://wds/train/{PATTERN}", cache_dir=tmp_path / "b",
+                                  storage_options=options(endpoint))
         assert [remote.read(i).tobytes() for i in (0, 9, 23)] == [local.read(i).tobytes() for i in (0, 9, 23)]
-        assert remote.fingerprint() == local.fingerprint() and remote.describe(9) == "s3://wds/train/train-1.tar:s11"
-        again = WebDatasetReader(f"s3://wds/train/{PATTERN}", cache_dir=tmp_path / "b",
-                                 storage_options=s3_options(endpoint))
+        assert remote.fingerprint() == local.fingerprint()
+        assert remote.describe(9) == f"{scheme}://wds/train/train-1.tar:s11"
+        again = WebDatasetReader(f"{scheme}://wds/train/{PATTERN}", cache_dir=tmp_path / "b",
+                                 storage_options=options(endpoint))
         assert again.walked == 0  # keyed by the object's ETag
 
 
