@@ -251,7 +251,7 @@ class ShardCache:
 
     def _make_room(self, size: int, demanded: bool) -> bool:
         """Evict until ``size`` more bytes fit; a demanded shard may also evict protected ones, and goes over."""
-        if self.limit is None:
+        if self.limit is None or self._used() + size <= self.limit:  # every read's release asks: mostly it fits
             return True
         tiers = [[s for s in self._present if s not in self._pins and not self._is_protected(s)]]
         if demanded:
