@@ -189,8 +189,14 @@ class Graph:
             pipe.feed_input(name, _dense(values))
 
     def _run_on(self, pipe: Any, images: list[np.ndarray], params: dict[str, list[np.ndarray]]) -> Any:
+        """One batch through ``pipe`` with nothing else in it: ``run()``'s steps, on the API :meth:`submit` uses.
+
+        Not ``pipe.run()``: DALI refuses to mix it with ``schedule_run``/``outputs`` on one pipeline ("Mixing pipeline
+        API type"), and a batch run alone shares the pipeline with the batches submitted after it.
+        """
         self._feed(pipe, images, params)
-        (out,) = pipe.run()
+        pipe.schedule_run()
+        (out,) = pipe.outputs()
         return out
 
     def run(self, images: list[np.ndarray], params: dict[str, list[np.ndarray]]) -> torch.Tensor:

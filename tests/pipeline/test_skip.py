@@ -153,3 +153,34 @@ def test_batches_hold_what_one_batch_at_a_time_gives_when_the_batch_in_the_graph
     expected = [good[start:start + 4] for start in range(0, 28, 4)] + [good[28:30]]
     assert sizes == [4] * 7 + [2] and labels == expected
     assert sorted(s["index"] for s in loader.skipped) == sorted(in_graph | empty)
+
+
+def test_a_failure_dali_reports_at_a_good_batch_reruns_it_alone_and_goes_on(tmp_path: Path) -> None:
+    # DALI reports a failure at the output it was waiting for, which may belong to the batch fed after it: the
+    # batch runs again alone (on a new pipeline), the batches behind it are fed again, and nothing is skipped.
+    source = listing(tmp_path, 40, {})
+    reference = [labels.tolist() for _, labels in make(source, 4, prefetch=1)]
+    loader = make(source, 4, prefetch=1)
+    it = iter(loader)
+    first = next(it)[1].tolist()
+    graph = loader._graph
+    assert graph is not None
+    builds = []
+    build = graph._build
+
+    def counted(batch_size: int) -> object:
+        builds.append(batch_size)
+        return build(batch_size)
+
+    graph._build = counted  # type: ignore[method-assign]
+    pipe = graph._pipe
+    outputs = pipe.outputs
+
+    def fails_once(*args: object, **kwargs: object) -> object:
+        pipe.outputs = outputs
+        raise RuntimeError("[/opt/dali/...] a failure DALI reports here")
+
+    pipe.outputs = fails_once
+    rest = [labels.tolist() for _, labels in it]
+    assert [first, *rest] == reference and loader.skipped == []
+    assert builds == [4], "one new pipeline, and no more: the batches after it ran in it"
