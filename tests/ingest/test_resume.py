@@ -23,7 +23,7 @@ def files(out: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file()}
 
 
-def _slow_ingest(source: Path, out: Path) -> None:
+def _slow_ingest(source: Path, out: Path, part: tuple[int, int] = (0, 1)) -> None:
     write = runner.write_shard
 
     def slow(*args, **kwargs):
@@ -31,7 +31,7 @@ def _slow_ingest(source: Path, out: Path) -> None:
         return write(*args, **kwargs)
 
     runner.write_shard = slow  # this child process only
-    ingest(source, out, OPTIONS)
+    ingest(source, out, OPTIONS, part=part)
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +124,23 @@ def test_parts_of_different_jobs_are_refused(folder, tmp_path):
     ingest(folder, tmp_path, IngestOptions(shard_mb=0.002, quality=50), part=(1, 2))
     with pytest.raises(ValueError, match="different sources or options"):
         merge(tmp_path)
+
+
+def test_a_part_killed_then_rerun_merges_into_one_runs_samples(folder, reference, tmp_path, shard_rows):
+    out = tmp_path / "out"
+    ingest(folder, out, OPTIONS, part=(0, 2))
+    child = multiprocessing.get_context("spawn").Process(target=_slow_ingest, args=(folder, out, (1, 2)))
+    child.start()
+    deadline = time.monotonic() + 60
+    while len(list((out / ".ingest").glob("shard-1-of-2-*.json"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    os.kill(child.pid, signal.SIGKILL)
+    child.join()
+    assert not (out / "manifest.part-1-of-2.json").exists(), "the part finished before the kill: make the data larger"
+    summary = ingest(folder, out, OPTIONS, part=(1, 2))
+    assert summary["resumed_shards"] >= 2 and summary["written_shards"] >= 1
+    merge(out)
+    assert shard_rows(out) == shard_rows(reference) and verify(out) == []
 
 
 def test_merge_refuses_missing_parts(folder, tmp_path):
