@@ -41,17 +41,23 @@ def reference(folder, tmp_path_factory) -> Path:
     return out
 
 
-def test_kill_9_then_rerun_gives_the_same_shards(folder, reference, tmp_path):
-    out = tmp_path / "out"
+def _kill_9_after(records: int, folder: Path, out: Path, part: tuple[int, int] = (0, 1)) -> None:
+    """Run ingest's ``part`` in a child process and ``kill -9`` it once ``records`` of its shards are written."""
     # spawn, not fork: a fork of this process (DALI's and torch's threads running) can die of SIGSEGV on its own
-    child = multiprocessing.get_context("spawn").Process(target=_slow_ingest, args=(folder, out))
+    child = multiprocessing.get_context("spawn").Process(target=_slow_ingest, args=(folder, out, part))
     child.start()
+    pattern = "shard-*.json" if part == (0, 1) else f"shard-{part[0]}-of-{part[1]}-*.json"
     deadline = time.monotonic() + 60
-    while len(list((out / ".ingest").glob("shard-*.json"))) < 3 and time.monotonic() < deadline:
+    while len(list((out / ".ingest").glob(pattern))) < records and time.monotonic() < deadline:
         time.sleep(0.005)
     os.kill(child.pid, signal.SIGKILL)
     child.join()
     assert child.exitcode == -signal.SIGKILL
+
+
+def test_kill_9_then_rerun_gives_the_same_shards(folder, reference, tmp_path):
+    out = tmp_path / "out"
+    _kill_9_after(3, folder, out)
     assert not (out / "manifest.json").exists(), "the ingest finished before the kill: make the data larger"
     last = max(name for name in files(reference) if name.startswith("shard-"))
     (out / f".{last}.tmp").write_bytes(b"half a shard")  # as if killed mid-write
@@ -129,13 +135,7 @@ def test_parts_of_different_jobs_are_refused(folder, tmp_path):
 def test_a_part_killed_then_rerun_merges_into_one_runs_samples(folder, reference, tmp_path, shard_rows):
     out = tmp_path / "out"
     ingest(folder, out, OPTIONS, part=(0, 2))
-    child = multiprocessing.get_context("spawn").Process(target=_slow_ingest, args=(folder, out, (1, 2)))
-    child.start()
-    deadline = time.monotonic() + 60
-    while len(list((out / ".ingest").glob("shard-1-of-2-*.json"))) < 2 and time.monotonic() < deadline:
-        time.sleep(0.005)
-    os.kill(child.pid, signal.SIGKILL)
-    child.join()
+    _kill_9_after(2, folder, out, (1, 2))
     assert not (out / "manifest.part-1-of-2.json").exists(), "the part finished before the kill: make the data larger"
     summary = ingest(folder, out, OPTIONS, part=(1, 2))
     assert summary["resumed_shards"] >= 2 and summary["written_shards"] >= 1
