@@ -21,7 +21,7 @@ import numpy as np
 
 from stallfree.ingest.labels import check_labels, save_labels
 from stallfree.ingest.manifest import LABELS, MANIFEST, REJECTED, parse_manifest, write_manifest, write_rejected
-from stallfree.ingest.remote import Retry, is_url, open_store, read_object, redact, retried, upload
+from stallfree.ingest.remote import Retry, is_url, list_objects, open_store, read_object, redact, upload
 
 __all__ = ["merge"]
 
@@ -67,13 +67,7 @@ def _merge_at(url: str, storage_options: dict[str, Any], retry: Retry) -> dict[s
     url = url.rstrip("/")
     fs, root = open_store(url, storage_options, retry.timeout)
     root = root.rstrip("/")
-    fs.invalidate_cache(root)
-    try:
-        entries = retried(lambda: fs.ls(root, detail=True), f"listing {redact(url)}", retry)
-    except FileNotFoundError:
-        entries = []
-    sizes = {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0) for e in entries
-             if e.get("type") != "directory"}
+    sizes = {name: int(info.get("size") or 0) for name, info in list_objects(fs, root, url, retry).items()}
 
     def read(name: str) -> bytes:
         return read_object(fs, f"{root}/{name}", f"{url}/{name}", retry)

@@ -43,8 +43,8 @@ from typing import Any, TypeVar
 
 from stallfree.ingest.atomic import atomic_path
 
-__all__ = ["ChecksumMismatch", "Progress", "RemoteStoreError", "Retry", "download", "is_url", "open_store",
-           "read_object", "redact", "retried", "scrubbed", "transient", "upload"]
+__all__ = ["ChecksumMismatch", "Progress", "RemoteStoreError", "Retry", "download", "is_url", "list_objects",
+           "open_store", "read_object", "redact", "retried", "scrubbed", "transient", "upload"]
 
 #: The optional extra that brings each scheme's client.
 _CLIENTS = {"s3": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs"), "http": ("aiohttp", "remote"),
@@ -294,6 +294,20 @@ def read_object(fs: Any, path: str, url: str, retry: Retry) -> bytes:
         RemoteStoreError: tries spent.
     """
     return retried(lambda: bytes(fs.cat_file(path)), redact(url), retry)
+
+
+def list_objects(fs: Any, root: str, url: str, retry: Retry) -> dict[str, dict[str, Any]]:
+    """The objects directly under ``root`` (``url`` for messages), by name, as the store lists them now (not cached).
+
+    Raises:
+        RemoteStoreError: tries spent.
+    """
+    fs.invalidate_cache(root)
+    try:
+        entries = retried(lambda: fs.ls(root, detail=True), f"listing {redact(url)}", retry)
+    except FileNotFoundError:  # nothing there yet
+        return {}
+    return {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: e for e in entries if e.get("type") != "directory"}
 
 
 def upload(fs: Any, local: Path, path: str, url: str, retry: Retry) -> dict[str, Any]:

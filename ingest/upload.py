@@ -30,7 +30,16 @@ from typing import Any
 from stallfree.ingest.atomic import atomic_write
 from stallfree.ingest.home import cache_dir
 from stallfree.ingest.manifest import parse_manifest
-from stallfree.ingest.remote import RemoteStoreError, Retry, is_url, open_store, read_object, redact, retried, upload
+from stallfree.ingest.remote import (
+    RemoteStoreError,
+    Retry,
+    is_url,
+    list_objects,
+    open_store,
+    read_object,
+    redact,
+    upload,
+)
 from stallfree.ingest.writer import RECORDS
 
 __all__ = ["Upload", "default_staging", "upload_target"]
@@ -123,16 +132,7 @@ class Upload:
         if data is not None and parse_manifest(data, redact(where)).get("plan", {}).get("digest") != digest:
             raise ValueError(f"{self.shown} already holds a dataset of another source or options ({manifest_name}); "
                              "ingest to an empty prefix, or delete that dataset first")
-        self._stored = self._listing()
-
-    def _listing(self) -> dict[str, dict[str, Any]]:
-        """The objects under the URL, by name."""
-        self.fs.invalidate_cache(self.root)
-        try:
-            entries = retried(lambda: self.fs.ls(self.root, detail=True), f"listing {self.shown}", self.retry)
-        except FileNotFoundError:  # nothing there yet
-            return {}
-        return {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: e for e in entries if e.get("type") != "directory"}
+        self._stored = list_objects(self.fs, self.root, self.url, self.retry)
 
     def shard(self, index: int, record: dict[str, Any]) -> None:
         """Shard ``index`` is complete in the staging folder: upload it, unless the store holds it already.
