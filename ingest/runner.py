@@ -20,16 +20,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import re
-import signal
 import sys
-import threading
 import time
-from collections import Counter, deque
-from collections.abc import Callable, Generator
-from concurrent.futures import Future, ProcessPoolExecutor
+from collections import Counter
+from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -50,14 +46,13 @@ from stallfree.ingest.manifest import (
 from stallfree.ingest.remote import Retry, is_url, redact
 from stallfree.ingest.sources import Item, Plan, plan_source
 from stallfree.ingest.upload import Upload, upload_target
-from stallfree.ingest.writer import RECORDS, Converted, IngestOptions, _schema, convert_items, record_path, write_shard
+from stallfree.ingest.workers import converted
+from stallfree.ingest.writer import RECORDS, Converted, IngestOptions, _schema, record_path, write_shard
 
 __all__ = ["ingest", "parse_part"]
 
 #: Samples per unit of work sent to a worker process.
 CHUNK = 64
-_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
-_log = logging.getLogger(__name__)
 
 
 def parse_part(text: str) -> tuple[int, int]:
@@ -66,31 +61,6 @@ def parse_part(text: str) -> tuple[int, int]:
     if not match or not int(match[1]) < int(match[2]):
         raise ValueError(f"--part must be i/N with 0 <= i < N (e.g. 0/4), got {text!r}")
     return int(match[1]), int(match[2])
-
-
-def _die_with_parent(parent: int) -> None:
-    """A worker's initializer: end this worker when the ingest process dies, even by ``kill -9``.
-
-    An idle worker waits on the task queue, whose write end its sibling workers hold too, so a dead parent closes
-    nothing a worker would notice: it would wait forever, holding its memory. Linux's parent-death signal ends it
-    at once (the pool forks its workers from the thread that runs :func:`ingest`, and that thread outlives them);
-    a thread polling the parent's pid is the fallback elsewhere, and where ``prctl`` fails.
-    """
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            _log.debug("prctl(PR_SET_PDEATHSIG) failed (errno %d); polling the parent", ctypes.get_errno())
-    if os.getppid() != parent:  # the parent died before the signal was armed
-        os._exit(1)
-    threading.Thread(target=_watch_parent, args=(parent,), name="stallfree-watch-parent", daemon=True).start()
-
-
-def _watch_parent(parent: int, interval: float = 0.5) -> None:
-    """Exit this process as soon as its parent is no longer ``parent`` (an orphan is adopted by another pid)."""
-    while os.getppid() == parent:
-        time.sleep(interval)
-    os._exit(1)
 
 
 def _cut(items: list[Item], options: IngestOptions) -> list[tuple[int, int]]:
@@ -265,14 +235,13 @@ def _ingest(source: str | os.PathLike[str], out: Path, options: IngestOptions, w
     _check_plan(out, digest, job, part)
     if target is not None:
         target.begin(digest, MANIFEST if count == 1 else part_file(MANIFEST, part))
-    mine = list(range(len(bounds)))
-    names = [shard_name(i, part) for i in mine]
+    names = [shard_name(i, part) for i in range(len(bounds))]  # a part's shards are all its own
     records = _resume(out, names)
-    todo = [i for i in mine if i not in records]
+    todo = [i for i in range(len(bounds)) if i not in records]
     if target is not None:
         for i in sorted(records):  # written by an earlier run: uploaded unless the store holds them
             target.shard(i, records[i])
-    bar = _progress(sum(bounds[i][1] - bounds[i][0] for i in mine), progress)
+    bar = _progress(len(plan.items), progress)
     bar.update(sum(bounds[i][1] - bounds[i][0] for i in records))
     try:
         source_bytes = _write_shards(out, plan, options, bounds, todo, records, names, workers=workers, bar=bar,
@@ -333,8 +302,8 @@ def _write_shards(out: Path, plan: Plan, options: IngestOptions, bounds: list[tu
     pieces: dict[int, list[Converted]] = {i: [] for i in todo}
     left = Counter(i for i, _, _ in chunks)
     source_bytes = 0
-    with closing(_converted(plan, options, chunks, workers)) as converted:
-        for i, piece in converted:
+    with closing(converted(plan, options, chunks, workers)) as pieces_in_order:
+        for i, piece in pieces_in_order:
             pieces[i].append(piece)
             bar.update(len(piece[0]["key"]) + len(piece[1]))
             left[i] -= 1
@@ -347,38 +316,6 @@ def _write_shards(out: Path, plan: Plan, options: IngestOptions, bounds: list[tu
             elapsed = max(time.perf_counter() - started, 1e-9)
             bar.set_postfix_str(f"{source_bytes / 1e6 / elapsed:.1f} MB/s, {len(records)}/{len(names)} shards")
     return source_bytes
-
-
-def _converted(plan: Plan, options: IngestOptions, chunks: list[tuple[int, int, int]],
-               workers: int) -> Generator[tuple[int, Converted], None, None]:
-    """``(shard, piece)`` for every chunk, in order: converted here, or by ``workers`` processes.
-
-    At most 4 chunks per worker are in flight, so that pieces waiting for their shard's write stay few.
-    """
-    if workers == 1 or len(chunks) <= 1:
-        for i, start, end in chunks:
-            yield i, convert_items(plan.items[start:end], options, plan.extra_columns)
-        return
-    import multiprocessing
-
-    # fork where there is one: a spawned child re-imports stallfree, torch and DALI first (seconds each).
-    # The children touch only PIL, pyarrow (fork-safe thread pools) and files, never the parent's threads.
-    methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    import pyarrow as pa
-
-    pa.array([0])  # its first call imports pandas (most of a second): once here, not in every child
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_die_with_parent,
-                             initargs=(os.getpid(),)) as pool:
-        pending: deque[tuple[int, Future[Converted]]] = deque()
-        for i, start, end in chunks:
-            pending.append((i, pool.submit(convert_items, plan.items[start:end], options, plan.extra_columns)))
-            if len(pending) >= 4 * workers:
-                shard, future = pending.popleft()
-                yield shard, future.result()
-        while pending:
-            shard, future = pending.popleft()
-            yield shard, future.result()
 
 
 def _write_manifest(out: Path, plan: Plan, options: IngestOptions, digest: str, job: str, total_shards: int,

@@ -77,13 +77,13 @@ def test_importing_the_package_and_the_ingest_library_leaves_torch_out() -> None
 # Runs `stallfree ingest` with 2 workers, each converted chunk reporting which heavy modules its process holds.
 WORKER_PROBE = """
 import json, os, sys
-import stallfree.ingest.runner as runner
+import stallfree.ingest.workers as workers
 from stallfree.cli import main
 
 HEAVY = ("torch", "nvidia.dali", "numba")
 # Building the parser needs none of these either; numpy and pyarrow alone cost 0.2-1 s of a --help.
 NOT_FOR_HELP = ("torch", "numba", "nvidia", "numpy", "pyarrow", "PIL", "tqdm")
-convert = runner.convert_items
+convert = workers.convert_items  # what the pool's workers run
 
 def probe(*args, **kwargs):
     loaded = [m for m in HEAVY if m in sys.modules]
@@ -91,7 +91,7 @@ def probe(*args, **kwargs):
         json.dump(loaded, f)
     return convert(*args, **kwargs)
 
-runner.convert_items = probe
+workers.convert_items = probe
 print(os.getpid())
 code = main(["ingest", sys.argv[1], sys.argv[2], "--workers", "2", "--shard-size", "0.001", "--quiet"])
 assert code == 0, code

@@ -94,7 +94,7 @@ def test_the_watchdog_alone_ends_an_orphan(tmp_path: Path) -> None:
     # Where prctl(PR_SET_PDEATHSIG) is missing or fails, the thread polling os.getppid() must end the worker.
     script = textwrap.dedent("""
         import os, sys, threading, time
-        from stallfree.ingest.runner import _watch_parent
+        from stallfree.ingest.workers import _watch_parent
 
         parent = os.getpid()
         child = os.fork()
