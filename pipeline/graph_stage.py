@@ -50,6 +50,7 @@ class _Take:
     requested: int = 0  # replacements asked of the reader for samples that failed in the graph earlier
     end: int = 0
     ticket: Ticket | None = None
+    inputs: tuple[list[np.ndarray], dict[str, list[np.ndarray]]] | None = None  # ``taken``'s, as fed to the graph
     fed: float = 0.0
 
 
@@ -79,35 +80,34 @@ class GraphStage:
         while number < loader._batches(per_rank):
             fresh = _Take(number, loader._batch_len(number, per_rank), self._cursor, run.first_skip)
             try:
-                take = self._take(fresh, wait=flying is None)
-            except _NotRead:  # the reader is behind: hand the batch in the graph over now, then wait for it
-                done, flying = self._finish(flying, None), None  # type: ignore[arg-type]  # only a look-ahead does not wait
-                if done is None or not self._send(done):
-                    return
-                continue
+                take = self._take(fresh, wait=flying is None)  # a look-ahead (a batch in the graph) does not wait
             except Exception:
                 if flying is None:
                     raise
-                # The batch in the graph comes first, as it would one batch at a time; then this one again.
-                done, flying = self._finish(flying, None), None
-                if done is None or not self._send(done):
+                # The reader is behind (_NotRead), or the stream failed: the batch in the graph comes first, as it
+                # would one batch at a time; then this one is taken again (and fails again, if it failed).
+                done, flying = self._deliver(flying, None), None
+                if not done:
                     return
                 continue
             if take is None:
                 return
             self._submit(take)
             if flying is not None:
-                done, flying = self._finish(flying, take), None
-                if done is None or not self._send(done):
+                done, flying = self._deliver(flying, take), None
+                if not done:
                     return
                 if take.ticket is None:  # given back: the batch before took replacements from it
                     continue
             flying = take
             number += 1
         if flying is not None:
-            done = self._finish(flying, None)
-            if done is not None:
-                self._send(done)
+            self._deliver(flying, None)
+
+    def _deliver(self, take: _Take, following: _Take | None) -> bool:
+        """Batch ``take`` out of the graph (:meth:`_finish`) and onto the output queue; ``False`` once stopped."""
+        batch = self._finish(take, following)
+        return batch is not None and self._send(batch)
 
     def _send(self, batch: Batch) -> bool:
         run, loader = self.run, self.loader
@@ -198,7 +198,7 @@ class GraphStage:
         self._cursor = take.start
         self._credit += take.requested
         self.run.first_skip = take.first_skip
-        take.consumed, take.taken, take.skipped, take.requested = [], [], [], 0
+        take.consumed, take.taken, take.skipped, take.requested, take.inputs = [], [], [], 0, None
 
     def _inputs(self, take: _Take) -> tuple[list[np.ndarray], dict[str, list[np.ndarray]]]:
         names = list(self.loader.compiled.param_inputs)
@@ -206,7 +206,8 @@ class GraphStage:
         return images, {name: [t[3][j] for t in take.taken] for j, name in enumerate(names)}
 
     def _submit(self, take: _Take) -> None:
-        take.ticket = self.run.graph.submit(*self._inputs(take))
+        take.inputs = self._inputs(take)
+        take.ticket = self.run.graph.submit(*take.inputs)
         take.fed = time.perf_counter()
 
     def _finish(self, take: _Take, following: _Take | None) -> Batch | None:
@@ -217,7 +218,7 @@ class GraphStage:
         """
         run, loader = self.run, self.loader
         while True:
-            images, params = self._inputs(take)
+            images, params = take.inputs or self._inputs(take)
             rows = loader.sampler.rows(np.asarray([t[1] for t in take.taken], np.int64))
             start_time = max(take.fed, self._graph_free)  # the graph's busy span, not the wait for the reader
             try:
@@ -242,6 +243,7 @@ class GraphStage:
                                     take.skipped)
                 bad = set(failure.bad)
                 take.taken = [t for i, t in enumerate(take.taken) if i not in bad]
+                take.inputs = None
                 run.more.put(len(bad))
                 if self._take(take) is None:
                     return None
