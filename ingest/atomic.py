@@ -38,23 +38,27 @@ def _fsync_dir(folder: Path) -> None:
 
 
 @contextmanager
-def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike[str], durable: bool = True) -> Iterator[Path]:
     """A temporary path to write ``path``'s content to; on a clean exit it becomes ``path``, durably.
 
     For writers that want a file name (pyarrow's IPC writer, ``torch.save``). On an exception the temporary
-    file is removed and ``path`` is left as it was.
+    file is removed and ``path`` is left as it was. ``durable=False`` skips both flushes (still atomic for
+    readers, not across a power cut): for a cache whose files are checked against their SHA-256 before they are
+    used again, where a flush per file only makes each download wait for the disk.
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = _tmp(target)
     try:
         yield tmp
-        _fsync_file(tmp)
+        if durable:
+            _fsync_file(tmp)
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(target.parent)
+    if durable:
+        _fsync_dir(target.parent)
 
 
 def atomic_write(path: str | os.PathLike[str], data: bytes) -> None:

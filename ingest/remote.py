@@ -219,7 +219,9 @@ def download(fs: Any, path: str, url: str, dest: Path, size: int, sha256: str, r
     shown = redact(url)
     digest = hashlib.sha256()
     failures: list[str] = []
-    with atomic_path(dest) as tmp, open(tmp, "wb") as out:
+    # not flushed to disk: every caller keeps the file in a cache that checks its SHA-256 again before using it
+    # after a restart (or in a temporary folder), and a flush per shard made each download wait for the disk
+    with atomic_path(dest, durable=False) as tmp, open(tmp, "wb") as out:
         received = 0
         while received < size:
             if stopped():

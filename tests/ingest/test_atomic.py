@@ -27,10 +27,23 @@ def test_write_replaces_the_file_and_flushes_file_and_folder(tmp_path: Path, mon
     assert sorted(p.name for p in target.parent.iterdir()) == ["meta.json"]
 
 
-def test_a_failed_writer_leaves_the_old_file_and_no_temporary(tmp_path: Path) -> None:
+def test_a_cache_write_is_atomic_without_flushing(tmp_path: Path, monkeypatch) -> None:
+    synced: list[int] = []
+    monkeypatch.setattr(atomic.os, "fsync", synced.append)
+    target = tmp_path / "cache" / "abc.arrow"
+    with atomic_path(target, durable=False) as tmp:
+        tmp.write_bytes(b"shard")
+        assert not target.exists()  # a reader sees nothing until the rename
+    assert target.read_bytes() == b"shard"
+    assert synced == []
+    assert sorted(p.name for p in target.parent.iterdir()) == ["abc.arrow"]
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_a_failed_writer_leaves_the_old_file_and_no_temporary(tmp_path: Path, durable: bool) -> None:
     target = tmp_path / "shard.arrow"
     target.write_bytes(b"old")
-    with pytest.raises(RuntimeError, match="writer died"), atomic_path(target) as tmp:
+    with pytest.raises(RuntimeError, match="writer died"), atomic_path(target, durable=durable) as tmp:
         tmp.write_bytes(b"half")
         raise RuntimeError("writer died")
     assert target.read_bytes() == b"old"
