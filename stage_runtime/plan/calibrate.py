@@ -256,7 +256,7 @@ def _measure(ranks: int, repeats: int, steps: int,
     for p in procs:
         p.start()
     try:
-        results = sorted((queue.get(timeout=300) for _ in procs), key=lambda row: row[0])
+        results = sorted(_results(queue, procs, timeout=300), key=lambda row: row[0])
     finally:
         for p in procs:
             p.join(timeout=30)
@@ -270,6 +270,33 @@ def _measure(ranks: int, repeats: int, steps: int,
                               tuple(row[2][i][1] for row in results))
                 for i, (schedule, count) in enumerate(RUNS)] if steps else []
     return link, pipeline, results[0][3]
+
+
+def _results(queue: Any, procs: list[Any], timeout: float) -> list[Any]:
+    """One result per process from ``queue``; a process that ended without one fails the calibration at once.
+
+    Raises:
+        RuntimeError: a worker died (its rank and exit code; its traceback is on stderr), or ``timeout`` passed.
+    """
+    import queue as queues
+
+    results: list[Any] = []
+    deadline = time.monotonic() + timeout
+    while len(results) < len(procs):
+        try:
+            results.append(queue.get(timeout=0.5))
+            continue
+        except queues.Empty:
+            pass
+        done = {row[0] for row in results}
+        for rank, proc in enumerate(procs):
+            if rank not in done and proc.exitcode not in (None, 0):  # 0: its result is still on its way
+                raise RuntimeError(f"calibration: stage process {rank} exited with code {proc.exitcode} before "
+                                   "its measurement (its error is printed above)")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"calibration: no result from {len(procs) - len(results)} stage process(es) "
+                               f"in {timeout:g} s")
+    return results
 
 
 def calibrate_gloo_link(repeats: int = 20) -> Link:

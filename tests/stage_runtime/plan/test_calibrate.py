@@ -80,3 +80,28 @@ def test_a_calibration_file_is_read_back_and_bad_ones_are_named(tmp_path: Path) 
         read_calibration(bad)
     with pytest.raises(FileNotFoundError, match="no such file"):
         read_calibration(tmp_path / "none.json")
+
+
+class _Process:
+    def __init__(self, exitcode: int | None):
+        self.exitcode = exitcode
+
+
+def test_a_stage_process_that_dies_fails_the_calibration_at_once() -> None:
+    import queue
+    import time
+
+    from stallfree.stage_runtime.plan.calibrate import _results
+
+    results: queue.Queue = queue.Queue()
+    results.put((0, "rank 0's figures"))
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="stage process 1 exited with code 3"):
+        _results(results, [_Process(0), _Process(3)], timeout=300)
+    assert time.monotonic() - start < 5  # not the 300 s it waited before
+
+    results.put((1, "b"))
+    results.put((0, "a"))
+    assert sorted(_results(results, [_Process(None), _Process(0)], timeout=5)) == [(0, "a"), (1, "b")]
+    with pytest.raises(RuntimeError, match="no result from 2 stage process"):
+        _results(results, [_Process(None), _Process(None)], timeout=0.2)
