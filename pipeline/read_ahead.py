@@ -7,6 +7,12 @@ cache's ``downloads`` at once, and marks them protected in the cache (evicted la
 reads since :meth:`follow`; reads run on several threads, so it is approximate, which only shifts what is fetched
 a few rows early or late: a row whose shard is not there is fetched on demand.
 
+The thread looks again when a download ends and when a read changes which shards are wanted, not after every
+read: the wanted shards are the first ones of the coming rows, up to the first row of a shard that did not fit
+(:attr:`ReadAhead._until`), and a read leaves that set as it was exactly when its shard is needed again before
+that row (:attr:`ReadAhead._again`, the next row of the same shard, is computed once per :meth:`follow`). So the
+protected set is always the one a look after every read would give, at a look per shard rather than per row.
+
 With a global shuffle every shard is needed within a few rows, so a cache smaller than the dataset fetches shards
 again and again; the block shuffle (``shuffle="block"``) keeps each stretch of the order inside a few shards.
 
@@ -31,13 +37,25 @@ __all__ = ["RangeReadAhead", "ReadAhead"]
 
 
 class ReadAhead:
-    """Downloads the shards of the rows a rank reads next, within a byte budget (see the module docstring)."""
+    """Downloads the shards of the rows a rank reads next, within a byte budget (see the module docstring).
+
+    A look costs the rows read since the last one plus a sort of the shards by their next need: the stream
+    (:meth:`follow`) is indexed once, each row's next row of the same shard and each shard's first row, and a
+    look moves the shards read since the last one to their next need. So a look does not depend on how many rows
+    are still to come (an epoch of ImageNet is 1.28 million).
+    """
 
     def __init__(self, cache: ShardCache, entries: list[dict[str, Any]], starts: np.ndarray, budget: int,
                  fetch: Any, names: list[str]):
         self.cache, self.entries, self.starts, self.budget = cache, entries, starts, budget
         self._fetch, self._names = fetch, names
+        self._sizes = np.array([int(e["bytes"]) for e in entries], np.int64)
         self._shards = np.empty(0, np.int64)  # the shard of each coming row, in stream order
+        self._again = np.empty(0, np.int64)  # per coming row: the next one of the same shard (len: none)
+        self._need = np.empty(0, np.int64)  # per shard: its next row at or after _looked (len: none)
+        self._looked = 0  # the position _need was brought up to
+        self._stream = 0  # follow() count: a look of an older stream is dropped
+        self._until = 0  # the first coming row whose shard the last look did not want (len: it wanted them all)
         self._position = 0
         self._wake = threading.Event()
         self._closed = False
@@ -46,9 +64,12 @@ class ReadAhead:
 
     def follow(self, rows: np.ndarray) -> None:
         """Rows this rank reads next, in order (a new epoch or a resumed position replaces the old ones)."""
-        shards = np.searchsorted(self.starts, np.asarray(rows, np.int64), side="right") - 1
+        shards = (np.searchsorted(self.starts, np.asarray(rows, np.int64), side="right") - 1).astype(np.int64)
+        again, need = _index(shards, len(self.entries))
         with self._lock:
-            self._shards, self._position = shards.astype(np.int64), 0
+            self._shards, self._again, self._need = shards, again, need
+            self._looked, self._until, self._position = 0, 0, 0
+            self._stream += 1
             if self._thread is None:
                 self._thread = threading.Thread(target=_loop, args=(weakref.ref(self), self._wake),
                                                 name="stallfree-read-ahead", daemon=True)
@@ -60,36 +81,50 @@ class ReadAhead:
         self._wake.set()
 
     def advance(self) -> None:
-        """One row was read."""
+        """One row was read: the thread looks again if that changed the wanted shards (or it was the last row)."""
         with self._lock:
+            read = self._position
             self._position += 1
-        self._wake.set()
+            changed = read >= len(self._again) - 1 or self._again[read] >= self._until
+        if changed:
+            self._wake.set()
 
     def wanted(self) -> list[int]:
         """The shards needed from the position on, in order of first need, within the budget (at least one)."""
+        return self._look()[0]
+
+    def _look(self) -> tuple[list[int], int, int]:
+        """:meth:`wanted`, the stream it was computed for, and the first row (absolute) of a shard not wanted.
+
+        Only the read-ahead's thread looks (and tests, with no thread running).
+        """
         with self._lock:
-            coming = self._shards[self._position :]
-        chosen: list[int] = []
-        total, span = 0, 256
-        while True:
-            window = coming[:span]
-            first = np.unique(window, return_index=True)
-            order = first[0][np.argsort(first[1])].tolist()
-            for shard in order[len(chosen) :]:
-                size = int(self.entries[shard]["bytes"])
-                if chosen and total + size > self.budget:
-                    return chosen
-                chosen.append(int(shard))
-                total += size
-            if span >= len(coming):
-                return chosen
-            span *= 4
+            stream, position, looked = self._stream, self._position, self._looked
+            shards, again, need = self._shards, self._again, self._need
+        position = min(position, len(shards))
+        if position > looked:  # each shard read since: its next need is its last read row's next row
+            np.maximum.at(need, shards[looked:position], again[looked:position])
+        with self._lock:
+            if stream == self._stream:
+                self._looked = max(self._looked, position)
+        coming = np.flatnonzero(need < len(shards))
+        order = coming[np.argsort(need[coming], kind="stable")]
+        fits = int(np.searchsorted(np.cumsum(self._sizes[order]), self.budget, side="right"))
+        chosen = order[: max(fits, 1)]
+        until = int(need[order[len(chosen)]]) if len(chosen) < len(order) else len(shards)
+        return chosen.tolist(), stream, until
 
     def _step(self) -> bool:
         """Start the downloads the coming rows need; ``False`` once closed or every coming row is read."""
         if self._closed:
             return False
-        wanted = self.wanted()
+        wanted, stream, until = self._look()
+        with self._lock:
+            if stream == self._stream:
+                self._until = until
+                # a read between the look and now that changed the set found the old _until: look once more
+                if (self._again[self._looked : self._position] >= until).any():
+                    self._wake.set()
         if not wanted:  # every coming row read: the next follow() starts a new thread
             with self._lock:
                 if self._position >= len(self._shards):
@@ -110,6 +145,21 @@ class ReadAhead:
         self._closed = True
         self.cache.protect(id(self), set())
         self._wake.set()
+
+
+def _index(shards: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per position, the next position holding the same shard; per shard (of ``count``), its first position.
+
+    ``len(shards)`` where there is none.
+    """
+    n = len(shards)
+    again, first = np.full(n, n, np.int64), np.full(count, n, np.int64)
+    order = np.argsort(shards, kind="stable")  # each shard's positions, in stream order, one after another
+    same = shards[order[1:]] == shards[order[:-1]]
+    again[order[:-1][same]] = order[1:][same]
+    opens = np.concatenate([[True], ~same]) if n else np.empty(0, bool)
+    first[shards[order[opens]]] = order[opens]
+    return again, first
 
 
 def _loop(ref: weakref.ref[ReadAhead] | weakref.ref[RangeReadAhead], wake: threading.Event) -> None:

@@ -138,6 +138,9 @@ class RemoteShardReader:
     def _acquire(self, shard: int) -> _Shard:
         """Shard ``shard`` mapped and pinned in the cache (release it with ``cache.release``)."""
         entry = self._entries[shard]
+        mapped = self._open.get(shard)  # mapped and still in the cache (an eviction forgets it): pin it, no more
+        if mapped is not None and self.cache.pin(entry["sha256"]):
+            return mapped
         path = self.cache.acquire(entry["sha256"], int(entry["bytes"]), self._fetch, self.names[shard])
         with self._lock:
             mapped = self._open.get(shard)

@@ -69,6 +69,7 @@ class ShardCache:
         self._lock = threading.Condition()
         self._present: OrderedDict[str, int] = OrderedDict()  # sha256 -> bytes, least recently used first
         self._pending: dict[str, tuple[Future[None], Progress, int]] = {}
+        self._bytes = 0  # of _present and _pending: asked at every read's release, so kept, not summed
         self._pins: Counter[str] = Counter()
         self._protected: dict[int, set[str]] = {}  # by read-ahead
         self._failed: dict[str, ShardError] = {}
@@ -80,7 +81,7 @@ class ShardCache:
         self._done: list[weakref.WeakMethod[Callable[[], None]]] = []
         found = sorted(self.folder.glob("*.arrow"), key=lambda p: p.stat().st_mtime)
         for path in found:
-            self._present[path.stem] = path.stat().st_size
+            self._keep(path.stem, path.stat().st_size)
             self._unchecked.add(path.stem)
 
     @classmethod
@@ -117,7 +118,15 @@ class ShardCache:
             return self._used()
 
     def _used(self) -> int:
-        return sum(self._present.values()) + sum(size for _, _, size in self._pending.values())
+        return self._bytes
+
+    def _keep(self, sha256: str, size: int) -> None:
+        self._drop(sha256)
+        self._present[sha256] = size
+        self._bytes += size
+
+    def _drop(self, sha256: str) -> None:
+        self._bytes -= self._present.pop(sha256, 0)
 
     def protect(self, owner: int, wanted: set[str]) -> None:
         """The shards read-ahead ``owner`` wants next: evicted only when nothing else can make room."""
@@ -166,13 +175,27 @@ class ShardCache:
                 except FileNotFoundError:
                     pass
                 with self._lock:
-                    self._present.pop(sha256, None)
+                    self._drop(sha256)
                     self._unchecked.discard(sha256)
             raise ShardError(f"{name}: its file in {self.folder} keeps disappearing; "
                              "give each job its own cache_dir")
         except BaseException:
             self.release(sha256)
             raise
+
+    def pin(self, sha256: str) -> bool:
+        """Pin a shard that is here and checked, as :meth:`acquire` would; whether it was.
+
+        ``False``: it is not here (or not checked yet), and :meth:`acquire` must fetch or check it. For a reader
+        that holds the shard mapped already: a read then costs one lock, not a wait and a look at the file.
+        Release it with :meth:`release`.
+        """
+        with self._lock:
+            if sha256 not in self._present or sha256 in self._unchecked:
+                return False
+            self._pins[sha256] += 1
+            self._present.move_to_end(sha256)
+            return True
 
     def release(self, sha256: str) -> None:
         with self._lock:
@@ -207,6 +230,7 @@ class ShardCache:
         progress = Progress()
         future = self._pool.submit(self._download, sha256, progress, fetch, name)
         self._pending[sha256] = (future, progress, size)
+        self._bytes += size
 
     def _download(self, sha256: str, progress: Progress, fetch: Fetch, name: str) -> None:
         dest = self.path(sha256)
@@ -223,8 +247,9 @@ class ShardCache:
             error = err
         with self._lock:
             _, _, size = self._pending.pop(sha256)
+            self._bytes -= size
             if error is None:
-                self._present[sha256] = size
+                self._keep(sha256, size)
                 self.fetched += 1
             elif isinstance(error, ShardError):
                 self._failed[sha256] = error
@@ -245,7 +270,7 @@ class ShardCache:
             return
         with self._lock:
             self._unchecked.discard(sha256)
-            self._present.pop(sha256, None)
+            self._drop(sha256)
         path.unlink(missing_ok=True)
         self._wait(sha256, size, fetch, name)
 
@@ -264,7 +289,7 @@ class ShardCache:
         return self._used() + size <= self.limit or demanded
 
     def _evict(self, sha256: str) -> None:
-        self._present.pop(sha256)
+        self._drop(sha256)
         for ref in self._evicted:
             call = ref()
             if call is not None:
