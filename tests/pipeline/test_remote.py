@@ -154,7 +154,14 @@ def test_a_shard_being_read_is_never_evicted(tmp_path: Path) -> None:
     cache.release("a")
     c = cache.acquire("c", 100, fetch, "c")
     assert c.is_file() and not a.is_file() and cache.used <= 150
+    assert cache.used == sum(f.stat().st_size for f in (tmp_path / "cache").glob("*.arrow"))  # its kept count
+    assert cache.pin("c") and not cache.pin("a")  # a reader holding c mapped pins it; a is gone
     cache.release("c")
+    cache.release("c")
+    (tmp_path / "found").mkdir()
+    (tmp_path / "found" / "d.arrow").write_bytes(bytes(60))  # an earlier run's file: hashed before first use
+    found = ShardCache(tmp_path / "found", 150, 2, Retry())
+    assert found.used == 60 and not found.pin("d")
 
 
 def test_loader_keywords_of_a_remote_source_are_checked(remote_data: Path, http_server: RangeServer,
