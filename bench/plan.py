@@ -4,7 +4,9 @@ For each bundled model (``--models``), pipeline ranks (``--stages``) and micro-b
 every synchronous schedule torch accepts is trained for ``--steps`` steps on generated tensors (no input cost) in
 one set of stage processes per rank count, on gloo, and its measured step time and bubble (medians over the steps
 after the first) are set beside the simulator's prediction for the same split (``stallfree.stage_runtime.plan
-.predict``, from the layer costs rank 0 measured). Before each rank count's jobs, that many gloo processes
+.predict``, from the layer costs rank 0 measured). Every job runs ``--repeats`` times, the jobs taking turns (so
+a slow minute of a shared machine falls on several cells, not on every run of one), and a cell gives the medians
+of its runs' measurements and of their predictions. Before each rank count's jobs, that many gloo processes
 calibrate the simulator on this machine (``stage_runtime/plan/calibrate.py``): the link's bandwidth from measured
 sends and its latency from a near-empty pipeline's messages (unless ``--link`` gives one), and the host overhead
 of torch's schedule runtime per action kind, gap, send, receive and step from that pipeline's spans (unless
@@ -32,7 +34,7 @@ __all__ = ["EXAMPLES", "add_arguments", "run", "top_choices"]
 
 EXAMPLES = """examples:
   stallfree bench plan                                     # mlp and small_cnn, S 2 and 4, M 2, 4, 8
-  stallfree bench plan --models mlp --stages 2 --microbatches 4 --steps 6
+  stallfree bench plan --models mlp --stages 2 --microbatches 4 --steps 6 --repeats 1
   stallfree bench plan --link 1GB/s,2ms --json-file bench-plan.json   # a given link instead of the calibration
   stallfree bench plan --no-overhead                       # the simulator without torch's runtime overhead
   stallfree bench plan --stages 4 --no-sharing             # predict as if each stage process had its own cores
@@ -51,6 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stages", nargs="+", type=int, default=[2, 4], help="pipeline ranks to try")
     parser.add_argument("--microbatches", nargs="+", type=int, default=[2, 4, 8], help="micro-batch counts")
     parser.add_argument("--steps", type=int, default=8, help="steps per job (the first is not counted)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of every job, taking turns (a cell gives the "
+                        "medians of its runs)")
     parser.add_argument("--batch-size", type=int, default=32, help="images per step")
     parser.add_argument("--image-size", type=int, default=16, help="side of the generated images")
     parser.add_argument("--link", help="BANDWIDTH,LATENCY instead of the calibration, e.g. 1GB/s,2ms")
@@ -61,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "share this machine's cores as the stage processes do)")
 
 
-def _jobs(args: argparse.Namespace, stages: int, out: Path) -> tuple[list[Any], list[str]]:
+def _jobs(args: argparse.Namespace, stages: int, out: Path, repeat: int = 0) -> tuple[list[Any], list[str]]:
     from stallfree.stage_runtime.plan.orders import torch_order
     from stallfree.stage_runtime.train.config import TrainConfig
     from stallfree.stage_runtime.train.schedules import schedule_spec
@@ -83,7 +87,8 @@ def _jobs(args: argparse.Namespace, stages: int, out: Path) -> tuple[list[Any], 
                 config = TrainConfig(
                     model=model, image_size=args.image_size, samples=args.batch_size * (args.steps + 1),
                     stages=stages, schedule=schedule, microbatches=m, batch_size=args.batch_size,
-                    max_steps=args.steps, progress=False, out_dir=str(out / f"{model}-{schedule}-s{stages}-m{m}"))
+                    max_steps=args.steps, progress=False,
+                    out_dir=str(out / f"{model}-{schedule}-s{stages}-m{m}-r{repeat}"))
                 try:
                     check(config)  # e.g. more model stages than the model has layers: said, not a failed sweep
                 except ValueError as err:
@@ -152,6 +157,21 @@ def _row(config: Any, summary: dict[str, Any], link: Any, overhead: Any, share_c
             "predicted_spans": {k: predicted[k] for k in ("per_action_s", "per_message_s", "send_s")}}
 
 
+def _median_cell(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One cell from its runs: the medians of the measured and of the predicted step and bubble.
+
+    Each run's prediction is from the layer costs that run measured; the spans shown are the first run's.
+    """
+    row = dict(runs[0])
+    for key in ("measured_step_s", "predicted_step_s", "measured_bubble", "predicted_bubble"):
+        row[key] = statistics.median(r[key] for r in runs)
+    row["runs_step_s"] = [r["measured_step_s"] for r in runs]
+    row["step_error"] = row["predicted_step_s"] / row["measured_step_s"] - 1
+    row["within"] = (abs(row["step_error"]) <= STEP_TOLERANCE
+                     and abs(row["predicted_bubble"] - row["measured_bubble"]) <= BUBBLE_POINTS)
+    return row
+
+
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1e3:.2f}"
 
@@ -191,8 +211,8 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
     from stallfree.stage_runtime.plan.costs import NO_OVERHEAD, parse_link
     from stallfree.stage_runtime.train.trainer import train_many
 
-    if args.steps < 2 or args.batch_size < 1 or min(args.stages) < 2:
-        raise ValueError("--steps must be >= 2, --batch-size >= 1 and every --stages >= 2")
+    if args.steps < 2 or args.batch_size < 1 or min(args.stages) < 2 or args.repeats < 1:
+        raise ValueError("--steps must be >= 2, --batch-size >= 1, every --stages >= 2 and --repeats >= 1")
     given = parse_link(args.link) if args.link else None
     how = "given" if given else "calibrated from measured sends"
     load_start = os.getloadavg()
@@ -205,15 +225,20 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
             skipped += left_out
             if not configs:
                 continue
+            runs = [configs] + [_jobs(args, stages, Path(tmp), k)[0] for k in range(1, args.repeats)]
             print(f"calibrating on {stages} gloo processes: sends and a near-empty pipeline ...", file=sys.stderr,
                   flush=True)
             calibration = cached_calibration(stages, configs[0].threads)
             calibrations[str(stages)] = calibration.to_dict()
             link = given or calibration.link
-            print(f"training {len(configs)} jobs in {stages} stage processes ...", file=sys.stderr, flush=True)
-            for config, summary in zip(configs, train_many(configs), strict=True):
-                overhead = NO_OVERHEAD if args.no_overhead else calibration.overhead(config.schedule)
-                rows.append(_row(config, summary, link, overhead, not args.no_sharing))
+            print(f"training {len(configs)} jobs {args.repeats} time(s) in {stages} stage processes ...",
+                  file=sys.stderr, flush=True)
+            every = [config for run in runs for config in run]
+            summaries = dict(zip((c.out_dir for c in every), train_many(every), strict=True))
+            for cell in zip(*runs, strict=True):  # one cell's runs
+                overhead = NO_OVERHEAD if args.no_overhead else calibration.overhead(cell[0].schedule)
+                rows.append(_median_cell([_row(c, summaries[c.out_dir], link, overhead, not args.no_sharing)
+                                          for c in cell]))
     load_end = os.getloadavg()
     hits = sum(r["within"] for r in rows)
     print(f"load average (1, 5, 15 min) {_load(load_start)} at the start, {_load(load_end)} at the end", file=out)
@@ -230,8 +255,9 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
         print(f"S={stages}: " + (f"the simulated ranks share {shared['count']} cores, {shared['threads']} torch "
                                  f"thread(s) each, as the stage processes do" if shared else
                                  "each simulated rank computes on cores of its own (--no-sharing)"), file=out)
-    print(f"batch {args.batch_size}, {args.steps} steps per job, medians after the first; step = rank 0's "
-          "schedule step, the optimizer outside it (as the trainer measures)", file=out)
+    print(f"batch {args.batch_size}, {args.steps} steps per job, medians after the first, medians of "
+          f"{args.repeats} run(s) of each job; step = rank 0's schedule step, the optimizer outside it (as the "
+          "trainer measures)", file=out)
     print(f"| {'model':<9} | {'schedule':<16} | {'S':>1} | {'M':>2} | {'step ms meas.':>13} | {'pred.':>8} | "
           f"{'error':>6} | {'bubble meas.':>12} | {'pred.':>6} | ok |", file=out)
     print(f"|{'-' * 11}|{'-' * 18}|{'-' * 3}|{'-' * 4}|{'-' * 15}|{'-' * 10}|{'-' * 8}|{'-' * 14}|{'-' * 8}|----|",

@@ -16,7 +16,7 @@ def test_bench_plan_sets_prediction_beside_measurement(tmp_path: Path, capsys: p
     out = tmp_path / "plan.json"
     code = main(["bench", "plan", "--models", "mlp", "--schedules", "gpipe", "zbv", "--stages", "2",
                  "--microbatches", "2", "3", "--steps", "2", "--batch-size", "8", "--link", "1GB/s,100us",
-                 "--json-file", str(out)])
+                 "--repeats", "2", "--json-file", str(out)])
     text = capsys.readouterr().out
     assert code == 0
     result = json.loads(out.read_text())
@@ -25,6 +25,8 @@ def test_bench_plan_sets_prediction_beside_measurement(tmp_path: Path, capsys: p
     row = result["rows"][0]
     assert row["measured_step_s"] > 0 and row["predicted_step_s"] > 0 and 0 <= row["predicted_bubble"] <= 1
     assert row["step_error"] == pytest.approx(row["predicted_step_s"] / row["measured_step_s"] - 1)
+    assert len(row["runs_step_s"]) == 2  # each job ran twice; the cell is their median
+    assert row["measured_step_s"] == pytest.approx(sum(row["runs_step_s"]) / 2)
     # M=3 does not divide the batch: said, not silently dropped
     assert sorted(s.split(":")[0] for s in result["skipped"]) == ["mlp gpipe S=2 M=3", "mlp zbv S=2 M=3"]
     assert f"{result['within']} of 2 cells within 15% step time" in text
