@@ -70,6 +70,7 @@ class Report:
             "input_stall": round(wait_s / step_s, 4) if step_s > 0 else 0.0,
             "bubble": round(max(0.0, 1 - busy_s / (self.ranks * pipe_s)), 4) if pipe_s > 0 else 0.0,
             "step_s": round(step_s, 5),
+            "compute_step_s": round(pipe_s, 5),  # the schedule's step alone, what the plan simulator predicts
         }
         if step % self.log_every == 0:
             self._file.write(json.dumps(row) + "\n")
