@@ -39,10 +39,10 @@ __all__ = ["RangeReadAhead", "ReadAhead"]
 class ReadAhead:
     """Downloads the shards of the rows a rank reads next, within a byte budget (see the module docstring).
 
-    A look costs the rows read since the last one plus a sort of the shards by their next need: the stream
-    (:meth:`follow`) is indexed once, each row's next row of the same shard and each shard's first row, and a
-    look moves the shards read since the last one to their next need. So a look does not depend on how many rows
-    are still to come (an epoch of ImageNet is 1.28 million).
+    A look costs the rows read since the last one, a pass over the shards and a sort of the few the budget can
+    hold: the stream (:meth:`follow`) is indexed once, each row's next row of the same shard and each shard's
+    first row, and a look moves the shards read since the last one to their next need. So a look does not depend
+    on how many rows are still to come (an epoch of ImageNet is 1.28 million).
     """
 
     def __init__(self, cache: ShardCache, entries: list[dict[str, Any]], starts: np.ndarray, budget: int,
@@ -50,6 +50,8 @@ class ReadAhead:
         self.cache, self.entries, self.starts, self.budget = cache, entries, starts, budget
         self._fetch, self._names = fetch, names
         self._sizes = np.array([int(e["bytes"]) for e in entries], np.int64)
+        # the most shards the budget can hold: a look sorts only that many (+1) of the coming ones
+        self._most = max(1, budget // max(1, int(self._sizes.min()))) if len(entries) else 1
         self._shards = np.empty(0, np.int64)  # the shard of each coming row, in stream order
         self._again = np.empty(0, np.int64)  # per coming row: the next one of the same shard (len: none)
         self._need = np.empty(0, np.int64)  # per shard: its next row at or after _looked (len: none)
@@ -108,6 +110,8 @@ class ReadAhead:
             if stream == self._stream:
                 self._looked = max(self._looked, position)
         coming = np.flatnonzero(need < len(shards))
+        if len(coming) > self._most + 1:  # the nearest needs only, not every shard of the dataset sorted
+            coming = coming[np.argpartition(need[coming], self._most)[: self._most + 1]]
         order = coming[np.argsort(need[coming], kind="stable")]
         fits = int(np.searchsorted(np.cumsum(self._sizes[order]), self.budget, side="right"))
         chosen = order[: max(fits, 1)]
