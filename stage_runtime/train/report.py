@@ -16,7 +16,7 @@ from typing import Any
 
 from stallfree.ingest.atomic import atomic_write
 
-__all__ = ["Report", "format_summary", "predict_run"]
+__all__ = ["Report", "format_summary", "predict_run", "with_prediction"]
 
 
 class Report:
@@ -151,6 +151,17 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines.append(f"  the plan      {predicted['images_per_s']:10.1f} images/s and a {predicted['bubble']:.1%} "
                      f"bubble predicted ({predicted['plan']}); measured {ratio:.2f}x its rate")
     return "\n".join(lines)
+
+
+def with_prediction(config: Any, summary: dict[str, Any]) -> dict[str, Any]:
+    """``summary`` with the plan simulator's prediction under ``predicted``, where it applies.
+
+    :func:`format_summary` shows it beside the measured bubble. It applies to a job on this machine's own
+    processors (no simulated ``--accelerator``) that no plan's prediction came with (that one is shown instead).
+    """
+    if config.accelerator is None and config.plan_prediction is None and "balance" in summary:
+        summary["predicted"] = predict_run(config, summary)
+    return summary
 
 
 def predict_run(config: Any, summary: dict[str, Any]) -> dict[str, Any]:

@@ -50,7 +50,7 @@ def _demo(args: argparse.Namespace) -> int:
     from stallfree.commands.bench import options
     from stallfree.ingest.runner import ingest
     from stallfree.ingest.synthetic import make_image_folder
-    from stallfree.stage_runtime.train.report import format_summary
+    from stallfree.stage_runtime.train.report import format_summary, with_prediction
     from stallfree.stage_runtime.train.trainer import demo_config, train
 
     if args.images < 64:
@@ -76,8 +76,9 @@ def _demo(args: argparse.Namespace) -> int:
             result["ingest"][split] = summary
             print(f"{split}: {summary['images']} images into {summary['shards']} shard(s)", file=sys.stderr)
         _step("3/3 train a small CNN in 2 pipeline stages with 1F1B, fed by the Loader over the shards")
-        result["train"] = train(demo_config(str(root / "shards" / "train"), str(root / "shards" / "val"),
-                                            str(root / "run"), epochs=args.epochs))
+        config = demo_config(str(root / "shards" / "train"), str(root / "shards" / "val"), str(root / "run"),
+                             epochs=args.epochs)
+        result["train"] = with_prediction(config, train(config))  # the simulator's bubble beside the measured one
         print(format_summary(result["train"]), file=out)
         accuracy = result["train"].get("eval_top1")
         if accuracy is not None:

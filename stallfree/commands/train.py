@@ -104,7 +104,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     from stallfree.stage_runtime.train import checkpoint as checkpoint
-    from stallfree.stage_runtime.train.report import format_summary, predict_run
+    from stallfree.stage_runtime.train.report import format_summary, with_prediction
     from stallfree.stage_runtime.train.trainer import StageFailure, TrainConfig, train
 
     if (args.data is None) == (args.synthetic is None):
@@ -126,9 +126,7 @@ def _train(args: argparse.Namespace) -> int:
         return 1
     if not summary or not _reports():  # under torchrun only rank 0 holds and prints it
         return 0
-    if config.accelerator is None and config.plan_prediction is None and "balance" in summary:
-        summary["predicted"] = predict_run(config, summary)
-    print(format_summary(summary), file=human(args), flush=True)
+    print(format_summary(with_prediction(config, summary)), file=human(args), flush=True)
     emit(args, summary)
     return 0
 

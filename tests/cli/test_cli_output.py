@@ -103,6 +103,24 @@ def test_demo_json(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pyte
     assert "eval top-1 50.0%" in err
 
 
+def test_the_demo_shows_the_simulated_bubble_beside_the_measured_one(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from stallfree.stage_runtime.train import report as report
+    from stallfree.stage_runtime.train import trainer as trainer
+
+    summary = {"model": "small_cnn", "stages": 2, "replicas": 1, "schedule": "1f1b", "microbatches": 4, "steps": 3,
+               "wall_s": 1.0, "images_per_s": 9.0, "final_loss": 1.0, "eval_top1": 0.5, "balance": [2, 5],
+               "input_stall_fraction": 0.1, "bubble_fraction": 0.2, "bubble_theory": 0.2}
+    predicted = {"bubble": 0.31, "images_per_s": 8.0, "link": "gloo", "causes": {
+        "warmup_cooldown": 0.2, "imbalance": 0.05, "communication": 0.04, "runtime": 0.02}}
+    monkeypatch.setattr(trainer, "train", lambda config: dict(summary))
+    monkeypatch.setattr(report, "predict_run", lambda config, s: predicted)  # the calibration is tested elsewhere
+    assert main(["demo", "--skip-bench", "--epochs", "1", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr()
+    assert "bubble predicted for this split and schedule" in out.out + out.err
+    assert "31.0%" in out.out + out.err
+
+
 def test_an_ingest_that_rejects_every_sample_fails_saying_where_the_reasons_are(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # Was: exit code 0 and "0 images in 1 shards", a dataset the Loader then refuses.
