@@ -91,14 +91,11 @@ class ReadAhead:
         if changed:
             self._wake.set()
 
-    def wanted(self) -> list[int]:
-        """The shards needed from the position on, in order of first need, within the budget (at least one)."""
-        return self._look()[0]
-
     def _look(self) -> tuple[list[int], int, int]:
-        """:meth:`wanted`, the stream it was computed for, and the first row (absolute) of a shard not wanted.
+        """The shards wanted, the stream they were computed for, and the first row (absolute) of a shard not wanted.
 
-        Only the read-ahead's thread looks (and tests, with no thread running).
+        The shards wanted are those needed from the position on, in order of first need, within the budget (at
+        least one). Only the read-ahead's thread looks (and tests, with no thread running).
         """
         with self._lock:
             stream, position, looked = self._stream, self._position, self._looked

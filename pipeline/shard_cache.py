@@ -115,10 +115,7 @@ class ShardCache:
     def used(self) -> int:
         """Bytes in the folder and being downloaded into it."""
         with self._lock:
-            return self._used()
-
-    def _used(self) -> int:
-        return self._bytes
+            return self._bytes
 
     def _keep(self, sha256: str, size: int) -> None:
         self._drop(sha256)
@@ -276,17 +273,17 @@ class ShardCache:
 
     def _make_room(self, size: int, demanded: bool) -> bool:
         """Evict until ``size`` more bytes fit; a demanded shard may also evict protected ones, and goes over."""
-        if self.limit is None or self._used() + size <= self.limit:  # every read's release asks: mostly it fits
+        if self.limit is None or self._bytes + size <= self.limit:  # every read's release asks: mostly it fits
             return True
         tiers = [[s for s in self._present if s not in self._pins and not self._is_protected(s)]]
         if demanded:
             tiers.append([s for s in self._present if s not in self._pins and self._is_protected(s)])
         for tier in tiers:
             for victim in tier:
-                if self._used() + size <= self.limit:
+                if self._bytes + size <= self.limit:
                     return True
                 self._evict(victim)
-        return self._used() + size <= self.limit or demanded
+        return self._bytes + size <= self.limit or demanded
 
     def _evict(self, sha256: str) -> None:
         self._drop(sha256)
