@@ -27,6 +27,7 @@ import os
 import statistics
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -65,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "share this machine's cores as the stage processes do)")
 
 
-def _jobs(args: argparse.Namespace, stages: int, out: Path, repeat: int = 0) -> tuple[list[Any], list[str]]:
+def _jobs(args: argparse.Namespace, stages: int, out: Path) -> tuple[list[Any], list[str]]:
     from stallfree.stage_runtime.plan.orders import torch_order
     from stallfree.stage_runtime.train.config import TrainConfig
     from stallfree.stage_runtime.train.schedules import schedule_spec
@@ -87,8 +88,7 @@ def _jobs(args: argparse.Namespace, stages: int, out: Path, repeat: int = 0) -> 
                 config = TrainConfig(
                     model=model, image_size=args.image_size, samples=args.batch_size * (args.steps + 1),
                     stages=stages, schedule=schedule, microbatches=m, batch_size=args.batch_size,
-                    max_steps=args.steps, progress=False,
-                    out_dir=str(out / f"{model}-{schedule}-s{stages}-m{m}-r{repeat}"))
+                    max_steps=args.steps, progress=False, out_dir=str(out / f"{model}-{schedule}-s{stages}-m{m}"))
                 try:
                     check(config)  # e.g. more model stages than the model has layers: said, not a failed sweep
                 except ValueError as err:
@@ -230,7 +230,7 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
             skipped += left_out
             if not configs:
                 continue
-            runs = [configs] + [_jobs(args, stages, Path(tmp), k)[0] for k in range(1, args.repeats)]
+            runs = [[replace(c, out_dir=f"{c.out_dir}-r{k}") for c in configs] for k in range(args.repeats)]
             print(f"calibrating on {stages} gloo processes: sends and a near-empty pipeline ...", file=sys.stderr,
                   flush=True)
             calibration = cached_calibration(stages, configs[0].threads)
