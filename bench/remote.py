@@ -95,7 +95,8 @@ def _loader(source: str | Path, args: argparse.Namespace, **extra: Any) -> Any:
 
 def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
     """Run the benchmark, print its table to ``out`` and return its rows (JSON-able)."""
-    from stallfree.bench.servers import CONTROL, s3_options
+    from stallfree.bench.servers import CONTROL
+    from stallfree.bench.stores import s3_options
     from stallfree.ingest.manifest import read_manifest
     from stallfree.ingest.runner import ingest
     from stallfree.ingest.synthetic import make_image_folder

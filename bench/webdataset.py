@@ -101,7 +101,8 @@ def _epoch_rate(source: str | Path, args: argparse.Namespace, settle: int = 2, *
 
 def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
     """Run the benchmark, print its table to ``out`` and return its rows (JSON-able)."""
-    from stallfree.bench.servers import CONTROL, s3_options
+    from stallfree.bench.servers import CONTROL
+    from stallfree.bench.stores import s3_options
     from stallfree.ingest.runner import ingest
     from stallfree.ingest.synthetic import make_image_folder
 

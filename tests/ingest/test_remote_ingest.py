@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from stallfree.bench.servers import FaultProxy, RangeServer, s3_options, s3_server
+from stallfree.bench.servers import FaultProxy, RangeServer
+from stallfree.bench.stores import s3_options, s3_server
 from stallfree.cli import main
 from stallfree.ingest import runner
 from stallfree.ingest.remote import RemoteStoreError, Retry
@@ -89,7 +90,7 @@ def test_ingest_to_s3_uploads_what_a_local_ingest_writes_and_the_loader_reads_it
 
 
 def test_ingest_to_gcs_then_verify_and_read_it(indexed_list: Path, reference: Path, tmp_path: Path) -> None:
-    from stallfree.bench.servers import gcs_options, gcs_server
+    from stallfree.bench.stores import gcs_options, gcs_server
 
     with gcs_server(bucket="out") as endpoint:
         options = gcs_options(endpoint)

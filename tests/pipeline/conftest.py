@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from stallfree import DatasetReader
-from stallfree.bench.servers import FaultProxy, RangeServer, gcs_server, s3_server
+from stallfree.bench.servers import FaultProxy, RangeServer
+from stallfree.bench.stores import gcs_server, s3_server
 from stallfree.ingest.runner import ingest
 from stallfree.ingest.writer import IngestOptions
 

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from stallfree import Loader
-from stallfree.bench.servers import FaultProxy, RangeServer, gcs_options, s3_options
+from stallfree.bench.servers import FaultProxy, RangeServer
+from stallfree.bench.stores import gcs_options, s3_options
 from stallfree.ingest.manifest import read_manifest
 from stallfree.ingest.remote import Progress, Retry
 from stallfree.pipeline.shard_cache import ShardCache

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from stallfree import BadSampleError, Loader, RemoteStoreError
-from stallfree.bench.servers import FaultProxy, s3_options
+from stallfree.bench.servers import FaultProxy
+from stallfree.bench.stores import s3_options
 from stallfree.transforms import Normalize, RandomResizedCrop
 
 SPEC = [RandomResizedCrop(12), Normalize()]

@@ -15,7 +15,8 @@ import torch
 from PIL import Image
 
 from stallfree import Loader
-from stallfree.bench.servers import FaultProxy, RangeServer, gcs_options, gcs_server, s3_options, s3_server
+from stallfree.bench.servers import FaultProxy, RangeServer
+from stallfree.bench.stores import gcs_options, gcs_server, s3_options, s3_server
 from stallfree.ingest.remote import RemoteStoreError, Retry
 from stallfree.ingest.runner import ingest
 from stallfree.pipeline.samples import BadSampleError
