@@ -10,8 +10,14 @@ of its runs' measurements and of their predictions. Before each rank count's job
 calibrate the simulator on this machine (``stage_runtime/plan/calibrate.py``): the link's bandwidth from measured
 sends and its latency from a near-empty pipeline's messages (unless ``--link`` gives one), and the host overhead
 of torch's schedule runtime per action kind, gap, send, receive and step from that pipeline's spans (unless
-``--no-overhead``). The stage processes share this machine's cores, and so do the simulated ranks (processor
-sharing, ``stage_runtime/plan/costs.py``'s ``Cores``; unless ``--no-sharing``). The table says, per cell,
+``--no-overhead``). That pipeline computes almost nothing, and a job's runtime costs more than it shows, so
+by default pilot jobs of each model refit the host overhead (``stage_runtime/plan/pilots.py``): each of
+``--pilot-schedules`` (default: every schedule) at its fewest and most micro-batches, run again in every turn
+beside the cells; a schedule is predicted from its own pilots' fit, one without from its family's. The table marks
+the cells whose configuration a pilot also ran (in runs of its own) and counts the others apart, and gives the
+count the calibration alone reaches on the same runs (``--no-pilots`` predicts from it). The stage processes
+share this machine's cores, and so do the simulated ranks (processor sharing, ``stage_runtime/plan/costs.py``'s
+``Cores``; unless ``--no-sharing``). The table says, per cell,
 whether the step is within 15% and the bubble within 5 points, and the count of cells that are; then, per model,
 whether the simulator's top choice among the cells run (the fastest predicted) is within 10% of the fastest
 measured; then, per cell, what the job's spans show per action kind, per message and per send beside the
@@ -22,11 +28,11 @@ busy the machine was.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
@@ -39,6 +45,8 @@ EXAMPLES = """examples:
   stallfree bench plan --link 1GB/s,2ms --json-file bench-plan.json   # a given link instead of the calibration
   stallfree bench plan --no-overhead                       # the simulator without torch's runtime overhead
   stallfree bench plan --stages 4 --no-sharing             # predict as if each stage process had its own cores
+  stallfree bench plan --stages 2 --pilot-schedules gpipe interleaved-1f1b zero-bubble   # 1F1B, ZBV by family
+  stallfree bench plan --no-pilots                         # the near-empty pipeline's calibration alone
 """
 STEP_TOLERANCE, BUBBLE_POINTS, TOP_TOLERANCE = 0.15, 0.05, 0.10
 
@@ -61,6 +69,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--link", help="BANDWIDTH,LATENCY instead of the calibration, e.g. 1GB/s,2ms")
     parser.add_argument("--no-overhead", action="store_true",
                         help="predict without the calibrated per-action, per-message and per-step host overhead")
+    parser.add_argument("--pilot-schedules", nargs="+", choices=SCHEDULES, default=None,
+                        help="schedules whose pilot jobs (the fewest and most --microbatches, run again beside the "
+                        "cells) fit the host overhead: each schedule with pilots is predicted from its own, one "
+                        "without from its family's (default: every --schedules)")
+    parser.add_argument("--no-pilots", action="store_true",
+                        help="predict with the near-empty pipeline's calibration alone")
     parser.add_argument("--no-sharing", action="store_true",
                         help="predict as if each stage process had cores of its own (by default the simulated ranks "
                         "share this machine's cores as the stage processes do)")
@@ -98,16 +112,16 @@ def _jobs(args: argparse.Namespace, stages: int, out: Path) -> tuple[list[Any], 
     return configs, skipped
 
 
-def _measured(config: Any) -> tuple[float, float]:
-    """Median schedule step seconds and bubble over the steps after the first, from the job's train.jsonl.
-
-    The schedule's step (``compute_step_s``), not the row's ``step_s``: that adds stage 0's wait for its next
-    batch (1.5-2 ms a step of the generated tensors here, a fifth of a short step), which the simulated step,
-    the schedule alone, does not hold; the bubble is the schedule's too.
-    """
-    rows = [json.loads(line) for line in (Path(config.out_dir) / "train.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if "loss" in r][1:] or [r for r in rows if "loss" in r]
-    return statistics.median(r["compute_step_s"] for r in steps), statistics.median(r["bubble"] for r in steps)
+def _pilot_jobs(configs: list[Any], schedules: Sequence[str]) -> list[Any]:
+    """The jobs a pilot repeats: per model, each of ``schedules`` at its fewest and most micro-batches."""
+    out = []
+    for model in dict.fromkeys(c.model for c in configs):
+        for schedule in schedules:
+            mine = [c for c in configs if c.model == model and c.schedule == schedule]
+            if mine:
+                ends = {min(c.microbatches for c in mine), max(c.microbatches for c in mine)}
+                out += [c for c in mine if c.microbatches in ends]
+    return out
 
 
 def top_choices(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -140,9 +154,10 @@ def _row(config: Any, summary: dict[str, Any], link: Any, overhead: Any, share_c
     from stallfree.stage_runtime.plan.attribution import attribute, trainer_steps
     from stallfree.stage_runtime.plan.costs import LayerTimes
     from stallfree.stage_runtime.plan.orders import placement, torch_order
+    from stallfree.stage_runtime.plan.pilots import measured_step
     from stallfree.stage_runtime.plan.predict import predict_training
 
-    step_s, bubble = _measured(config)
+    step_s, bubble = measured_step(config.out_dir)
     costs = summary.get("layer_costs")
     measured = None if costs is None else ([LayerTimes(**c) for c in costs["layers"]], float(costs["optimizer_s"]))
     predicted = predict_training(config, tuple(summary["balance"]), summary["num_classes"], link, overhead,
@@ -175,6 +190,21 @@ def _median_cell(runs: list[dict[str, Any]]) -> dict[str, Any]:
     row["within"] = (abs(row["step_error"]) <= STEP_TOLERANCE
                      and abs(row["predicted_bubble"] - row["measured_bubble"]) <= BUBBLE_POINTS)
     return row
+
+
+def _overhead_line(o: dict[str, Any]) -> str:
+    kinds = ", ".join(f"{k} {v * 1e6:.0f}" for k, v in o["kind_s"].items())
+    return (f"us per action {kinds}; {o['gap_s'] * 1e6:.0f} us between actions, {o['send_s'] * 1e6:.0f} us per "
+            f"send, {o['message_s'] * 1e6:.0f} us per receive, {o['step_s'] * 1e6:.0f} us per step")
+
+
+def _pilot_names(rows: list[dict[str, Any]], model: str, stages: str) -> str:
+    return ", ".join(f"{r['schedule']} M={r['microbatches']}" for r in rows
+                     if r["model"] == model and str(r["stages"]) == stages and r["pilot_config"])
+
+
+def _hits(rows: list[dict[str, Any]]) -> int:
+    return sum(r["within"] for r in rows)
 
 
 def _ms(value: float | None) -> str:
@@ -214,16 +244,23 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
     """Run the benchmark, print its table to ``out`` and return its results (JSON-able)."""
     from stallfree.stage_runtime.plan.calibrate import cached_calibration
     from stallfree.stage_runtime.plan.costs import NO_OVERHEAD, parse_link
+    from stallfree.stage_runtime.plan.pilots import fit_pilots, read_pilot
+    from stallfree.stage_runtime.plan.predict import job_cores
     from stallfree.stage_runtime.train.trainer import train_many
 
     if args.steps < 2 or args.batch_size < 1 or min(args.stages) < 2 or args.repeats < 1:
         raise ValueError("--steps must be >= 2, --batch-size >= 1, every --stages >= 2 and --repeats >= 1")
+    stray = sorted(set(args.pilot_schedules or ()) - set(args.schedules))
+    if stray:
+        raise ValueError(f"--pilot-schedules {' '.join(stray)}: not among --schedules {' '.join(args.schedules)} "
+                         "(a pilot repeats a cell's job)")
     given = parse_link(args.link) if args.link else None
     how = "given" if given else "calibrated from measured sends"
     load_start = os.getloadavg()
     rows: list[dict[str, Any]] = []
     skipped: list[str] = []
     calibrations: dict[str, Any] = {}
+    pilot_fits: dict[str, dict[str, Any]] = {}  # S -> model -> PilotFit.to_dict()
     with tempfile.TemporaryDirectory(prefix="stallfree-bench-plan-") as tmp:
         for stages in args.stages:
             configs, left_out = _jobs(args, stages, Path(tmp))
@@ -238,12 +275,33 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
             link = given or calibration.link
             print(f"training {len(configs)} jobs {args.repeats} time(s) in {stages} stage processes ...",
                   file=sys.stderr, flush=True)
-            every = [config for run in runs for config in run]
+            pilots = [] if args.no_pilots or args.no_overhead else _pilot_jobs(
+                configs, args.pilot_schedules or args.schedules)
+            # Each turn runs the pilots again before the cells: the fit sees the machine as the cells' runs do.
+            turns = [[replace(c, out_dir=f"{c.out_dir}-pilot{k}") for c in pilots] + run for k, run in enumerate(runs)]
+            every = [config for turn in turns for config in turn]
             summaries = dict(zip((c.out_dir for c in every), train_many(every), strict=True))
+            sharing = None if args.no_sharing else job_cores(configs[0])
+            fitted = {model: fit_pilots([read_pilot(c.out_dir) for turn in turns for c in turn[:len(pilots)]
+                                         if c.model == model], link, sharing)
+                      for model in dict.fromkeys(c.model for c in pilots)}
+            pilot_fits[str(stages)] = {model: fit.to_dict() for model, fit in fitted.items()}
+            piloted = {(c.model, c.schedule, c.microbatches) for c in pilots}
             for cell in zip(*runs, strict=True):  # one cell's runs
-                overhead = NO_OVERHEAD if args.no_overhead else calibration.overhead(cell[0].schedule)
-                rows.append(_median_cell([_row(c, summaries[c.out_dir], link, overhead, not args.no_sharing)
-                                          for c in cell]))
+                first = cell[0]
+                calibrated = NO_OVERHEAD if args.no_overhead else calibration.overhead(first.schedule)
+                fit = fitted.get(first.model)
+                overhead = (fit.overhead(first.schedule) if fit else None) or calibrated
+                row = _median_cell([_row(c, summaries[c.out_dir], link, overhead, not args.no_sharing) for c in cell])
+                row["overhead_from"] = f"pilots ({fit.source(first.schedule)})" if fit and overhead is not calibrated \
+                    else "calibration"
+                row["pilot_config"] = (first.model, first.schedule, first.microbatches) in piloted
+                if overhead is not calibrated:  # the same runs, predicted from the calibration alone
+                    alone = _median_cell([_row(c, summaries[c.out_dir], link, calibrated, not args.no_sharing)
+                                          for c in cell])
+                    row["calibration_only"] = {k: alone[k] for k in ("predicted_step_s", "predicted_bubble",
+                                                                     "step_error", "within")}
+                rows.append(row)
     load_end = os.getloadavg()
     hits = sum(r["within"] for r in rows)
     print(f"load average (1, 5, 15 min) {_load(load_start)} at the start, {_load(load_end)} at the end", file=out)
@@ -251,10 +309,13 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
         print(f"S={stages}: link {given.describe() if given else c['link']} ({how}); host overhead "
               f"{'not used' if args.no_overhead else 'calibrated'}:", file=out)
         for family, o in c["overhead"].items():
-            kinds = ", ".join(f"{k} {v * 1e6:.0f}" for k, v in o["kind_s"].items())
-            print(f"  {family} schedules: us per action {kinds}; {o['gap_s'] * 1e6:.0f} us between actions, "
-                  f"{o['send_s'] * 1e6:.0f} us per send, {o['message_s'] * 1e6:.0f} us per receive, "
-                  f"{o['step_s'] * 1e6:.0f} us per step", file=out)
+            print(f"  {family} schedules: {_overhead_line(o)}", file=out)
+        for model, fit in pilot_fits.get(stages, {}).items():
+            print(f"S={stages}, {model}: host overhead fitted from pilot jobs ({_pilot_names(rows, model, stages)}; "
+                  f"each run {args.repeats} time(s), taking turns with the cells); per schedule, then per family:",
+                  file=out)
+            for name, o in [*fit["schedules"].items(), *fit["families"].items()]:
+                print(f"  {name}: {_overhead_line(o)}", file=out)
     for stages in dict.fromkeys(r["stages"] for r in rows):
         shared = next(r["cores"] for r in rows if r["stages"] == stages)
         print(f"S={stages}: " + (f"the simulated ranks share {shared['count']} cores, {shared['threads']} torch "
@@ -264,16 +325,23 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
           f"{args.repeats} run(s) of each job; step = rank 0's schedule step, the optimizer outside it (as the "
           "trainer measures)", file=out)
     print(f"| {'model':<9} | {'schedule':<16} | {'S':>1} | {'M':>2} | {'step ms meas.':>13} | {'pred.':>8} | "
-          f"{'error':>6} | {'bubble meas.':>12} | {'pred.':>6} | ok |", file=out)
-    print(f"|{'-' * 11}|{'-' * 18}|{'-' * 3}|{'-' * 4}|{'-' * 15}|{'-' * 10}|{'-' * 8}|{'-' * 14}|{'-' * 8}|----|",
-          file=out)
+          f"{'error':>6} | {'bubble meas.':>12} | {'pred.':>6} | ok  | pilot |", file=out)
+    print(f"|{'-' * 11}|{'-' * 18}|{'-' * 3}|{'-' * 4}|{'-' * 15}|{'-' * 10}|{'-' * 8}|{'-' * 14}|{'-' * 8}|-----|"
+          "-------|", file=out)
     for r in rows:
         print(f"| {r['model']:<9} | {r['schedule']:<16} | {r['stages']:>1} | {r['microbatches']:>2} | "
               f"{r['measured_step_s'] * 1e3:>13.1f} | {r['predicted_step_s'] * 1e3:>8.1f} | "
               f"{r['step_error']:>+6.0%} | {r['measured_bubble']:>12.1%} | {r['predicted_bubble']:>6.1%} | "
-              f"{'yes' if r['within'] else 'no':<2} |", file=out)
+              f"{'yes' if r['within'] else 'no':<3} | {'yes' if r['pilot_config'] else '':<5} |", file=out)
+    others = [r for r in rows if not r["pilot_config"]]
     print(f"{hits} of {len(rows)} cells within {STEP_TOLERANCE:.0%} step time and {BUBBLE_POINTS * 100:.0f} bubble "
-          "points", file=out)
+          f"points" + (f"; of the {len(others)} cells whose configuration no pilot ran, {_hits(others)}"
+                       if len(others) < len(rows) else ""), file=out)
+    compared = [r for r in rows if "calibration_only" in r]
+    if compared:
+        print(f"the same runs predicted from the near-empty pipeline's calibration alone (--no-pilots): "
+              f"{sum(r['calibration_only']['within'] for r in compared)} of the {len(compared)} cells the pilots "
+              f"predicted (those: {_hits(compared)})", file=out)
     tops = top_choices(rows)
     for t in tops:
         print(f"{t['model']}: the top choice of {t['cells']} cells, {_name(t['top'])}, is "
@@ -285,5 +353,7 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
     return {"load_average": {"start": list(load_start), "end": list(load_end)},
             "link": given.describe() if given else None, "link_source": how, "overhead_used": not args.no_overhead,
             "cores_shared": not args.no_sharing,
-            "calibration": calibrations, "rows": rows, "within": hits, "cells": len(rows), "top_choice": tops,
-            "skipped": skipped}
+            "calibration": calibrations, "pilots": pilot_fits, "rows": rows, "within": hits, "cells": len(rows),
+            "within_without_pilot_config": _hits(others), "cells_without_pilot_config": len(others),
+            "within_calibration_only": sum(r["calibration_only"]["within"] for r in compared) if compared else None,
+            "top_choice": tops, "skipped": skipped}

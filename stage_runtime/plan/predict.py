@@ -25,9 +25,25 @@ from stallfree.stage_runtime.plan.costs import NO_OVERHEAD, Cores, HostOverhead,
 from stallfree.stage_runtime.plan.orders import placement, torch_order
 from stallfree.stage_runtime.plan.simulate import simulate_step
 
-__all__ = ["DEFAULT_LINK", "predict_training"]
+__all__ = ["DEFAULT_LINK", "job_cores", "predict_training"]
 
 DEFAULT_LINK = "25GB/s,5us"  # stallfree plan's default, for a GPU job (the calibration measures gloo on CPU)
+
+
+def job_cores(config: Any) -> Cores | None:
+    """The cores ``config``'s stage processes share on this machine, as the simulator should share them.
+
+    The processes of a CPU job share this machine's cores, each with the trainer's torch threads; a GPU job's
+    compute, and a simulated accelerator's waits, hold none (``None``). The replicas of ``--dp`` are not
+    simulated, so their share of the cores is not either.
+    """
+    from stallfree.stage_runtime.train.accelerator import parse_accelerator
+    from stallfree.stage_runtime.train.config import stage_threads
+
+    if config.device.startswith("cuda") or parse_accelerator(config.accelerator) is not None:
+        return None
+    cores = len(os.sched_getaffinity(0))
+    return Cores(cores, stage_threads(config.world_size, config.threads, cores))
 
 
 def predict_training(config: Any, balance: tuple[int, ...], num_classes: int, link: Link | None = None,
@@ -49,14 +65,12 @@ def predict_training(config: Any, balance: tuple[int, ...], num_classes: int, li
     import torch
 
     from stallfree.stage_runtime.plan.measure import measure_model
-    from stallfree.stage_runtime.train.accelerator import parse_accelerator
     from stallfree.stage_runtime.train.config import stage_threads
     from stallfree.stage_runtime.train.models import build_model
 
     micro = config.batch_size // config.microbatches
     per_rank = config.spec.stages_per_rank(config.virtual_stages)
-    cores = len(os.sched_getaffinity(0))
-    threads = stage_threads(config.world_size, config.threads, cores)
+    threads = stage_threads(config.world_size, config.threads)
     source = "given" if link is not None else "default"
     if link is None and not config.device.startswith("cuda"):
         from stallfree.stage_runtime.plan.calibrate import cached_calibration
@@ -79,10 +93,7 @@ def predict_training(config: Any, balance: tuple[int, ...], num_classes: int, li
     costs = stage_costs(layers, balance, optimizer_s)
     order = torch_order(config.schedule, config.stages, config.microbatches, per_rank)
     owner = placement(config.schedule, config.stages, config.stages * per_rank)
-    # The processes of a CPU job share this machine's cores (a GPU job's compute, and the simulated accelerator's
-    # waits, hold none); the replicas of --dp are not simulated, so their share of the cores is not either.
-    on_cpu = not config.device.startswith("cuda") and parse_accelerator(config.accelerator) is None
-    sharing = Cores(cores, threads) if on_cpu and share_cores else None
+    sharing = job_cores(config) if share_cores else None
     result = simulate_step(order, owner, costs, lambda a, b: link, causes=True, overhead=overhead, cores=sharing)
     assert result.bubble is not None  # causes=True splits it
     shown = attribute([list(result.spans)], owner)

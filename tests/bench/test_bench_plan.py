@@ -41,6 +41,20 @@ def test_bench_plan_sets_prediction_beside_measurement(tmp_path: Path, capsys: p
     assert [t["model"] for t in result["top_choice"]] == ["mlp"] and "mlp: the top choice of 2 cells" in text
     # the simulated ranks share this machine's cores, as the stage processes did
     assert result["cores_shared"] and row["cores"]["count"] >= 1 and "S=2: the simulated ranks share" in text
+    # pilots: each schedule's job at its fewest and most micro-batches (M=2 alone here), run again beside the
+    # cells, fitted the host overhead each cell was predicted from; the calibration alone is set beside it
+    fit = result["pilots"]["2"]["mlp"]
+    assert set(fit["schedules"]) == {"gpipe", "zbv"} and set(fit["families"]) == {"loop", "runtime"}
+    assert min(fit["schedules"]["gpipe"]["kind_s"].values()) >= 0 and fit["schedules"]["gpipe"]["step_s"] >= 0
+    assert [(r["overhead_from"], r["pilot_config"]) for r in result["rows"]] == [("pilots (schedule)", True)] * 2
+    assert "predicted_step_s" in row["calibration_only"] and result["within_calibration_only"] is not None
+    assert "S=2, mlp: host overhead fitted from pilot jobs (gpipe M=2, zbv M=2" in text
+    assert "the same runs predicted from the near-empty pipeline's calibration alone" in text
+
+
+def test_a_pilot_schedule_that_is_not_run_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["bench", "plan", "--schedules", "gpipe", "--pilot-schedules", "zbv", "--stages", "2"])
+    assert code != 0 and "--pilot-schedules zbv: not among --schedules gpipe" in capsys.readouterr().err
 
 
 def _row(schedule: str, measured: float, predicted: float, model: str = "mlp") -> dict:

@@ -1,0 +1,214 @@
+"""The host overhead fitted from the trainer's own jobs (pilots), for the model and machine they ran on.
+
+The calibration (:mod:`.calibrate`) measures torch's schedule runtime on a near-empty pipeline: one tiny layer
+per stage, so nothing else wants the cores while the runtime's Python runs. In a job the same runtime costs more:
+the other stage process computes on the other core while this one posts its sends, gloo's threads copy the
+messages on the same cores, and a layer runs colder than when the partitioner times it alone (best of 3, hot
+caches). On this 2-core machine a job's actions took 1.1-1.4x their partitioner time plus the calibrated overhead,
+and its gaps between actions 2-4x the calibrated gap (docs/train.md, "Pilots"). A few short jobs of the model
+itself, with the schedules the prediction is for, show those costs where they are paid.
+
+From pilot jobs' output folders (what ``stallfree train`` writes: ``summary.json`` with the job's config, split
+and rank 0's layer costs, ``train.jsonl`` and every rank's ``spans-{rank}.json``), per family of schedules
+(:data:`~.calibrate.FAMILIES`, one runtime each):
+
+1. :func:`~.attribution.fit_overhead` over the family's jobs' spans: each action kind's busy time beyond its
+   stage's compute, the gap between actions, the sender's cost of a send and the receiver's of a message.
+2. Two costs the spans do not show, from the jobs' measured schedule steps: a set-up per step (``step_s``, idle on
+   every rank) and an idle after every action beyond the gap the spans show (added to ``gap_s``). Each pilot
+   configuration gives one equation, its measured step (the median over its runs) less the simulated one with the
+   overhead of 1 = ``step_s`` + (the simulated step's growth per second of gap) x the extra gap; least squares
+   over the configurations, both at least 0. Pilots of few and of many micro-batches tell the two apart: a set-up
+   per step weighs alike on both, an idle per action grows with the actions on the critical path.
+
+The link is given (the calibration's, measured from sends): the pilots fit what the host adds to it.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from .attribution import Measured, fit_overhead, trainer_steps
+from .costs import Cores, HostOverhead, LayerTimes, Link, StageCost, stage_costs
+from .orders import Op, placement, torch_order
+from .simulate import simulate
+
+__all__ = ["Pilot", "PilotFit", "fit_pilots", "measured_step", "read_pilot"]
+
+_PROBE_S = 1e-4  # the extra gap at which the simulated step's growth per second of gap is read
+
+
+@dataclass(frozen=True)
+class Pilot:
+    """One finished job, as the fit reads it."""
+
+    out_dir: str
+    model: str
+    schedule: str
+    stages: int
+    microbatches: int
+    program: dict[int, list[Op]]  # what each rank ran (torch's order)
+    owner: tuple[int, ...]
+    costs: tuple[StageCost, ...]  # per model stage, from the layer costs rank 0 measured
+    step_s: float  # the median schedule step after the first
+    steps: tuple[tuple[Any, ...], ...]  # the spans of each step after the first
+
+    @property
+    def config_key(self) -> tuple[str, str, int, int]:
+        """What makes two pilots runs of the same configuration."""
+        return self.model, self.schedule, self.stages, self.microbatches
+
+    def measured(self) -> Measured:
+        """As :func:`~.attribution.fit_overhead` takes it."""
+        return Measured([list(s) for s in self.steps], self.owner, self.costs)
+
+
+def measured_step(out_dir: str | Path) -> tuple[float, float]:
+    """Median schedule step seconds and bubble over a job's steps after the first, from its ``train.jsonl``.
+
+    The schedule's step (``compute_step_s``), not the row's ``step_s``: that adds stage 0's wait for its next
+    batch, which the simulated step, the schedule alone, does not hold; the bubble is the schedule's too.
+
+    Raises:
+        FileNotFoundError: no ``train.jsonl``.
+        ValueError: no step in it.
+    """
+    path = Path(out_dir) / "train.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file (stallfree train writes one per job)")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    steps = [r for r in rows if "loss" in r]
+    if not steps:
+        raise ValueError(f"{path}: no training step logged")
+    steps = steps[1:] or steps
+    return statistics.median(r["compute_step_s"] for r in steps), statistics.median(r["bubble"] for r in steps)
+
+
+def read_pilot(out_dir: str | Path) -> Pilot:
+    """A finished job's configuration, split, layer costs, measured step and spans.
+
+    Raises:
+        FileNotFoundError: a file the job should have written is missing (the message names it).
+        ValueError: its summary has no layer costs (a job given ``--balance`` measures none), or its spans do not
+            match its schedule.
+    """
+    from stallfree.stage_runtime.train.config import TrainConfig
+
+    out = Path(out_dir)
+    path = out / "summary.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file; a pilot is the --out folder of a finished stallfree train")
+    summary = json.loads(path.read_text())
+    layers = summary.get("layer_costs")
+    if not layers:
+        raise ValueError(f"{path}: no layer costs (a job given --balance measures none); run the pilot without "
+                         "--balance")
+    config = TrainConfig(**summary["config"])
+    per_rank = config.spec.stages_per_rank(config.virtual_stages)
+    program = torch_order(config.schedule, config.stages, config.microbatches, per_rank)
+    costs = stage_costs([LayerTimes(**c) for c in layers["layers"]], summary["balance"],
+                        float(layers["optimizer_s"]))
+    return Pilot(str(out), config.model, config.schedule, config.stages, config.microbatches, program,
+                 tuple(placement(config.schedule, config.stages, config.stages * per_rank)), tuple(costs),
+                 measured_step(out)[0], tuple(tuple(s) for s in trainer_steps(out, program)))
+
+
+def _simulated_s(pilot: Pilot, link: Link, overhead: HostOverhead, cores: Cores | None) -> float:
+    return simulate(pilot.program, pilot.owner, pilot.costs, lambda a, b: link, overhead=overhead,
+                    cores=cores).schedule_s
+
+
+def _non_negative_fit(rows: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """``(a, b) >= 0`` minimising the squares of ``y - a - d * b`` over ``rows`` of ``(d, y)``."""
+    ys = [y for _, y in rows]
+    mean_y = statistics.fmean(ys)
+    ds = [d for d, _ in rows]
+    mean_d = statistics.fmean(ds)
+    spread = sum((d - mean_d) ** 2 for d in ds)
+    if spread > 0:
+        b = sum((d - mean_d) * (y - mean_y) for d, y in rows) / spread
+        a = mean_y - b * mean_d
+        if a >= 0 and b >= 0:
+            return a, b
+    # On the boundary: the better of a alone (b = 0) and b alone (a = 0).
+    square = sum(d * d for d in ds)
+    b_only = max(0.0, sum(d * y for d, y in rows) / square) if square > 0 else 0.0
+    a_only = max(0.0, mean_y)
+    error_a = sum((y - a_only) ** 2 for y in ys)
+    error_b = sum((y - b_only * d) ** 2 for d, y in rows)
+    return (a_only, 0.0) if error_a <= error_b else (0.0, b_only)
+
+
+@dataclass(frozen=True)
+class PilotFit:
+    """The host overhead pilots showed: per schedule that had pilots of its own, and per family of schedules."""
+
+    schedules: dict[str, HostOverhead]  # fitted from that schedule's pilots alone
+    families: dict[str, HostOverhead]  # fitted from every pilot of the family (:data:`~.calibrate.FAMILIES`)
+
+    def overhead(self, schedule: str) -> HostOverhead | None:
+        """The schedule's own fit, else its family's; None if no pilot ran either."""
+        from .calibrate import FAMILIES
+
+        return self.schedules.get(schedule) or self.families.get(FAMILIES.get(schedule, ""))
+
+    def source(self, schedule: str) -> str:
+        """Which pilots :meth:`overhead` took for ``schedule``: ``schedule``, ``family`` or ``none``."""
+        from .calibrate import FAMILIES
+
+        if schedule in self.schedules:
+            return "schedule"
+        return "family" if FAMILIES.get(schedule) in self.families else "none"
+
+    def to_dict(self) -> dict[str, Any]:
+        """As JSON."""
+        return {"schedules": {k: v.to_dict() for k, v in self.schedules.items()},
+                "families": {k: v.to_dict() for k, v in self.families.items()}}
+
+
+def _fit(pilots: Sequence[Pilot], link: Link, cores: Cores | None) -> HostOverhead:
+    """One overhead for ``pilots`` (see the module docstring)."""
+    overhead, _ = fit_overhead([p.measured() for p in pilots], link)
+    probe = replace(overhead, gap_s=overhead.gap_s + _PROBE_S)
+    configs: dict[tuple[str, str, int, int], list[Pilot]] = {}
+    for p in pilots:
+        configs.setdefault(p.config_key, []).append(p)
+    rows = []
+    for runs in configs.values():
+        base = _simulated_s(runs[0], link, overhead, cores)
+        growth = (_simulated_s(runs[0], link, probe, cores) - base) / _PROBE_S
+        rows.append((growth, statistics.median(p.step_s - _simulated_s(p, link, overhead, cores) for p in runs)))
+    step_s, extra_gap_s = _non_negative_fit(rows)
+    return replace(overhead, step_s=step_s, gap_s=overhead.gap_s + extra_gap_s)
+
+
+def fit_pilots(pilots: Sequence[Pilot], link: Link, cores: Cores | None = None) -> PilotFit:
+    """The host overhead ``pilots`` show, per schedule among them and per family (see the module docstring).
+
+    torch runs each schedule its own way even within a family (1F1B posts the next forward's receive with the
+    previous backward's send, GPipe when it gets there), so a schedule with pilots of its own is predicted from
+    them; one without, from its family's. ``link`` is the one predictions will use; ``cores`` the sharing they will
+    simulate (as :func:`~.predict.predict_training` does), so that the fitted costs are what is left beside them.
+    Runs of one configuration (``Pilot.config_key``) count as one equation, with the median of their steps.
+
+    Raises:
+        ValueError: no pilot, or pilots of different models or rank counts (the fit is for one of each).
+    """
+    from .calibrate import FAMILIES
+
+    if not pilots:
+        raise ValueError("fitting the host overhead from pilots needs at least one pilot job")
+    kinds = {(p.model, p.stages) for p in pilots}
+    if len(kinds) > 1:
+        raise ValueError(f"pilots of one model and rank count fit one overhead; got {sorted(kinds)} "
+                         f"({', '.join(p.out_dir for p in pilots)})")
+    schedules = {s: _fit([p for p in pilots if p.schedule == s], link, cores)
+                 for s in dict.fromkeys(p.schedule for p in pilots)}
+    families = {f: _fit([p for p in pilots if FAMILIES[p.schedule] == f], link, cores)
+                for f in dict.fromkeys(FAMILIES[p.schedule] for p in pilots)}
+    return PilotFit(schedules, families)
