@@ -21,6 +21,8 @@ EXAMPLES = """examples:
   stallfree bench plan --stages 2 --json-file bench-plan.json              # measure the host overhead and link
   stallfree plan --model mlp --image-size 16 --devices 2 --device cpu --calibration bench-plan.json
   stallfree plan --model mlp --image-size 16 --devices 4 --device cpu --cores 2   # 4 stage processes, 2 cores
+  stallfree train --synthetic 512 --model mlp --image-size 16 --schedule gpipe --microbatches 2 --max-steps 8 --out p/g2
+  stallfree plan --model mlp --image-size 16 --devices 2 --device cpu --calibration bench-plan.json --pilots p/*
 """
 
 
@@ -66,6 +68,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a calibration JSON (what stallfree bench plan --json-file writes): rank with its measured "
                    "link and the host overhead of torch's schedule runtime per action kind, send, message and "
                    "step, for gloo on the CPU it was measured on (default: free runtime, --link)")
+    p.add_argument("--pilots", type=Path, nargs="+", default=None, metavar="RUN_DIR",
+                   help="--out folders of finished stallfree train jobs of this --model on this machine (say each "
+                   "schedule at a few and many --microbatches): their spans and steps fit the host overhead for the "
+                   "pipeline ranks they ran, per schedule, else per family; other rank counts keep --calibration's "
+                   "(docs/plan.md, \"Pilots\")")
     p.add_argument("--cross-link", default=None, help="bandwidth,latency between sites, e.g. 1GB/s,20ms")
     p.add_argument("--memory-per-device", default=None, help="e.g. 16GiB; plans that need more rank last")
     p.add_argument("--schedules", type=lambda t: t.split(","), default=list(SYNC_SCHEDULES),
@@ -113,6 +120,9 @@ def _check(args: argparse.Namespace) -> None:
         raise FileNotFoundError(f"--costs {args.costs}: no such file")
     if args.calibration is not None and not args.calibration.is_file():
         raise FileNotFoundError(f"--calibration {args.calibration}: no such file")
+    for folder in args.pilots or ():
+        if not folder.is_dir():
+            raise FileNotFoundError(f"--pilots {folder}: no such folder")
 
 
 def _layer_source(args: argparse.Namespace) -> tuple[Any, float, dict[str, Any]]:
@@ -167,6 +177,44 @@ def _calibration(args: argparse.Namespace) -> tuple[dict[str, Any], Any, Any]:
             "calibrations": {str(r): c.to_dict() for r, c in found.items()}}, overhead_for, link
 
 
+_PILOT_SOURCES = {"schedule": "from its pilots", "family": "from its family's", "none": "without"}
+
+
+def _pilots(args: argparse.Namespace, link: Any, cores: Any, fallback: Any) -> tuple[dict[str, Any], Any]:
+    """(what was used, for plan.json; (schedule, ranks) -> host overhead): ``--pilots``' fit, else ``fallback``."""
+    from stallfree.stage_runtime.plan.costs import HostOverhead
+    from stallfree.stage_runtime.plan.pilots import fit_pilots, read_pilot
+
+    if not args.pilots:
+        return {}, fallback
+    pilots = [read_pilot(folder) for folder in args.pilots]
+    models = sorted({p.model for p in pilots})
+    if args.costs is None and models != [args.model]:
+        raise ValueError(f"--pilots ran {', '.join(models)}, not --model {args.model}: pilots fit the overhead of "
+                         "the model they ran")
+    by_ranks: dict[int, list[Any]] = {}
+    for p in pilots:
+        by_ranks.setdefault(p.stages, []).append(p)
+    fits = {ranks: fit_pilots(mine, link, cores) for ranks, mine in sorted(by_ranks.items())}
+
+    def overhead_for(schedule: str, ranks: int) -> Any:
+        fit = fits.get(ranks)
+        found = fit.overhead(schedule) if fit is not None else None
+        if found is not None:
+            return found
+        return fallback if isinstance(fallback, HostOverhead) else fallback(schedule, ranks)
+
+    runs = ", ".join(f"{p.schedule} S={p.stages} M={p.microbatches}" for p in pilots)
+    other = "--calibration's" if args.calibration else "no host overhead"
+    sources = "; ".join(
+        f"S={r}: " + ", ".join(f"{s} {_PILOT_SOURCES[fit.source(s)]}" for s in args.schedules)
+        for r, fit in fits.items())
+    describe = (f"host overhead fitted from {len(pilots)} pilot job(s) ({runs}); {sources} ({other} where "
+                f"no pilot of the family ran, and for other rank counts)")
+    return {"folders": [str(f) for f in args.pilots], "describe": describe,
+            "fits": {str(r): f.to_dict() for r, f in fits.items()}}, overhead_for
+
+
 def run(args: argparse.Namespace) -> int:
     """Measure, simulate, print the table, write plan.json and timeline.png; returns the exit code."""
     _check(args)
@@ -210,6 +258,7 @@ def _run(args: argparse.Namespace) -> int:
     network = Network(args.devices, link, cross, sites)
     limit = parse_bytes(args.memory_per_device) if args.memory_per_device else None
     cores = Cores(args.cores, _threads(args)) if args.cores else None
+    piloted, overhead_for = _pilots(args, link, cores, overhead_for)
     layers_for, optimizer_s, source = _layer_source(args)
     skipped: list[str] = []
     plans = rank_plans(layers_for, optimizer_s, args.batch_size, network, limit, args.schedules,
@@ -227,6 +276,8 @@ def _run(args: argparse.Namespace) -> int:
           f"({links}){memory}: {len(plans)} configurations simulated", file=out)
     if calibrated:
         print(f"host overhead and link calibrated: {calibrated['describe']}", file=out)
+    if piloted:
+        print(piloted["describe"], file=out)
     if limit and not best.fits:
         print(f"none fits in {args.memory_per_device} per device: the smallest needs "
               f"{_mib(min(max(c.memory_bytes) for c in plans))}; shown fastest first anyway", file=out)
@@ -261,7 +312,8 @@ def _run(args: argparse.Namespace) -> int:
               "batch_size": args.batch_size, "devices": args.devices, "sites": sites, "link": link.describe(),
               "cross_link": cross.describe(), "memory_per_device": limit, "costs": source,
               "cores": None if cores is None else asdict(cores),
-              "optimizer_s": optimizer_s, "calibration": calibrated or None, "best": best.to_dict(),
+              "optimizer_s": optimizer_s, "calibration": calibrated or None, "pilots": piloted or None,
+              "best": best.to_dict(),
               "train_command": train,
               "candidates": [c.to_dict() for c in plans], "skipped": skipped, "asynchronous": asynchronous}
     args.out.mkdir(parents=True, exist_ok=True)
