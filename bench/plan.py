@@ -186,6 +186,7 @@ def _median_cell(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for key in ("measured_step_s", "predicted_step_s", "measured_bubble", "predicted_bubble"):
         row[key] = statistics.median(r[key] for r in runs)
     row["runs_step_s"] = [r["measured_step_s"] for r in runs]
+    row["runs_spread"] = max(row["runs_step_s"]) / min(row["runs_step_s"])
     row["step_error"] = row["predicted_step_s"] / row["measured_step_s"] - 1
     row["within"] = (abs(row["step_error"]) <= STEP_TOLERANCE
                      and abs(row["predicted_bubble"] - row["measured_bubble"]) <= BUBBLE_POINTS)
@@ -337,6 +338,10 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
     print(f"{hits} of {len(rows)} cells within {STEP_TOLERANCE:.0%} step time and {BUBBLE_POINTS * 100:.0f} bubble "
           f"points" + (f"; of the {len(others)} cells whose configuration no pilot ran, {_hits(others)}"
                        if len(others) < len(rows) else ""), file=out)
+    spread = statistics.median(r["runs_spread"] for r in rows) if rows else None
+    if spread is not None and args.repeats > 1:
+        print(f"a cell's {args.repeats} runs, slowest over fastest: median {spread:.2f} over the cells (how much this "
+              f"machine moved between runs of one job; the step target allows {STEP_TOLERANCE:.0%})", file=out)
     compared = [r for r in rows if "calibration_only" in r]
     if compared:
         print(f"the same runs predicted from the near-empty pipeline's calibration alone (--no-pilots): "
@@ -354,6 +359,7 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
             "link": given.describe() if given else None, "link_source": how, "overhead_used": not args.no_overhead,
             "cores_shared": not args.no_sharing,
             "calibration": calibrations, "pilots": pilot_fits, "rows": rows, "within": hits, "cells": len(rows),
-            "within_without_pilot_config": _hits(others), "cells_without_pilot_config": len(others),
+            "median_runs_spread": spread, "within_without_pilot_config": _hits(others),
+            "cells_without_pilot_config": len(others),
             "within_calibration_only": sum(r["calibration_only"]["within"] for r in compared) if compared else None,
             "top_choice": tops, "skipped": skipped}

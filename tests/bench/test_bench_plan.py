@@ -26,6 +26,8 @@ def test_bench_plan_sets_prediction_beside_measurement(tmp_path: Path, capsys: p
     assert row["measured_step_s"] > 0 and row["predicted_step_s"] > 0 and 0 <= row["predicted_bubble"] <= 1
     assert row["step_error"] == pytest.approx(row["predicted_step_s"] / row["measured_step_s"] - 1)
     assert len(row["runs_step_s"]) == 2  # each job ran twice; the cell is their median
+    assert row["runs_spread"] == pytest.approx(max(row["runs_step_s"]) / min(row["runs_step_s"]))
+    assert "a cell's 2 runs, slowest over fastest: median" in text and result["median_runs_spread"] >= 1
     assert row["measured_step_s"] == pytest.approx(sum(row["runs_step_s"]) / 2)
     # M=3 does not divide the batch: said, not silently dropped
     assert sorted(s.split(":")[0] for s in result["skipped"]) == ["mlp gpipe S=2 M=3", "mlp zbv S=2 M=3"]
