@@ -195,10 +195,8 @@ def _median_cell(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _overhead_line(o: dict[str, Any]) -> str:
     kinds = ", ".join(f"{k} {v * 1e6:.0f}" for k, v in o["kind_s"].items())
-    scales = ", ".join(f"{k} {v:.2f}" for k, v in o.get("kind_scale", {}).items())
-    return (f"us per action {kinds}" + (f" (beside compute x {scales})" if scales else "") + f"; "
-            f"{o['gap_s'] * 1e6:.0f} us between actions, {o['send_s'] * 1e6:.0f} us per send, "
-            f"{o['message_s'] * 1e6:.0f} us per receive, {o['step_s'] * 1e6:.0f} us per step")
+    return (f"us per action {kinds}; {o['gap_s'] * 1e6:.0f} us between actions, {o['send_s'] * 1e6:.0f} us per "
+            f"send, {o['message_s'] * 1e6:.0f} us per receive, {o['step_s'] * 1e6:.0f} us per step")
 
 
 def _pilot_names(rows: list[dict[str, Any]], model: str, stages: str) -> str:

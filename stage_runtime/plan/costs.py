@@ -127,9 +127,7 @@ class HostOverhead:
     made it; ``None``: the same as ``message_s``): posting and completing a gloo operation, idle in the trainer's
     bubble. ``gap_s`` idles a rank after each of its actions, before the next (and before its send): the
     runtime's own bookkeeping between two chunk calls. ``step_s`` is the schedule step's own set-up (splitting the
-    batch into micro-batches, merging the losses), idle on every rank. ``kind_scale`` multiplies the compute of the
-    kinds it names (``(("F", 1.2),)``): what a layer takes inside a job over what the partitioner timed alone
-    (fitted from pilot jobs, :mod:`~stallfree.stage_runtime.plan.pilots`; 1 for the others). Measured by
+    batch into micro-batches, merging the losses), idle on every rank. Measured by
     :func:`~stallfree.stage_runtime.plan.calibrate.calibrate_host`.
     """
 
@@ -139,7 +137,6 @@ class HostOverhead:
     send_s: float | None = None
     kind_s: tuple[tuple[str, float], ...] = ()
     gap_s: float = 0.0
-    kind_scale: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         values = [self.action_s, self.message_s, self.step_s, self.sender_s, self.gap_s, *(v for _, v in self.kind_s)]
@@ -147,9 +144,7 @@ class HostOverhead:
             raise ValueError(f"host overheads must be >= 0 seconds, got action {self.action_s}, message "
                              f"{self.message_s}, step {self.step_s}, send {self.send_s}, gap {self.gap_s}, per kind "
                              f"{dict(self.kind_s)}")
-        if any(v <= 0 for _, v in self.kind_scale):
-            raise ValueError(f"compute scales per action kind must be > 0, got {dict(self.kind_scale)}")
-        unknown = [k for k, _ in (*self.kind_s, *self.kind_scale) if k not in KINDS]
+        unknown = [k for k, _ in self.kind_s if k not in KINDS]
         if unknown:
             raise ValueError(f"host overhead per action kind: unknown kinds {unknown}; choose from {', '.join(KINDS)}")
 
@@ -162,20 +157,14 @@ class HostOverhead:
         """What one action of ``kind`` (F, B, I or W) costs beside its compute."""
         return dict(self.kind_s).get(kind, self.action_s)
 
-    def scale(self, kind: str) -> float:
-        """What one second of ``kind``'s compute, as the partitioner timed it, takes in a job."""
-        return dict(self.kind_scale).get(kind, 1.0)
-
     def actions_only(self) -> HostOverhead:
         """The per-action costs alone (the bubble's causes keep them: they are part of each action)."""
-        return HostOverhead(self.action_s, kind_s=self.kind_s, send_s=0.0, gap_s=self.gap_s,
-                            kind_scale=self.kind_scale)
+        return HostOverhead(self.action_s, kind_s=self.kind_s, send_s=0.0, gap_s=self.gap_s)
 
     def to_dict(self) -> dict[str, Any]:
         """As JSON (:meth:`from_dict` reads it back)."""
         return {"action_s": self.action_s, "message_s": self.message_s, "step_s": self.step_s,
-                "send_s": self.sender_s, "gap_s": self.gap_s, "kind_s": dict(self.kind_s),
-                "kind_scale": dict(self.kind_scale)}
+                "send_s": self.sender_s, "gap_s": self.gap_s, "kind_s": dict(self.kind_s)}
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> HostOverhead:
@@ -186,17 +175,14 @@ class HostOverhead:
         """
         if not isinstance(data, dict):
             raise ValueError(f"{where}: the host overhead wants an object, got {data!r}")
-        kinds, scales = data.get("kind_s", {}), data.get("kind_scale", {})
+        kinds = data.get("kind_s", {})
         if not isinstance(kinds, dict):
             raise ValueError(f"{where}: 'kind_s' wants an object of action kind -> seconds, got {kinds!r}")
-        if not isinstance(scales, dict):
-            raise ValueError(f"{where}: 'kind_scale' wants an object of action kind -> factor, got {scales!r}")
         send = data.get("send_s")
         return cls(_number(data, "action_s", where, 0.0), _number(data, "message_s", where, 0.0),
                    _number(data, "step_s", where, 0.0), None if send is None else _number(data, "send_s", where),
                    tuple((str(k), _number(kinds, k, f"{where}, kind_s")) for k in sorted(kinds)),
-                   _number(data, "gap_s", where, 0.0),
-                   tuple((str(k), _number(scales, k, f"{where}, kind_scale")) for k in sorted(scales)))
+                   _number(data, "gap_s", where, 0.0))
 
 
 NO_OVERHEAD = HostOverhead()

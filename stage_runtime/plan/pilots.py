@@ -36,12 +36,11 @@ from typing import Any
 from .attribution import Measured, fit_overhead, trainer_steps
 from .costs import Cores, HostOverhead, LayerTimes, Link, StageCost, stage_costs
 from .orders import Op, placement, torch_order
-from .simulate import compute_s, simulate
+from .simulate import simulate
 
 __all__ = ["Pilot", "PilotFit", "fit_pilots", "measured_step", "read_pilot"]
 
 _PROBE_S = 1e-4  # the extra gap at which the simulated step's growth per second of gap is read
-_MIN_SCALE = 0.1  # a kind whose spans grow less with its compute than this keeps the mean seconds beyond it
 
 
 @dataclass(frozen=True)
@@ -172,26 +171,9 @@ class PilotFit:
                 "families": {k: v.to_dict() for k, v in self.families.items()}}
 
 
-def _per_kind(pilots: Sequence[Pilot], overhead: HostOverhead) -> HostOverhead:
-    """``overhead`` with each kind's busy time refitted as a scale of its compute plus seconds (see above)."""
-    points: dict[str, list[tuple[float, float]]] = {}
-    for p in pilots:
-        for spans in p.steps:
-            for s in spans:
-                if s.op.kind != "O":
-                    points.setdefault(s.op.kind, []).append((compute_s(s.op, p.costs[s.op.stage]), s.end - s.start))
-    kind_s, scales = dict(overhead.kind_s), {}
-    for kind, rows in points.items():
-        seconds, scale = _non_negative_fit(rows)
-        if scale >= _MIN_SCALE:  # else the spans do not grow with the compute: keep the mean beyond it
-            kind_s[kind], scales[kind] = seconds, scale
-    return replace(overhead, kind_s=tuple(sorted(kind_s.items())), kind_scale=tuple(sorted(scales.items())))
-
-
 def _fit(pilots: Sequence[Pilot], link: Link, cores: Cores | None) -> HostOverhead:
     """One overhead for ``pilots`` (see the module docstring)."""
     overhead, _ = fit_overhead([p.measured() for p in pilots], link)
-    overhead = _per_kind(pilots, overhead)
     probe = replace(overhead, gap_s=overhead.gap_s + _PROBE_S)
     configs: dict[tuple[str, str, int, int], list[Pilot]] = {}
     for p in pilots:

@@ -274,7 +274,7 @@ def simulate(program: Mapping[int, Sequence[Op]], owner: Sequence[int], costs: S
         else:
             op = program[r][nxt[r]]
             nxt[r] += 1
-            work = opt[r] if op.kind == "O" else compute_s(op, costs[op.stage]) * overhead.scale(op.kind)
+            work = opt[r] if op.kind == "O" else compute_s(op, costs[op.stage])
             host = 0.0 if op.kind == "O" else overhead.action(op.kind)
             reshare(t, sum(x.end is None for x in running.values()) + 1)
             running[r] = _Running(op, t, work, t, host)

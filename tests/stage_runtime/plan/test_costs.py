@@ -4,15 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stallfree.stage_runtime.plan.costs import (
-    HostOverhead,
-    LayerTimes,
-    Link,
-    StageCost,
-    parse_bytes,
-    parse_link,
-    stage_costs,
-)
+from stallfree.stage_runtime.plan.costs import LayerTimes, Link, StageCost, parse_bytes, parse_link, stage_costs
 
 
 @pytest.mark.parametrize(("text", "rate", "latency"), [
@@ -49,18 +41,3 @@ def test_stage_costs_sum_layers_and_share_the_optimizer_by_parameters():
     assert both == StageCost(2.0, 4.0, 2.0, 12, 7, 40, 0.0)
     with pytest.raises(ValueError, match="summing to 2 layers"):
         stage_costs(layers, (1,))
-
-
-def test_a_compute_scale_per_kind_stretches_that_kinds_compute_alone() -> None:
-    from stallfree.stage_runtime.plan.orders import torch_order
-    from stallfree.stage_runtime.plan.simulate import simulate
-
-    costs = stage_costs([LayerTimes(1e-3, 2e-3, 1e-3, 0, 16)], (1,))
-    scaled = HostOverhead(kind_scale=(("F", 1.5),))
-    result = simulate(torch_order("gpipe", 1, 2), [0], costs, lambda a, b: Link(1e9, 0.0), overhead=scaled)
-    assert [round(s.end - s.start, 9) for s in result.spans] == [1.5e-3, 1.5e-3, 2e-3, 2e-3]
-    assert HostOverhead.from_dict(scaled.to_dict(), "here").kind_scale == (("F", 1.5),)
-    with pytest.raises(ValueError, match="must be > 0"):
-        HostOverhead(kind_scale=(("B", 0.0),))
-    with pytest.raises(ValueError, match="'kind_scale' wants an object"):
-        HostOverhead.from_dict({"kind_scale": [1.2]}, "calibration.json")

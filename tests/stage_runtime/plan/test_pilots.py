@@ -111,12 +111,3 @@ def test_a_pilot_folder_missing_what_the_trainer_writes_is_named(tmp_path: Path)
                                                                           (2.0, 0.2))]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert measured_step(tmp_path) == (2.0, 0.2)  # the median after the first step
-
-
-def test_compute_that_runs_slower_in_a_job_is_fitted_as_a_scale_per_kind() -> None:
-    truth = replace(TRUTH, kind_scale=(("B", 1.2), ("F", 1.4)))  # each kind's compute takes this much longer
-    fitted = fit_pilots([_pilot("gpipe", 2, truth), _pilot("gpipe", 8, truth)], LINK).overhead("gpipe")
-    assert fitted is not None
-    assert dict(fitted.kind_scale) == pytest.approx({"B": 1.2, "F": 1.4}, rel=1e-6)
-    assert dict(fitted.kind_s) == pytest.approx({"B": 150e-6, "F": 90e-6}, abs=1e-9)
-    assert _simulated("1f1b", 4, fitted) == pytest.approx(_simulated("1f1b", 4, truth), rel=1e-9)
