@@ -5,7 +5,7 @@ per stage, so nothing else wants the cores while the runtime's Python runs. In a
 the other stage process computes on the other core while this one posts its sends, gloo's threads copy the
 messages on the same cores, and a layer runs colder than when the partitioner times it alone (best of 3, hot
 caches). On this 2-core machine a job's actions took 1.1-1.4x their partitioner time plus the calibrated overhead,
-and its gaps between actions 2-4x the calibrated gap (docs/train.md, "Pilots"). A few short jobs of the model
+and its gaps between actions 2-4x the calibrated gap (docs/plan.md, "Pilots"). A few short jobs of the model
 itself, with the schedules the prediction is for, show those costs where they are paid.
 
 From pilot jobs' output folders (what ``stallfree train`` writes: ``summary.json`` with the job's config, split
@@ -108,7 +108,10 @@ def read_pilot(out_dir: str | Path) -> Pilot:
     if not layers:
         raise ValueError(f"{path}: no layer costs (a job given --balance measures none); run the pilot without "
                          "--balance")
-    config = TrainConfig(**summary["config"])
+    try:
+        config = TrainConfig(**summary["config"])
+    except (KeyError, TypeError) as err:
+        raise ValueError(f"{path}: its 'config' is not a stallfree train job's ({err})") from None
     per_rank = config.spec.stages_per_rank(config.virtual_stages)
     program = torch_order(config.schedule, config.stages, config.microbatches, per_rank)
     costs = stage_costs([LayerTimes(**c) for c in layers["layers"]], summary["balance"],

@@ -102,6 +102,9 @@ def test_a_pilot_folder_missing_what_the_trainer_writes_is_named(tmp_path: Path)
     (tmp_path / "summary.json").write_text(json.dumps({"layer_costs": None, "config": {}}))
     with pytest.raises(ValueError, match="no layer costs.*--balance"):
         read_pilot(tmp_path)
+    (tmp_path / "summary.json").write_text(json.dumps({"layer_costs": {"layers": []}, "config": {"shards": 3}}))
+    with pytest.raises(ValueError, match="summary.json: its 'config' is not a stallfree train job's"):
+        read_pilot(tmp_path)
     with pytest.raises(FileNotFoundError, match=r"train\.jsonl: no such file"):
         measured_step(tmp_path)
     (tmp_path / "train.jsonl").write_text(json.dumps({"event": "start"}) + "\n")
