@@ -153,18 +153,15 @@ def _row(config: Any, summary: dict[str, Any], link: Any, overhead: Any, share_c
     """One cell: measured (train.jsonl and the spans) beside predicted, from the layer costs rank 0 measured."""
     from stallfree.stage_runtime.plan.attribution import attribute, trainer_steps
     from stallfree.stage_runtime.plan.costs import LayerTimes
-    from stallfree.stage_runtime.plan.orders import placement, torch_order
     from stallfree.stage_runtime.plan.pilots import measured_step
-    from stallfree.stage_runtime.plan.predict import predict_training
+    from stallfree.stage_runtime.plan.predict import job_program, predict_training
 
     step_s, bubble = measured_step(config.out_dir)
     costs = summary.get("layer_costs")
     measured = None if costs is None else ([LayerTimes(**c) for c in costs["layers"]], float(costs["optimizer_s"]))
     predicted = predict_training(config, tuple(summary["balance"]), summary["num_classes"], link, overhead,
                                  measured=measured, share_cores=share_cores)
-    per_rank = config.spec.stages_per_rank(config.virtual_stages)
-    order = torch_order(config.schedule, config.stages, config.microbatches, per_rank)
-    owner = placement(config.schedule, config.stages, config.stages * per_rank)
+    order, owner = job_program(config)
     shown = attribute(trainer_steps(config.out_dir, order), owner)
     return {"model": config.model, "schedule": config.schedule, "stages": config.stages,
             "microbatches": config.microbatches, "balance": summary["balance"],

@@ -34,8 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from .attribution import Measured, fit_overhead, trainer_steps
+from .calibrate import FAMILIES
 from .costs import Cores, HostOverhead, LayerTimes, Link, StageCost, stage_costs
-from .orders import Op, placement, torch_order
+from .orders import Op
+from .predict import job_program
 from .simulate import simulate
 
 __all__ = ["Pilot", "PilotFit", "fit_pilots", "measured_step", "read_pilot"]
@@ -112,13 +114,12 @@ def read_pilot(out_dir: str | Path) -> Pilot:
         config = TrainConfig(**summary["config"])
     except (KeyError, TypeError) as err:
         raise ValueError(f"{path}: its 'config' is not a stallfree train job's ({err})") from None
-    per_rank = config.spec.stages_per_rank(config.virtual_stages)
-    program = torch_order(config.schedule, config.stages, config.microbatches, per_rank)
+    program, owner = job_program(config)
     costs = stage_costs([LayerTimes(**c) for c in layers["layers"]], summary["balance"],
                         float(layers["optimizer_s"]))
     return Pilot(str(out), config.model, config.schedule, config.stages, config.microbatches, program,
-                 tuple(placement(config.schedule, config.stages, config.stages * per_rank)), tuple(costs),
-                 measured_step(out)[0], tuple(tuple(s) for s in trainer_steps(out, program)))
+                 tuple(owner), tuple(costs), measured_step(out)[0],
+                 tuple(tuple(s) for s in trainer_steps(out, program)))
 
 
 def _simulated_s(pilot: Pilot, link: Link, overhead: HostOverhead, cores: Cores | None) -> float:
@@ -156,14 +157,10 @@ class PilotFit:
 
     def overhead(self, schedule: str) -> HostOverhead | None:
         """The schedule's own fit, else its family's; None if no pilot ran either."""
-        from .calibrate import FAMILIES
-
         return self.schedules.get(schedule) or self.families.get(FAMILIES.get(schedule, ""))
 
     def source(self, schedule: str) -> str:
         """Which pilots :meth:`overhead` took for ``schedule``: ``schedule``, ``family`` or ``none``."""
-        from .calibrate import FAMILIES
-
         if schedule in self.schedules:
             return "schedule"
         return "family" if FAMILIES.get(schedule) in self.families else "none"
@@ -183,9 +180,9 @@ def _fit(pilots: Sequence[Pilot], link: Link, cores: Cores | None) -> HostOverhe
         configs.setdefault(p.config_key, []).append(p)
     rows = []
     for runs in configs.values():
-        base = _simulated_s(runs[0], link, overhead, cores)
-        growth = (_simulated_s(runs[0], link, probe, cores) - base) / _PROBE_S
-        rows.append((growth, statistics.median(p.step_s - _simulated_s(p, link, overhead, cores) for p in runs)))
+        simulated = [_simulated_s(p, link, overhead, cores) for p in runs]
+        growth = (_simulated_s(runs[0], link, probe, cores) - simulated[0]) / _PROBE_S
+        rows.append((growth, statistics.median(p.step_s - s for p, s in zip(runs, simulated, strict=True))))
     step_s, extra_gap_s = _non_negative_fit(rows)
     return replace(overhead, step_s=step_s, gap_s=overhead.gap_s + extra_gap_s)
 
@@ -202,8 +199,6 @@ def fit_pilots(pilots: Sequence[Pilot], link: Link, cores: Cores | None = None) 
     Raises:
         ValueError: no pilot, or pilots of different models or rank counts (the fit is for one of each).
     """
-    from .calibrate import FAMILIES
-
     if not pilots:
         raise ValueError("fitting the host overhead from pilots needs at least one pilot job")
     kinds = {(p.model, p.stages) for p in pilots}

@@ -22,12 +22,19 @@ from typing import Any
 
 from stallfree.stage_runtime.plan.attribution import attribute
 from stallfree.stage_runtime.plan.costs import NO_OVERHEAD, Cores, HostOverhead, Link, parse_link, stage_costs
-from stallfree.stage_runtime.plan.orders import placement, torch_order
+from stallfree.stage_runtime.plan.orders import Op, placement, torch_order
 from stallfree.stage_runtime.plan.simulate import simulate_step
 
-__all__ = ["DEFAULT_LINK", "job_cores", "predict_training"]
+__all__ = ["DEFAULT_LINK", "job_cores", "job_program", "predict_training"]
 
 DEFAULT_LINK = "25GB/s,5us"  # stallfree plan's default, for a GPU job (the calibration measures gloo on CPU)
+
+
+def job_program(config: Any) -> tuple[dict[int, list[Op]], list[int]]:
+    """What each rank of ``config``'s job runs, in torch's order, and the rank of each model stage."""
+    per_rank = config.spec.stages_per_rank(config.virtual_stages)
+    return (torch_order(config.schedule, config.stages, config.microbatches, per_rank),
+            placement(config.schedule, config.stages, config.model_stages))
 
 
 def job_cores(config: Any) -> Cores | None:
@@ -69,7 +76,6 @@ def predict_training(config: Any, balance: tuple[int, ...], num_classes: int, li
     from stallfree.stage_runtime.train.models import build_model
 
     micro = config.batch_size // config.microbatches
-    per_rank = config.spec.stages_per_rank(config.virtual_stages)
     threads = stage_threads(config.world_size, config.threads)
     source = "given" if link is not None else "default"
     if link is None and not config.device.startswith("cuda"):
@@ -91,8 +97,7 @@ def predict_training(config: Any, balance: tuple[int, ...], num_classes: int, li
         finally:
             torch.set_num_threads(previous)  # process-wide: leave it as we found it
     costs = stage_costs(layers, balance, optimizer_s)
-    order = torch_order(config.schedule, config.stages, config.microbatches, per_rank)
-    owner = placement(config.schedule, config.stages, config.stages * per_rank)
+    order, owner = job_program(config)
     sharing = job_cores(config) if share_cores else None
     result = simulate_step(order, owner, costs, lambda a, b: link, causes=True, overhead=overhead, cores=sharing)
     assert result.bubble is not None  # causes=True splits it
