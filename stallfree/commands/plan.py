@@ -159,7 +159,7 @@ def _calibration(args: argparse.Namespace) -> tuple[dict[str, Any], Any, Any]:
     from stallfree.stage_runtime.plan.costs import NO_OVERHEAD
 
     if args.calibration is None:
-        return {}, NO_OVERHEAD, None
+        return {}, lambda schedule, ranks: NO_OVERHEAD, None
     found = read_calibration(args.calibration)
     used: dict[int, int] = {}
 
@@ -181,8 +181,7 @@ _PILOT_SOURCES = {"schedule": "from its pilots", "family": "from its family's", 
 
 
 def _pilots(args: argparse.Namespace, link: Any, cores: Any, fallback: Any) -> tuple[dict[str, Any], Any]:
-    """(what was used, for plan.json; (schedule, ranks) -> host overhead): ``--pilots``' fit, else ``fallback``."""
-    from stallfree.stage_runtime.plan.costs import HostOverhead
+    """(what was used, for plan.json; (schedule, ranks) -> host overhead): ``--pilots``' fit, else ``fallback``'s."""
     from stallfree.stage_runtime.plan.pilots import fit_pilots, read_pilot
 
     if not args.pilots:
@@ -202,7 +201,7 @@ def _pilots(args: argparse.Namespace, link: Any, cores: Any, fallback: Any) -> t
         found = fit.overhead(schedule) if fit is not None else None
         if found is not None:
             return found
-        return fallback if isinstance(fallback, HostOverhead) else fallback(schedule, ranks)
+        return fallback(schedule, ranks)
 
     runs = ", ".join(f"{p.schedule} S={p.stages} M={p.microbatches}" for p in pilots)
     other = "--calibration's" if args.calibration else "no host overhead"
