@@ -149,28 +149,35 @@ def _load(avg: tuple[float, float, float]) -> str:
     return ", ".join(f"{v:.1f}" for v in avg)
 
 
-def _row(config: Any, summary: dict[str, Any], link: Any, overhead: Any, share_cores: bool) -> dict[str, Any]:
-    """One cell: measured (train.jsonl and the spans) beside predicted, from the layer costs rank 0 measured."""
-    from stallfree.stage_runtime.plan.attribution import attribute, trainer_steps
+def _predicted(config: Any, summary: dict[str, Any], link: Any, overhead: Any, share_cores: bool) -> dict[str, Any]:
+    """The simulator's prediction for one run of a job, from the layer costs its rank 0 measured."""
     from stallfree.stage_runtime.plan.costs import LayerTimes
-    from stallfree.stage_runtime.plan.pilots import measured_step
-    from stallfree.stage_runtime.plan.predict import job_program, predict_training
+    from stallfree.stage_runtime.plan.predict import predict_training
 
-    step_s, bubble = measured_step(config.out_dir)
     costs = summary.get("layer_costs")
     measured = None if costs is None else ([LayerTimes(**c) for c in costs["layers"]], float(costs["optimizer_s"]))
-    predicted = predict_training(config, tuple(summary["balance"]), summary["num_classes"], link, overhead,
-                                 measured=measured, share_cores=share_cores)
+    return predict_training(config, tuple(summary["balance"]), summary["num_classes"], link, overhead,
+                            measured=measured, share_cores=share_cores)
+
+
+def _row(config: Any, summary: dict[str, Any], predicted: dict[str, Any]) -> dict[str, Any]:
+    """One run of a cell: measured (train.jsonl and the spans) beside ``predicted`` (:func:`_predicted`)."""
+    from stallfree.stage_runtime.plan.attribution import attribute, trainer_steps
+    from stallfree.stage_runtime.plan.pilots import measured_step
+    from stallfree.stage_runtime.plan.predict import job_program
+
+    step_s, bubble = measured_step(config.out_dir)
     order, owner = job_program(config)
     shown = attribute(trainer_steps(config.out_dir, order), owner)
     return {"model": config.model, "schedule": config.schedule, "stages": config.stages,
             "microbatches": config.microbatches, "balance": summary["balance"],
-            "measured_step_s": step_s, "predicted_step_s": predicted["step_s"],
-            "measured_bubble": bubble, "predicted_bubble": predicted["bubble"],
-            "step_error": predicted["step_s"] / step_s - 1, "cores": predicted["cores"],
-            "within": abs(predicted["step_s"] / step_s - 1) <= STEP_TOLERANCE
-            and abs(predicted["bubble"] - bubble) <= BUBBLE_POINTS,
-            "measured_spans": shown.to_dict(),
+            "measured_step_s": step_s, "measured_bubble": bubble, "cores": predicted["cores"],
+            "measured_spans": shown.to_dict(), **_prediction(predicted)}
+
+
+def _prediction(predicted: dict[str, Any]) -> dict[str, Any]:
+    """A row's predicted fields from :func:`_predicted`'s result."""
+    return {"predicted_step_s": predicted["step_s"], "predicted_bubble": predicted["bubble"],
             "predicted_spans": {k: predicted[k] for k in ("per_action_s", "per_message_s", "send_s")}}
 
 
@@ -290,13 +297,17 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
                 calibrated = NO_OVERHEAD if args.no_overhead else calibration.overhead(first.schedule)
                 fit = fitted.get(first.model)
                 overhead = (fit.overhead(first.schedule) if fit else None) or calibrated
-                row = _median_cell([_row(c, summaries[c.out_dir], link, overhead, not args.no_sharing) for c in cell])
+                share = not args.no_sharing
+                runs_of_cell = [_row(c, summaries[c.out_dir],
+                                     _predicted(c, summaries[c.out_dir], link, overhead, share)) for c in cell]
+                row = _median_cell(runs_of_cell)
                 row["overhead_from"] = f"pilots ({fit.source(first.schedule)})" if fit and overhead is not calibrated \
                     else "calibration"
                 row["pilot_config"] = (first.model, first.schedule, first.microbatches) in piloted
                 if overhead is not calibrated:  # the same runs, predicted from the calibration alone
-                    alone = _median_cell([_row(c, summaries[c.out_dir], link, calibrated, not args.no_sharing)
-                                          for c in cell])
+                    alone = _median_cell([{**r, **_prediction(_predicted(c, summaries[c.out_dir], link, calibrated,
+                                                                          share))}
+                                          for r, c in zip(runs_of_cell, cell, strict=True)])
                     row["calibration_only"] = {k: alone[k] for k in ("predicted_step_s", "predicted_bubble",
                                                                      "step_error", "within")}
                 rows.append(row)
