@@ -12,7 +12,9 @@ occurs inside it; an EXIF thumbnail's markers sit inside an APP1 segment, which 
 is complete when its IEND chunk is at the end, or followed by at most 64 bytes of trailing data (which PIL and
 DALI's decoders ignore). The other formats are complete when the data their header points to is all there (a
 WebP's RIFF size, a BMP's rows, a TIFF's strips or tiles, a JPEG 2000 codestream's end marker, a PNM's samples).
-Headers are parsed without decoding, in a few microseconds.
+Headers are parsed without decoding, in a few microseconds. Every read of a header is bounded and every value
+checked before use, so a hostile header (cut short, a count of 0, an offset past the size) is a
+:class:`BadImage` like any other, never a ``struct.error`` or ``IndexError`` that names no file.
 
 EXIF orientation: by default (``exif="ignore"``) the size is the stored one, as PIL's ``Image.open`` reports it and
 as the graph decodes it (DALI's ``adjust_orientation=False``). With ``exif="apply"`` the orientation tag is read
@@ -28,12 +30,13 @@ from __future__ import annotations
 import re
 import struct
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
 __all__ = [
-    "DEFAULT_MAX_PIXELS", "EXIF_MODES", "FORMATS", "FORMAT_NAMES", "BadImage", "Exif", "ImageHeader", "read_header"
+    "DEFAULT_MAX_PIXELS", "EXIF_MODES", "FORMATS", "FORMAT_NAMES", "TIFF_COMPRESSIONS", "BadImage", "Exif",
+    "ImageHeader", "read_header", "tiff_compression",
 ]
 
 #: The formats the one check takes (``ImageHeader.format``): those DALI's ``fn.decoders.image`` decodes.
@@ -81,6 +84,13 @@ class ImageHeader:
 
 
 _EXIF_ORIENTATION = 0x0112
+
+
+def _unpack(fmt: str, data: bytes, at: int, what: str) -> tuple[Any, ...]:
+    """``struct.unpack_from`` that refuses a header cut short with the check's own error, naming ``what``."""
+    if at < 0 or at + struct.calcsize(fmt) > len(data):
+        raise BadImage(f"truncated {what} (its header ends at byte {len(data)}, before the field at byte {at})")
+    return struct.unpack_from(fmt, data, at)
 
 
 def _tiff_orientation(tiff: bytes) -> int:
@@ -233,11 +243,31 @@ def _bmp(data: bytes) -> ImageHeader:
 
 
 _TIFF_SIZES = {1: 1, 3: 2, 4: 4, 16: 8}  # BYTE, SHORT, LONG, LONG8: the integer types a TIFF tag here may hold
+# The tags the check reads: each must hold a value when present.
+_TIFF_READ = frozenset({256, 257, 258, 259, 273, 277, 279, 324, 325, _EXIF_ORIENTATION})
+#: The TIFF compressions the check takes (the Compression tag, 259): none, CCITT (2-4), LZW, JPEG, Deflate (8, 32946)
+#: and PackBits, which every build of PIL decodes (libtiff's own codecs, zlib and libjpeg) and DALI decodes to the
+#: same pixels. ZSTD, LZMA and WebP are optional in libtiff, so a PIL without the codec cannot decode the strips;
+#: DALI 2.4 fails on LZMA and delivers a ZSTD strip it cannot decode as a black image. The rest decode otherwise.
+TIFF_COMPRESSIONS = frozenset({1, 2, 3, 4, 5, 7, 8, 32773, 32946})
+_TIFF_OTHER_COMPRESSIONS = {6: "old-style JPEG", 34925: "LZMA", 50000: "ZSTD", 50001: "WebP"}
+
+
+def tiff_compression(code: int) -> None:
+    """Refuse a TIFF Compression tag value not in :data:`TIFF_COMPRESSIONS`.
+
+    Raises:
+        BadImage: naming the compression and how to get the image in.
+    """
+    if code not in TIFF_COMPRESSIONS:
+        name = _TIFF_OTHER_COMPRESSIONS.get(code, "an unknown compression")
+        raise BadImage(f"TIFF compressed with {name} ({code}): not every PIL decodes it and DALI's decoder does not "
+                       "decode it as PIL does; save it with compression='tiff_lzw', or as PNG")
 
 
 def _tiff(data: bytes) -> ImageHeader:
     order = "<" if data[:2] == b"II" else ">"
-    (ifd,) = struct.unpack_from(order + "I", data, 4)
+    (ifd,) = _unpack(order + "I", data, 4, "TIFF")
     if ifd + 2 > len(data):
         raise BadImage("truncated TIFF (its first directory lies past the end of the file)")
     (count,) = struct.unpack_from(order + "H", data, ifd)
@@ -249,6 +279,8 @@ def _tiff(data: bytes) -> ImageHeader:
         size = _TIFF_SIZES.get(kind)
         if size is None:
             continue
+        if n == 0 and tag in _TIFF_READ:
+            raise BadImage(f"corrupt TIFF: tag {tag} has no values")
         at = entry + 8 if n * size <= 4 else struct.unpack_from(order + "I", data, entry + 8)[0]
         if at + n * size > len(data):
             raise BadImage(f"truncated TIFF (tag {tag}'s values lie past the end of the file)")
@@ -265,6 +297,7 @@ def _tiff(data: bytes) -> ImageHeader:
     if 258 not in tags and tags.get(259, [1]) == [1]:
         raise BadImage("uncompressed TIFF without a BitsPerSample tag (as PIL saves 1-bit images): DALI's decoder "
                        "refuses it; save it with compression='tiff_lzw', or as PNG")
+    tiff_compression(tags.get(259, [1])[0])
     depth = max(tags.get(258, [1]))
     orientation = tags.get(_EXIF_ORIENTATION, [1])[0]  # applied whatever ``exif`` says (module docstring)
     return ImageHeader("tiff", tags[257][0], tags[256][0], tags.get(277, [1])[0], orientation, depth)
@@ -279,6 +312,10 @@ def _j2k(data: bytes, boxed: bool) -> ImageHeader:
         raise BadImage("corrupt JPEG 2000: no SIZ segment after the start of the codestream")
     x, y, x0, y0 = struct.unpack_from(">IIII", data, 8)
     (components,) = struct.unpack_from(">H", data, 40)
+    if x0 >= x or y0 >= y:  # the image spans Xsiz - XOsiz by Ysiz - YOsiz
+        raise BadImage(f"corrupt JPEG 2000: image offset ({x0}, {y0}) not inside its size ({x}, {y})")
+    if components == 0:
+        raise BadImage("corrupt JPEG 2000: no components")
     depth = max((data[42 + 3 * c] & 0x7F) + 1 for c in range(components)) if len(data) >= 42 + 3 * components else 0
     if not data.endswith(b"\xff\xd9"):
         raise BadImage("truncated JPEG 2000 (no end-of-codestream marker at its end)")
@@ -295,7 +332,7 @@ def _jp2(data: bytes) -> ImageHeader:
         length, kind = struct.unpack_from(">I4s", data, pos)
         start = pos + 8
         if length == 1:
-            (length,) = struct.unpack_from(">Q", data, pos + 8)
+            (length,) = _unpack(">Q", data, pos + 8, "JPEG 2000")
             start += 8
         end = len(data) if length == 0 else pos + length
         if end > len(data) or end < start:
@@ -370,8 +407,10 @@ def read_header(
     else:
         # Never the bytes themselves: a reason goes into errors and Loader.skipped, and the file may be anything.
         raise BadImage(f"not an image the Loader decodes: its first bytes match none of {', '.join(FORMAT_NAMES)}")
-    if header.height == 0 or header.width == 0:
+    if header.height <= 0 or header.width <= 0:
         raise BadImage(f"{header.format} header claims a {header.height}x{header.width} image")
+    if header.channels <= 0:
+        raise BadImage(f"{header.format} header claims {header.channels} channels")
     if header.height * header.width > max_pixels:
         raise BadImage(
             f"{header.format} header claims {header.height}x{header.width} = {header.height * header.width} pixels, "

@@ -2,7 +2,9 @@
 
 The header is read with PIL (``Image.open`` is lazy: it parses the header and decodes nothing). JPEG and PNG, which
 shards keep as they are, must also pass the Loader's own check (:mod:`stallfree.ingest.images`, the one rule for
-a complete image), so that every image ingest accepts is one the Loader reads back. The size the
+a complete image), so that every image ingest accepts is one the Loader reads back; a TIFF must be compressed as
+that check takes (:data:`~stallfree.ingest.images.TIFF_COMPRESSIONS`), so that ingest and a Loader reading the
+same file from a folder agree, whatever codecs this PIL was built with. The size the
 header claims is compared with ``max_pixels`` *before* anything is decoded, so a 100000x100000 header never
 allocates its pixels. ``validate=True`` decodes every image fully. Nothing here unpickles.
 """
@@ -15,9 +17,9 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from PIL import Image
+from PIL import Image, TiffImagePlugin
 
-from stallfree.ingest.images import DEFAULT_MAX_PIXELS, BadImage, read_header
+from stallfree.ingest.images import DEFAULT_MAX_PIXELS, BadImage, read_header, tiff_compression
 
 __all__ = ["DEFAULT_MAX_PIXELS", "Checked", "Rejected", "check_image", "convert"]
 
@@ -43,13 +45,19 @@ def _why(err: Exception) -> str:
     return f"{type(err).__name__}: " + re.sub(r"<[^<>]* at 0x[0-9a-fA-F]+>", "the data", str(err))
 
 
-def _complete(data: bytes, fmt: str) -> None:
-    """JPEG and PNG go into shards as they are: the Loader's own check (``images.read_header``) must pass them."""
-    if fmt in _KEPT_FORMATS:
-        try:
+def _complete(data: bytes, image: Image.Image) -> None:
+    """JPEG and PNG go into shards as they are: the Loader's own check (``images.read_header``) must pass them.
+
+    A TIFF is re-encoded, but its compression must be one the Loader's check takes, so that the file is refused by
+    ingest and by a Loader on its folder alike.
+    """
+    try:
+        if image.format in _KEPT_FORMATS:
             read_header(data)
-        except BadImage as err:
-            raise Rejected(err.reason) from err
+        elif isinstance(image, TiffImagePlugin.TiffImageFile):
+            tiff_compression(int(image.tag_v2.get(TiffImagePlugin.COMPRESSION, 1)))
+    except BadImage as err:
+        raise Rejected(err.reason) from err
 
 
 def check_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, validate: bool = False) -> Checked:
@@ -78,7 +86,7 @@ def check_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, validate: 
             raise Rejected(
                 f"{fmt} header claims {height}x{width} = {height * width} pixels, more than max_pixels={max_pixels}"
             )
-        _complete(data, fmt)
+        _complete(data, image)
         if validate:
             try:
                 image.load()
