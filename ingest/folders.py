@@ -48,6 +48,9 @@ def outside_root(root: Path, candidates: Sequence[str]) -> list[str | None]:
         if not candidate:
             out.append("empty path")
             continue
+        if "\0" in candidate:  # no file system takes one; os.stat would raise "embedded null byte", naming no row
+            out.append("the path holds a NUL byte")
+            continue
         if os.path.isabs(candidate) or candidate.startswith(("/", "\\")):
             out.append("absolute path (paths must be relative to the source root)")
             continue

@@ -1,4 +1,14 @@
-"""Every row's label as one file beside the manifest: ``labels.npy``, so a reader need not open every shard.
+"""Labels: the one rule a label must pass, and every row's label as one file beside the manifest (``labels.npy``).
+
+**The rule**, shared by ``stallfree ingest`` and the Loader's readers so that the two accept and refuse the same
+labels: a label is a class number, a whole number in ``0 .. MAX_CLASSES - 1`` (4,194,303: more classes than any
+classification set holds, and few enough that the list of class names ``"0" .. "N"`` a reader builds from the largest
+label stays small), or a class name (a string column: the sorted distinct names number the classes, at most
+``MAX_CLASSES`` of them). A WebDataset ``.cls`` holds ASCII digits (:func:`parse_label`: ``"²"`` and other Unicode
+digits, signs, fractions and exponents are refused); a table's numbers may be floats only where they are whole
+(:func:`label_array`). Every refusal names the tar member, row or item.
+
+**The file.**
 
 The shards hold each row's label in their ``label`` column; a reader that wants the whole label array (the Loader,
 at construction) would have to open every shard for it: 48,829 shards at 100M samples. So an ingest writes the
@@ -14,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -23,10 +34,96 @@ import numpy as np
 from stallfree.ingest.atomic import atomic_path
 from stallfree.ingest.manifest import LABELS, file_sha256
 
-__all__ = ["check_labels", "load_labels", "parse_labels", "save_labels", "shard_labels", "smallest_dtype",
-           "write_labels"]
+__all__ = ["MAX_CLASSES", "check_labels", "class_numbers", "label_array", "label_column", "load_labels", "parse_label",
+           "parse_labels", "save_labels", "shard_labels", "smallest_dtype", "write_labels"]
+
+#: Labels are class numbers below this (or class names, at most this many): see the module's docstring.
+MAX_CLASSES = 1 << 22
 
 _DTYPES = (np.int8, np.int16, np.int32, np.int64)
+_DIGITS = re.compile(rb"[0-9]+")  # ASCII only: str.isdigit() and int() also take "²" and "٣"
+
+
+def _too_large(shown: object) -> str:
+    return f"label {shown} is over {MAX_CLASSES - 1}, the largest class number stallfree takes"
+
+
+def parse_label(text: bytes) -> int:
+    """A WebDataset ``.cls`` member's label: ASCII digits, perhaps with ASCII white space around them.
+
+    Raises:
+        ValueError: anything else, or a number of ``MAX_CLASSES`` or more; the message is the reason alone, for the
+            caller to name the member.
+    """
+    digits = text.strip()
+    if not _DIGITS.fullmatch(digits):
+        raise ValueError(f".cls is not a non-negative integer: {digits.decode('utf-8', 'replace')[:32]!r}")
+    if len(digits) > len(str(MAX_CLASSES)) or int(digits) >= MAX_CLASSES:  # int() of a few digits only
+        raise ValueError(_too_large(digits[:64].decode()))
+    return int(digits)
+
+
+def label_array(values: Any, where: str, unit: str = "row") -> np.ndarray:
+    """``values`` (integers, or floats that are whole) as int64 labels, each in ``0 .. MAX_CLASSES - 1``.
+
+    Raises:
+        ValueError: naming ``where``, the first bad ``unit`` (``"row"``, ``"item"``) and its value.
+    """
+    values = np.asarray(values)
+    if values.dtype.kind not in "iubf":
+        raise ValueError(f"{where}: labels must be class names or whole numbers, got {values.dtype}")
+    with np.errstate(invalid="ignore"):  # NaN compares False everywhere: refused as not whole
+        fraction = ~(np.isfinite(values) & (np.floor(values) == values)) if values.dtype.kind == "f" else False
+        bad = fraction | (values < 0) | (values >= MAX_CLASSES)
+    if not np.any(bad):
+        return values.astype(np.int64)
+    i = int(np.argmax(bad))
+    value = values[i].item()
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        value = int(value)  # 2.0 shown as 2; 1e+20 as it is
+    if isinstance(value, float) and not value.is_integer():
+        why = f"label {value} is not a whole number"
+    else:
+        why = f"negative label {value}" if value < 0 else _too_large(value)
+    raise ValueError(f"{where} {unit} {i}: {why}")
+
+
+def class_numbers(labels: np.ndarray) -> list[str]:
+    """The class names of numbered labels (checked by :func:`label_array` or :func:`parse_label`): ``"0" .. max``."""
+    top = int(labels.max(initial=-1))
+    if top >= MAX_CLASSES:  # a check missed upstream would build a list of 10^12 strings here
+        raise ValueError(_too_large(top))
+    return [str(i) for i in range(top + 1)]
+
+
+def label_column(column: Any, where: str) -> tuple[np.ndarray, list[str]]:
+    """Every row's label (int64) and the class names, from an Arrow label column of class names or numbers.
+
+    Ingest's file lists and Parquet and the Loader's :class:`~stallfree.pipeline.readers.FileListReader` read their
+    labels here. In Arrow, not Python objects: every part of a split ingest reads the whole column.
+
+    Raises:
+        ValueError: an empty cell, a bad number (:func:`label_array`) or over ``MAX_CLASSES`` names, naming
+            ``where`` and the row.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_dictionary(column.type):  # a categorical column: its values, not its codes
+        column = pc.cast(column, column.type.value_type)
+    if column.null_count:
+        raise ValueError(f"{where} row {pc.index(pc.is_null(column), True).as_py()}: empty label cell")
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        names = pc.unique(column)
+        if len(names) > MAX_CLASSES:
+            raise ValueError(f"{where} holds {len(names)} distinct class names, over {MAX_CLASSES}: is the label "
+                             "column a per-row value?")
+        classes = sorted(names.to_pylist())
+        return pc.index_in(column, value_set=pa.array(classes, column.type)).to_numpy().astype(np.int64), classes
+    if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type) or pa.types.is_boolean(column.type)):
+        raise ValueError(f"{where}: labels must be class names or whole numbers, got {column.type}")
+    labels = label_array(column.to_numpy(), where)
+    return labels, class_numbers(labels)
 
 
 def smallest_dtype(values: np.ndarray) -> np.dtype[Any]:

@@ -22,7 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from stallfree.ingest.folders import image_folder_classes, outside_root, scan_image_folder
+from stallfree.ingest.labels import class_numbers, label_column
 from stallfree.ingest.tars import compressed, label_bytes, members, samples, too_large
 
 __all__ = ["DEFAULT_MAX_SAMPLE_BYTES", "Item", "Plan", "fetch_many", "part_units", "plan_source"]
@@ -75,31 +78,6 @@ def _folder(root: Path, part: tuple[int, int]) -> Plan:
     return plan
 
 
-def _labels(column: Any, where: str) -> tuple[Any, list[str]]:
-    """Every row's label (an int64 NumPy array) and the class names, from a label column of names or of integers.
-
-    In Arrow, not Python objects: every part of a split ingest reads the whole column, for the class names.
-    """
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if pa.types.is_dictionary(column.type):  # a categorical column: its values, not its codes
-        column = pc.cast(column, column.type.value_type)
-    if column.null_count:
-        raise ValueError(f"{where} has empty label cells (row {pc.index(pc.is_null(column), True).as_py()})")
-    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-        classes = sorted(pc.unique(column).to_pylist())
-        return pc.index_in(column, value_set=pa.array(classes, column.type)).to_numpy().astype(np.int64), classes
-    try:
-        labels = pc.cast(column, pa.int64()).to_numpy()
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
-        raise ValueError(f"{where}: labels must be class names or whole numbers, got {column.type} ({err})") from err
-    if len(labels) and labels.min() < 0:
-        raise ValueError(f"{where} row {int(labels.argmin())}: negative label {int(labels.min())}")
-    return labels, [str(i) for i in range(int(labels.max(initial=-1)) + 1)]
-
-
 def _image_column(table: Any) -> str | None:
     """The column holding image bytes: an ``image`` struct with ``bytes``, or a binary column."""
     import pyarrow as pa
@@ -149,7 +127,7 @@ def _table_source(path: Path, part: tuple[int, int]) -> Plan:
         raise ValueError(f"file list {path} lacks column(s) {sorted(missing)}; it has {table.column_names}")
     if table.num_rows == 0:
         raise ValueError(f"file list {path} has no rows")
-    labels, classes = _labels(table.column("label"), f"file list {path}")
+    labels, classes = label_column(table.column("label"), f"file list {path}")
     rows = part_units(table.num_rows, part)
     table = table.slice(rows.start, len(rows))  # the rest is another part's: no stat, no Python objects
     kinds, extras = _extras(table, {"path", "label"})
@@ -190,7 +168,7 @@ def _bytes_table(path: Path, image_column: str, part: tuple[int, int]) -> Plan:
     if "label" not in others:
         raise ValueError(f"Parquet {path} holds images in {image_column!r} but has no 'label' column")
     table = parquet.read(columns=others)
-    labels, classes = _labels(table.column("label"), f"Parquet {path}")
+    labels, classes = label_column(table.column("label"), f"Parquet {path}")
     groups = part_units(parquet.num_row_groups, part)
     first = sum(parquet.metadata.row_group(g).num_rows for g in range(groups.start))
     table = table.slice(first, sum(parquet.metadata.row_group(g).num_rows for g in groups))
@@ -244,7 +222,7 @@ def _webdataset(source: Path, max_sample_bytes: int | None, part: tuple[int, int
                        for s in found]
     if not plan.items and not plan.rejected and part == (0, 1):
         raise ValueError(f"no WebDataset samples (.jpg/.png + .cls) in {source}")
-    plan.classes = [str(i) for i in range(max((item.label for item in plan.items), default=-1) + 1)]
+    plan.classes = class_numbers(np.fromiter((item.label for item in plan.items), np.int64, len(plan.items)))
     return plan
 
 

@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
+from stallfree.ingest.labels import parse_label
+
 __all__: list[str] = []
 
 #: The members that are a sample's image, in the order of preference when a sample has several.
@@ -85,11 +87,14 @@ def samples(tar_name: str, listed: Iterable[tarfile.TarInfo], read_label: Callab
     """The samples of one tar's members ``listed`` (in order), each refusal recorded in ``rejected``.
 
     Members group by ``dir/stem`` (the name up to its first dot); a sample is its image (.jpg/.jpeg/.png/.webp)
-    and its ``.cls`` (a non-negative integer, read by ``read_label`` from the ``.cls`` member: its first bytes are
-    enough). Absolute names, ``..``, links and GNU sparse members are refused by name; other non-files are passed
-    over. ``max_sample_bytes`` refuses an image whose header claims more, before any of it is read.
+    and its ``.cls`` (a class number by :func:`~stallfree.ingest.labels.parse_label`, read by ``read_label`` from the
+    ``.cls`` member: its first bytes are enough). A member name found twice (``a.jpg`` ... ``a.jpg``) refuses its
+    whole sample: either copy may be the one meant. Absolute names, ``..``, links and GNU sparse members are refused
+    by name; other non-files are passed over. ``max_sample_bytes`` refuses an image whose header claims more, before
+    any of it is read.
     """
     parts: dict[str, dict[str, tarfile.TarInfo]] = {}  # key -> extension -> member, keys in first-seen order
+    repeated: dict[str, str] = {}  # key -> the first member name found twice: the whole sample is refused
     for member in listed:
         name = member.name
         where = f"{tar_name}:{name}"
@@ -104,22 +109,30 @@ def samples(tar_name: str, listed: Iterable[tarfile.TarInfo], read_label: Callab
         elif member.isfile():
             directory, base = os.path.split(name)
             stem, _, ext = base.partition(".")
-            parts.setdefault(os.path.join(directory, stem), {})[ext.lower()] = member
+            sample = parts.setdefault(os.path.join(directory, stem), {})
+            if ext.lower() in sample:  # a second image or label: keeping either would be a silent choice
+                repeated.setdefault(os.path.join(directory, stem), name)
+            sample[ext.lower()] = member
     found: list[TarSample] = []
     for key, sample in parts.items():
         image = next((sample[e] for e in IMAGE_EXTENSIONS if e in sample), None)
         where = f"{tar_name}:{key}"
+        if key in repeated:
+            rejected.append({"path": where, "reason": f"duplicate member {repeated[key]!r} in the tar: which one is "
+                             "the sample is ambiguous, so the whole sample is rejected"})
+            continue
         if image is None or "cls" not in sample:
             rejected.append({"path": where, "reason": "sample lacks an image (.jpg/.png) or a .cls"})
             continue
         if max_sample_bytes is not None and image.size > max_sample_bytes:  # named by member, not sample
             rejected.append({"path": f"{tar_name}:{image.name}", "reason": too_large(image.size, max_sample_bytes)})
             continue
-        text = read_label(sample["cls"]).decode("utf-8", "replace").strip()
-        if not text.isdigit():
-            rejected.append({"path": where, "reason": f".cls is not a non-negative integer: {text!r}"})
+        try:
+            label = parse_label(read_label(sample["cls"]))
+        except ValueError as bad:
+            rejected.append({"path": where, "reason": str(bad)})
             continue
-        found.append(TarSample(key, image.offset_data, image.size, int(text)))
+        found.append(TarSample(key, image.offset_data, image.size, label))
     return found
 
 

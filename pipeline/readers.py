@@ -18,6 +18,7 @@ import numpy as np
 
 from stallfree.ingest.folders import inside_root, scan_image_folder
 from stallfree.ingest.images import Exif
+from stallfree.ingest.labels import class_numbers, label_array, label_column
 from stallfree.ingest.remote import is_url
 from stallfree.pipeline.shards import ShardReader, Verify, is_shard_folder
 from stallfree.pipeline.webdataset import is_webdataset
@@ -140,17 +141,17 @@ class FolderReader(_PathReader):
 class FileListReader(_PathReader):
     """A CSV or Parquet table with ``path`` and ``label`` columns; paths are relative to the table's folder.
 
-    Integer labels are used as they are; string labels become indices into their sorted unique names.
+    Labels follow ingest's rule (:mod:`stallfree.ingest.labels`): whole numbers in ``0 .. MAX_CLASSES - 1`` are used
+    as they are; string labels become indices into their sorted unique names.
 
     Raises:
         FileNotFoundError: the list does not exist.
-        ValueError: a missing column, an empty list, a negative or missing label, or a path that leaves the list's
-            folder (absolute, with ``..``, or through a link; the rule ingest applies too).
+        ValueError: a missing column, an empty list, a missing label or one that is not a class number or name (each
+            naming its row), or a path that leaves the list's folder (absolute, with ``..``, or through a link; the
+            rule ingest applies too).
     """
 
     def __init__(self, table_path: str | os.PathLike[str]):
-        import pyarrow.compute as pc
-
         table_path = Path(table_path)
         if not table_path.is_file():
             raise FileNotFoundError(f"file list {table_path} does not exist")
@@ -171,17 +172,7 @@ class FileListReader(_PathReader):
             raise ValueError(f"file list {table_path} has empty path or label cells")
         rows = [str(p) for p in table.column("path").to_pylist()]
         paths = _refuse_outside(table_path.parent, rows, f"file list {table_path}", rows=True)
-        label_column = table.column("label")
-        if label_column.type in ("string", "large_string"):
-            classes = sorted(set(label_column.to_pylist()))
-            index = {name: i for i, name in enumerate(classes)}
-            labels = np.asarray([index[v] for v in label_column.to_pylist()], np.int64)
-        else:
-            labels = np.asarray(label_column.to_numpy(), np.int64)
-            if int(pc.min(label_column).as_py()) < 0:
-                row = int(np.argmax(labels < 0))
-                raise ValueError(f"file list {table_path} row {row}: negative label {labels[row]}")
-            classes = [str(i) for i in range(int(labels.max()) + 1)]
+        labels, classes = label_column(table.column("label"), f"file list {table_path}")  # ingest's rule
         super().__init__(paths, labels, classes)
 
 
@@ -209,7 +200,8 @@ class DatasetReader:
 
     Raises:
         TypeError: the dataset is iterable-style, without random access.
-        ValueError: it is empty, has no labels to go by, or a label is negative.
+        ValueError: it is empty, has no labels to go by, or a label is not a whole number in
+            ``0 .. MAX_CLASSES - 1`` (naming the item).
     """
 
     def __init__(self, dataset: Any, labels: Sequence[int] | None = None, classes: Sequence[str] | None = None):
@@ -233,14 +225,11 @@ class DatasetReader:
                 "DatasetReader, as in Loader(stallfree.DatasetReader(dataset, labels=[...]), ...), since the Loader "
                 "needs them before it reads any image"
             )
-        self._labels = np.asarray(labels, np.int64).reshape(-1)
+        self._labels = label_array(np.asarray(labels).reshape(-1), f"dataset {self.name}", unit="item")
         if len(self._labels) != len(dataset):
             raise ValueError(f"dataset {self.name} has {len(dataset)} items but {len(self._labels)} labels")
-        if self._labels.min() < 0:
-            row = int(np.argmax(self._labels < 0))
-            raise ValueError(f"dataset {self.name} item {row}: negative label {self._labels[row]}")
         names = classes if classes is not None else getattr(dataset, "classes", None)
-        self.classes = list(names) if names is not None else [str(i) for i in range(int(self._labels.max()) + 1)]
+        self.classes = list(names) if names is not None else class_numbers(self._labels)
         self.exif: Exif = "ignore"
         self.columns: Sequence[str] = ()
         self.encoded = self._image(0, self._item(0)[0])[1]

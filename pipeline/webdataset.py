@@ -14,8 +14,9 @@ costs a few large requests per stretch of rows and a global one many small concu
 The sampler, shuffle (``shuffle="block"`` takes a tar as a shard), resume and error rules are the Loader's, as for
 any source. A compressed or damaged tar (a header that does not parse, a member whose data runs past the tar's
 end) is a ``ValueError`` naming the tar and member; a refused sample (no image or no ``.cls``, a label that is not
-a non-negative integer, a link, ``..`` or an absolute name) is a ``ValueError`` under ``on_error="raise"`` and
-left out with a warning under ``on_error="skip"`` (:attr:`WebDatasetReader.rejected` lists them).
+a class number by ingest's rule (:func:`stallfree.ingest.labels.parse_label`), a member name found twice, a link,
+``..`` or an absolute name) is a ``ValueError`` under ``on_error="raise"`` and left out with a warning under
+``on_error="skip"`` (:attr:`WebDatasetReader.rejected` lists them).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 
+from stallfree.ingest.labels import class_numbers
 from stallfree.ingest.remote import RemoteStoreError, Retry, is_url, open_store, redact, retried, scrubbed
 from stallfree.pipeline import tar_index
 from stallfree.pipeline.read_ahead import RangeReadAhead
@@ -170,7 +172,7 @@ class WebDatasetReader:
         self._sizes = np.concatenate([np.asarray(i["sizes"], np.int64) for i in indexes])
         self._labels = np.concatenate([np.asarray(i["labels"], np.int64) for i in indexes])
         self._tar_of = np.repeat(np.arange(len(self._tars)), counts)
-        self.classes = [str(i) for i in range(int(self._labels.max()) + 1)]
+        self.classes = class_numbers(self._labels)
         self.downloads = downloads
         remote = any(t.fs is not None for t in self._tars)
         self.read_ahead = RangeReadAhead(self._ranges, self._fetch_ranges, read_ahead or _READ_AHEAD,

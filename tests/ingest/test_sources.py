@@ -135,5 +135,5 @@ def test_parts_of_every_kind_merge_into_one_runs_samples(tmp_path, encode, write
 def test_a_label_column_of_fractions_is_refused(tmp_path, encode):
     (tmp_path / "a.jpg").write_bytes(encode(0))
     (tmp_path / "l.csv").write_text("path,label\na.jpg,1.5\n")
-    with pytest.raises(ValueError, match=r"l.csv: labels must be class names or whole numbers, got double"):
+    with pytest.raises(ValueError, match=r"l\.csv row 0: label 1\.5 is not a whole number"):
         ingest(tmp_path / "l.csv", tmp_path / "out")
