@@ -35,10 +35,10 @@ from stallfree.pipeline.arguments import (
     remote_keywords,
 )
 from stallfree.pipeline.block_order import block_order
-from stallfree.pipeline.elastic import ORDER_FIELDS, elastic_split
 from stallfree.pipeline.epoch import EpochRun
 from stallfree.pipeline.graph import Graph
 from stallfree.pipeline.loader_sampler import LoaderSampler
+from stallfree.pipeline.loader_state import read_state
 from stallfree.pipeline.next_pass import NextPass
 from stallfree.pipeline.passes import Pass
 from stallfree.pipeline.readers import Reader, open_source, unwrap_torchvision_dataset
@@ -46,7 +46,6 @@ from stallfree.pipeline.sampler import process_shard
 from stallfree.pipeline.samples import BadSampleError
 from stallfree.pipeline.shards import Verify
 from stallfree.pipeline.webdataset import is_webdataset
-from stallfree.resume import check_fingerprint
 from stallfree.transforms.compile import CompiledTransforms, Dtype, Layout
 from stallfree.transforms.from_torchvision import to_steps
 
@@ -349,20 +348,16 @@ class Loader:
 
         Raises:
             ValueError: the state comes from a Loader with another fingerprint (source, order, spec, rank),
-                naming the field that differs; or another world size's state has skipped samples or stands
-                between the repeats of an echoed batch.
+                naming the field that differs; or it is not a state this Loader could have taken (a field
+                missing, of another type, out of range, or disagreeing with the others: named with its value,
+                :mod:`stallfree.pipeline.loader_state`); or another world size's state has skipped samples or
+                stands between the repeats of an echoed batch. A refused state changes nothing.
         """
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"unknown Loader state version {state.get('version')!r} (expected {STATE_VERSION}; a "
-                             "state from an older stallfree cannot be checked, so start the epoch again)")
-        theirs, mine = state.get("fingerprint"), self.fingerprint()
-        elastic = isinstance(theirs, dict) and theirs.get("world_size") != mine["world_size"]
-        check_fingerprint("Loader", theirs, {k: v for k, v in mine.items() if not (elastic and k in ORDER_FIELDS)})
-        split = elastic_split(state, self.sampler.world_size) if elastic else int(state["split"])
+        loaded = read_state(state, version=STATE_VERSION, fingerprint=self.fingerprint(), sampler=self.sampler,
+                            batch_size=self.batch_size, echo=self._batch_echo, batches=self._batches)
         self._end_pass("load_state_dict() ended this pass")
-        self._epoch, self._split, self._loaded = int(state["epoch"]), split, True
-        self._start = (0, 0, 0) if elastic else (int(state["position"]), int(state["repeat"]), int(state["batches"]))
-        self.skipped = [] if elastic else list(state["skipped"])
+        self._epoch, self._split, self._loaded = loaded.epoch, loaded.split, True
+        self._start, self.skipped = loaded.start, loaded.skipped
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self._end_pass("a newer iter() started a new pass over the Loader")

@@ -85,10 +85,15 @@ class Sampler:
         """Samples this rank gets per epoch (the same on every rank)."""
         return self.length(0)
 
-    def length(self, start: int) -> int:
-        """Samples this rank gets from an epoch split from global position ``start`` on (0 for the whole epoch)."""
+    def length(self, start: int, world_size: int | None = None) -> int:
+        """Samples this rank gets from an epoch split from global position ``start`` on (0 for the whole epoch).
+
+        ``world_size`` asks what each rank got when the split was dealt over that many ranks instead (a state from
+        another world size, :mod:`.elastic`).
+        """
+        ranks = self.world_size if world_size is None else world_size
         left = max(0, self.num_virtual - start)
-        return left // self.world_size if self.drop_last else -(-left // self.world_size)
+        return left // ranks if self.drop_last else -(-left // ranks)
 
     def virtual_order(self, epoch: int, start: int = 0) -> np.ndarray:
         """This rank's virtual sample ids for ``epoch`` (int64); row of virtual id ``v`` is ``v % num_rows``.

@@ -196,3 +196,19 @@ def test_a_state_from_another_seed_is_refused(factory: Factory) -> None:
     state = _state_after(factory(0, 11), 0, 1)
     with pytest.raises(ValueError, match="state has seed=11 but this .* has seed=12"):
         factory(0, 12).load_state_dict(state)
+
+
+@pytest.mark.parametrize("factory", PARTS, indirect=True)
+def test_a_damaged_state_is_refused_naming_the_field(factory: Factory) -> None:
+    # Before (issue 37, case 11): KeyError, TypeError or a strange epoch later, naming nothing.
+    state = json.loads(json.dumps(factory(0, 11).state_dict()))
+    counter = "batch" if "batch" in state else "batches"
+    for key in ("epoch", counter):
+        damaged = [({**state, key: -1}, rf"state has {key}=-1: expected an int (>= 0|in 0\.\.)"),
+                   ({**state, key: "1"}, rf"state has {key}='1': expected an int"),
+                   ({k: v for k, v in state.items() if k != key}, rf"state has no '{key}' field")]
+        for bad, match in damaged:
+            with pytest.raises(ValueError, match=match):
+                factory(0, 11).load_state_dict(bad)
+    with pytest.raises(ValueError, match="state must be a dict"):
+        factory(0, 11).load_state_dict(None)  # type: ignore[arg-type]

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from stallfree.resume import check_fingerprint
+from stallfree.resume import check_fingerprint, state_int, state_mapping
 
 __all__ = ["CutMix", "MixUp"]
 
@@ -62,10 +62,13 @@ class _BatchMix:
         """Continue from :meth:`state_dict`'s output.
 
         Raises:
-            ValueError: the state was taken with another seed, alpha or class count (named).
+            ValueError: the state was taken with another seed, alpha or class count (named), or a field is
+                missing, of another type or negative (named).
         """
-        check_fingerprint(type(self).__name__, state.get("fingerprint"), self.fingerprint())
-        self.epoch, self.batch, self._loaded = int(state["epoch"]), int(state["batch"]), True
+        name = type(self).__name__
+        state = state_mapping(name, state)
+        check_fingerprint(name, state.get("fingerprint"), self.fingerprint())
+        self.epoch, self.batch, self._loaded = state_int(name, state, "epoch"), state_int(name, state, "batch"), True
 
     def generator(self, epoch: int, batch: int) -> np.random.Generator:
         """The generator of batch ``batch`` of ``epoch``: PCG64 seeded by ``(seed, tag, epoch, batch)``."""

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from stallfree.resume import check_fingerprint
+from stallfree.resume import check_fingerprint, state_int, state_mapping
 from stallfree.stage_runtime.baseline import transform_label
 from stallfree.stage_runtime.train.config import Verify
 
@@ -68,9 +68,13 @@ class TensorBatches:
         return {"epoch": self.epoch, "batches": self._position, "fingerprint": self.fingerprint()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue after the last batch delivered when ``state`` was taken."""
-        check_fingerprint("TensorBatches", state.get("fingerprint"), self.fingerprint())
-        self.epoch, self._position, self._loaded = int(state["epoch"]), int(state["batches"]), True
+        """Continue after the last batch delivered when ``state`` was taken.
+
+        Raises:
+            ValueError: another fingerprint, or a field missing, of another type or out of range (named).
+        """
+        self.epoch, self._position = _checked("TensorBatches", state, self.fingerprint(), len(self))
+        self._loaded = True
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self._loaded = False
@@ -136,9 +140,13 @@ class TorchFeed:
         return {"epoch": self.epoch, "batches": self._position, "fingerprint": self.fingerprint()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Skip to after the batches delivered when ``state`` was taken."""
-        check_fingerprint("TorchFeed", state.get("fingerprint"), self.fingerprint())
-        self.epoch, self._position, self._loaded = int(state["epoch"]), int(state["batches"]), True
+        """Skip to after the batches delivered when ``state`` was taken.
+
+        Raises:
+            ValueError: another fingerprint, or a field missing, of another type or out of range (named).
+        """
+        self.epoch, self._position = _checked("TorchFeed", state, self.fingerprint(), len(self))
+        self._loaded = True
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self._loaded = False
@@ -149,6 +157,14 @@ class TorchFeed:
                 self._position = i + 1
                 yield batch
         self.epoch, self._position = self.epoch + 1, 0
+
+
+def _checked(owner: str, state: object, fingerprint: dict[str, Any], batches: int) -> tuple[int, int]:
+    """A feed state's ``(epoch, batches)``, once its fingerprint is this feed's and each field is in range."""
+    state = state_mapping(owner, state)
+    check_fingerprint(owner, state.get("fingerprint"), fingerprint)
+    return state_int(owner, state, "epoch"), state_int(owner, state, "batches", high=batches,
+                                                        why=" (the batches of an epoch)")
 
 
 def _next_epoch(epoch: int, position: int, loaded: bool, new: int) -> tuple[int, int]:

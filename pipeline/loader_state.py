@@ -1,0 +1,168 @@
+"""What a Loader state may say, checked when it loads: every field's type and range, and how the fields agree.
+
+A state is read from a checkpoint, which may be damaged, cut short or forged; whatever is wrong with it is a
+``ValueError`` naming the field and its value at ``load_state_dict``, never a ``KeyError`` there or a strange epoch
+later (``batches=-2`` used to give 12 batches with 8 repeats, ``batches=10**6`` an empty epoch). The cursor
+``(position, repeat, batches)`` is the one :class:`~stallfree.pipeline.passes.Pass` keeps: after ``batches``
+deliveries, ``repeat`` of them repeats of batch ``number = (batches - repeat) // echo`` (``echo`` in batch mode,
+else 1), the rank's stream stands at the start of batch ``number``. Every stream position before it was delivered
+once or passed over as skipped (a skipped sample's position, and each later position of it after the stream wraps
+round), so the position follows from the batches and the skipped list; a state whose position does not is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from stallfree.pipeline.elastic import ORDER_FIELDS, elastic_split
+from stallfree.pipeline.sampler import Sampler
+from stallfree.resume import check_fingerprint, state_int, state_mapping
+
+__all__ = ["LoaderState", "read_state"]
+
+_OWNER = "Loader"
+#: What each entry of ``skipped`` holds (``EpochRun.skip`` writes them), with its type.
+SKIPPED_FIELDS: dict[str, type] = {"index": int, "source": str, "reason": str, "epoch": int, "position": int}
+
+
+@dataclass(frozen=True)
+class LoaderState:
+    """A checked state: where the next pass starts.
+
+    ``start`` is ``(position, repeat, batches delivered)``; ``split`` the global position the epoch's split over
+    ranks starts at; ``skipped`` this epoch's skipped samples so far.
+    """
+
+    epoch: int
+    split: int
+    start: tuple[int, int, int]
+    skipped: list[dict[str, Any]]
+
+
+def read_state(state: object, *, version: int, fingerprint: Mapping[str, Any], sampler: Sampler, batch_size: int,
+               echo: int, batches: Callable[[int], int]) -> LoaderState:
+    """Check ``state`` against the Loader it is loaded into.
+
+    Args:
+        state: what ``load_state_dict`` was given.
+        version: the state version this Loader writes.
+        fingerprint: this Loader's fingerprint.
+        sampler: this Loader's sampler (rows, ranks, ``drop_last``).
+        batch_size: this Loader's batch size.
+        echo: how many times each batch is delivered (``echo`` in batch mode, else 1).
+        batches: the batches of a pass over a given number of samples per rank.
+
+    Raises:
+        ValueError: naming the field and its value: another version or fingerprint, a field missing, of another
+            type or out of range, or fields that disagree (see the module docstring); or a state from another
+            world size that cannot be continued on this one (:func:`~stallfree.pipeline.elastic.elastic_split`).
+    """
+    state = state_mapping(_OWNER, state)
+    theirs = state.get("version")
+    if isinstance(theirs, bool) or not isinstance(theirs, int) or theirs != version:
+        raise ValueError(f"unknown Loader state version {theirs!r} (expected {version}; a state from an older "
+                         "stallfree cannot be checked, so start the epoch again)")
+    mine = dict(fingerprint)
+    prints = state.get("fingerprint")
+    elastic = isinstance(prints, Mapping) and prints.get("world_size") != mine["world_size"]
+    check_fingerprint(_OWNER, prints, {k: v for k, v in mine.items() if not (elastic and k in ORDER_FIELDS)})
+    world = state_int(_OWNER, prints, "world_size", low=1, name="fingerprint.world_size") if elastic else None
+    epoch = state_int(_OWNER, state, "epoch")
+    split = state_int(_OWNER, state, "split", high=sampler.num_virtual,
+                      why=f" (the global positions of an epoch of {sampler.num_virtual} samples)")
+    per_rank = sampler.length(split, world)
+    start = _cursor(state, per_rank, batch_size, echo, batches(per_rank))
+    skipped = _skipped(state, epoch, start[0], per_rank, sampler.num_rows)
+    _check_position(start, skipped, per_rank, batch_size, echo)
+    if elastic:  # this rank's share of what the old ranks left, from its start
+        split = min(elastic_split(state, sampler.world_size), sampler.num_virtual)
+        return LoaderState(epoch, split, (0, 0, 0), [])
+    return LoaderState(epoch, split, start, skipped)
+
+
+def _cursor(state: Mapping[str, Any], per_rank: int, batch_size: int, echo: int, total: int) -> tuple[int, int, int]:
+    """``(position, repeat, batches)``, each of the right type and range; position is checked with the skipped."""
+    delivered = state_int(_OWNER, state, "batches", high=total * echo,
+                          why=f" (an epoch of {per_rank} samples per rank in batches of {batch_size}"
+                              + (f", each delivered echo={echo} times)" if echo > 1 else ")"))
+    repeat = state_int(_OWNER, state, "repeat", high=echo - 1,
+                       why=f" (repeats of a batch delivered echo={echo} times, echo_mode='batch')" if echo > 1 else
+                       " (each batch is delivered once: echo_mode='batch' with echo > 1 repeats it)")
+    if (delivered - repeat) % echo:
+        raise ValueError(f"Loader state has repeat={repeat} but batches={delivered}: each batch is delivered "
+                         f"echo={echo} times, so batches - repeat is a multiple of {echo}")
+    return state_int(_OWNER, state, "position"), repeat, delivered
+
+
+def _skipped(state: Mapping[str, Any], epoch: int, position: int, per_rank: int, rows: int) -> list[dict[str, Any]]:
+    """The skipped entries, each with :data:`SKIPPED_FIELDS` of their types, this epoch, before ``position``."""
+    if "skipped" not in state:
+        raise ValueError("Loader state has no 'skipped' field (it was cut short, or is not a Loader state)")
+    entries = state["skipped"]
+    if not isinstance(entries, list):
+        raise ValueError(f"Loader state has skipped={entries!r}: expected a list of skipped samples")
+    seen: set[int] = set()
+    for i, entry in enumerate(entries):
+        name = f"skipped[{i}]"
+        if not isinstance(entry, Mapping):
+            raise ValueError(f"Loader state has {name}={entry!r}: expected a dict with keys {list(SKIPPED_FIELDS)}")
+        if set(entry) != set(SKIPPED_FIELDS):
+            raise ValueError(f"Loader state has {name} with keys {sorted(entry)}: expected {list(SKIPPED_FIELDS)}")
+        for key in ("source", "reason"):
+            if not isinstance(entry[key], str):
+                raise ValueError(f"Loader state has {name}[{key!r}]={entry[key]!r}: expected a str")
+        state_int(_OWNER, entry, "index", high=rows - 1, name=f"{name}[{'index'!r}]",
+                  why=f" (a row of the {rows} in the source)")
+        if state_int(_OWNER, entry, "epoch", name=f"{name}[{'epoch'!r}]") != epoch:
+            raise ValueError(f"Loader state has {name}['epoch']={entry['epoch']} but epoch={epoch}: it lists the "
+                             "samples skipped in its own epoch only")
+        at = state_int(_OWNER, entry, "position", high=position - 1, name=f"{name}[{'position'!r}]",
+                       why=f" (before the state's position {position})")
+        if at % max(per_rank, 1) in seen:
+            raise ValueError(f"Loader state has {name}['position']={at} twice: a skipped sample is listed once")
+        seen.add(at % max(per_rank, 1))
+    return [dict(entry) for entry in entries]
+
+
+def _check_position(start: tuple[int, int, int], skipped: list[dict[str, Any]], per_rank: int, batch_size: int,
+                    echo: int) -> None:
+    """Refuse a position other than the one the batches delivered and the positions passed over lead to."""
+    position, repeat, delivered = start
+    samples = min((delivered - repeat) // echo * batch_size, per_rank)
+    expected = _stream_position(samples, np.array([s["position"] for s in skipped], np.int64), per_rank)
+    if position != expected:
+        skips = f" and its {len(skipped)} skipped sample(s)" if skipped else " with no skipped samples"
+        raise ValueError(f"Loader state has position={position} but batches={delivered} (repeat={repeat}) of "
+                         f"{samples} samples{skips} stand at position {expected}")
+
+
+def _stream_position(samples: int, skipped: np.ndarray, per_rank: int) -> int:
+    """The least stream position with ``samples`` positions before it that are not passed over as skipped.
+
+    A skipped position ``b`` is passed over at ``b``, ``b + per_rank``, ``b + 2 * per_rank``, ... (the stream
+    wraps round); the count of delivered positions before ``p`` only grows with ``p``, so it is searched for.
+    """
+    if not len(skipped) or samples == 0:
+        return samples
+    bad = np.unique(skipped % per_rank)
+    if len(bad) >= per_rank:
+        raise ValueError(f"Loader state lists every one of the rank's {per_rank} samples as skipped, yet delivered "
+                         f"{samples}")
+
+    def delivered(p: int) -> int:
+        return p - int(np.maximum(0, -((bad - p) // per_rank)).sum())  # each b: ceil((p - b) / per_rank) if p > b
+
+    low, high = samples, samples
+    while delivered(high) < samples:  # at least one good position each wrap (an epoch all skipped is an error)
+        high = 2 * high + per_rank
+    while low < high:
+        middle = (low + high) // 2
+        if delivered(middle) < samples:
+            low = middle + 1
+        else:
+            high = middle
+    return low
