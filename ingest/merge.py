@@ -8,6 +8,7 @@ part 1's, and so on: the samples in the order a one-part ingest has them. The la
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -20,8 +21,10 @@ from typing import Any
 import numpy as np
 
 from stallfree.ingest.labels import check_labels, save_labels
+from stallfree.ingest.lock import ingest_lock
 from stallfree.ingest.manifest import LABELS, MANIFEST, REJECTED, parse_manifest, write_manifest, write_rejected
 from stallfree.ingest.remote import Retry, is_url, list_objects, open_store, read_object, redact, upload
+from stallfree.ingest.writer import RECORDS
 
 __all__ = ["merge"]
 
@@ -41,6 +44,7 @@ def merge(out: str | os.PathLike[str], *, storage_options: dict[str, Any] | None
 
     Raises:
         FileNotFoundError: no part manifest.
+        FolderLocked: an ingest (a part) is writing the folder now (named).
         ValueError: parts are missing, come from different sources or options, or a part's shard or labels file is
             absent or not what its manifest says.
         RemoteStoreError: the store did not answer.
@@ -54,11 +58,14 @@ def merge(out: str | os.PathLike[str], *, storage_options: dict[str, Any] | None
     def read(name: str) -> bytes:
         return (folder / name).read_bytes()
 
-    sizes = {p.name: p.stat().st_size for p in folder.iterdir() if p.is_file()} if folder.is_dir() else {}
-    manifest, rejected, labels, parts = _join(str(folder), sizes, read)
-    write_rejected(folder, rejected)
-    manifest["labels"] = save_labels(folder, labels)  # before the manifest names it
-    write_manifest(folder / MANIFEST, manifest)
+    # no part may be writing while the parts are merged (a missing folder is refused by _join, as one without parts)
+    locked = ingest_lock(folder, folder / RECORDS, "--merge", None) if folder.is_dir() else contextlib.nullcontext()
+    with locked:
+        sizes = {p.name: p.stat().st_size for p in folder.iterdir() if p.is_file()} if folder.is_dir() else {}
+        manifest, rejected, labels, parts = _join(str(folder), sizes, read)
+        write_rejected(folder, rejected)
+        manifest["labels"] = save_labels(folder, labels)  # before the manifest names it
+        write_manifest(folder / MANIFEST, manifest)
     return _summary(manifest, rejected, parts)
 
 

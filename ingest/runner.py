@@ -18,6 +18,7 @@ last (:mod:`~stallfree.ingest.upload`).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -30,8 +31,9 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from stallfree.ingest.atomic import atomic_write
+from stallfree.ingest.atomic import atomic_write, remove_temporaries
 from stallfree.ingest.labels import write_labels
+from stallfree.ingest.lock import ingest_lock
 from stallfree.ingest.manifest import (
     FORMAT,
     LABELS,
@@ -49,7 +51,7 @@ from stallfree.ingest.upload import Upload, upload_target
 from stallfree.ingest.workers import converted
 from stallfree.ingest.writer import RECORDS, Converted, IngestOptions, _schema, record_path, write_shard
 
-__all__ = ["ingest", "parse_part"]
+__all__ = ["DiskFull", "ingest", "parse_part"]
 
 #: Samples per unit of work sent to a worker process.
 CHUNK = 64
@@ -63,13 +65,37 @@ def parse_part(text: str) -> tuple[int, int]:
     return int(match[1]), int(match[2])
 
 
+class DiskFull(OSError):
+    """The output folder's disk (or the user's quota) is full.
+
+    The message names the folder, the space still needed and what to do; the shards already written are kept, and
+    the same command resumes after them.
+    """
+
+    def __init__(self, message: str):
+        super().__init__(errno.ENOSPC, message)
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+#: What a full disk (or quota) answers a write with.
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _sizes(items: list[Item], options: IngestOptions) -> list[int]:
+    """Each item's estimated size in a shard: its source bytes, or ``height * width * 3`` with ``raw``."""
+    if options.raw:
+        return [options.raw[0] * options.raw[1] * 3] * len(items)
+    return [item.size for item in items]
+
+
 def _cut(items: list[Item], options: IngestOptions) -> list[tuple[int, int]]:
     """Shard boundaries ``[(start, end), ...]`` over ``items``, each about ``shard_mb`` of (estimated) bytes."""
     target = options.shard_mb * 1e6
-    per_raw = options.raw[0] * options.raw[1] * 3 if options.raw else None
     bounds, start, size = [], 0, 0.0
-    for i, item in enumerate(items):
-        size += per_raw if per_raw is not None else item.size
+    for i, item_size in enumerate(_sizes(items, options)):
+        size += item_size
         if size >= target:
             bounds.append((start, i + 1))
             start, size = i + 1, 0.0
@@ -98,14 +124,19 @@ def _digest(plan: Plan, bounds: list[tuple[int, int]], job: str, part: tuple[int
     return digest.hexdigest()
 
 
+def _plan_name(part: tuple[int, int]) -> str:
+    """The file, in ``.ingest``, holding the plan of a run (or of part ``(i, N)``)."""
+    return "plan.json" if part[1] == 1 else f"plan.part-{part[0]}-of-{part[1]}.json"
+
+
 def _check_plan(out: Path, digest: str, job: str, part: tuple[int, int]) -> None:
     """Record this run's plan in ``out``, or refuse an ``out`` that holds an unfinished ingest of another plan.
 
     Another part's plan file is left alone, but one of another job (source, options or split) is refused here, not
     at the merge.
     """
-    index, count = part
-    name = "plan.json" if count == 1 else f"plan.part-{index}-of-{count}.json"
+    name = _plan_name(part)
+    count = part[1]
     records = out / RECORDS
     for other in sorted(records.glob("plan*.json")) if records.is_dir() else []:
         previous = json.loads(other.read_text())
@@ -204,6 +235,10 @@ def ingest(
     Raises:
         ValueError: bad arguments, an unknown source, ``out`` holding a different unfinished ingest, or a URL that
             holds another dataset.
+        DiskFull: the disk of ``out`` (or of ``staging``) filled up: the message names the space still needed;
+            the shards already written are kept, so the same call resumes after them once there is room.
+        FolderLocked: another ingest is writing ``out`` (or this part of it) now; the message names its pid and
+            source (:mod:`~stallfree.ingest.lock`).
         RemoteStoreError: an upload's tries were spent (names the shard and the URL).
     """
     if workers < 1:
@@ -214,8 +249,15 @@ def ingest(
     if is_url(source):
         raise ValueError(f"SRC must be a local path, got the URL {redact(str(source))}: download it first")
     target = upload_target(out, part, staging, storage_options, retry)
+    folder = target.staging if target else Path(out)
     try:
-        summary = _ingest(source, target.staging if target else Path(out), options, workers, part, progress, target)
+        with ingest_lock(folder, folder / RECORDS, os.path.abspath(source), part):
+            summary = _ingest(source, folder, options, workers, part, progress, target)
+    except OSError as err:
+        if isinstance(err, DiskFull) or err.errno not in _DISK_FULL:
+            raise
+        raise DiskFull(f"no space left on device in {folder}, not even for the ingest's lock and plan files; free "
+                       "some space (the shards need about the source's size) and run the same command again") from err
     finally:
         if target is not None:
             target.close()
@@ -231,25 +273,30 @@ def _ingest(source: str | os.PathLike[str], out: Path, options: IngestOptions, w
     bounds = _cut(plan.items, options) if plan.items or count == 1 else []  # a part with nothing to list: no shard
     job = _job(plan, options, count)
     digest = _digest(plan, bounds, job, part)
-    out.mkdir(parents=True, exist_ok=True)
-    _check_plan(out, digest, job, part)
-    if target is not None:
-        target.begin(digest, MANIFEST if count == 1 else part_file(MANIFEST, part))
     names = [shard_name(i, part) for i in range(len(bounds))]  # a part's shards are all its own
-    records = _resume(out, names)
-    todo = [i for i in range(len(bounds)) if i not in records]
-    if target is not None:
-        for i in sorted(records):  # written by an earlier run: uploaded unless the store holds them
-            target.shard(i, records[i])
-    bar = _progress(len(plan.items), progress)
-    bar.update(sum(bounds[i][1] - bounds[i][0] for i in records))
-    try:
-        source_bytes = _write_shards(out, plan, options, bounds, todo, records, names, workers=workers, bar=bar,
-                                     started=started, on_shard=target.shard if target else None)
-    finally:
-        bar.close()
-    manifest, rejected = _write_manifest(out, plan, options, digest, job, len(bounds), records, part)
     last = [LABELS, REJECTED, MANIFEST] if count == 1 else [part_file(LABELS, part), part_file(MANIFEST, part)]
+    records: dict[int, dict[str, Any]] = {}
+    try:
+        _check_plan(out, digest, job, part)
+        if target is not None:
+            target.begin(digest, MANIFEST if count == 1 else part_file(MANIFEST, part))
+        records = _resume(out, names, last, part)
+        todo = [i for i in range(len(bounds)) if i not in records]
+        if target is not None:
+            for i in sorted(records):  # written by an earlier run: uploaded unless the store holds them
+                target.shard(i, records[i])
+        bar = _progress(len(plan.items), progress)
+        bar.update(sum(bounds[i][1] - bounds[i][0] for i in records))
+        try:
+            source_bytes = _write_shards(out, plan, options, bounds, todo, records, names, workers=workers, bar=bar,
+                                         started=started, on_shard=target.shard if target else None)
+        finally:
+            bar.close()
+        manifest, rejected = _write_manifest(out, plan, options, digest, job, len(bounds), records, part)
+    except OSError as err:
+        if err.errno not in _DISK_FULL:
+            raise
+        raise _disk_full(out, plan, options, bounds, records) from err
     uploaded = target.finish(last) if target is not None else 0
     seconds = time.perf_counter() - started
     written = sum(records[i]["rows"] for i in todo)
@@ -271,15 +318,37 @@ def _ingest(source: str | os.PathLike[str], out: Path, options: IngestOptions, w
     }
 
 
-def _resume(out: Path, names: list[str]) -> dict[int, dict[str, Any]]:
-    """The records, by shard index, of the shard files ``names`` already complete in ``out``; leftovers removed."""
+def _resume(out: Path, names: list[str], last: list[str], part: tuple[int, int]) -> dict[int, dict[str, Any]]:
+    """The records, by shard index, of the shard files ``names`` already complete in ``out``.
+
+    The temporary files an earlier run of this part left when it was killed mid-write (its shards', records',
+    plan's and ``last`` files', whichever host and process wrote them) are removed first: this run holds the part's
+    lock, so no writer of them is alive. Another part's are left alone: it may be writing them now.
+    """
+    remove_temporaries(out, {*names, *last})
+    remove_temporaries(out / RECORDS, {*(record_path(out, name).name for name in names), _plan_name(part)})
     records: dict[int, dict[str, Any]] = {}
     for i, name in enumerate(names):
-        (out / f".{name}.tmp").unlink(missing_ok=True)  # left by a crash mid-write (only this part's)
         record = _done(out, name)
         if record is not None:
             records[i] = record
     return records
+
+
+def _disk_full(out: Path, plan: Plan, options: IngestOptions, bounds: list[tuple[int, int]],
+               records: dict[int, dict[str, Any]]) -> DiskFull:
+    """The one-line error for a disk that filled up while ``out`` was written (``records``: the shards done)."""
+    import shutil
+
+    left = [i for i in range(len(bounds)) if i not in records]
+    sizes = _sizes(plan.items, options)
+    # the shards left, from the estimate that cut them; then labels.npy (8 bytes a row at most) and the manifest
+    need = sum(sum(sizes[slice(*bounds[i])]) for i in left) + 8 * len(plan.items) + (1 << 16)
+    free = shutil.disk_usage(out).free
+    return DiskFull(f"no space left on device in {out}: about {need / 1e6:.1f} MB more are needed for the "
+                    f"{len(left)} shard(s) not yet written and the manifest, {free / 1e6:.1f} MB are free; free some "
+                    f"space (or quota) and run the same command again, which keeps the {len(records)} shard(s) "
+                    "written")
 
 
 def _chunks(bounds: list[tuple[int, int]], todo: list[int]) -> list[tuple[int, int, int]]:

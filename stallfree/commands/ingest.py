@@ -55,10 +55,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="turn a dataset into memory-mapped Arrow shards the Loader reads zero-copy",
         description="Write SRC (an ImageFolder tree, a CSV/Parquet file list with path and label columns, Parquet "
         "holding image bytes, or WebDataset .tar shards) into OUT as uncompressed Arrow IPC shards and a "
-        "manifest.json. Images failing their checks go to OUT/rejected.jsonl. Interrupted runs resume when "
-        "run again with the same arguments. OUT may be a URL (s3://, gs://, file://): shards are written to a local "
-        "staging folder and each is uploaded once complete, the manifest last, so a reader never finds a manifest "
-        "whose shards are missing; a rerun uploads only what is missing. Docs: docs/ingest.md, docs/remote.md.",
+        "manifest.json. Images failing their checks go to OUT/rejected.jsonl. Interrupted runs (killed, or "
+        "stopped by a full disk: exit code 1) resume when run again with the same arguments; one run at a time may "
+        "write OUT (or each --part of it): a second is refused, naming the first's pid and source. OUT may be a URL "
+        "(s3://, gs://, file://): shards are written to a local staging folder and each is uploaded once complete, "
+        "the manifest last, so a reader never finds a manifest whose shards are missing; a rerun uploads only what "
+        "is missing. Docs: docs/ingest.md, docs/remote.md.",
         usage="%(prog)s [options] SRC OUT\n       %(prog)s --merge [options] OUT",
         epilog="examples:\n"
         "  stallfree ingest ~/imagenet/train ./shards/train --workers 8 --max-side 256\n"
@@ -135,7 +137,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _ingest(args: argparse.Namespace) -> int:
     from stallfree.ingest.merge import merge
     from stallfree.ingest.remote import is_url
-    from stallfree.ingest.runner import ingest, parse_part
+    from stallfree.ingest.runner import DiskFull, ingest, parse_part
     from stallfree.ingest.sources import DEFAULT_MAX_SAMPLE_BYTES
     from stallfree.ingest.validate import DEFAULT_MAX_PIXELS
     from stallfree.ingest.writer import IngestOptions
@@ -170,8 +172,12 @@ def _ingest(args: argparse.Namespace) -> int:
         raise ValueError(f"--staging and --storage-options apply to an OUT at a URL (s3://, gs://, file://), but OUT "
                          f"is {out!r}; drop them")
     extra = {"staging": args.staging, "storage_options": args.storage_options} if remote else {}
-    summary = ingest(Path(src), out if remote else Path(out), options, workers=args.workers,
-                     part=parse_part(args.part), progress=not args.quiet and sys.stderr.isatty(), **extra)
+    try:
+        summary = ingest(Path(src), out if remote else Path(out), options, workers=args.workers,
+                         part=parse_part(args.part), progress=not args.quiet and sys.stderr.isatty(), **extra)
+    except DiskFull as err:  # not a usage error (exit 2): the same command succeeds once there is room
+        print(f"stallfree ingest: error: {err}", file=sys.stderr)
+        return 1
     index, count = parse_part(args.part)
     name = "rejected.jsonl" if count == 1 else f"manifest.part-{index}-of-{count}.json"
     record = f"{_shown(out).rstrip('/')}/{name}"

@@ -1,0 +1,181 @@
+"""One ingest at a time per output folder (issue #37, cases 7 and 8), with real ``stallfree ingest`` processes.
+
+Before: two runs into one OUT both exited 0 and OUT could hold a mix of both; a ``kill -9`` left
+``.shard-00000.arrow.tmp-HOST-PID-TID`` files that survived every rerun; a full disk ended in a traceback.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from stallfree.ingest.lock import FolderLocked, ingest_lock
+from stallfree.ingest.merge import merge
+from stallfree.ingest.runner import ingest
+from stallfree.ingest.verify import verify
+from stallfree.ingest.writer import IngestOptions
+
+SHARD_MB = "0.002"  # about one image per shard: many shards, so that a run can be caught between them
+OPTIONS = IngestOptions(shard_mb=float(SHARD_MB))
+
+# A real ingest (the CLI's entry) that stops inside the atomic write of shard 1, after its bytes are on disk and
+# before the rename, and waits there until the file GO exists: a run held mid-write, to be refused or killed.
+HELD = """
+import sys, time
+from pathlib import Path
+from stallfree.ingest import atomic
+from stallfree.cli import main
+
+source, out, go, shard_mb = sys.argv[1:5]
+flush = atomic._fsync_file
+
+def held(path):
+    flush(path)
+    if ".shard-00001.arrow.tmp-" in path.name:
+        Path(go + ".held").write_text(str(path))
+        deadline = time.monotonic() + 120
+        while not Path(go).exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+atomic._fsync_file = held
+sys.exit(main(["ingest", source, out, "--shard-size", shard_mb, "--quiet"]))
+"""
+
+
+def _cli(*args: object) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "stallfree", *map(str, args)], capture_output=True, text=True,
+                          timeout=300)
+
+
+def _hold(source: Path, out: Path) -> subprocess.Popen:
+    """An ingest of ``source`` into ``out`` held inside its write of shard 1 (see HELD); returns once it is."""
+    run = subprocess.Popen([sys.executable, "-c", HELD, str(source), str(out), str(out.parent / "go"), SHARD_MB],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (out.parent / "go.held").exists():
+        if run.poll() is not None or time.monotonic() > deadline:
+            run.kill()
+            pytest.fail(f"the held ingest ended or hung before shard 1: {run.communicate()}")
+        time.sleep(0.02)
+    return run
+
+
+def _temporaries(out: Path) -> list[str]:
+    return sorted(p.name for folder in (out, out / ".ingest") for p in folder.iterdir() if ".tmp" in p.name)
+
+
+@pytest.fixture
+def other(tmp_path, folder):
+    """Another source: the same images under other class names, so that a mix would show."""
+    import shutil
+
+    other = tmp_path / "other"
+    for old in sorted(folder.iterdir()):
+        shutil.copytree(old, other / f"x-{old.name}")
+    return other
+
+
+@pytest.mark.parametrize("second", ["the same source", "another source"])
+def test_a_second_ingest_into_a_folder_being_written_is_refused_naming_the_first(folder, other, tmp_path, second):
+    out = tmp_path / "out"
+    first = _hold(folder, out)
+    try:
+        refused = _cli("ingest", folder if second == "the same source" else other, out, "--shard-size", SHARD_MB,
+                       "--quiet")
+    finally:
+        (tmp_path / "go").touch()
+        first_err = first.communicate(timeout=300)[1]
+    assert refused.returncode == 2, refused.stderr
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"stallfree ingest: error: {out} is being written by stallfree ingest pid {first.pid} on "
+        f"{socket.gethostname()} of {folder}, started "), refused.stderr
+    assert lines[0].endswith("; wait for it to end, or pass another OUT folder")
+    assert first.returncode == 0, first_err
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["source"]["path"] == str(folder.resolve())
+    assert manifest["classes"] == sorted(p.name for p in folder.iterdir())
+    assert verify(out) == [] and _temporaries(out) == []
+
+
+def test_a_killed_run_s_lock_and_temporary_files_go_with_it(folder, tmp_path, shard_rows):
+    reference = tmp_path / "reference"
+    ingest(folder, reference, OPTIONS)
+    out = tmp_path / "out"
+    held = _hold(folder, out)
+    os.kill(held.pid, signal.SIGKILL)
+    held.communicate()
+    left = _temporaries(out)
+    assert any(name.startswith(".shard-00001.arrow.tmp-") for name in left), left  # what kill -9 leaves
+    (out / ".ingest" / ".shard-00003.json.tmp-otherhost-1-2").write_text("{")  # another host's record, half
+    (out / ".shard-00004.arrow.tmp").write_bytes(b"half a shard")  # an older stallfree's temporary name
+    (out / ".notes.tmp-mine").write_text("not ingest's")  # a user's file: left alone
+    rerun = _cli("ingest", folder, out, "--shard-size", SHARD_MB, "--quiet")
+    assert rerun.returncode == 0, rerun.stderr  # the kernel released the dead run's lock
+    assert _temporaries(out) == [".notes.tmp-mine"]
+    assert shard_rows(out) == shard_rows(reference) and verify(out) == []
+
+
+FULL = """
+import errno, sys
+from stallfree.ingest import atomic
+from stallfree.cli import main
+
+flush = atomic._fsync_file
+
+def full(path):
+    if ".shard-00003.arrow.tmp-" in path.name:
+        raise OSError(errno.ENOSPC, "No space left on device")
+    flush(path)
+
+atomic._fsync_file = full
+sys.exit(main(["ingest", *sys.argv[1:3], "--shard-size", sys.argv[3], "--quiet"]))
+"""
+
+
+def test_a_full_disk_is_one_line_and_exit_1_and_loses_nothing_written(folder, tmp_path, shard_rows):
+    reference = tmp_path / "reference"
+    ingest(folder, reference, OPTIONS)
+    out = tmp_path / "out"
+    full = subprocess.run([sys.executable, "-c", FULL, str(folder), str(out), SHARD_MB], capture_output=True,
+                          text=True, timeout=300)
+    assert full.returncode == 1, full.stderr
+    lines = full.stderr.strip().splitlines()
+    shards = len(json.loads((reference / "manifest.json").read_text())["shards"])
+    assert len(lines) == 1 and lines[0].startswith(
+        f"stallfree ingest: error: no space left on device in {out}: about "), full.stderr
+    assert f"MB more are needed for the {shards - 3} shard(s) not yet written and the manifest" in lines[0]
+    assert lines[0].endswith("run the same command again, which keeps the 3 shard(s) written")
+    for name in ("shard-00000.arrow", "shard-00001.arrow", "shard-00002.arrow"):
+        assert (out / name).read_bytes() == (reference / name).read_bytes()
+    assert _temporaries(out) == [] and not (out / "shard-00003.arrow").exists()
+    rerun = _cli("ingest", folder, out, "--shard-size", SHARD_MB, "--quiet", "--json")
+    assert rerun.returncode == 0, rerun.stderr
+    assert json.loads(rerun.stdout)["resumed_shards"] == 3
+    assert shard_rows(out) == shard_rows(reference) and verify(out) == []
+
+
+def test_parts_share_a_folder_but_exclude_a_whole_run_a_merge_and_themselves(tmp_path):
+    out = tmp_path / "out"
+    with ingest_lock(out, out / ".ingest", "/src", (0, 2)), ingest_lock(out, out / ".ingest", "/src", (1, 2)):
+        with pytest.raises(FolderLocked, match=rf"pid {os.getpid()} .* of /src --part 0/2, started .*; "
+                                               rf"stallfree ingest pid {os.getpid()} .* of /src --part 1/2"):
+            with ingest_lock(out, out / ".ingest", "/other", (0, 1)):
+                pass
+        with pytest.raises(FolderLocked, match=r"of /src --part 1/2, started [^;]*; wait for it to end"):
+            with ingest_lock(out, out / ".ingest", "/src", (1, 2)):
+                pass
+        with pytest.raises(FolderLocked, match=r"--part 0/2"):
+            merge(out)
+    with ingest_lock(out, out / ".ingest", "/src", (0, 1)):
+        with pytest.raises(FolderLocked, match=r"of /src, started"):
+            with ingest_lock(out, out / ".ingest", "/src", (1, 2)):
+                pass
+    with ingest_lock(out, out / ".ingest", "/src", (0, 1)):  # released at the end of the block
+        pass
