@@ -4,9 +4,11 @@
   keep-alive, as a static file server or a CDN does.
 - :class:`FaultProxy` forwards HTTP requests to it, or to an object store of :mod:`stallfree.bench.stores`
   (S3, Cloud Storage), and, on command, adds latency, caps bandwidth, answers
-  503, drops the connection, truncates the body, flips a byte, or stalls; faults are counted per request, so a test
-  says "the next 2 requests for ``.arrow`` files fail" (GETs, or uploads: ``method="PUT"``) and knows what the
-  client met; :attr:`FaultProxy.seen` lists every request forwarded.
+  503, 500, 403 or 404, drops the connection, truncates the body, flips a byte, stalls, trickles the body at a few
+  bytes a second, ignores the Range header (a 200 with the whole object, as a server without Range support does),
+  or sends an endless body; faults are counted per request, so a test says "the next 2 requests for ``.arrow``
+  files fail" (GETs, or uploads: ``method="PUT"``) and knows what the client met; :attr:`FaultProxy.seen` lists
+  every request forwarded.
 
 Everything listens on 127.0.0.1 only, on a port the system picks.
 """
@@ -134,6 +136,10 @@ class RangeServer(_Background):
         super().__init__(_RangeHandler)
 
 
+#: What :meth:`FaultProxy.inject` knows; the status answers carry no body.
+_KINDS = ("503", "500", "403", "404", "drop", "truncate", "corrupt", "stall", "trickle", "ignore-range", "endless")
+
+
 @dataclass
 class _Fault:
     kind: str
@@ -141,6 +147,7 @@ class _Fault:
     match: str
     seconds: float = 0.0
     method: str = "GET"
+    rate: float = 0.0  # bytes per second of a "trickle"
 
 
 @dataclass
@@ -206,12 +213,25 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             time.sleep(fault.seconds)
             if self.server.closed:  # type: ignore[attr-defined]
                 return
-        if fault is not None and fault.kind == "503":
-            self.send_response(503)
+        if fault is not None and fault.kind in ("503", "500", "403", "404"):
+            self.send_response(int(fault.kind))
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
+        if fault is not None and fault.kind == "endless":  # a 200 whose body never ends (no length: until close)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.end_headers()
+            self.close_connection = True
+            try:
+                while not self.server.closed:  # type: ignore[attr-defined]
+                    self.wfile.write(b"[" * (1 << 16))
+            except ConnectionError:  # the client gave up: that is what it should do
+                pass
+            return
         headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
+        if fault is not None and fault.kind == "ignore-range":
+            headers = {k: v for k, v in headers.items() if k.lower() != "range"}
         reply, data = self._upstream(owner.upstream_port, sent, headers)
         if owner.faults.latency:
             time.sleep(owner.faults.latency)
@@ -232,7 +252,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
             return
-        self._send(data, owner.faults.bandwidth)
+        self._send(data, fault.rate if fault is not None and fault.kind == "trickle" else owner.faults.bandwidth)
 
     def _upstream(self, port: int, sent: bytes | None, headers: dict[str, str]) -> tuple[Any, bytes]:
         """The upstream's reply and body, over this client connection's own kept-alive upstream connection.
@@ -265,10 +285,19 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         super().finish()
 
     def _send(self, data: bytes, bandwidth: float | None) -> None:
-        view, piece = memoryview(data), 1 << 18  # a quarter MB a write: 2.6 ms at 100 MB/s
+        # a quarter MB a write (2.6 ms at 100 MB/s), or under a cap 20 writes a second: a steady stream, as a slow
+        # link gives, not a burst and a long silence
+        piece = max(1, min(1 << 18, int(bandwidth / 20))) if bandwidth else 1 << 18
+        view = memoryview(data)
         for start in range(0, len(data), piece):
+            if self.server.closed:  # type: ignore[attr-defined]
+                return
             chunk = view[start : start + piece]
-            self.wfile.write(chunk)
+            try:
+                self.wfile.write(chunk)
+            except ConnectionError:  # the client cancelled a slow reply: no news
+                self.close_connection = True
+                return
             if bandwidth:
                 time.sleep(len(chunk) / bandwidth)
 
@@ -277,10 +306,12 @@ class FaultProxy(_Background):
     """An HTTP proxy on 127.0.0.1 in front of ``upstream`` (a URL on 127.0.0.1) that injects faults on command.
 
     ``latency`` and ``bandwidth`` (bytes/s) apply to every reply; :meth:`inject` queues faults for the next
-    ``count`` requests of ``method`` (GET unless told) whose path contains ``match``: ``"503"``, ``"drop"`` (the
-    connection closes with no reply), ``"truncate"`` (half the body, then close), ``"corrupt"`` (the first byte
-    flipped), ``"stall"`` (``seconds`` before the reply). :attr:`met` lists the faults applied, :attr:`seen` every
-    request (``"PUT /bucket/key"``).
+    ``count`` requests of ``method`` (GET unless told) whose path contains ``match``: ``"503"``, ``"500"``,
+    ``"403"``, ``"404"`` (that status, no body), ``"drop"`` (the connection closes with no reply), ``"truncate"``
+    (half the body, then close), ``"corrupt"`` (the first byte flipped), ``"stall"`` (``seconds`` before the
+    reply), ``"trickle"`` (the body at ``rate`` bytes/s), ``"ignore-range"`` (the request forwarded without its
+    Range header: a 200 with the whole object), ``"endless"`` (a 200 whose body never ends). :attr:`met` lists the
+    faults applied, :attr:`seen` every request (``"PUT /bucket/key"``).
     """
 
     def __init__(self, upstream: str, latency: float = 0.0, bandwidth: float | None = None):
@@ -288,11 +319,14 @@ class FaultProxy(_Background):
         self.faults = _Faults(latency=latency, bandwidth=bandwidth)
         super().__init__(_ProxyHandler)
 
-    def inject(self, kind: str, count: int = 1, match: str = "", seconds: float = 0.0, method: str = "GET") -> None:
-        if kind not in ("503", "drop", "truncate", "corrupt", "stall"):
-            raise ValueError(f"unknown fault {kind!r}")
+    def inject(self, kind: str, count: int = 1, match: str = "", seconds: float = 0.0, method: str = "GET",
+               rate: float = 0.0) -> None:
+        if kind not in _KINDS:
+            raise ValueError(f"unknown fault {kind!r}; one of {_KINDS}")
+        if kind == "trickle" and rate <= 0:
+            raise ValueError(f"a trickle needs rate= (bytes per second) > 0, got {rate!r}")
         with self.faults.lock:
-            self.faults.queue.append(_Fault(kind, count, match, seconds, method))
+            self.faults.queue.append(_Fault(kind, count, match, seconds, method, rate))
 
     @property
     def met(self) -> list[str]:

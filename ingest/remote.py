@@ -10,15 +10,24 @@ HTTP file system (``https://`` is half of the issue), while fsspec gives one int
 (missing object: ``FileNotFoundError``) and one ``storage_options`` dictionary for every scheme, as pandas,
 Hugging Face datasets and MosaicML Streaming users already pass it.
 
-A download (:func:`download`) reads the object in 1 MiB pieces into a temporary file, hashing as it goes:
+A download (:func:`download`) reads the object in 8 MiB pieces (a ranged GET each) into a temporary file, hashing as
+it goes; the bytes are counted as they arrive, and every request can be cancelled:
 
 - a dropped connection, a client timeout, an HTTP 5xx or 429, or a response that ends early (fewer bytes than the
   manifest's size: a truncated download) is retried after a backoff that doubles from ``retry.backoff`` up to
   ``retry.max_backoff``, at most ``retry.attempts`` tries in all, going on from the bytes already received (a
   ranged read); when they are spent, :class:`RemoteStoreError` names the object and the last error;
 - a SHA-256 that differs from the manifest's is :class:`ChecksumMismatch` (the caller downloads once more);
-- no byte for ``retry.timeout`` seconds is a stall: the piece's client call gets that timeout, and the watchdog
-  in :class:`Progress` lets a waiting reader raise even if the client itself hangs.
+- a 403 or 404, a server that ignores Range, or an object longer than the manifest says is a
+  :class:`RemoteStoreError` at once, naming the URL (never a ``FileNotFoundError`` a reader might skip);
+- no byte for ``retry.timeout`` seconds is a stall: the thread that waits for the request (:func:`_fetch`) cancels
+  it and the try fails, whatever the client does; a store that trickles bytes is slow, not stalled;
+- Ctrl-C or the end of the program (:func:`exiting`) cancels every request in flight, so the interpreter, which
+  joins the download threads at exit, ends within a poll interval.
+
+No exception of the client is kept in the chain (``__cause__``, ``__context__``) of the errors raised here: its
+repr may hold the request's headers (``Authorization``) or a URL with a password. Only its type and its message,
+URLs redacted, are carried over.
 
 An upload (:func:`upload`) puts a whole file, tried again on the same transient failures, and then compares the
 size the store holds with the local file's; small objects (a manifest) are read whole by :func:`read_object`.
@@ -29,6 +38,9 @@ URLs in messages go through :func:`redact`: credentials never appear in an error
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import concurrent.futures.thread  # its exit hook (joining the pools' threads) must be registered before ours
 import hashlib
 import os
 import re
@@ -43,8 +55,9 @@ from typing import Any, TypeVar
 
 from stallfree.ingest.atomic import atomic_path
 
-__all__ = ["ChecksumMismatch", "Progress", "RemoteStoreError", "Retry", "download", "is_url", "list_objects",
-           "open_store", "read_object", "redact", "retried", "scrubbed", "transient", "upload"]
+__all__ = ["ChecksumMismatch", "Progress", "RemoteStoreError", "Retry", "download", "exiting", "is_url",
+           "list_objects", "open_store", "read_object", "read_range", "redact", "retried", "scrubbed", "transient",
+           "upload"]
 
 #: The optional extra that brings each scheme's client.
 _CLIENTS = {"s3": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs"), "http": ("aiohttp", "remote"),
@@ -52,11 +65,33 @@ _CLIENTS = {"s3": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs"
 #: Bytes per ranged request of a download: one request per piece (a store's round trip is paid once per piece,
 #: not per MiB), and a piece is what a download holds in memory and what a retry may have to fetch again.
 _PIECE = 8 << 20
+#: How often a thread waiting for a request looks at the stall clock and at :func:`exiting`.
+_POLL = 0.1
 _T = TypeVar("_T")
 
 
 class RemoteStoreError(RuntimeError):
-    """A store that does not answer: retries spent, or no byte for longer than the timeout. Never skipped."""
+    """A store that fails: retries spent, a stall, a refused or missing object, a reply that is not what was asked.
+
+    Never skipped by ``on_error="skip"``; the message names the object's (redacted) URL.
+    """
+
+
+_EXITING = threading.Event()
+
+
+def exiting() -> bool:
+    """Whether the interpreter is exiting (or Ctrl-C ended the program): downloads and their waiters give up.
+
+    Set by a hook that runs before ``concurrent.futures`` joins its pools' threads at exit, so that a download
+    still running (a store trickling bytes) is cancelled rather than waited for.
+    """
+    return _EXITING.is_set()
+
+
+# threading's own exit hooks run in reverse order of registration, before non-daemon threads are joined: this one,
+# registered after concurrent.futures' (imported above), runs first
+threading._register_atexit(_EXITING.set)  # type: ignore[attr-defined]  # the only pre-join hook
 
 
 class ChecksumMismatch(OSError):
@@ -210,10 +245,10 @@ def download(fs: Any, path: str, url: str, dest: Path, size: int, sha256: str, r
     """Fetch object ``path`` (``url`` for messages) of ``size`` bytes into ``dest``, checked against ``sha256``.
 
     Raises:
-        RemoteStoreError: tries spent on transient failures (named, with the last one), or an object that is
-            longer than the manifest says.
+        RemoteStoreError: tries spent on transient failures (named, with the last one); a missing object or a refused
+            access (404, 403: not retried, and never a skippable sample); a server that ignores Range; an object
+            longer than the manifest says; ``stopped()`` or the interpreter exiting.
         ChecksumMismatch: the bytes arrived whole but their SHA-256 is not ``sha256``.
-        FileNotFoundError, PermissionError: as the store answered (not retried).
     """
     progress = progress or Progress()
     shown = redact(url)
@@ -224,49 +259,232 @@ def download(fs: Any, path: str, url: str, dest: Path, size: int, sha256: str, r
     with atomic_path(dest, durable=False) as tmp, open(tmp, "wb") as out:
         received = 0
         while received < size:
-            if stopped():
+            if stopped() or exiting():
                 raise RemoteStoreError(f"download of {shown} was stopped")
-            progress.touch()
+            error: BaseException | None = None
             try:
-                received = _read_from(fs, path, received, size, out, digest, progress)
+                received = _read_from(fs, path, received, size, out, digest, progress, retry.timeout, stopped)
                 if received < size:
-                    raise EOFError(f"the response ended after {received} of {size} bytes (truncated)")
+                    error = EOFError(f"the response ended after {received} of {size} bytes (truncated)")
             except Exception as err:  # noqa: BLE001 - sorted right below: transient ones are retried, others raised
-                if not transient(err):
-                    raise
-                failures.append(scrubbed(err))
-                if len(failures) >= retry.attempts:
-                    raise RemoteStoreError(
-                        f"{shown}: {len(failures)} tries failed (the last: {failures[-1]}); check that the store "
-                        f"answers, or raise retries=/remote_timeout= for a slow one") from err
-                time.sleep(retry.wait(len(failures)))
+                error = err
+            if error is None:
+                continue
+            # raised here, outside the except block, so that no exception of the client (whose repr may hold a
+            # request's headers or a URL with credentials) rides along as __context__
+            if not transient(error):
+                raise _store_error(error, shown)
+            failures.append(scrubbed(error))
+            if len(failures) >= retry.attempts:
+                raise RemoteStoreError(
+                    f"{shown}: {len(failures)} tries failed (the last: {failures[-1]}); check that the store "
+                    f"answers, or raise retries=/remote_timeout= for a slow one")
+            _pause(retry.wait(len(failures)), stopped)
         out.flush()
         if digest.hexdigest() != sha256:
             raise ChecksumMismatch(f"{shown}: SHA-256 {digest.hexdigest()[:16]}... differs from the manifest's "
                                    f"{sha256[:16]}... (the object was altered or damaged in transit)")
 
 
-def _read_from(fs: Any, path: str, offset: int, size: int, out: Any, digest: Any, progress: Progress) -> int:
+def _read_from(fs: Any, path: str, offset: int, size: int, out: Any, digest: Any, progress: Progress,
+               timeout: float, stopped: Callable[[], bool]) -> int:
     """Read ``path`` from ``offset`` on into ``out``; the offset reached (less than ``size`` if the reply ended).
 
-    One ranged GET per piece (``cat_file``), and no request for the object's size: the manifest gives it, and
-    asking (a HEAD before each download, as ``fs.open`` does) would double the round trips of a small shard. The
-    last piece asks for one byte more, so an object longer than the manifest says is caught without another
-    request.
+    One ranged GET per piece, and no request for the object's size: the manifest gives it, and asking (a HEAD
+    before each download, as ``fs.open`` does) would double the round trips of a small shard. The last piece asks
+    for one byte more, so an object longer than the manifest says is caught without another request.
     """
     while offset < size:
         wanted = min(_PIECE, size - offset)
         last = offset + wanted == size
-        piece = fs.cat_file(path, start=offset, end=offset + wanted + (1 if last else 0))
+        piece = _fetch(fs, path, (offset, offset + wanted + (1 if last else 0)), progress, timeout, stopped)
         if len(piece) > wanted:
-            raise RemoteStoreError(f"the object is longer than the manifest's {size} bytes (another dataset?)")
+            raise _Unexpected(f"the object is longer than the manifest's {size} bytes (it was replaced, or this is "
+                              "another dataset); run `stallfree verify` on the dataset's URL")
         out.write(piece)
         digest.update(piece)
         offset += len(piece)
-        progress.add(len(piece))
         if len(piece) < wanted:  # the reply ended early: the caller retries from here
             break
     return offset
+
+
+class _Unexpected(Exception):
+    """A reply that is not what was asked (a 200 to a ranged request, an object longer than listed); not retried.
+
+    Raised inside a request, which does not know the URL to show: the caller names it (:func:`_clean`).
+    """
+
+
+class _TooLarge(ValueError):
+    """An object larger than the most a caller reads of it (a manifest); named by the caller (:func:`_clean`)."""
+
+
+def _fetch(fs: Any, path: str, span: tuple[int, int] | None, progress: Progress, timeout: float,
+           stopped: Callable[[], bool] = lambda: False, limit: int | None = None,
+           deadline: float | None = None) -> bytes:
+    """One request: bytes ``span`` (``start``, ``end``) of ``path``, or all of it, counted as they arrive.
+
+    The request runs on the client's event loop (fsspec's) while this thread watches it: it is cancelled, and its
+    connection closed, when no byte came for ``timeout`` seconds (a ``TimeoutError``, transient), when it ran for
+    ``deadline`` seconds, or when ``stopped()`` or the interpreter is exiting (:class:`RemoteStoreError`). So a
+    store that trickles is never a stall, one that stops is one within ``timeout`` whatever the client does, and
+    neither keeps the process from ending. A client without an event loop (``file://``) is read directly.
+
+    Raises:
+        _TooLarge: more than ``limit`` bytes came (the rest is not read).
+        _Unexpected: a ranged request answered with the whole object.
+        FileNotFoundError, PermissionError, ConnectionError: HTTP 404, 401/403, 5xx/429; or the client's own errors.
+    """
+    progress.touch()
+    loop = getattr(fs, "loop", None) if getattr(fs, "async_impl", False) else None
+    if loop is None:
+        data = bytes(fs.cat_file(path) if span is None else fs.cat_file(path, start=span[0], end=span[1]))
+        if limit is not None and len(data) > limit:
+            raise _TooLarge(f"is larger than {limit} bytes")
+        progress.add(len(data))
+        return data
+    future = asyncio.run_coroutine_threadsafe(_stream(fs, path, span, progress, limit), loop)
+    began = time.monotonic()
+    while True:
+        done, _ = concurrent.futures.wait([future], timeout=_POLL)
+        if done:
+            return future.result()
+        if stopped() or exiting():
+            future.cancel()
+            raise RemoteStoreError("the request was stopped (the reader closed, or the program is exiting)")
+        if progress.idle() > timeout:
+            future.cancel()
+            raise TimeoutError(f"no byte for {timeout:g} s (remote_timeout)")
+        if deadline is not None and time.monotonic() - began > deadline:
+            future.cancel()
+            raise _Unexpected(f"did not arrive within {deadline:g} s (remote_timeout): the store is too slow; raise "
+                              "remote_timeout= for a slow one")
+
+
+async def _stream(fs: Any, path: str, span: tuple[int, int] | None, progress: Progress, limit: int | None) -> bytes:
+    """The body of one GET on fsspec's loop, each chunk counted into ``progress`` as it arrives (see :func:`_fetch`).
+
+    HTTP and S3 are streamed (aiohttp's chunks, S3's body in 64 KiB reads); another store's client (gcsfs) is
+    asked for the whole range (``_cat_file``), counted when it ends.
+    """
+    out = bytearray()
+
+    def take(chunk: bytes) -> None:
+        out.extend(chunk)
+        progress.add(len(chunk))
+        if limit is not None and len(out) > limit:
+            raise _TooLarge(f"is larger than {limit} bytes")
+
+    protocols = _protocols(fs)
+    ranged = {} if span is None else {"Range": f"bytes={span[0]}-{span[1] - 1}"}
+    if "http" in protocols or "https" in protocols:
+        options = dict(fs.kwargs)
+        headers = {**(options.pop("headers", None) or {}), **ranged}
+        session = await fs.set_session()
+        async with session.get(fs.encode_url(path), headers=headers, **options) as reply:
+            _check_status(reply.status, reply.reason)
+            if span is not None and reply.status != 206:
+                raise _Unexpected(f"the server ignored the ranged request (HTTP {reply.status}, not 206 Partial "
+                                  "Content, to 'Range: bytes=...'); serve the data from a server that supports Range")
+            async for chunk in reply.content.iter_any():
+                take(chunk)
+    elif "s3" in protocols:
+        bucket, key, version = fs.split_path(path)
+        reply = await fs._call_s3("get_object", Bucket=bucket, Key=key, **ranged,
+                                  **({"VersionId": version} if version else {}))
+        body = reply["Body"]
+        try:
+            if span is not None and not reply.get("ContentRange"):
+                raise _Unexpected("the store ignored the ranged request (no Content-Range in its reply); serve the "
+                                  "data from a store that supports Range")
+            while chunk := await body.read(1 << 16):
+                take(chunk)
+        finally:
+            body.close()
+    else:
+        take(bytes(await fs._cat_file(path, **({} if span is None else {"start": span[0], "end": span[1]}))))
+    return bytes(out)
+
+
+def _check_status(status: int, reason: str | None) -> None:
+    """An HTTP error status as the error the rest of this module sorts (and fsspec raises for a 404)."""
+    if status < 400:
+        return
+    what = f"HTTP {status} {reason or ''}".strip()
+    if status in (404, 410):
+        raise FileNotFoundError(what)
+    if status in (401, 403):
+        raise PermissionError(what)
+    if status >= 500 or status == 429:
+        raise ConnectionError(what)
+    raise _Unexpected(f"the store answered {what}")
+
+
+def _protocols(fs: Any) -> tuple[str, ...]:
+    protocol = fs.protocol
+    return tuple(protocol) if isinstance(protocol, (tuple, list)) else (protocol,)
+
+
+def _pause(seconds: float, stopped: Callable[[], bool]) -> None:
+    """Sleep ``seconds`` between tries, cut short by ``stopped()`` or the interpreter exiting."""
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0 and not stopped():
+        if _EXITING.wait(min(left, _POLL)):
+            return
+
+
+def _clean(err: BaseException, what: str) -> BaseException:
+    """A store's failure as a fresh exception naming ``what`` (a redacted URL), with nothing of the client's.
+
+    The client's exceptions may carry credentials in their repr (aiohttp's request headers, a URL's user and
+    password), so none of them is kept as ``__cause__`` or ``__context__``: the new one holds its type (a missing
+    object stays ``FileNotFoundError``, a refused one ``PermissionError``) and its message, URLs redacted. An
+    error that is not the client's (a ``ValueError`` of the caller's own code) is returned as it is.
+    """
+    reason = scrubbed(err).split(": ", 1)[-1]
+    if isinstance(err, RemoteStoreError):
+        return err
+    if isinstance(err, _Unexpected):
+        return RemoteStoreError(f"{what}: {err}")
+    if isinstance(err, _TooLarge):
+        return ValueError(f"{what} {err}")
+    if isinstance(err, FileNotFoundError):
+        return FileNotFoundError(f"{what}: no such object ({reason})")
+    if isinstance(err, PermissionError):
+        return PermissionError(f"{what}: access refused ({reason}); check the credentials (storage_options, or the "
+                               "environment)")
+    if _is_client_error(err):
+        return RemoteStoreError(f"{what}: {scrubbed(err)}")
+    return err
+
+
+def _store_error(err: BaseException, what: str) -> BaseException:
+    """As :func:`_clean`, but a missing or refused object of a dataset is a :class:`RemoteStoreError` too.
+
+    An object the manifest lists and the store does not give is a store (or dataset) failure, never a sample to
+    skip: ``on_error="skip"`` treats ``FileNotFoundError`` and ``PermissionError`` as bad samples.
+    """
+    cleaned = _clean(err, what)
+    if isinstance(cleaned, (FileNotFoundError, PermissionError)):
+        return RemoteStoreError(str(cleaned))
+    return cleaned
+
+
+def _is_client_error(err: BaseException) -> bool:
+    if isinstance(err, (OSError, EOFError)):
+        return True
+    try:
+        import aiohttp
+    except ImportError:
+        aiohttp = None  # type: ignore[assignment]
+    if aiohttp is not None and isinstance(err, aiohttp.ClientError):
+        return True
+    try:
+        from botocore.exceptions import BotoCoreError, ClientError
+    except ImportError:
+        return False
+    return isinstance(err, (BotoCoreError, ClientError))
 
 
 def retried(call: Callable[[], _T], what: str, retry: Retry) -> _T:
@@ -274,28 +492,59 @@ def retried(call: Callable[[], _T], what: str, retry: Retry) -> _T:
 
     Raises:
         RemoteStoreError: tries spent on transient failures; names ``what`` (a redacted URL) and the last error.
-        Any other error of ``call`` (a 403, a 404...), as it is.
+        FileNotFoundError, PermissionError: a missing object or a refused access (not retried), naming ``what``.
+        Any other error of ``call`` that is not the client's (a ``ValueError`` of its own), as it is.
     """
     for tries in range(1, retry.attempts + 1):
+        error: BaseException
         try:
             return call()
-        except Exception as err:  # noqa: BLE001 - transient ones are retried, others raised as they are
-            if not transient(err):
-                raise
-            if tries == retry.attempts:
-                raise RemoteStoreError(f"{what}: {tries} tries failed (the last: {scrubbed(err)})") from err
-            time.sleep(retry.wait(tries))
+        except Exception as err:  # noqa: BLE001 - transient ones are retried, others raised below
+            error = err
+        # raised outside the except block: no client exception (credentials in its repr) rides along
+        if not transient(error):
+            raise _clean(error, what)
+        if tries == retry.attempts:
+            raise RemoteStoreError(f"{what}: {tries} tries failed (the last: {scrubbed(error)})")
+        _pause(retry.wait(tries), lambda: False)
     raise AssertionError("unreachable")  # the loop returns or raises
 
 
-def read_object(fs: Any, path: str, url: str, retry: Retry) -> bytes:
+def read_object(fs: Any, path: str, url: str, retry: Retry, limit: int | None = None,
+                deadline: float | None = None) -> bytes:
     """Object ``path`` (``url`` for messages) whole: for small ones (a manifest), with the retries of a download.
+
+    Args:
+        fs: the store's file system (:func:`open_store`).
+        path: the object's path in it.
+        url: the object's URL, shown redacted in messages.
+        retry: how a try is retried, and the stall timeout.
+        limit: the most bytes read; a larger object is a ``ValueError`` (what arrived beyond it is not kept).
+        deadline: the most seconds one try may take (a store trickling the object is a ``RemoteStoreError``).
 
     Raises:
         FileNotFoundError: no such object (not retried).
-        RemoteStoreError: tries spent.
+        PermissionError: access refused (not retried).
+        ValueError: larger than ``limit``.
+        RemoteStoreError: tries spent, or too slow.
     """
-    return retried(lambda: bytes(fs.cat_file(path)), redact(url), retry)
+    shown = redact(url)
+    return retried(lambda: _fetch(fs, path, None, Progress(), retry.timeout, limit=limit, deadline=deadline), shown,
+                   retry)
+
+
+def read_range(fs: Any, path: str, url: str, start: int, end: int, retry: Retry) -> bytes:
+    """Bytes ``start`` to ``end`` of object ``path`` (``url`` for messages): one ranged GET, retried.
+
+    Raises:
+        RemoteStoreError: tries spent, a missing or refused object, or a server that ignores Range.
+    """
+    shown = redact(url)
+    try:
+        return retried(lambda: _fetch(fs, path, (start, end), Progress(), retry.timeout), shown, retry)
+    except (FileNotFoundError, PermissionError) as err:
+        failure = str(err)
+    raise RemoteStoreError(failure)  # outside the except block: not chained to the cleaned error
 
 
 def list_objects(fs: Any, root: str, url: str, retry: Retry) -> dict[str, dict[str, Any]]:
@@ -342,13 +591,9 @@ def upload(fs: Any, local: Path, path: str, url: str, retry: Retry) -> dict[str,
             raise EOFError(f"the store holds {info.get('size')} bytes after the upload of {size} (truncated)")
         return info
 
-    try:
-        return retried(attempt, f"uploading {local.name} to {shown}", retry)
-    except (FileNotFoundError, PermissionError) as err:
-        raise type(err)(f"uploading {local.name} to {shown}: {err}") from err
+    return retried(attempt, f"uploading {local.name} to {shown}", retry)  # its errors name the upload and URL
 
 
 def _is_file_system(fs: Any) -> bool:
     """Whether ``fs`` is the local file system (``file://``), where a file is visible while it is being written."""
-    protocol = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
-    return "file" in protocol
+    return "file" in _protocols(fs)

@@ -94,7 +94,7 @@ class RemoteShardReader:
         if entry is None:
             return np.full(len(self), -1, np.int64)
         url = self._url_of(entry)
-        data = read_object(self.fs, f"{self._root}/{entry['file']}", url, self.retry)
+        data = read_object(self.fs, f"{self._root}/{entry['file']}", url, self.retry, limit=int(entry["bytes"]) + 1)
         try:
             return parse_labels(data, entry, len(self), redact(url))
         except OSError as err:
@@ -119,7 +119,12 @@ class RemoteShardReader:
         return [int(e["rows"]) for e in self._entries]
 
     def follow(self, rows: np.ndarray) -> None:
-        """The rows this rank reads next, in order: the read-ahead downloads their shards ahead."""
+        """The rows this rank reads next, in order: the read-ahead downloads their shards ahead.
+
+        A new pass (an epoch, or a resumed position) asks the store again for shards whose download failed before;
+        within a pass, a failed shard is remembered with its error and not asked for again.
+        """
+        self.cache.forget(set(self._by_sha))
         self.read_ahead.follow(rows)
 
     def labels(self) -> np.ndarray:

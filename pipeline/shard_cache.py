@@ -11,8 +11,10 @@ Three sets decide what may be evicted::
 Several Loaders may share a folder (each keeps its own limit; a file another one removed is fetched again).
 A shard being read is never evicted, so the folder may exceed ``limit`` by the shards being read at one moment
 (``io_threads`` of them at most); a download for the read-ahead starts only when it fits without evicting a pinned
-or protected shard. A shard whose checksum differs is downloaded once more; a second mismatch is remembered, so a
-Loader that skips its rows does not download it again for each row.
+or protected shard. A shard whose checksum differs is downloaded once more. A download that failed (a second
+mismatch, a 403 or 404, retries spent) is remembered with its error until :meth:`ShardCache.forget` (a reader's next
+pass): every read of the shard raises that error again, and the read-ahead does not ask for it again, so a held
+Loader never sends the store a request per read (or per look of the read-ahead) for a shard it cannot have.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 
 from stallfree.ingest.home import cache_dir
 from stallfree.ingest.manifest import file_sha256
-from stallfree.ingest.remote import ChecksumMismatch, Progress, RemoteStoreError, Retry
+from stallfree.ingest.remote import ChecksumMismatch, Progress, RemoteStoreError, Retry, exiting
 from stallfree.pipeline.shards import ShardError
 
 __all__ = ["ShardCache", "default_cache_dir"]
@@ -72,7 +74,7 @@ class ShardCache:
         self._bytes = 0  # of _present and _pending: asked at every read's release, so kept, not summed
         self._pins: Counter[str] = Counter()
         self._protected: dict[int, set[str]] = {}  # by read-ahead
-        self._failed: dict[str, ShardError] = {}
+        self._failed: dict[str, BaseException] = {}  # sha256 -> the error its download ended with
         self._unchecked: set[str] = set()  # found in the folder on start: hashed once before first use
         self._pool = ThreadPoolExecutor(downloads, thread_name_prefix="stallfree-download")
         self.downloads = downloads
@@ -143,11 +145,14 @@ class ShardCache:
             return sha256 in self._present or sha256 in self._pending
 
     def prefetch(self, sha256: str, size: int, fetch: Fetch, name: str) -> bool:
-        """Start downloading a shard ahead if a download slot is free and it fits; whether it is there or coming."""
+        """Start downloading a shard ahead if a download slot is free and it fits.
+
+        Whether the read-ahead may go on to the next shard: this one is there, coming, or failed (not asked again).
+        """
         with self._lock:
-            if sha256 in self._present or sha256 in self._pending:
+            if sha256 in self._present or sha256 in self._pending or sha256 in self._failed:
                 return True
-            if sha256 in self._failed or len(self._pending) >= self.downloads or not self._make_room(size, False):
+            if len(self._pending) >= self.downloads or not self._make_room(size, False):
                 return False
             self._start(sha256, size, fetch, name)
             return True
@@ -157,7 +162,8 @@ class ShardCache:
 
         Raises:
             ShardError: its checksum differed twice (names the shard and the URL).
-            RemoteStoreError: the store did not answer (retries spent, or no byte for longer than the timeout).
+            RemoteStoreError: the store did not answer (retries spent, or no byte for longer than the timeout), or
+                refused or lacks the shard; the error its download ended with, until :meth:`forget`.
         """
         with self._lock:
             self._pins[sha256] += 1
@@ -179,6 +185,12 @@ class ShardCache:
         except BaseException:
             self.release(sha256)
             raise
+
+    def forget(self, shas: set[str]) -> None:
+        """Forget the failures of these shards: a new pass asks the store for them again."""
+        with self._lock:
+            for sha256 in shas:
+                self._failed.pop(sha256, None)
 
     def pin(self, sha256: str) -> bool:
         """Pin a shard that is here and checked, as :meth:`acquire` would; whether it was.
@@ -206,7 +218,7 @@ class ShardCache:
         while True:
             with self._lock:
                 if sha256 in self._failed:
-                    raise self._failed[sha256]
+                    raise _again(self._failed[sha256])
                 if sha256 in self._present:
                     self._present.move_to_end(sha256)
                     return
@@ -217,6 +229,8 @@ class ShardCache:
             try:
                 future.result(timeout=0.2)
             except FutureTimeout:
+                if exiting():
+                    raise RemoteStoreError(f"{name}: the program is exiting") from None
                 if progress.idle() > stall and future.running():
                     raise RemoteStoreError(f"{name}: no byte for {progress.idle():.0f} s "
                                            f"(remote_timeout={self.retry.timeout:g} s); the store is stalled or "
@@ -240,7 +254,7 @@ class ShardCache:
         except ChecksumMismatch as err:
             error = ShardError(f"{name}: {err}, twice; re-upload the shard, or run "
                                "`stallfree verify` on the source dataset")
-        except BaseException as err:  # noqa: BLE001 - handed to every waiter below, none is lost
+        except Exception as err:  # noqa: BLE001 - remembered, and raised to every waiter (_wait), none is lost
             error = err
         with self._lock:
             _, _, size = self._pending.pop(sha256)
@@ -248,15 +262,13 @@ class ShardCache:
             if error is None:
                 self._keep(sha256, size)
                 self.fetched += 1
-            elif isinstance(error, ShardError):
+            else:
                 self._failed[sha256] = error
             self._lock.notify_all()
             done = [ref() for ref in self._done]
         for call in done:
             if call is not None:
                 call()
-        if error is not None and not isinstance(error, ShardError):
-            raise error
 
     def _check_found(self, sha256: str, size: int, fetch: Fetch, name: str) -> None:
         """A file left by an earlier run: its hash once, and a fresh download if it differs."""
@@ -293,6 +305,20 @@ class ShardCache:
                 call(sha256)
         self.path(sha256).unlink(missing_ok=True)  # mapped views of it stay valid until they are dropped (POSIX)
 
+
+
+def _again(error: BaseException) -> BaseException:
+    """A fresh copy of a remembered error for one more reader (one object raised by several threads tangles tracebacks).
+
+    The store's errors (:class:`RemoteStoreError`, :class:`ShardError`) are made from their message; another type
+    whose constructor wants more is raised as it is.
+    """
+    try:
+        copy = type(error)(*error.args)
+    except TypeError:
+        return error
+    copy.__cause__, copy.__suppress_context__ = error.__cause__, True
+    return copy
 
 
 _SHARED: weakref.WeakValueDictionary[Path, ShardCache] = weakref.WeakValueDictionary()

@@ -28,15 +28,15 @@ import os
 import re
 import urllib.parse
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import numpy as np
 
 from stallfree.ingest.labels import class_numbers
-from stallfree.ingest.remote import RemoteStoreError, Retry, is_url, open_store, redact, retried, scrubbed
+from stallfree.ingest.remote import Retry, is_url, open_store, read_range, redact, retried
 from stallfree.pipeline import tar_index
 from stallfree.pipeline.read_ahead import RangeReadAhead
 
@@ -45,7 +45,6 @@ __all__ = ["WebDatasetReader", "expand", "is_webdataset"]
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"(\d+)\.\.(\d+)")
 _MAX_TARS = 1_000_000
-_T = TypeVar("_T")
 #: What says a remote tar changed, by client (s3fs, gcsfs, fsspec's HTTP), in order of preference.
 _STAMPS = ("ETag", "etag", "Last-Modified", "LastModified", "mtime", "updated")
 _READ_AHEAD = 64 << 20  # bytes of coming samples a remote reader holds in memory, by default
@@ -194,7 +193,7 @@ class WebDatasetReader:
                 with open(path, "rb") as f:
                     index = tar_index.walk(f, shown, size)
             else:
-                index = _remote(lambda: tar_index.walk_remote(fs, path, shown, size), shown, self.retry)
+                index = retried(lambda: tar_index.walk_remote(fs, path, shown, size), shown, self.retry)
             self.walked += 1
             tar_index.save(self.index_dir, index, shown, size, stamp)
         self.rejected += index["refused"]
@@ -208,7 +207,7 @@ class WebDatasetReader:
             if fs is None:
                 stat = os.stat(path)
                 return stat.st_size, str(stat.st_mtime_ns)
-            info = _remote(lambda: fs.info(path), shown, self.retry)
+            info = retried(lambda: fs.info(path), shown, self.retry)
         except FileNotFoundError:
             raise FileNotFoundError(f"WebDataset tar {shown} does not exist (from {redact(self.pattern)})") from None
         if info.get("size") is None:
@@ -240,7 +239,7 @@ class WebDatasetReader:
 
         Raises:
             OSError: the tar cannot be read, or ends inside the member (it changed since it was indexed).
-            RemoteStoreError: the store did not answer.
+            RemoteStoreError: the store did not answer, refused or lacks the tar, or ignored the ranged request.
         """
         ahead = self.read_ahead.take(index) if self.read_ahead is not None else None
         if ahead is not None:
@@ -252,7 +251,7 @@ class WebDatasetReader:
                 f.seek(offset)
                 data = f.read(size)
         else:
-            data = _remote(lambda: tar.fs.cat_file(tar.path, start=offset, end=offset + size), tar.shown, self.retry)
+            data = read_range(tar.fs, tar.path, tar.shown, offset, offset + size, self.retry)
         if len(data) != size:
             raise OSError(f"{tar.shown}:{tar.keys[row]}: the tar ends inside this member ({len(data)} of its {size} "
                           "bytes): it changed since it was indexed")
@@ -304,27 +303,6 @@ class WebDatasetReader:
             digest.update(self._sizes[rows].tobytes())
             digest.update(self._labels[rows].tobytes())
         return digest.hexdigest()
-
-
-def _remote(call: Callable[[], _T], shown: str, retry: Retry) -> _T:
-    """``call()`` on a store, retried on transient failures; any other failure of the client is named, redacted.
-
-    A client's own message may quote the URL it was given, signature and all: it becomes an ``OSError`` naming
-    ``shown``.
-
-    Raises:
-        RemoteStoreError: tries spent.
-        FileNotFoundError: no such object.
-        OSError: the client's other errors (a 403...), redacted.
-    """
-    try:
-        return retried(call, shown, retry)
-    except (RemoteStoreError, ValueError):
-        raise
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{shown} does not exist") from None
-    except Exception as err:  # noqa: BLE001 - every client's errors differ; all are named here without credentials
-        raise OSError(f"{shown}: {scrubbed(err)}") from err
 
 
 def _progress(locations: list[str]) -> Any:
