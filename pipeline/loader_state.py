@@ -70,7 +70,9 @@ def read_state(state: object, *, version: int, fingerprint: Mapping[str, Any], s
     prints = state.get("fingerprint")
     elastic = isinstance(prints, Mapping) and prints.get("world_size") != mine["world_size"]
     check_fingerprint(_OWNER, prints, {k: v for k, v in mine.items() if not (elastic and k in ORDER_FIELDS)})
-    world = state_int(_OWNER, prints, "world_size", low=1, name="fingerprint.world_size") if elastic else None
+    world = None  # the state's world size, where it is not this Loader's
+    if elastic and isinstance(prints, Mapping):
+        world = state_int(_OWNER, prints, "world_size", low=1, name="fingerprint.world_size")
     epoch = state_int(_OWNER, state, "epoch")
     split = state_int(_OWNER, state, "split", high=sampler.num_virtual,
                       why=f" (the global positions of an epoch of {sampler.num_virtual} samples)")

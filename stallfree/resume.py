@@ -85,7 +85,8 @@ def state_int(owner: str, state: Mapping[str, Any], key: str, *, low: int = 0, h
     value = state[key]
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{owner} state has {name}={value!r}: expected an int")
-    if value < low or (high is not None and value > high):
+    number = int(value)
+    if number < low or (high is not None and number > high):
         bound = f">= {low}" if high is None else f"in {low}..{high}"
         raise ValueError(f"{owner} state has {name}={value!r}: expected an int {bound}{why}")
-    return int(value)
+    return number

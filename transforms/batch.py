@@ -66,9 +66,10 @@ class _BatchMix:
                 missing, of another type or negative (named).
         """
         name = type(self).__name__
-        state = state_mapping(name, state)
-        check_fingerprint(name, state.get("fingerprint"), self.fingerprint())
-        self.epoch, self.batch, self._loaded = state_int(name, state, "epoch"), state_int(name, state, "batch"), True
+        checked = state_mapping(name, state)
+        check_fingerprint(name, checked.get("fingerprint"), self.fingerprint())
+        self.epoch, self.batch = state_int(name, checked, "epoch"), state_int(name, checked, "batch")
+        self._loaded = True
 
     def generator(self, epoch: int, batch: int) -> np.random.Generator:
         """The generator of batch ``batch`` of ``epoch``: PCG64 seeded by ``(seed, tag, epoch, batch)``."""
