@@ -345,10 +345,14 @@ def _disk_full(out: Path, plan: Plan, options: IngestOptions, bounds: list[tuple
     # the shards left, from the estimate that cut them; then labels.npy (8 bytes a row at most) and the manifest
     need = sum(sum(sizes[slice(*bounds[i])]) for i in left) + 8 * len(plan.items) + (1 << 16)
     free = shutil.disk_usage(out).free
-    return DiskFull(f"no space left on device in {out}: about {need / 1e6:.1f} MB more are needed for the "
-                    f"{len(left)} shard(s) not yet written and the manifest, {free / 1e6:.1f} MB are free; free some "
-                    f"space (or quota) and run the same command again, which keeps the {len(records)} shard(s) "
-                    "written")
+    return DiskFull(f"no space left on device in {out}: about {_shown(need)} more are needed for the {len(left)} "
+                    f"shard(s) not yet written and the manifest, {_shown(free)} are free; free some space (or quota) "
+                    f"and run the same command again, which keeps the {len(records)} shard(s) written")
+
+
+def _shown(size: int) -> str:
+    """``size`` bytes for a person: MB, or kB under 0.1 MB (a nearly full disk has a few kB)."""
+    return f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size / 1e3:.0f} kB"
 
 
 def _chunks(bounds: list[tuple[int, int]], todo: list[int]) -> list[tuple[int, int, int]]:

@@ -6,6 +6,8 @@ Before: two runs into one OUT both exited 0 and OUT could hold a mix of both; a 
 
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -73,8 +75,6 @@ def _temporaries(out: Path) -> list[str]:
 @pytest.fixture
 def other(tmp_path, folder):
     """Another source: the same images under other class names, so that a mix would show."""
-    import shutil
-
     other = tmp_path / "other"
     for old in sorted(folder.iterdir()):
         shutil.copytree(old, other / f"x-{old.name}")
@@ -150,7 +150,8 @@ def test_a_full_disk_is_one_line_and_exit_1_and_loses_nothing_written(folder, tm
     shards = len(json.loads((reference / "manifest.json").read_text())["shards"])
     assert len(lines) == 1 and lines[0].startswith(
         f"stallfree ingest: error: no space left on device in {out}: about "), full.stderr
-    assert f"MB more are needed for the {shards - 3} shard(s) not yet written and the manifest" in lines[0]
+    assert re.search(rf"about \d+(\.\d)? [Mk]B more are needed for the {shards - 3} shard\(s\) not yet "
+                     r"written and the manifest, \d+(\.\d)? [Mk]B are free; free some space", lines[0]), lines[0]
     assert lines[0].endswith("run the same command again, which keeps the 3 shard(s) written")
     for name in ("shard-00000.arrow", "shard-00001.arrow", "shard-00002.arrow"):
         assert (out / name).read_bytes() == (reference / name).read_bytes()
@@ -159,6 +160,42 @@ def test_a_full_disk_is_one_line_and_exit_1_and_loses_nothing_written(folder, tm
     assert rerun.returncode == 0, rerun.stderr
     assert json.loads(rerun.stdout)["resumed_shards"] == 3
     assert shard_rows(out) == shard_rows(reference) and verify(out) == []
+
+
+# The same on a real full disk: a 48 kB tmpfs, mounted in a user and mount namespace, then grown for the rerun.
+TMPFS = """
+mount -t tmpfs -o size=48k tmpfs "$DISK" || exit 0
+touch "$TMP/mounted"
+"$PY" -m stallfree ingest "$SRC" "$DISK/out" --shard-size "$MB" --quiet 2> "$TMP/err"; echo $? > "$TMP/rc"
+ls "$DISK/out" > "$TMP/kept"
+mount -o remount,size=4m "$DISK"
+"$PY" -m stallfree ingest "$SRC" "$DISK/out" --shard-size "$MB" --quiet --json > "$TMP/rerun"; echo $? > "$TMP/rc2"
+cp -a "$DISK/out" "$TMP/copy"
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or shutil.which("unshare") is None,
+                    reason="needs Linux's unshare for a tmpfs of its own")
+def test_a_real_full_tmpfs_is_one_line_and_exit_1_then_resumes(folder, tmp_path, shard_rows):
+    reference = tmp_path / "reference"
+    ingest(folder, reference, OPTIONS)
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    env = {**os.environ, "DISK": str(disk), "TMP": str(tmp_path), "PY": sys.executable, "SRC": str(folder),
+           "MB": SHARD_MB}
+    ran = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", TMPFS], env=env,
+                         capture_output=True, text=True, timeout=300)
+    if not (tmp_path / "mounted").exists():
+        pytest.skip(f"no tmpfs can be mounted here (unshare: {ran.returncode}, {ran.stderr.strip()[:200]})")
+    lines = (tmp_path / "err").read_text().strip().splitlines()
+    assert (tmp_path / "rc").read_text().strip() == "1", lines
+    assert len(lines) == 1 and lines[0].startswith(
+        f"stallfree ingest: error: no space left on device in {disk / 'out'}: about "), lines
+    kept = [name for name in (tmp_path / "kept").read_text().split() if name.startswith("shard-")]
+    assert kept and all((reference / name).read_bytes() == (tmp_path / "copy" / name).read_bytes() for name in kept)
+    assert (tmp_path / "rc2").read_text().strip() == "0", ran.stderr
+    assert json.loads((tmp_path / "rerun").read_text())["resumed_shards"] >= 1
+    assert shard_rows(tmp_path / "copy") == shard_rows(reference) and verify(tmp_path / "copy") == []
 
 
 def test_parts_share_a_folder_but_exclude_a_whole_run_a_merge_and_themselves(tmp_path):
