@@ -154,3 +154,20 @@ def test_ingest_rejects_each_hostile_file_by_name(tmp_path: Path) -> None:
     rejected = [json.loads(line) for line in (tmp_path / "out" / "rejected.jsonl").read_text().splitlines()]
     assert summary["rejected"] == len(bad), rejected
     assert sorted(Path(r["path"]).name for r in rejected) == sorted(bad)
+
+
+@pytest.mark.parametrize(("compression", "taken"), [
+    ("raw", True), ("tiff_lzw", True), ("tiff_adobe_deflate", True), ("packbits", True), ("jpeg", True),
+    ("group4", True), ("zstd", False), ("lzma", False),
+])
+def test_a_tiff_is_taken_by_its_compression(compression: str, taken: bool) -> None:
+    # Those taken decode to PIL's pixels in DALI 2.4; LZMA fails there, ZSTD is not in every PIL.
+    try:
+        data = encoded("TIFF", "1" if compression == "group4" else "RGB", compression=compression)
+    except (OSError, ValueError) as err:
+        pytest.skip(f"this PIL cannot write {compression}: {err}")
+    if taken:
+        assert read_header(data).format == "tiff"
+        return
+    with pytest.raises(BadImage, match=r"TIFF compressed with (ZSTD|LZMA) \(\d+\)"):
+        read_header(data)
