@@ -25,8 +25,8 @@ from stallfree.resume import check_fingerprint, state_int, state_mapping
 __all__ = ["LoaderState", "read_state"]
 
 _OWNER = "Loader"
-#: What each entry of ``skipped`` holds (``EpochRun.skip`` writes them), with its type.
-SKIPPED_FIELDS: dict[str, type] = {"index": int, "source": str, "reason": str, "epoch": int, "position": int}
+# What each entry of ``skipped`` holds (``EpochRun.skip`` writes them): ints but for the two strings.
+_SKIPPED_FIELDS = ("index", "source", "reason", "epoch", "position")
 
 
 @dataclass(frozen=True)
@@ -67,12 +67,12 @@ def read_state(state: object, *, version: int, fingerprint: Mapping[str, Any], s
         raise ValueError(f"unknown Loader state version {theirs!r} (expected {version}; a state from an older "
                          "stallfree cannot be checked, so start the epoch again)")
     mine = dict(fingerprint)
-    prints = state.get("fingerprint")
-    elastic = isinstance(prints, Mapping) and prints.get("world_size") != mine["world_size"]
-    check_fingerprint(_OWNER, prints, {k: v for k, v in mine.items() if not (elastic and k in ORDER_FIELDS)})
+    their_print = state.get("fingerprint")
+    elastic = isinstance(their_print, Mapping) and their_print.get("world_size") != mine["world_size"]
+    check_fingerprint(_OWNER, their_print, {k: v for k, v in mine.items() if not (elastic and k in ORDER_FIELDS)})
     world = None  # the state's world size, where it is not this Loader's
-    if elastic and isinstance(prints, Mapping):
-        world = state_int(_OWNER, prints, "world_size", low=1, name="fingerprint.world_size")
+    if elastic and isinstance(their_print, Mapping):
+        world = state_int(_OWNER, their_print, "world_size", low=1, name="fingerprint.world_size")
     epoch = state_int(_OWNER, state, "epoch")
     split = state_int(_OWNER, state, "split", high=sampler.num_virtual,
                       why=f" (the global positions of an epoch of {sampler.num_virtual} samples)")
@@ -101,7 +101,7 @@ def _cursor(state: Mapping[str, Any], per_rank: int, batch_size: int, echo: int,
 
 
 def _skipped(state: Mapping[str, Any], epoch: int, position: int, per_rank: int, rows: int) -> list[dict[str, Any]]:
-    """The skipped entries, each with :data:`SKIPPED_FIELDS` of their types, this epoch, before ``position``."""
+    """The skipped entries: each with its fields of their types, of this epoch, before ``position``, once."""
     if "skipped" not in state:
         raise ValueError("Loader state has no 'skipped' field (it was cut short, or is not a Loader state)")
     entries = state["skipped"]
@@ -111,9 +111,9 @@ def _skipped(state: Mapping[str, Any], epoch: int, position: int, per_rank: int,
     for i, entry in enumerate(entries):
         name = f"skipped[{i}]"
         if not isinstance(entry, Mapping):
-            raise ValueError(f"Loader state has {name}={entry!r}: expected a dict with keys {list(SKIPPED_FIELDS)}")
-        if set(entry) != set(SKIPPED_FIELDS):
-            raise ValueError(f"Loader state has {name} with keys {sorted(entry)}: expected {list(SKIPPED_FIELDS)}")
+            raise ValueError(f"Loader state has {name}={entry!r}: expected a dict with keys {list(_SKIPPED_FIELDS)}")
+        if set(entry) != set(_SKIPPED_FIELDS):
+            raise ValueError(f"Loader state has {name} with keys {sorted(entry)}: expected {list(_SKIPPED_FIELDS)}")
         for key in ("source", "reason"):
             if not isinstance(entry[key], str):
                 raise ValueError(f"Loader state has {name}[{key!r}]={entry[key]!r}: expected a str")
