@@ -27,6 +27,7 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 __all__ = ["FolderLocked", "ingest_lock"]
 
@@ -50,7 +51,7 @@ def _try(fd: int, mode: int) -> bool:
     return True
 
 
-def _holders(paths: list[Path]) -> list[dict[str, object]]:
+def _holders(paths: list[Path]) -> list[dict[str, Any]]:
     """Who holds the ``lock*.json`` files ``paths`` now (those this process can lock are free)."""
     found = []
     for path in paths:
@@ -59,23 +60,27 @@ def _holders(paths: list[Path]) -> list[dict[str, object]]:
             if _try(fd, fcntl.LOCK_SH):
                 continue  # free: a finished or killed run's
             with contextlib.suppress(ValueError):  # being written this instant: shown without details
-                found.append(json.loads(os.read(fd, 1 << 16) or b"{}"))
+                holder = json.loads(os.read(fd, 1 << 16) or b"{}")
+                found.append(holder if isinstance(holder, dict) else {})
         finally:
             os.close(fd)
     return found
 
 
+def _who(holder: dict[str, Any]) -> str:
+    """A run that holds the folder, as a refused run names it."""
+    part = holder.get("part")
+    pid, host, started = holder.get("pid"), holder.get("host"), holder.get("started")
+    if part == "merge":
+        return f"stallfree ingest --merge pid {pid} on {host}, started {started}"
+    split = f" --part {part[0]}/{part[1]}" if isinstance(part, list) and len(part) == 2 and part[1] > 1 else ""
+    return f"stallfree ingest pid {pid} on {host} of {holder.get('source')}{split}, started {started}"
+
+
 def _refusal(out: Path, paths: list[Path]) -> FolderLocked:
     """The error that refuses this run, naming the runs that hold the ``lock*.json`` files ``paths``."""
     holders = _holders(paths)
-    if not holders:
-        who = "another stallfree ingest (it is starting or ending)"
-    else:
-        who = "; ".join(
-            f"stallfree ingest pid {h.get('pid')} on {h.get('host')} of {h.get('source')}"
-            + (f" --part {h['part'][0]}/{h['part'][1]}" if isinstance(h.get("part"), list) and h["part"][1] > 1
-               else "")
-            + f", started {h.get('started')}" for h in holders)
+    who = "; ".join(map(_who, holders)) if holders else "another stallfree ingest (it is starting or ending)"
     return FolderLocked(f"{out} is being written by {who}; wait for it to end, or pass another OUT folder")
 
 

@@ -210,6 +210,11 @@ def test_parts_share_a_folder_but_exclude_a_whole_run_a_merge_and_themselves(tmp
                 pass
         with pytest.raises(FolderLocked, match=r"--part 0/2"):
             merge(out)
+    with ingest_lock(out, out / ".ingest", "--merge", None):
+        with pytest.raises(FolderLocked, match=rf"written by stallfree ingest --merge pid {os.getpid()} on \S+, "
+                                               r"started [^;]*; wait"):
+            with ingest_lock(out, out / ".ingest", "/src", (0, 2)):
+                pass
     with ingest_lock(out, out / ".ingest", "/src", (0, 1)):
         with pytest.raises(FolderLocked, match=r"of /src, started"):
             with ingest_lock(out, out / ".ingest", "/src", (1, 2)):
