@@ -56,11 +56,14 @@ class EpochRun:
     """
 
     def __init__(self, loader: Loader, graph: Graph, epoch: int, split: int, position: int, number: int,
-                 skipped: list[dict[str, Any]], *, ahead: bool = False):
+                 skipped: list[dict[str, Any]], *, idle_s: float | None = None):
         self.loader, self.graph, self.epoch = loader, graph, epoch
-        # A run started ahead keeps its clock spans until it is taken (release_spans): a profile of this epoch
-        # must not see the next one's batch numbers; a run discarded never reports work nobody received.
-        self._held: list[tuple[str, str, float, float, int]] | None = [] if ahead else None
+        # A run started ahead (``idle_s`` given) keeps its clock spans until it is taken (:meth:`taken`): a profile of
+        # this epoch must not see the next one's batch numbers; a run discarded never reports work nobody received.
+        # Untaken after ``idle_s`` it stops by itself, checked by its own threads as they wait: no timer thread may
+        # hold the run, since a thread that drops a run's last batch while the interpreter shuts down aborts it.
+        self._held: list[tuple[str, str, float, float, int]] | None = [] if idle_s is not None else None
+        self._idle_until = None if idle_s is None else time.monotonic() + idle_s
         self._span_lock = threading.Lock()
         self.start = (split, position, number)
         self.order = loader.sampler.virtual_order(epoch, split)
@@ -89,6 +92,10 @@ class EpochRun:
 
     @property
     def stopped(self) -> bool:
+        """Whether the run is stopped (by :meth:`stop`, or started ahead and left untaken past its idle time)."""
+        until = self._idle_until
+        if until is not None and time.monotonic() > until:
+            self._stop.set()
         return self._stop.is_set()
 
     def join(self, timeout: float) -> None:
@@ -99,7 +106,7 @@ class EpochRun:
 
     def put(self, q: queue.Queue[Any], item: Any) -> bool:
         """Put ``item`` on ``q``, waiting for room; ``False`` once the run is stopped."""
-        while not self._stop.is_set():
+        while not self.stopped:
             try:
                 q.put(item, timeout=0.1)
                 return True
@@ -113,7 +120,7 @@ class EpochRun:
             try:
                 item = q.get(timeout=0.1)
             except queue.Empty:
-                if self._stop.is_set():
+                if self.stopped:
                     return None
                 continue
             if isinstance(item, _Failure):
@@ -145,8 +152,9 @@ class EpochRun:
                 return
         clock.record(*span)
 
-    def release_spans(self) -> None:
-        """The run is taken: report the spans it held, and report from now on as they end."""
+    def taken(self) -> None:
+        """The run started ahead is taken: no idle stop; its held spans are reported, then each as it ends."""
+        self._idle_until = None
         with self._span_lock:
             held, self._held = self._held or [], None
         clock = self.loader.clock

@@ -9,12 +9,13 @@ it and starts afresh; the batches are the same either way, since every draw is k
 
 The run holds its Loader weakly (a ``weakref.proxy``), so a Loader dropped after its last pass is freed at once;
 its finalizer stops the run and waits for its threads (no read of a shard outlives the Loader). A run nobody takes
-also stops by itself after :data:`IDLE_S`.
+also stops by itself after :data:`IDLE_S`, through its own threads: a timer thread used to hold it, and when the
+timer was cancelled at the end of the program it could drop the run's last queued batch while the interpreter was
+shutting down, which aborts the process ("terminate called without an active exception").
 """
 
 from __future__ import annotations
 
-import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -35,30 +36,22 @@ class NextPass:
 
     def __init__(self) -> None:
         self._run: EpochRun | None = None
-        self._timer: threading.Timer | None = None
 
     def start(self, loader: Loader, graph: Graph, epoch: int) -> None:
         """Start ``epoch``'s run from its beginning (the pass before it must have stopped using ``graph``)."""
         self.discard()
-        run = EpochRun(weakref.proxy(loader), graph, epoch, 0, 0, 0, skipped=[], ahead=True)
-        self._timer = threading.Timer(IDLE_S, run.stop)
-        self._timer.daemon = True
-        self._timer.start()
-        self._run = run
+        self._run = EpochRun(weakref.proxy(loader), graph, epoch, 0, 0, 0, skipped=[], idle_s=IDLE_S)
 
     def take(self, epoch: int, split: int, position: int, number: int,
              skipped: list[dict[str, Any]]) -> EpochRun | None:
         """The run started ahead if it is the one asked for and still running; else ``None`` (and it is stopped)."""
         run, self._run = self._run, None
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         if run is None:
             return None
+        run.taken()  # first, so that it cannot stop for idleness once it is found running
         if run.stopped or skipped or run.epoch != epoch or run.start != (split, position, number):
             _stop(run)
             return None
-        run.release_spans()
         return run
 
     def discard(self) -> None:
