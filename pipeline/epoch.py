@@ -58,8 +58,8 @@ class EpochRun:
     def __init__(self, loader: Loader, graph: Graph, epoch: int, split: int, position: int, number: int,
                  skipped: list[dict[str, Any]], *, idle_s: float | None = None):
         self.loader, self.graph, self.epoch = loader, graph, epoch
-        # A run started ahead (``idle_s`` given) keeps its clock spans until it is taken (:meth:`taken`): a profile of
-        # this epoch must not see the next one's batch numbers; a run discarded never reports work nobody received.
+        # A run started ahead (``idle_s`` given) keeps its clock spans until it is handed over (release_spans): a
+        # profile of this epoch must not see the next one's batch numbers; a discarded run never reports its work.
         # Untaken after ``idle_s`` it stops by itself, checked by its own threads as they wait: no timer thread may
         # hold the run, since a thread that drops a run's last batch while the interpreter shuts down aborts it.
         self._held: list[tuple[str, str, float, float, int]] | None = [] if idle_s is not None else None
@@ -153,8 +153,11 @@ class EpochRun:
         clock.record(*span)
 
     def taken(self) -> None:
-        """The run started ahead is taken: no idle stop; its held spans are reported, then each as it ends."""
+        """The run started ahead is taken: it no longer stops when idle."""
         self._idle_until = None
+
+    def release_spans(self) -> None:
+        """The run started ahead is handed to its pass: report the spans it held, and each from now on as it ends."""
         with self._span_lock:
             held, self._held = self._held or [], None
         clock = self.loader.clock

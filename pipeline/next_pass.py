@@ -52,6 +52,7 @@ class NextPass:
         if run.stopped or skipped or run.epoch != epoch or run.start != (split, position, number):
             _stop(run)
             return None
+        run.release_spans()
         return run
 
     def discard(self) -> None:
