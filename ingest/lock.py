@@ -33,6 +33,20 @@ __all__ = ["FolderLocked", "ingest_lock"]
 
 GATE = "lock"
 
+#: The lock files' descriptors this process holds open. A forked child (an ingest worker) closes its copies at once:
+#: a flock belongs to the open file, so a worker that outlived its run would otherwise keep the folder locked.
+_held: set[int] = set()
+
+
+def _close_inherited() -> None:
+    for fd in _held:  # closing a copy leaves the parent's lock as it is (LOCK_UN would release it for both)
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited)
+
 
 class FolderLocked(ValueError):
     """The output folder is being written by another run (the message names its pid, host and source)."""
@@ -70,6 +84,8 @@ def _holders(paths: list[Path]) -> list[dict[str, Any]]:
 def _who(holder: dict[str, Any]) -> str:
     """A run that holds the folder, as a refused run names it."""
     part = holder.get("part")
+    if "pid" not in holder:  # its file is empty: the run is between taking its lock and writing who it is
+        return "another stallfree ingest (starting or ending just now)"
     pid, host, started = holder.get("pid"), holder.get("host"), holder.get("started")
     if part == "merge":
         return f"stallfree ingest --merge pid {pid} on {host}, started {started}"
@@ -80,7 +96,7 @@ def _who(holder: dict[str, Any]) -> str:
 def _refusal(out: Path, paths: list[Path]) -> FolderLocked:
     """The error that refuses this run, naming the runs that hold the ``lock*.json`` files ``paths``."""
     holders = _holders(paths)
-    who = "; ".join(map(_who, holders)) if holders else "another stallfree ingest (it is starting or ending)"
+    who = "; ".join(map(_who, holders or [{}]))
     return FolderLocked(f"{out} is being written by {who}; wait for it to end, or pass another OUT folder")
 
 
@@ -104,6 +120,7 @@ def ingest_lock(out: str | os.PathLike[str], records: str | os.PathLike[str], so
     whole = part is None or part[1] == 1
     name = _owner_name(part)
     owner = os.open(records / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    _held.add(owner)
     gate = -1
     try:
         if not _try(owner, fcntl.LOCK_EX):  # the same part (or whole run) is running
@@ -114,13 +131,16 @@ def ingest_lock(out: str | os.PathLike[str], records: str | os.PathLike[str], so
         os.ftruncate(owner, 0)
         os.pwrite(owner, json.dumps(me).encode(), 0)
         gate = os.open(records / GATE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        _held.add(gate)
         if not _try(gate, fcntl.LOCK_EX if whole else fcntl.LOCK_SH):
             others = [path for path in sorted(records.glob("lock*.json")) if path.name != name]
             raise _refusal(Path(out), others)
         yield
     finally:
         if gate >= 0:
-            os.close(gate)  # closing the last descriptor of a file releases its flock
+            _held.discard(gate)
+            os.close(gate)  # closing the last descriptor of an open file releases its flock
         with contextlib.suppress(OSError):
             os.ftruncate(owner, 0)
+        _held.discard(owner)
         os.close(owner)

@@ -221,3 +221,34 @@ def test_parts_share_a_folder_but_exclude_a_whole_run_a_merge_and_themselves(tmp
                 pass
     with ingest_lock(out, out / ".ingest", "/src", (0, 1)):  # released at the end of the block
         pass
+
+
+FORKED = """
+import os, signal, sys, time
+from stallfree.ingest.lock import FolderLocked, ingest_lock
+
+out = sys.argv[1]
+ready, started = os.pipe()
+with ingest_lock(out, out + "/.ingest", "/src"):
+    child = os.fork()  # as the ingest's worker pool forks its workers
+    if child == 0:
+        os.write(started, b"1")  # a worker running: its start (and the fork's hooks) is over
+        time.sleep(60)
+        os._exit(0)
+    os.read(ready, 1)
+try:
+    with ingest_lock(out, out + "/.ingest", "/src"):
+        print("free")
+except FolderLocked as err:
+    print(err)
+finally:
+    os.kill(child, signal.SIGKILL)
+"""
+
+
+def test_a_forked_worker_does_not_keep_the_run_s_lock(tmp_path):
+    # A worker that outlived its run (it sleeps, or its parent-death signal is late) held the lock it inherited:
+    # the folder stayed locked after the run ended.
+    ran = subprocess.run([sys.executable, "-c", FORKED, str(tmp_path / "out")], capture_output=True, text=True,
+                         timeout=120)
+    assert ran.stdout.strip() == "free", ran.stdout + ran.stderr
