@@ -69,7 +69,10 @@ def _holders(paths: list[Path]) -> list[dict[str, Any]]:
     """Who holds the ``lock*.json`` files ``paths`` now (those this process can lock are free)."""
     found = []
     for path in paths:
-        fd = os.open(path, os.O_RDONLY)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:  # its folder was removed (a URL's staging folder, at the end of its run)
+            continue
         try:
             if _try(fd, fcntl.LOCK_SH):
                 continue  # free: a finished or killed run's
@@ -121,10 +124,11 @@ def ingest_lock(out: str | os.PathLike[str], records: str | os.PathLike[str], so
     name = _owner_name(part)
     owner = os.open(records / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     _held.add(owner)
-    gate = -1
+    gate, owned = -1, False
     try:
         if not _try(owner, fcntl.LOCK_EX):  # the same part (or whole run) is running
             raise _refusal(Path(out), [records / name])
+        owned = True
         me = {"pid": os.getpid(), "host": socket.gethostname(), "source": source,
               "part": list(part) if part is not None else "merge",
               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -140,7 +144,8 @@ def ingest_lock(out: str | os.PathLike[str], records: str | os.PathLike[str], so
         if gate >= 0:
             _held.discard(gate)
             os.close(gate)  # closing the last descriptor of an open file releases its flock
-        with contextlib.suppress(OSError):
-            os.ftruncate(owner, 0)
+        if owned:  # who this run was: not another's, whose lock refused this one
+            with contextlib.suppress(OSError):
+                os.ftruncate(owner, 0)
         _held.discard(owner)
         os.close(owner)
