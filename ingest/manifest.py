@@ -6,6 +6,13 @@ row's label in one array (:mod:`stallfree.ingest.labels`; absent from manifests 
 last, through a temporary name, so a folder with a ``manifest.json`` is a complete dataset. JSON only (nothing is
 ever unpickled). It holds no time stamps and no output path, so an interrupted and resumed ingest writes the same
 bytes as an uninterrupted one.
+
+A manifest read is not trusted, wherever it comes from (a folder, a URL, a part of a split ingest, ``stallfree
+verify``): :func:`parse_manifest` is the one place that checks it. It reads at most :data:`MANIFEST_LIMIT` bytes
+(from a store, within ``remote_timeout`` seconds), parses it, and checks its whole schema (every field's type, the
+shards' rows adding up to the total, file names that stay inside the dataset's folder) before any reader uses it,
+so a hostile or damaged manifest is a ``ValueError`` naming ``manifest.json`` and the field, never a ``TypeError``,
+a ``KeyError`` or a file outside the dataset.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +31,7 @@ __all__ = [
     "FORMAT",
     "LABELS",
     "MANIFEST",
+    "MANIFEST_LIMIT",
     "REJECTED",
     "VERSION",
     "file_sha256",
@@ -40,6 +49,12 @@ VERSION = 1
 MANIFEST = "manifest.json"
 REJECTED = "rejected.jsonl"  # one JSON record per sample the ingest rejected, beside the manifest
 LABELS = "labels.npy"  # every row's label, one array (stallfree.ingest.labels); listed under the manifest's "labels"
+#: The most bytes of a manifest read: about 200,000 shards' entries (ImageNet's 1.28 million images are 640 shards of
+#: 256 MB, a 100-million-image dataset about 8 MB of manifest). Parsed JSON costs several times its size in memory.
+MANIFEST_LIMIT = 32 << 20
+#: A file the manifest lists: a plain name in the dataset's folder (no separator, no ``..``, no hidden name).
+_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def part_file(name: str, part: tuple[int, int]) -> str:
@@ -81,8 +96,9 @@ def read_manifest(folder: str | os.PathLike[str], storage_options: dict[str, Any
 
     Raises:
         FileNotFoundError: there is no manifest (the ingest has not finished, or this is not an ingested folder).
-        ValueError: it is not valid JSON, not a stallfree manifest, or of a newer format version.
-        RemoteStoreError: the store did not answer.
+        ValueError: it is larger than :data:`MANIFEST_LIMIT`, not valid JSON, not a stallfree manifest, of a newer
+            format version, or a field is missing or wrong (named).
+        RemoteStoreError: the store did not answer, or did not send the manifest within ``retry.timeout`` seconds.
     """
     if is_url(folder):
         return _read_remote(str(folder), storage_options or {}, retry or Retry())
@@ -91,7 +107,9 @@ def read_manifest(folder: str | os.PathLike[str], storage_options: dict[str, Any
         raise FileNotFoundError(
             f"{path} does not exist: not an ingested dataset, or its ingest has not finished (run it again to resume)"
         )
-    return parse_manifest(path.read_bytes(), str(path))
+    with open(path, "rb") as f:
+        data = f.read(MANIFEST_LIMIT + 1)  # no more: a larger one is refused by parse_manifest
+    return parse_manifest(data, str(path))
 
 
 def _read_remote(url: str, storage_options: dict[str, Any], retry: Retry) -> dict[str, Any]:
@@ -100,7 +118,9 @@ def _read_remote(url: str, storage_options: dict[str, Any], retry: Retry) -> dic
     fs, root = open_store(url, storage_options, retry.timeout)
     where = f"{redact(url)}/{MANIFEST}"
     try:
-        data = read_object(fs, f"{root.rstrip('/')}/{MANIFEST}", f"{url}/{MANIFEST}", retry)
+        # bounded in bytes and in time: a hostile store could send an endless manifest, or one byte a second
+        data = read_object(fs, f"{root.rstrip('/')}/{MANIFEST}", f"{url}/{MANIFEST}", retry, limit=MANIFEST_LIMIT,
+                           deadline=retry.timeout)
     except FileNotFoundError:
         raise FileNotFoundError(f"{where} does not exist: not an ingested dataset, or its ingest (upload) has not "
                                 "finished") from None
@@ -111,20 +131,96 @@ def parse_manifest(data: bytes, where: str) -> dict[str, Any]:
     """Check a manifest's bytes (read from ``where``, a path or URL for messages) and return it.
 
     Raises:
-        ValueError: it is not valid JSON, not a stallfree manifest, or of a newer format version.
+        ValueError: larger than :data:`MANIFEST_LIMIT`, not valid JSON, not a stallfree manifest, of a newer format
+            version, or a field that is missing or of the wrong type or value: the message names ``where`` and the
+            field (``shards[3].file``).
     """
+    if len(data) > MANIFEST_LIMIT:
+        raise ValueError(f"{where} is larger than {MANIFEST_LIMIT} bytes, the most a manifest may have (about 200,000 "
+                         "shards); it is not a stallfree manifest")
     try:
         manifest = json.loads(data.decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{where} is not valid JSON: {err}") from err
+        raise ValueError(f"{where} is not valid JSON: {err}") from None
+    except RecursionError:
+        raise ValueError(f"{where} is not a stallfree manifest: its JSON is nested too deeply") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ValueError(f"{where} is not a {FORMAT} manifest")
-    if not isinstance(manifest.get("version"), int) or manifest["version"] > VERSION:
-        raise ValueError(f"{where} has format version {manifest.get('version')!r}; this stallfree reads <= {VERSION}")
-    for key in ("shards", "classes", "schema", "image", "rows"):
-        if key not in manifest:
-            raise ValueError(f"{where} lacks the {key!r} entry")
+    version = manifest.get("version")
+    if not _is_count(version) or not 1 <= version <= VERSION:
+        raise ValueError(f"{where} has format version {_show(version)}; this stallfree reads 1 to {VERSION}")
+    _check_fields(manifest, where)
     return manifest
+
+
+def _check_fields(manifest: dict[str, Any], where: str) -> None:
+    """Every field a reader uses, with its type and value; a ``ValueError`` naming the first one that is wrong."""
+
+    def need(ok: bool, field: str, wanted: str, value: Any) -> None:
+        if not ok:
+            raise ValueError(f"{where}: {field} must be {wanted}, got {_show(value)}")
+
+    for key in ("shards", "classes", "schema", "image", "rows"):
+        need(key in manifest, key, "present", "nothing")
+    rows, shards = manifest["rows"], manifest["shards"]
+    need(_is_count(rows), "rows", "a count (an int >= 0)", rows)
+    need(isinstance(shards, list), "shards", "a list", shards)
+    names: set[str] = set()
+    for i, shard in enumerate(shards):
+        _check_file(shard, f"shards[{i}]", need)
+        need(_is_count(shard.get("rows")), f"shards[{i}].rows", "a count (an int >= 0)", shard.get("rows"))
+        need(shard["file"] not in names, f"shards[{i}].file", "a name no other shard has", shard["file"])
+        names.add(shard["file"])
+    total = sum(shard["rows"] for shard in shards)
+    need(total == rows, "rows", f"the sum of the shards' rows ({total})", rows)
+    classes = manifest["classes"]
+    need(isinstance(classes, list) and all(isinstance(c, str) for c in classes), "classes", "a list of strings",
+         classes)
+    counts = manifest.get("class_counts")
+    need(counts is None or (isinstance(counts, list) and all(_is_count(c) for c in counts)), "class_counts",
+         "a list of counts", counts)
+    schema = manifest["schema"]
+    need(isinstance(schema, list), "schema", "a list of {name, type}", schema)
+    for i, column in enumerate(schema):
+        ok = isinstance(column, dict) and isinstance(column.get("name"), str) and isinstance(column.get("type"), str)
+        need(ok, f"schema[{i}]", "a {\"name\": str, \"type\": str} object", column)
+    columns = [column["name"] for column in schema]
+    need("image" in columns and len(set(columns)) == len(columns), "schema", "columns of distinct names, 'image' "
+         "among them", columns)
+    image = manifest["image"]
+    need(isinstance(image, dict) and image.get("kind") in ("encoded", "raw"), "image.kind", "'encoded' or 'raw'",
+         image.get("kind") if isinstance(image, dict) else image)
+    shape = image.get("shape")
+    raw_shape = isinstance(shape, list) and len(shape) == 3 and all(_is_count(n) and n > 0 for n in shape)
+    need(raw_shape if image["kind"] == "raw" else shape is None or raw_shape, "image.shape",
+         "[height, width, 3]" + (" for raw images" if image["kind"] == "raw" else " or null"), shape)
+    labels = manifest.get("labels")
+    if labels is not None:
+        _check_file(labels, "labels", need)
+        need(isinstance(labels.get("dtype"), str), "labels.dtype", "a NumPy dtype's name", labels.get("dtype"))
+
+
+def _check_file(entry: Any, field: str, need: Any) -> None:
+    """A ``{"file", "bytes", "sha256"}`` entry: its file a plain name that stays inside the dataset's folder."""
+    need(isinstance(entry, dict), field, "an object", entry)
+    name = entry.get("file")
+    need(isinstance(name, str) and _FILE_NAME.fullmatch(name) is not None, f"{field}.file",
+         "a plain file name in the dataset's folder (letters, digits, '.', '_', '-'; no '/', no '..', not hidden)",
+         name)
+    need(_is_count(entry.get("bytes")), f"{field}.bytes", "a count (an int >= 0)", entry.get("bytes"))
+    sha256 = entry.get("sha256")
+    need(isinstance(sha256, str) and _SHA256.fullmatch(sha256) is not None, f"{field}.sha256",
+         "64 lowercase hex digits", sha256)
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _show(value: Any) -> str:
+    """``value`` for a message, cut short (a hostile manifest's field may be megabytes)."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 def schema_problem(schema: Any, expected: list[dict[str, str]]) -> str | None:
