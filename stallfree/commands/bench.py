@@ -16,7 +16,7 @@ __all__ = ["register"]
 # it prints its table to `out` and returns what --json prints and --json-file writes.
 BENCHMARKS = (
     "loader", "breakdown", "e2e", "resize", "clock", "ingest", "transforms", "train", "plan", "scale", "remote",
-    "webdataset",
+    "webdataset", "rebuilds",
 )
 
 
