@@ -38,15 +38,11 @@ URLs in messages go through :func:`redact`: credentials never appear in an error
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import concurrent.futures.thread  # its exit hook (joining the pools' threads) must be registered before ours
 import hashlib
 import os
 import re
 import socket
 import threading
-import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,10 +50,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from stallfree.ingest.atomic import atomic_path
+from stallfree.ingest.fetch import Progress, Stopped, TooLarge, Unexpected, exiting, fetch, pause, protocols
 
-__all__ = ["ChecksumMismatch", "Progress", "RemoteStoreError", "Retry", "download", "exiting", "is_url",
-           "list_objects", "open_store", "read_object", "read_range", "redact", "retried", "scrubbed", "transient",
-           "upload"]
+__all__ = ["ChecksumMismatch", "RemoteStoreError", "Retry", "download", "is_url", "list_objects", "open_store",
+           "read_object", "read_range", "redact", "retried", "scrubbed", "transient", "upload"]
 
 #: The optional extra that brings each scheme's client.
 _CLIENTS = {"s3": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs"), "http": ("aiohttp", "remote"),
@@ -65,8 +61,6 @@ _CLIENTS = {"s3": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs"
 #: Bytes per ranged request of a download: one request per piece (a store's round trip is paid once per piece,
 #: not per MiB), and a piece is what a download holds in memory and what a retry may have to fetch again.
 _PIECE = 8 << 20
-#: How often a thread waiting for a request looks at the stall clock and at :func:`exiting`.
-_POLL = 0.1
 _T = TypeVar("_T")
 
 
@@ -76,22 +70,6 @@ class RemoteStoreError(RuntimeError):
     Never skipped by ``on_error="skip"``; the message names the object's (redacted) URL.
     """
 
-
-_EXITING = threading.Event()
-
-
-def exiting() -> bool:
-    """Whether the interpreter is exiting (or Ctrl-C ended the program): downloads and their waiters give up.
-
-    Set by a hook that runs before ``concurrent.futures`` joins its pools' threads at exit, so that a download
-    still running (a store trickling bytes) is cancelled rather than waited for.
-    """
-    return _EXITING.is_set()
-
-
-# threading's own exit hooks run in reverse order of registration, before non-daemon threads are joined: this one,
-# registered after concurrent.futures' (imported above), runs first
-threading._register_atexit(_EXITING.set)  # type: ignore[attr-defined]  # the only pre-join hook
 
 
 class ChecksumMismatch(OSError):
@@ -216,30 +194,6 @@ def transient(err: BaseException) -> bool:
     return isinstance(err, BotoCoreError)
 
 
-class Progress:
-    """Bytes received by a download and when the last came: what a waiting reader's stall watchdog reads."""
-
-    def __init__(self) -> None:
-        self.received = 0
-        self.last = time.monotonic()
-        self.lock = threading.Lock()
-
-    def add(self, count: int) -> None:
-        with self.lock:
-            self.received += count
-            self.last = time.monotonic()
-
-    def touch(self) -> None:
-        """A new try started: the stall clock starts again."""
-        with self.lock:
-            self.last = time.monotonic()
-
-    def idle(self) -> float:
-        """Seconds since the last byte (or try)."""
-        with self.lock:
-            return time.monotonic() - self.last
-
-
 def download(fs: Any, path: str, url: str, dest: Path, size: int, sha256: str, retry: Retry,
              progress: Progress | None = None, stopped: Callable[[], bool] = lambda: False) -> None:
     """Fetch object ``path`` (``url`` for messages) of ``size`` bytes into ``dest``, checked against ``sha256``.
@@ -279,7 +233,7 @@ def download(fs: Any, path: str, url: str, dest: Path, size: int, sha256: str, r
                 raise RemoteStoreError(
                     f"{shown}: {len(failures)} tries failed (the last: {failures[-1]}); check that the store "
                     f"answers, or raise retries=/remote_timeout= for a slow one")
-            _pause(retry.wait(len(failures)), stopped)
+            pause(retry.wait(len(failures)), stopped)
         out.flush()
         if digest.hexdigest() != sha256:
             raise ChecksumMismatch(f"{shown}: SHA-256 {digest.hexdigest()[:16]}... differs from the manifest's "
@@ -297,9 +251,9 @@ def _read_from(fs: Any, path: str, offset: int, size: int, out: Any, digest: Any
     while offset < size:
         wanted = min(_PIECE, size - offset)
         last = offset + wanted == size
-        piece = _fetch(fs, path, (offset, offset + wanted + (1 if last else 0)), progress, timeout, stopped)
+        piece = fetch(fs, path, (offset, offset + wanted + (1 if last else 0)), progress, timeout, stopped)
         if len(piece) > wanted:
-            raise _Unexpected(f"the object is longer than the manifest's {size} bytes (it was replaced, or this is "
+            raise Unexpected(f"the object is longer than the manifest's {size} bytes (it was replaced, or this is "
                               "another dataset); run `stallfree verify` on the dataset's URL")
         out.write(piece)
         digest.update(piece)
@@ -307,131 +261,6 @@ def _read_from(fs: Any, path: str, offset: int, size: int, out: Any, digest: Any
         if len(piece) < wanted:  # the reply ended early: the caller retries from here
             break
     return offset
-
-
-class _Unexpected(Exception):
-    """A reply that is not what was asked (a 200 to a ranged request, an object longer than listed); not retried.
-
-    Raised inside a request, which does not know the URL to show: the caller names it (:func:`_clean`).
-    """
-
-
-class _TooLarge(ValueError):
-    """An object larger than the most a caller reads of it (a manifest); named by the caller (:func:`_clean`)."""
-
-
-def _fetch(fs: Any, path: str, span: tuple[int, int] | None, progress: Progress, timeout: float,
-           stopped: Callable[[], bool] = lambda: False, limit: int | None = None,
-           deadline: float | None = None) -> bytes:
-    """One request: bytes ``span`` (``start``, ``end``) of ``path``, or all of it, counted as they arrive.
-
-    The request runs on the client's event loop (fsspec's) while this thread watches it: it is cancelled, and its
-    connection closed, when no byte came for ``timeout`` seconds (a ``TimeoutError``, transient), when it ran for
-    ``deadline`` seconds, or when ``stopped()`` or the interpreter is exiting (:class:`RemoteStoreError`). So a
-    store that trickles is never a stall, one that stops is one within ``timeout`` whatever the client does, and
-    neither keeps the process from ending. A client without an event loop (``file://``) is read directly.
-
-    Raises:
-        _TooLarge: more than ``limit`` bytes came (the rest is not read).
-        _Unexpected: a ranged request answered with the whole object.
-        FileNotFoundError, PermissionError, ConnectionError: HTTP 404, 401/403, 5xx/429; or the client's own errors.
-    """
-    progress.touch()
-    loop = getattr(fs, "loop", None) if getattr(fs, "async_impl", False) else None
-    if loop is None:
-        data = bytes(fs.cat_file(path) if span is None else fs.cat_file(path, start=span[0], end=span[1]))
-        if limit is not None and len(data) > limit:
-            raise _TooLarge(f"is larger than {limit} bytes")
-        progress.add(len(data))
-        return data
-    future = asyncio.run_coroutine_threadsafe(_stream(fs, path, span, progress, limit), loop)
-    began = time.monotonic()
-    while True:
-        done, _ = concurrent.futures.wait([future], timeout=_POLL)
-        if done:
-            return future.result()
-        if stopped() or exiting():
-            future.cancel()
-            raise RemoteStoreError("the request was stopped (the reader closed, or the program is exiting)")
-        if progress.idle() > timeout:
-            future.cancel()
-            raise TimeoutError(f"no byte for {timeout:g} s (remote_timeout)")
-        if deadline is not None and time.monotonic() - began > deadline:
-            future.cancel()
-            raise _Unexpected(f"did not arrive within {deadline:g} s (remote_timeout): the store is too slow; raise "
-                              "remote_timeout= for a slow one")
-
-
-async def _stream(fs: Any, path: str, span: tuple[int, int] | None, progress: Progress, limit: int | None) -> bytes:
-    """The body of one GET on fsspec's loop, each chunk counted into ``progress`` as it arrives (see :func:`_fetch`).
-
-    HTTP and S3 are streamed (aiohttp's chunks, S3's body in 64 KiB reads); another store's client (gcsfs) is
-    asked for the whole range (``_cat_file``), counted when it ends.
-    """
-    out = bytearray()
-
-    def take(chunk: bytes) -> None:
-        out.extend(chunk)
-        progress.add(len(chunk))
-        if limit is not None and len(out) > limit:
-            raise _TooLarge(f"is larger than {limit} bytes")
-
-    protocols = _protocols(fs)
-    ranged = {} if span is None else {"Range": f"bytes={span[0]}-{span[1] - 1}"}
-    if "http" in protocols or "https" in protocols:
-        options = dict(fs.kwargs)
-        headers = {**(options.pop("headers", None) or {}), **ranged}
-        session = await fs.set_session()
-        async with session.get(fs.encode_url(path), headers=headers, **options) as reply:
-            _check_status(reply.status, reply.reason)
-            if span is not None and reply.status != 206:
-                raise _Unexpected(f"the server ignored the ranged request (HTTP {reply.status}, not 206 Partial "
-                                  "Content, to 'Range: bytes=...'); serve the data from a server that supports Range")
-            async for chunk in reply.content.iter_any():
-                take(chunk)
-    elif "s3" in protocols:
-        bucket, key, version = fs.split_path(path)
-        reply = await fs._call_s3("get_object", Bucket=bucket, Key=key, **ranged,
-                                  **({"VersionId": version} if version else {}))
-        body = reply["Body"]
-        try:
-            if span is not None and not reply.get("ContentRange"):
-                raise _Unexpected("the store ignored the ranged request (no Content-Range in its reply); serve the "
-                                  "data from a store that supports Range")
-            while chunk := await body.read(1 << 16):
-                take(chunk)
-        finally:
-            body.close()
-    else:
-        take(bytes(await fs._cat_file(path, **({} if span is None else {"start": span[0], "end": span[1]}))))
-    return bytes(out)
-
-
-def _check_status(status: int, reason: str | None) -> None:
-    """An HTTP error status as the error the rest of this module sorts (and fsspec raises for a 404)."""
-    if status < 400:
-        return
-    what = f"HTTP {status} {reason or ''}".strip()
-    if status in (404, 410):
-        raise FileNotFoundError(what)
-    if status in (401, 403):
-        raise PermissionError(what)
-    if status >= 500 or status == 429:
-        raise ConnectionError(what)
-    raise _Unexpected(f"the store answered {what}")
-
-
-def _protocols(fs: Any) -> tuple[str, ...]:
-    protocol = fs.protocol
-    return tuple(protocol) if isinstance(protocol, (tuple, list)) else (protocol,)
-
-
-def _pause(seconds: float, stopped: Callable[[], bool]) -> None:
-    """Sleep ``seconds`` between tries, cut short by ``stopped()`` or the interpreter exiting."""
-    end = time.monotonic() + seconds
-    while (left := end - time.monotonic()) > 0 and not stopped():
-        if _EXITING.wait(min(left, _POLL)):
-            return
 
 
 def _clean(err: BaseException, what: str) -> BaseException:
@@ -445,9 +274,9 @@ def _clean(err: BaseException, what: str) -> BaseException:
     reason = scrubbed(err).split(": ", 1)[-1]
     if isinstance(err, RemoteStoreError):
         return err
-    if isinstance(err, _Unexpected):
+    if isinstance(err, (Unexpected, Stopped)):
         return RemoteStoreError(f"{what}: {err}")
-    if isinstance(err, _TooLarge):
+    if isinstance(err, TooLarge):
         return ValueError(f"{what} {err}")
     if isinstance(err, FileNotFoundError):
         return FileNotFoundError(f"{what}: no such object ({reason})")
@@ -506,7 +335,7 @@ def retried(call: Callable[[], _T], what: str, retry: Retry) -> _T:
             raise _clean(error, what)
         if tries == retry.attempts:
             raise RemoteStoreError(f"{what}: {tries} tries failed (the last: {scrubbed(error)})")
-        _pause(retry.wait(tries), lambda: False)
+        pause(retry.wait(tries), lambda: False)
     raise AssertionError("unreachable")  # the loop returns or raises
 
 
@@ -529,7 +358,7 @@ def read_object(fs: Any, path: str, url: str, retry: Retry, limit: int | None = 
         RemoteStoreError: tries spent, or too slow.
     """
     shown = redact(url)
-    return retried(lambda: _fetch(fs, path, None, Progress(), retry.timeout, limit=limit, deadline=deadline), shown,
+    return retried(lambda: fetch(fs, path, None, Progress(), retry.timeout, limit=limit, deadline=deadline), shown,
                    retry)
 
 
@@ -541,7 +370,7 @@ def read_range(fs: Any, path: str, url: str, start: int, end: int, retry: Retry)
     """
     shown = redact(url)
     try:
-        return retried(lambda: _fetch(fs, path, (start, end), Progress(), retry.timeout), shown, retry)
+        return retried(lambda: fetch(fs, path, (start, end), Progress(), retry.timeout), shown, retry)
     except (FileNotFoundError, PermissionError) as err:
         failure = str(err)
     raise RemoteStoreError(failure)  # outside the except block: not chained to the cleaned error
@@ -596,4 +425,4 @@ def upload(fs: Any, local: Path, path: str, url: str, retry: Retry) -> dict[str,
 
 def _is_file_system(fs: Any) -> bool:
     """Whether ``fs`` is the local file system (``file://``), where a file is visible while it is being written."""
-    return "file" in _protocols(fs)
+    return "file" in protocols(fs)

@@ -28,9 +28,10 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
 
+from stallfree.ingest.fetch import Progress, exiting
 from stallfree.ingest.home import cache_dir
 from stallfree.ingest.manifest import file_sha256
-from stallfree.ingest.remote import ChecksumMismatch, Progress, RemoteStoreError, Retry, exiting
+from stallfree.ingest.remote import ChecksumMismatch, RemoteStoreError, Retry
 from stallfree.pipeline.shards import ShardError
 
 __all__ = ["ShardCache", "default_cache_dir"]

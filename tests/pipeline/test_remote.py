@@ -16,8 +16,9 @@ import torch
 from stallfree import Loader
 from stallfree.bench.servers import FaultProxy, RangeServer
 from stallfree.bench.stores import gcs_options, s3_options
+from stallfree.ingest.fetch import Progress
 from stallfree.ingest.manifest import read_manifest
-from stallfree.ingest.remote import Progress, Retry
+from stallfree.ingest.remote import Retry
 from stallfree.pipeline.shard_cache import ShardCache
 from stallfree.pipeline.shards import ShardError
 from stallfree.transforms import Normalize, RandomHorizontalFlip, RandomResizedCrop
