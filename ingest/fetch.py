@@ -19,7 +19,6 @@ import concurrent.futures
 import concurrent.futures.thread  # its exit hook (joining the pools' threads) must be registered before ours
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 __all__ = ["Progress", "Stopped", "TooLarge", "Unexpected", "exiting", "fetch", "pause", "protocols"]
@@ -68,7 +67,7 @@ class Progress:
 
 
 class Stopped(Exception):
-    """A request cancelled because its caller stopped or the program is exiting; named by the caller."""
+    """A request cancelled because the program is exiting; named by the caller."""
 
 
 class Unexpected(Exception):
@@ -83,13 +82,12 @@ class TooLarge(ValueError):
 
 
 def fetch(fs: Any, path: str, span: tuple[int, int] | None, progress: Progress, timeout: float,
-           stopped: Callable[[], bool] = lambda: False, limit: int | None = None,
-           deadline: float | None = None) -> bytes:
+          limit: int | None = None, deadline: float | None = None) -> bytes:
     """One request: bytes ``span`` (``start``, ``end``) of ``path``, or all of it, counted as they arrive.
 
     The request runs on the client's event loop (fsspec's) while this thread watches it: it is cancelled, and its
     connection closed, when no byte came for ``timeout`` seconds (a ``TimeoutError``, transient), when it ran for
-    ``deadline`` seconds, or when ``stopped()`` or the interpreter is exiting (:class:`Stopped`). So a
+    ``deadline`` seconds, or when the interpreter is exiting (:class:`Stopped`). So a
     store that trickles is never a stall, one that stops is one within ``timeout`` whatever the client does, and
     neither keeps the process from ending. A client without an event loop (``file://``) is read directly.
 
@@ -112,9 +110,9 @@ def fetch(fs: Any, path: str, span: tuple[int, int] | None, progress: Progress, 
         done, _ = concurrent.futures.wait([future], timeout=_POLL)
         if done:
             return future.result()
-        if stopped() or exiting():
+        if exiting():
             future.cancel()
-            raise Stopped("the request was stopped (the reader closed, or the program is exiting)")
+            raise Stopped("the request was cancelled: the program is exiting")
         if progress.idle() > timeout:
             future.cancel()
             raise TimeoutError(f"no byte for {timeout:g} s (remote_timeout)")
@@ -189,9 +187,6 @@ def protocols(fs: Any) -> tuple[str, ...]:
     return tuple(protocol) if isinstance(protocol, (tuple, list)) else (protocol,)
 
 
-def pause(seconds: float, stopped: Callable[[], bool]) -> None:
-    """Sleep ``seconds`` between tries, cut short by ``stopped()`` or the interpreter exiting."""
-    end = time.monotonic() + seconds
-    while (left := end - time.monotonic()) > 0 and not stopped():
-        if _EXITING.wait(min(left, _POLL)):
-            return
+def pause(seconds: float) -> None:
+    """Sleep ``seconds`` between tries, cut short by the interpreter exiting."""
+    _EXITING.wait(seconds)

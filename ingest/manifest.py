@@ -22,7 +22,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from stallfree.ingest.atomic import atomic_write
 from stallfree.ingest.remote import Retry, is_url, open_store, read_object, redact
@@ -213,7 +213,7 @@ def _check_file(entry: Any, field: str, need: Any) -> None:
          "64 lowercase hex digits", sha256)
 
 
-def _is_count(value: Any) -> bool:
+def _is_count(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 

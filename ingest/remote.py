@@ -195,13 +195,13 @@ def transient(err: BaseException) -> bool:
 
 
 def download(fs: Any, path: str, url: str, dest: Path, size: int, sha256: str, retry: Retry,
-             progress: Progress | None = None, stopped: Callable[[], bool] = lambda: False) -> None:
+             progress: Progress | None = None) -> None:
     """Fetch object ``path`` (``url`` for messages) of ``size`` bytes into ``dest``, checked against ``sha256``.
 
     Raises:
         RemoteStoreError: tries spent on transient failures (named, with the last one); a missing object or a refused
             access (404, 403: not retried, and never a skippable sample); a server that ignores Range; an object
-            longer than the manifest says; ``stopped()`` or the interpreter exiting.
+            longer than the manifest says; the program exiting (:func:`~stallfree.ingest.fetch.exiting`).
         ChecksumMismatch: the bytes arrived whole but their SHA-256 is not ``sha256``.
     """
     progress = progress or Progress()
@@ -213,11 +213,11 @@ def download(fs: Any, path: str, url: str, dest: Path, size: int, sha256: str, r
     with atomic_path(dest, durable=False) as tmp, open(tmp, "wb") as out:
         received = 0
         while received < size:
-            if stopped() or exiting():
-                raise RemoteStoreError(f"download of {shown} was stopped")
+            if exiting():
+                raise RemoteStoreError(f"download of {shown} was stopped: the program is exiting")
             error: BaseException | None = None
             try:
-                received = _read_from(fs, path, received, size, out, digest, progress, retry.timeout, stopped)
+                received = _read_from(fs, path, received, size, out, digest, progress, retry.timeout)
                 if received < size:
                     error = EOFError(f"the response ended after {received} of {size} bytes (truncated)")
             except Exception as err:  # noqa: BLE001 - sorted right below: transient ones are retried, others raised
@@ -233,7 +233,7 @@ def download(fs: Any, path: str, url: str, dest: Path, size: int, sha256: str, r
                 raise RemoteStoreError(
                     f"{shown}: {len(failures)} tries failed (the last: {failures[-1]}); check that the store "
                     f"answers, or raise retries=/remote_timeout= for a slow one")
-            pause(retry.wait(len(failures)), stopped)
+            pause(retry.wait(len(failures)))
         out.flush()
         if digest.hexdigest() != sha256:
             raise ChecksumMismatch(f"{shown}: SHA-256 {digest.hexdigest()[:16]}... differs from the manifest's "
@@ -241,7 +241,7 @@ def download(fs: Any, path: str, url: str, dest: Path, size: int, sha256: str, r
 
 
 def _read_from(fs: Any, path: str, offset: int, size: int, out: Any, digest: Any, progress: Progress,
-               timeout: float, stopped: Callable[[], bool]) -> int:
+               timeout: float) -> int:
     """Read ``path`` from ``offset`` on into ``out``; the offset reached (less than ``size`` if the reply ended).
 
     One ranged GET per piece, and no request for the object's size: the manifest gives it, and asking (a HEAD
@@ -251,7 +251,7 @@ def _read_from(fs: Any, path: str, offset: int, size: int, out: Any, digest: Any
     while offset < size:
         wanted = min(_PIECE, size - offset)
         last = offset + wanted == size
-        piece = fetch(fs, path, (offset, offset + wanted + (1 if last else 0)), progress, timeout, stopped)
+        piece = fetch(fs, path, (offset, offset + wanted + (1 if last else 0)), progress, timeout)
         if len(piece) > wanted:
             raise Unexpected(f"the object is longer than the manifest's {size} bytes (it was replaced, or this is "
                               "another dataset); run `stallfree verify` on the dataset's URL")
@@ -335,7 +335,7 @@ def retried(call: Callable[[], _T], what: str, retry: Retry) -> _T:
             raise _clean(error, what)
         if tries == retry.attempts:
             raise RemoteStoreError(f"{what}: {tries} tries failed (the last: {scrubbed(error)})")
-        pause(retry.wait(tries), lambda: False)
+        pause(retry.wait(tries))
     raise AssertionError("unreachable")  # the loop returns or raises
 
 
