@@ -20,10 +20,11 @@ it goes; the bytes are counted as they arrive, and every request can be cancelle
 - a SHA-256 that differs from the manifest's is :class:`ChecksumMismatch` (the caller downloads once more);
 - a 403 or 404, a server that ignores Range, or an object longer than the manifest says is a
   :class:`RemoteStoreError` at once, naming the URL (never a ``FileNotFoundError`` a reader might skip);
-- no byte for ``retry.timeout`` seconds is a stall: the thread that waits for the request (:func:`_fetch`) cancels
-  it and the try fails, whatever the client does; a store that trickles bytes is slow, not stalled;
-- Ctrl-C or the end of the program (:func:`exiting`) cancels every request in flight, so the interpreter, which
-  joins the download threads at exit, ends within a poll interval.
+- no byte for ``retry.timeout`` seconds is a stall: the thread that waits for the request
+  (:func:`stallfree.ingest.fetch.fetch`) cancels it and the try fails, whatever the client does; a store that
+  trickles bytes is slow, not stalled;
+- Ctrl-C or the end of the program (:func:`stallfree.ingest.fetch.exiting`) cancels every request in flight, so the
+  interpreter, which joins the download threads at exit, ends within a poll interval.
 
 No exception of the client is kept in the chain (``__cause__``, ``__context__``) of the errors raised here: its
 repr may hold the request's headers (``Authorization``) or a URL with a password. Only its type and its message,
