@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from stallfree.ingest.fetch import exiting
+
 if TYPE_CHECKING:
     from stallfree.pipeline.shard_cache import ShardCache
 
@@ -246,13 +248,16 @@ class RangeReadAhead:
     def take(self, row: int) -> bytes | None:
         """Row ``row``'s bytes if they were fetched ahead (handed over once), else ``None``; counts one read.
 
-        A row being fetched is waited for, up to ``wait`` seconds.
+        A row being fetched is waited for, up to ``wait`` seconds, or until the program exits (the interpreter
+        joins the reading threads at exit, and a fetch over a store that trickles could keep them a minute).
         """
         with self._lock:
             if row in self._flight:
                 deadline = time.monotonic() + self.wait
                 while row in self._flight and not self._closed and (left := deadline - time.monotonic()) > 0:
-                    self._arrived.wait(left)
+                    if exiting():
+                        break
+                    self._arrived.wait(min(left, 0.1))
             held = self._held.pop(row, None)
             self._position += 1
             if held is None:

@@ -15,6 +15,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 from stallfree.bench.servers import FaultProxy, RangeServer
 from stallfree.ingest.fetch import Progress
@@ -98,6 +99,46 @@ def test_ctrl_c_over_a_trickling_store_ends_the_program(http_server: RangeServer
             deadline = time.monotonic() + 60
             while not any(".arrow" in line for line in proxy.seen) and time.monotonic() < deadline:
                 time.sleep(0.1)  # a shard's download is under way
+            time.sleep(1.0)
+            sent = time.monotonic()
+            child.send_signal(signal.SIGINT)
+            took = _exit_time(child, sent)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    assert took < EXIT_BOUND, f"the program took {took:.1f} s to end after Ctrl-C"
+
+
+def _png(seed: int) -> bytes:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.full((6, 5, 3), seed, np.uint8)).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def test_ctrl_c_over_tars_trickled_by_range_ends_the_program(tmp_path: Path, write_tar: Any) -> None:
+    # a read waiting for its range's fetch ahead (up to remote_timeout) must not hold the exit either
+    from stallfree.pipeline.webdataset import WebDatasetReader
+
+    (tmp_path / "tars").mkdir()
+    for t in range(2):
+        write_tar(tmp_path / "tars" / f"t-{t}.tar", [member for i in range(8) for member in (
+            (f"s{t}{i}.png", _png(t * 8 + i)), (f"s{t}{i}.cls", b"%d" % (t * 8 + i)))])
+    with RangeServer(tmp_path / "tars") as server, FaultProxy(server.url) as proxy:
+        url = f"{proxy.url}/t-{{0..1}}.tar"
+        WebDatasetReader(url, cache_dir=tmp_path / "cache").close()  # indexed now: the child reads the index
+        proxy.inject("trickle", count=10**6, match=".tar", rate=50.0)  # GETs only: the child's HEADs answer
+        child = _child(tmp_path, url, "sigint")
+        try:
+            _wait_line(child, "ready")
+            deadline = time.monotonic() + 60
+            while not proxy.met and time.monotonic() < deadline:
+                time.sleep(0.1)  # the read-ahead's ranged reads are trickling
             time.sleep(1.0)
             sent = time.monotonic()
             child.send_signal(signal.SIGINT)
