@@ -1,7 +1,8 @@
 """The index of a WebDataset tar: where each sample's image lies, walked once and kept.
 
-Walking a tar reads its member headers (locally through the file; remotely through an fsspec file that reads 1 MiB
-ranges and seeks over large members) and groups them into samples by :func:`stallfree.ingest.tars.samples`, the
+Walking a tar reads its member headers (locally through the file; remotely through :class:`_Ranged`, which reads
+1 MiB ranges with :func:`~stallfree.ingest.remote.read_range`, the reads' own retries, stall and error rules, and
+seeks over large members) and groups them into samples by :func:`stallfree.ingest.tars.samples`, the
 grouping ``stallfree ingest`` uses, so the two accept and refuse the same members. The index (every sample's key,
 image offset and size, and its ``.cls`` label, and the samples refused) is kept as a small JSON file in the index
 cache, ``webdataset-index/`` beside the shard cache (``~/.cache/stallfree/`` by default, or the reader's
@@ -21,6 +22,7 @@ from typing import Any
 
 from stallfree.ingest.atomic import atomic_write
 from stallfree.ingest.home import cache_dir as stallfree_cache_dir
+from stallfree.ingest.remote import Retry, read_range
 from stallfree.ingest.tars import compressed, label_bytes, members, samples
 
 __all__ = ["FORMAT", "default_index_dir", "load", "save", "walk", "walk_remote"]
@@ -60,10 +62,47 @@ def load(index_dir: Path, shown: str, size: int, stamp: str) -> dict[str, Any] |
     return index if fresh and stamp else None  # no stamp (a server without ETag): every open walks the tar
 
 
-def walk_remote(fs: Any, path: str, shown: str, size: int) -> dict[str, Any]:
-    """:func:`walk` of the tar at ``path`` on the fsspec file system ``fs``, read in ``PIECE`` ranges."""
-    with fs.open(path, "rb", block_size=PIECE, cache_type="readahead") as f:
-        return walk(f, shown, size)
+def walk_remote(fs: Any, path: str, shown: str, size: int, retry: Retry) -> dict[str, Any]:
+    """:func:`walk` of the tar at ``path`` on the fsspec file system ``fs``, read in ``PIECE`` ranges.
+
+    Raises:
+        ValueError: as :func:`walk`.
+        RemoteStoreError: as :func:`~stallfree.ingest.remote.read_range` (retries spent, a server that ignores Range,
+            a 403 or 404), naming ``shown``.
+    """
+    return walk(_Ranged(fs, path, shown, size, retry), shown, size)
+
+
+class _Ranged:
+    """A read-only, seekable view of a remote object for :mod:`tarfile`: ``PIECE`` bytes a request, the last kept.
+
+    A tar's headers are read in order, each a 512-byte read followed by a seek over the member's data: small members
+    come many to a request, large ones are skipped without being fetched.
+    """
+
+    def __init__(self, fs: Any, path: str, shown: str, size: int, retry: Retry):
+        self._fs, self._path, self._shown, self._size, self._retry = fs, path, shown, size, retry
+        self._position = 0
+        self._start, self._data = 0, b""  # the last range fetched
+
+    def read(self, count: int = -1) -> bytes:
+        end = self._size if count is None or count < 0 else min(self._size, self._position + count)
+        if end <= self._position:
+            return b""
+        if not self._start <= self._position or end > self._start + len(self._data):
+            self._start = self._position
+            self._data = read_range(self._fs, self._path, self._shown, self._start,
+                                    min(self._size, max(end, self._start + PIECE)), self._retry)
+        out = self._data[self._position - self._start : end - self._start]
+        self._position += len(out)
+        return out
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self._position = {0: 0, 1: self._position, 2: self._size}[whence] + offset
+        return self._position
+
+    def tell(self) -> int:
+        return self._position
 
 
 def walk(f: Any, shown: str, size: int) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 The source is a tar's path or URL (``s3://``, ``gs://``, ``http(s)://``, ``file://``), or a pattern of them with
 brace ranges (:func:`expand`). Each tar is indexed once: its member headers are walked (locally through the file;
-remotely through an fsspec file that reads 1 MiB ranges and seeks over large members) and grouped into samples by
+remotely in 1 MiB ranged reads that seek over large members) and grouped into samples by
 :func:`stallfree.ingest.tars.samples`, the grouping ``stallfree ingest`` uses, so the two accept and refuse the
 same members. The index is kept in the index cache (:mod:`~stallfree.pipeline.tar_index`): a tar that changed is
 walked again. After that, a sample is one ranged
@@ -193,7 +193,7 @@ class WebDatasetReader:
                 with open(path, "rb") as f:
                     index = tar_index.walk(f, shown, size)
             else:
-                index = retried(lambda: tar_index.walk_remote(fs, path, shown, size), shown, self.retry)
+                index = tar_index.walk_remote(fs, path, shown, size, self.retry)  # each range retried
             self.walked += 1
             tar_index.save(self.index_dir, index, shown, size, stamp)
         self.rejected += index["refused"]
