@@ -19,9 +19,10 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported where it is used: `stallfree --help` imports no numpy
+    import numpy as np
 
 __all__ = ["add_arguments", "run", "write_hostile_folder"]
 
@@ -52,6 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _encode(rng: np.random.Generator, fmt: str, size: tuple[int, int]) -> bytearray:
+    import numpy as np
     from PIL import Image
 
     buffer = io.BytesIO()
@@ -61,6 +63,8 @@ def _encode(rng: np.random.Generator, fmt: str, size: tuple[int, int]) -> bytear
 
 def _hostile(rng: np.random.Generator) -> dict[str, bytes]:
     """One of each kind of file that passes the header check but fails or warns in DALI's decoders."""
+    import numpy as np
+
     jpeg, png = _encode(rng, "JPEG", (48, 64)), _encode(rng, "PNG", (48, 64))
     three_bit = bytearray(jpeg)
     three_bit[three_bit.find(b"\xff\xc0") + 4] = 3  # "Unsupported JPEG data precision 3"
@@ -82,6 +86,8 @@ def _hostile(rng: np.random.Generator) -> dict[str, bytes]:
 
 def write_hostile_folder(root: Path, *, copies: int = 12, good: int = 150, seed: int = 0) -> Path:
     """An ImageFolder tree: ``copies`` of each hostile kind in ``bad/``, ``good`` JPEGs of varied sizes in ``good/``."""
+    import numpy as np
+
     rng = np.random.default_rng(seed)
     (root / "bad").mkdir(parents=True, exist_ok=True)
     (root / "good").mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -89,24 +90,29 @@ def _exit_time(child: subprocess.Popen[str], since: float) -> float:
     return time.monotonic() - since
 
 
+def _ctrl_c(child: subprocess.Popen[str], trickling: Callable[[], bool]) -> float:
+    """Seconds from Ctrl-C to the child's end, sent once it is ready and a second after ``trickling()`` holds."""
+    try:
+        _wait_line(child, "ready")
+        deadline = time.monotonic() + 60
+        while not trickling() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)
+        sent = time.monotonic()
+        child.send_signal(signal.SIGINT)
+        return _exit_time(child, sent)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
 def test_ctrl_c_over_a_trickling_store_ends_the_program(http_server: RangeServer, tmp_path: Path) -> None:
     # was: SIGINT mid-epoch took 15 s over a 300 KB/s store and never returned over a 50 B/s one
     with FaultProxy(http_server.url) as proxy:
         proxy.inject("trickle", count=10**6, match=".arrow", rate=50.0)
-        child = _child(tmp_path, proxy.url, "sigint")
-        try:
-            _wait_line(child, "ready")
-            deadline = time.monotonic() + 60
-            while not any(".arrow" in line for line in proxy.seen) and time.monotonic() < deadline:
-                time.sleep(0.1)  # a shard's download is under way
-            time.sleep(1.0)
-            sent = time.monotonic()
-            child.send_signal(signal.SIGINT)
-            took = _exit_time(child, sent)
-        finally:
-            if child.poll() is None:
-                child.kill()
-                child.wait()
+        took = _ctrl_c(_child(tmp_path, proxy.url, "sigint"),
+                       lambda: any(".arrow" in line for line in proxy.seen))  # a shard's download is under way
     assert took < EXIT_BOUND, f"the program took {took:.1f} s to end after Ctrl-C"
 
 
@@ -133,20 +139,7 @@ def test_ctrl_c_over_tars_trickled_by_range_ends_the_program(tmp_path: Path, wri
         url = f"{proxy.url}/t-{{0..1}}.tar"
         WebDatasetReader(url, cache_dir=tmp_path / "cache").close()  # indexed now: the child reads the index
         proxy.inject("trickle", count=10**6, match=".tar", rate=50.0)  # GETs only: the child's HEADs answer
-        child = _child(tmp_path, url, "sigint")
-        try:
-            _wait_line(child, "ready")
-            deadline = time.monotonic() + 60
-            while not proxy.met and time.monotonic() < deadline:
-                time.sleep(0.1)  # the read-ahead's ranged reads are trickling
-            time.sleep(1.0)
-            sent = time.monotonic()
-            child.send_signal(signal.SIGINT)
-            took = _exit_time(child, sent)
-        finally:
-            if child.poll() is None:
-                child.kill()
-                child.wait()
+        took = _ctrl_c(_child(tmp_path, url, "sigint"), lambda: bool(proxy.met))  # the ranged reads are trickling
     assert took < EXIT_BOUND, f"the program took {took:.1f} s to end after Ctrl-C"
 
 
