@@ -112,7 +112,7 @@ def _labels(out: Path, manifest: dict[str, Any], fetch: _Fetcher | None, problem
         return labels
     except FileNotFoundError:
         problems.append(f"{entry['file']}: missing")
-    except OSError as err:
+    except (OSError, ValueError) as err:  # ValueError: a store's object larger than the manifest lists
         problems.append(str(err))
     return None
 
@@ -135,7 +135,7 @@ class _Fetcher:
     def labels(self, entry: dict[str, Any], rows: int) -> np.ndarray:
         """The dataset's labels file, fetched and checked (raises as :func:`parse_labels` and the fetch do)."""
         url = f"{self.url}/{entry['file']}"
-        data = read_object(self.fs, f"{self.root}/{entry['file']}", url, self.retry)
+        data = read_object(self.fs, f"{self.root}/{entry['file']}", url, self.retry, limit=int(entry["bytes"]) + 1)
         return parse_labels(data, entry, rows, f"{entry['file']} ({redact(url)})")
 
     def check(self, shard: dict[str, Any], manifest: dict[str, Any], decode: bool,

@@ -218,6 +218,18 @@ def test_a_corrupted_remote_shard_fails_verify_naming_it(indexed_list: Path, s3:
     assert named in captured.out and "s3://out/bad/: 1 problem(s)" in captured.err
 
 
+def test_a_remote_labels_file_longer_than_listed_is_a_problem_not_read_whole(indexed_list: Path, s3: str) -> None:
+    # was: verify fetched labels.npy with no bound (a store could send gigabytes), and an oversize one escaped as
+    # a ValueError instead of being listed
+    ingest(indexed_list, "s3://out/longlabels/", OPTIONS, storage_options=s3_options(s3))
+    client = _client(s3)
+    data = client.get_object(Bucket="out", Key="longlabels/labels.npy")["Body"].read()
+    client.put_object(Bucket="out", Key="longlabels/labels.npy", Body=data + bytes(4 << 20))
+    problems = verify("s3://out/longlabels/", storage_options=s3_options(s3))
+    assert any("labels.npy" in problem and "s3://out/longlabels/labels.npy" in problem for problem in problems), \
+        problems
+
+
 def test_parts_ingested_to_s3_then_merged_there_hold_a_one_part_ingest(
         indexed_list: Path, reference: Path, s3: str, tmp_path: Path) -> None:
     options = s3_options(s3)
