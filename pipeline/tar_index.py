@@ -27,7 +27,7 @@ from stallfree.ingest.tars import compressed, label_bytes, members, samples
 
 __all__ = ["FORMAT", "default_index_dir", "load", "save", "walk", "walk_remote"]
 
-FORMAT = 1  # the index file's format; another one is walked again
+FORMAT = 2  # the index file's format; another one is walked again (2: labels under the one label rule, issue 37)
 PIECE = 1 << 20  # the remote walk's range size: small members come many to a read, large ones are skipped
 
 
