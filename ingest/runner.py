@@ -147,8 +147,9 @@ def _check_plan(out: Path, digest: str, job: str, part: tuple[int, int]) -> None
                 f"folder, or delete {out} to start over"
             )
         if (previous.get("digest") != digest) if other.name == name else (previous.get("job") != job):
+            state = "a finished" if (out / MANIFEST).is_file() else "an unfinished"
             raise ValueError(
-                f"{out} holds an unfinished ingest of a different source or options (plan "
+                f"{out} holds {state} ingest of a different source or options (plan "
                 f"{str(previous.get('digest'))[:12]} != {digest[:12]}); pass an empty OUT folder, or delete {out} to "
                 "start over"
             )

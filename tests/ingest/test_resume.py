@@ -72,7 +72,10 @@ def test_kill_9_then_rerun_gives_the_same_shards(folder, reference, tmp_path):
 def test_other_options_in_the_same_folder_are_refused(folder, reference, tmp_path):
     out = tmp_path / "out"
     ingest(folder, out, OPTIONS)
-    with pytest.raises(ValueError, match="unfinished ingest of a different source or options"):
+    with pytest.raises(ValueError, match="holds a finished ingest of a different source or options"):
+        ingest(folder, out, IngestOptions(shard_mb=0.002, quality=50))
+    (out / "manifest.json").unlink()  # as a run killed before its manifest leaves it
+    with pytest.raises(ValueError, match="holds an unfinished ingest of a different source or options"):
         ingest(folder, out, IngestOptions(shard_mb=0.002, quality=50))
 
 
