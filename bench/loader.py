@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 __all__ = ["add_arguments", "contender_stream", "image_files", "run"]
 
@@ -85,14 +85,14 @@ def _stallfree(args: argparse.Namespace) -> Iterable[Any]:
 def _torch(args: argparse.Namespace) -> Iterable[Any]:
     import torch
 
-    from stallfree.stage_runtime.baseline import torch_dataloader
+    from stallfree.stage_runtime.baseline import EpochKeyed, torch_dataloader
 
     device = torch.device(args.device)
     loader = torch_dataloader(image_files(args.data), batch_size=args.batch_size, image_size=224, workers=args.threads,
                               persistent=True, pin_memory=device.type == "cuda")
     epoch = 0
     while True:
-        loader.sampler.inner.set_epoch(epoch)  # the baseline's EpochKeyed over a DistributedSampler
+        cast(EpochKeyed, loader.sampler).inner.set_epoch(epoch)  # the baseline's EpochKeyed over a DistributedSampler
         for images, labels in loader:
             yield images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
         epoch += 1

@@ -13,6 +13,7 @@ import torch
 
 from stallfree.pipeline.readers import Reader
 from stallfree.pipeline.shards import VERIFY_MODES
+from stallfree.transforms.compile import Dtype
 from stallfree.transforms.spec import Transform
 
 __all__ = [
@@ -51,10 +52,12 @@ _INSTEAD = {
     "transforms": "use transform= (torchvision's objects are translated) and target_transform=",
 }
 
-_TORCH_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16", torch.uint8: "uint8"}
+_TORCH_DTYPES: dict[torch.dtype, Dtype] = {
+    torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16", torch.uint8: "uint8",
+}
 
 
-def dtype_name(dtype: Any) -> Any:
+def dtype_name(dtype: Any) -> Dtype:
     """``dtype`` as the spec's name: a string as it is, a ``torch.dtype`` the Loader outputs by its name."""
     if isinstance(dtype, torch.dtype):
         if dtype not in _TORCH_DTYPES:

@@ -23,7 +23,7 @@ import threading
 import warnings
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import nvidia.dali  # noqa: F401 - imported first so that its exit hook runs after the Loader's (see epoch.py)
@@ -169,7 +169,7 @@ class Graph:
         from nvidia.dali import pipeline_def
 
         compiled, encoded, adjust_orientation = self.compiled, self.encoded, self.exif == "apply"
-        device = "cpu" if self.device_id is None else "gpu"
+        device: Literal["cpu", "gpu"] = "cpu" if self.device_id is None else "gpu"
 
         @pipeline_def(
             batch_size=batch_size,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,7 @@ class RemoteShardReader:
         shape = self.manifest["image"].get("shape")
         self.encoded = self.manifest["image"]["kind"] == "encoded"
         self.shape = tuple(shape) if shape else None
-        self.columns = [c["name"] for c in self.manifest["schema"] if c["name"] != "image"]
+        self.columns: Sequence[str] = [c["name"] for c in self.manifest["schema"] if c["name"] != "image"]
         self._entries: list[dict[str, Any]] = list(self.manifest["shards"])
         self._starts = np.cumsum([0] + [int(e["rows"]) for e in self._entries])
         self._labels = self._read_labels(storage_options or {})

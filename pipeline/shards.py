@@ -30,7 +30,7 @@ import hashlib
 import itertools
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -214,7 +214,7 @@ class ShardReader:
         # from the manifest, as a plain list for bisect; an array of them for the column gathers.
         self._starts = [0, *itertools.accumulate(int(e["rows"]) for e in self._entries)]
         self._start_array = np.asarray(self._starts, np.int64)
-        self.columns = [c["name"] for c in self.manifest["schema"] if c["name"] != "image"]
+        self.columns: Sequence[str] = [c["name"] for c in self.manifest["schema"] if c["name"] != "image"]
         self._rows = self._starts[-1]
         self._labels = self._read_labels()
         if verify == "open":

@@ -197,7 +197,8 @@ class CompiledTransforms:
         # A trailing [flip,] Normalize folds into the output operator, as does a trailing flip.
         tail_normalize: Normalize | None = None
         if steps and isinstance(steps[-1][1], Normalize):
-            tail_normalize = steps.pop()[1]
+            tail_normalize = steps[-1][1]
+            steps.pop()
         mirror: Any = None
         if steps and isinstance(steps[-1][1], RandomHorizontalFlip):
             i, _ = steps.pop()
@@ -205,8 +206,8 @@ class CompiledTransforms:
         window_decoded = encoded and self.roi_decode
         last = steps.pop() if self._fuses_resize(steps, device) else None
         for i, step in steps:
-            if i == 0 and window_decoded:
-                image, state = self.steps[0].build_decoded_window(image, inputs.step(0), state)
+            if i == 0 and window_decoded and isinstance(step, RandomResizedCrop):
+                image, state = step.build_decoded_window(image, inputs.step(0), state)
             else:
                 image, state = step.build(image, inputs.step(i), state)
         if last is not None:

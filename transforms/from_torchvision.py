@@ -29,6 +29,7 @@ from typing import Any, Literal
 from stallfree.transforms import spec  # spec.Normalize: stallfree's step, beside torchvision's of the same name
 from stallfree.transforms.bundled import RandomErasing, RandomGrayscale
 from stallfree.transforms.color import ColorJitter
+from stallfree.transforms.compile import Dtype
 from stallfree.transforms.compose import Compose
 from stallfree.transforms.grayscale import Grayscale
 from stallfree.transforms.policies import AutoAugment, RandAugment, TrivialAugmentWide
@@ -41,7 +42,7 @@ _KERNEL_HINT = (
     "write it as a per-pixel @kernel (stallfree.transforms.kernel plus a KernelTransform subclass whose sample() "
     "draws its random parameters; see docs/kernels.md), or apply it to the output batch yourself"
 )
-_FLOAT_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
+_FLOAT_DTYPES: dict[str, Dtype] = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class Spec:
     """
 
     steps: tuple[spec.Transform, ...]
-    dtype: str | None = None
+    dtype: Dtype | None = None
 
 
 def is_torchvision(obj: Any) -> bool:
@@ -149,7 +150,7 @@ class _Translation:
         self.steps: list[spec.Transform] = []
         self.pixels: Pixels = "uint8"  # a PIL image or a uint8 tensor: the graph's uint8
         self.tensor = False  # whether the pipeline holds a tensor (for the dtype it ends with)
-        self.dtype: str | None = None
+        self.dtype: Dtype | None = None
 
     def run(self, flat: list[tuple[str, Any]]) -> Spec:
         for where, obj in flat:
@@ -259,7 +260,8 @@ class _Translation:
 
     def auto_augment(self, where: str, t: Any) -> None:
         interpolation: Any = _enum(t.interpolation)
-        self._emit(AutoAugment(_enum(t.policy), interpolation, _fill(where, t)), where)
+        policy: Any = _enum(t.policy)  # AutoAugment checks it against its policies, naming them
+        self._emit(AutoAugment(policy, interpolation, _fill(where, t)), where)
 
     def rand_augment(self, where: str, t: Any) -> None:
         interpolation: Any = _enum(t.interpolation)

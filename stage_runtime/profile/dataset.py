@@ -249,6 +249,7 @@ class _Run:
             def make(k: int) -> Iterator[Any]:
                 return _forever(lambda: self.loader(self.in_memory, num_threads=k, device="cpu"))
             prep = ph.measure_preparation(make, counts, prep_batches, batch, progress=tick)
+        self.step: Callable[[Any], object]  # the training step; what it returns (a loss, or nothing) is unused
         if self.accelerator is None:
             classes = len(self.reader.classes)
             model = ph.build_model(self.model_name, classes, self.image_size)

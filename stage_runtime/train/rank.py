@@ -83,10 +83,11 @@ class Rank:
         self.feed = self.eval_feed = None
         info = torch.zeros(2, dtype=torch.int64, device=self.comm)
         if self.pp == 0:
-            common = {"batch_size": c.batch_size, "image_size": c.image_size, "seed": c.seed, "replica": self.replica,
-                      "replicas": c.dp, "samples": c.samples, "device": str(self.device),
-                      "num_classes": c.num_classes or 10, "kind": c.feed, "workers": c.loader_threads,
-                      "verify": c.verify}
+            common: dict[str, Any] = {
+                "batch_size": c.batch_size, "image_size": c.image_size, "seed": c.seed, "replica": self.replica,
+                "replicas": c.dp, "samples": c.samples, "device": str(self.device),
+                "num_classes": c.num_classes or 10, "kind": c.feed, "workers": c.loader_threads, "verify": c.verify,
+            }
             self.feed = make_feed(c.data, train=True, clock=self.clock, **common)
             if c.eval_data is not None or c.data is None:
                 self.eval_feed = make_feed(c.eval_data, train=False, **common)
@@ -103,8 +104,9 @@ class Rank:
         micro = c.batch_size // c.microbatches
         accelerator = parse_accelerator(c.accelerator)
         balance = c.balance
-        if c.resume and c.balance is None and self.rank == 0 and ckpt.latest(c.ckpt_root) is not None:
-            balance = tuple(ckpt.load_meta(c.ckpt_root, ckpt.latest(c.ckpt_root))["balance"])
+        last = ckpt.latest(c.ckpt_root) if c.resume and c.balance is None and self.rank == 0 else None
+        if last is not None:
+            balance = tuple(ckpt.load_meta(c.ckpt_root, last)["balance"])
             if c.progress:
                 print(f"split: balance {','.join(map(str, balance))} (from the checkpoint)", file=sys.stderr,
                       flush=True)
@@ -126,7 +128,7 @@ class Rank:
         dist.broadcast_object_list(chosen, 0)
         self.balance = tuple(chosen[0])
         bounds = [sum(self.balance[:i]) for i in range(len(self.balance) + 1)]
-        self.modules = {s: nn.Sequential(*layers[bounds[s]:bounds[s + 1]]).to(self.device)
+        self.modules: dict[int, nn.Module] = {s: nn.Sequential(*layers[bounds[s]:bounds[s + 1]]).to(self.device)
                         for s in range(c.model_stages) if self.owner[s] == self.rank}
         shapes = _stage_shapes(layers, bounds, (micro, 3, c.image_size, c.image_size))
         sim: list[Any] = [None] * c.model_stages
@@ -301,6 +303,8 @@ class Rank:
             y = y.cpu()
             logits = chain_forward(self.modules, self.config.model_stages, self.owner, self.rank, x, self.device)
             if self.last:
+                if logits is None:
+                    raise RuntimeError("chain_forward gave the last stage's rank no logits")
                 correct += torch.tensor([(logits.argmax(1).cpu() == y).sum().item(), (y >= 0).sum().item()],
                                         dtype=torch.float64)
         for m in self.modules.values():

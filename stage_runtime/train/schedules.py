@@ -19,7 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:  # torch is imported where a schedule is built: `stallfree --help` imports no torch
+    from torch.distributed.pipelining.schedules import _PipelineSchedule
 
 __all__ = [
     "SCHEDULES",
@@ -119,8 +122,8 @@ def schedule_spec(name: str) -> ScheduleSpec:
     return SCHEDULE_SPECS[name]
 
 
-def build_schedule(name: str, stages: list, microbatches: int, loss_fn: Callable) -> object:
-    """The torch schedule object for this rank's ``stages`` (a list of ``PipelineStage``)."""
+def build_schedule(name: str, stages: list, microbatches: int, loss_fn: Callable) -> _PipelineSchedule:
+    """The torch schedule object for this rank's ``stages`` (a list of ``PipelineStage``): its ``step`` runs one."""
     from torch.distributed import pipelining
 
     spec = schedule_spec(name)
