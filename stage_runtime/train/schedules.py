@@ -1,7 +1,10 @@
 """The pipeline schedules as a table: one :class:`ScheduleSpec` per name.
 
-The trainer, ``stallfree bench train`` and the docs read it (``docs/train.md``'s table is checked against it);
-nothing else tests a schedule's name.
+The trainer, the planner (``plan/orders.py``, ``plan/planner.py``, ``plan/calibrate.py``), ``stallfree bench`` and
+the docs read it (``docs/train.md``'s table is checked against it); nothing else tests a schedule's name, so a schedule
+is added here alone: its torch class, placement, stages per rank and family are what the other modules branch on.
+Every schedule here flushes (a step ends with every micro-batch's backward done); the asynchronous ones, which the
+trainer cannot run, are simulated apart (``plan/asynchronous.py``).
 
 With S ranks, M micro-batches and V stages per rank (``F``: a forward, ``B``: a backward, ``.``: idle)::
 
@@ -50,7 +53,16 @@ class ScheduleSpec:
     stages_fixed: int | None  # stages per rank, or None: --virtual-stages
     microbatches_per_rank: bool  # torch requires M to be a multiple of the pipeline ranks
     bubble_theory: Literal["(S-1)/(M+S-1)", "(S-1)/(V*M+S-1)", "0"]  # the ideal with equal stage times, S ranks
+    # How torch runs it, so how its order is read and its host overhead calibrated: "loop", a hand-written loop
+    # over the rank's one stage (``_step_microbatches``); "runtime", the action-list runtime of multi-stage schedules
+    # (``pipeline_order_with_comms``). The names are calibration.json's keys.
+    family: Literal["loop", "runtime"]
     min_ranks: int = 1
+
+    def __post_init__(self) -> None:
+        if (self.family == "loop") != (self.placement == "one"):
+            raise ValueError(f"schedule {self.name!r}: torch runs a loop over one stage per rank and an action list "
+                             f"over several, got family {self.family!r} with placement {self.placement!r}")
 
     def stages_per_rank(self, virtual: int = 2) -> int:
         """How many stages each rank holds: fixed by the schedule, else ``virtual`` (``--virtual-stages``)."""
@@ -102,11 +114,11 @@ class ScheduleSpec:
 
 
 SCHEDULE_SPECS: dict[str, ScheduleSpec] = {s.name: s for s in (
-    ScheduleSpec("gpipe", "ScheduleGPipe", "one", 1, False, "(S-1)/(M+S-1)"),
-    ScheduleSpec("1f1b", "Schedule1F1B", "one", 1, False, "(S-1)/(M+S-1)"),
-    ScheduleSpec("interleaved-1f1b", "ScheduleInterleaved1F1B", "loop", None, True, "(S-1)/(V*M+S-1)"),
-    ScheduleSpec("zero-bubble", "ScheduleInterleavedZeroBubble", "loop", None, True, "0"),
-    ScheduleSpec("zbv", "ScheduleZBVZeroBubble", "v", 2, False, "0", min_ranks=2),
+    ScheduleSpec("gpipe", "ScheduleGPipe", "one", 1, False, "(S-1)/(M+S-1)", "loop"),
+    ScheduleSpec("1f1b", "Schedule1F1B", "one", 1, False, "(S-1)/(M+S-1)", "loop"),
+    ScheduleSpec("interleaved-1f1b", "ScheduleInterleaved1F1B", "loop", None, True, "(S-1)/(V*M+S-1)", "runtime"),
+    ScheduleSpec("zero-bubble", "ScheduleInterleavedZeroBubble", "loop", None, True, "0", "runtime"),
+    ScheduleSpec("zbv", "ScheduleZBVZeroBubble", "v", 2, False, "0", "runtime", min_ranks=2),
 )}
 SCHEDULES: tuple[str, ...] = tuple(SCHEDULE_SPECS)
 
@@ -118,7 +130,7 @@ def schedule_spec(name: str) -> ScheduleSpec:
         ValueError: an unknown name; the message lists the known ones.
     """
     if name not in SCHEDULE_SPECS:
-        raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
+        raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULE_SPECS)}")
     return SCHEDULE_SPECS[name]
 
 
