@@ -1,11 +1,13 @@
 """The order of operations each rank runs, taken from torch's own schedule objects so it cannot drift.
 
-``torch.distributed.pipelining`` builds its multi-stage schedules (interleaved 1F1B, zero-bubble, ZBV) from an
-action list per rank (``pipeline_order_with_comms``, what its runtime executes); we read the compute actions from
-it. The single-stage schedules (GPipe, 1F1B) run hand-written loops (``_step_microbatches``) whose published
-``pipeline_order`` does not match them in torch 2.13 (1F1B's last rank lists ``F1..F4`` for micro-batches
-``0..3``), so we run that loop itself with a stage that only records what it is asked to do. No process group is
-needed for either: the schedules are built on stand-in stages that carry only their index and the group size.
+Which torch class, which way and on which placement come from the schedule's spec (``train/schedules.py``), never
+from its name. ``torch.distributed.pipelining`` builds its multi-stage schedules (the ``runtime`` family:
+interleaved 1F1B, zero-bubble, ZBV) from an action list per rank (``pipeline_order_with_comms``, what its runtime
+executes); we read the compute actions from it. The single-stage schedules (the ``loop`` family: GPipe, 1F1B) run
+hand-written loops (``_step_microbatches``) whose published ``pipeline_order`` does not match them in torch 2.13
+(1F1B's last rank lists ``F1..F4`` for micro-batches ``0..3``), so we run that loop itself with a stage that only
+records what it is asked to do. No process group is needed for either: the schedules are built on stand-in stages
+that carry only their index and the group size.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
+
+from stallfree.stage_runtime.train.schedules import ScheduleSpec, schedule_spec
 
 __all__ = ["Op", "placement", "torch_order"]
 
@@ -34,10 +38,13 @@ class Op:
 
 
 def placement(schedule: str, ranks: int, stages: int) -> list[int]:
-    """The rank of each model stage: loop placement (stage s on rank s % ranks), V-shaped for ZBV."""
-    if schedule == "zbv":
-        return [s if s < ranks else 2 * ranks - 1 - s for s in range(stages)]
-    return [s % ranks for s in range(stages)]
+    """The rank of each model stage, by the schedule's placement: stage s on rank s % ranks, or V-shaped (ZBV).
+
+    Raises:
+        ValueError: an unknown schedule; the message lists the known ones.
+    """
+    spec = schedule_spec(schedule)
+    return [spec.owner(s, ranks) for s in range(stages)]
 
 
 class _StandIn:
@@ -79,10 +86,9 @@ def _single(cls: Any, ranks: int, microbatches: int) -> dict[int, list[Op]]:
     return order
 
 
-def _multi(cls: Any, schedule: str, ranks: int, per_rank: int, microbatches: int) -> dict[int, list[Op]]:
+def _multi(cls: Any, spec: ScheduleSpec, ranks: int, per_rank: int, microbatches: int) -> dict[int, list[Op]]:
     stages = ranks * per_rank
-    owner = placement(schedule, ranks, stages)
-    mine = [_StandIn(s, stages, ranks, 0) for s in range(stages) if owner[s] == 0]
+    mine = [_StandIn(s, stages, ranks, 0) for s in range(stages) if spec.owner(s, ranks) == 0]
     built = cls(mine, microbatches, loss_fn=lambda *_: None)
     order = {}
     for rank, actions in built.pipeline_order_with_comms.items():
@@ -97,31 +103,29 @@ def _multi(cls: Any, schedule: str, ranks: int, per_rank: int, microbatches: int
 
 
 @lru_cache(maxsize=256)
-def _cached(schedule: str, ranks: int, microbatches: int, virtual: int) -> tuple[tuple[Op, ...], ...]:
+def _cached(spec: ScheduleSpec, ranks: int, microbatches: int, virtual: int) -> tuple[tuple[Op, ...], ...]:
+    # Keyed by the spec, not its name: a name given another spec is another order.
     from torch.distributed import pipelining  # lazy: `stallfree --help` must not import torch
 
-    classes = {"gpipe": pipelining.ScheduleGPipe, "1f1b": pipelining.Schedule1F1B,
-               "interleaved-1f1b": pipelining.ScheduleInterleaved1F1B,
-               "zero-bubble": pipelining.ScheduleInterleavedZeroBubble,
-               "zbv": pipelining.ScheduleZBVZeroBubble}
-    if schedule not in classes:
-        raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(classes)}")
-    if schedule in ("gpipe", "1f1b"):
-        order = _single(classes[schedule], ranks, microbatches)
+    cls = getattr(pipelining, spec.torch_class)
+    if spec.family == "loop":
+        order = _single(cls, ranks, microbatches)
     else:
-        order = _multi(classes[schedule], schedule, ranks, 2 if schedule == "zbv" else virtual, microbatches)
+        order = _multi(cls, spec, ranks, spec.stages_per_rank(virtual), microbatches)
     return tuple(tuple(order[r]) for r in range(ranks))
 
 
 def torch_order(schedule: str, ranks: int, microbatches: int, virtual: int = 2) -> dict[int, list[Op]]:
     """Each rank's compute operations, in the order torch's schedule ``schedule`` runs them.
 
-    ``virtual`` is the stages per rank of interleaved-1f1b and zero-bubble (ZBV always has 2, GPipe/1F1B 1).
+    ``virtual`` is the stages per rank of the schedules that leave it free (``ScheduleSpec.stages_fixed`` None:
+    interleaved-1f1b and zero-bubble); the others have their own (ZBV 2, GPipe/1F1B 1).
 
     Raises:
-        ValueError: a combination torch refuses (its message), e.g. 1F1B with fewer micro-batches than ranks.
+        ValueError: an unknown schedule (the message lists the known ones), or a combination torch refuses (its
+            message), e.g. 1F1B with fewer micro-batches than ranks.
     """
     if ranks < 1 or microbatches < 1 or virtual < 1:
         raise ValueError(f"ranks, micro-batches and virtual stages must be >= 1, got {ranks}, {microbatches}, "
                          f"{virtual}")
-    return {r: list(ops) for r, ops in enumerate(_cached(schedule, ranks, microbatches, virtual))}
+    return {r: list(ops) for r, ops in enumerate(_cached(schedule_spec(schedule), ranks, microbatches, virtual))}
