@@ -10,13 +10,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from stallfree.stage_runtime.train.schedules import SCHEDULE_SPECS, SCHEDULES, schedule_spec
+
 from .costs import FREE_LINK, NO_OVERHEAD, Cores, HostOverhead, LayerTimes, Link, StageCost, stage_costs
 from .orders import placement, torch_order
 from .simulate import StepResult, simulate_step
 
 __all__ = ["Candidate", "Network", "SYNC_SCHEDULES", "rank_plans", "splits"]
 
-SYNC_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv")
+SYNC_SCHEDULES = SCHEDULES  # the table's: all of them flush (the asynchronous ones are in .asynchronous)
 # Weights, their gradients and SGD's momentum buffer: the trainer's optimizer holds three copies of each parameter.
 STATE_COPIES = 3
 
@@ -98,7 +100,7 @@ def _overhead(overhead: HostOverhead | Callable[[str, int], HostOverhead], sched
 
 def rank_plans(layers_for: Callable[[int], Sequence[LayerTimes]], optimizer_s: float, batch: int,
                network: Network, memory_limit: int | None = None,
-               schedules: Sequence[str] = SYNC_SCHEDULES, microbatches: Sequence[int] = (1, 2, 4, 8, 16, 32),
+               schedules: Sequence[str] | None = None, microbatches: Sequence[int] = (1, 2, 4, 8, 16, 32),
                virtuals: Sequence[int] = (2, 4), top: int = 5,
                skipped: list[str] | None = None,
                overhead: HostOverhead | Callable[[str, int], HostOverhead] = NO_OVERHEAD,
@@ -111,9 +113,10 @@ def rank_plans(layers_for: Callable[[int], Sequence[LayerTimes]], optimizer_s: f
         batch: images per step, split into micro-batches (only counts that divide it are tried).
         network: devices and links; 2..devices pipeline ranks are tried.
         memory_limit: bytes per device; ``None``: no limit.
-        schedules: the schedules to try.
+        schedules: the schedules to try; ``None``: every schedule in the table (``train/schedules.py``).
         microbatches: the micro-batch counts to try.
-        virtuals: the stages per rank to try for interleaved-1f1b and zero-bubble (ZBV always has 2).
+        virtuals: the stages per rank to try for the schedules that leave it free (interleaved-1f1b and
+            zero-bubble; ZBV always has 2, GPipe and 1F1B 1).
         top: how many of the best get their bubble split into causes (two more simulations each).
         skipped: gets one line per configuration torch refuses, with its reason.
         overhead: the host's cost of torch's runtime per action, message and step (``calibrate_host``), or a
@@ -122,15 +125,17 @@ def rank_plans(layers_for: Callable[[int], Sequence[LayerTimes]], optimizer_s: f
         cores: the cores every plan's ranks share (stage processes on one CPU machine); ``None``: a device each.
 
     Raises:
-        ValueError: nothing can be simulated (say, a model of one layer).
+        ValueError: an unknown schedule (the message lists the known ones), or nothing can be simulated (say, a
+            model of one layer).
     """
-    from stallfree.stage_runtime.train.schedules import schedule_spec
-
+    names = tuple(SCHEDULE_SPECS if schedules is None else schedules)
+    specs = {name: schedule_spec(name) for name in names}  # an unknown name fails before any simulation
     out: list[Candidate] = []
     n_layers = len(layers_for(batch))
     for ranks in range(2, network.devices + 1):
-        for schedule in schedules:
-            per_ranks = (1,) if schedule in ("gpipe", "1f1b") else (2,) if schedule == "zbv" else tuple(virtuals)
+        for schedule in names:
+            spec = specs[schedule]
+            per_ranks = tuple(virtuals) if spec.stages_fixed is None else (spec.stages_fixed,)
             for per_rank in per_ranks:
                 stages = ranks * per_rank
                 if stages > n_layers:
@@ -141,7 +146,7 @@ def rank_plans(layers_for: Callable[[int], Sequence[LayerTimes]], optimizer_s: f
                     if batch % m:
                         continue
                     try:
-                        schedule_spec(schedule).check(ranks, m)
+                        spec.check(ranks, m)
                         order = torch_order(schedule, ranks, m, per_rank)
                     except ValueError as err:
                         if skipped is not None:
