@@ -14,8 +14,8 @@ CPU), measure two things in one start-up (most of it importing torch in each pro
    ``ScheduleGPipe`` at 2 and 8 micro-batches (forwards and full backwards), then ``ScheduleInterleaved1F1B``
    and ``ScheduleInterleavedZeroBubble`` (forwards, input and weight gradients) with 2 stages per rank at
    2 x ranks. Rank 0 times ``schedule.step`` as the trainer does. torch runs GPipe and 1F1B by a hand-written
-   loop and the others by its action-list runtime, whose costs differ (:data:`FAMILIES`): each family's overhead
-   is fitted from its own runs. The spans give the overhead
+   loop and the others by its action-list runtime, whose costs differ (each schedule's ``family`` in the table of
+   schedules, :data:`FAMILIES`): each family's overhead is fitted from its own runs. The spans give the overhead
    (:func:`~.attribution.fit_overhead`): each action kind's busy time beyond the layer's compute for that kind
    (measured by the partitioner's ``measure_layers``), the sender's gap after a send, and each message's delay
    beyond the send and the link; ``step_s`` is then what the measured schedule still takes beyond the simulated
@@ -32,12 +32,13 @@ import functools
 import json
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from stallfree.stage_runtime.plan.costs import HostOverhead, LayerTimes, Link, parse_link, stage_costs
+from stallfree.stage_runtime.train.schedules import SCHEDULE_SPECS, schedule_spec
 
 __all__ = ["FAMILIES", "RUNS", "Calibration", "PipelineTimes", "calibrate_gloo_link", "calibrate_host",
            "cached_calibration", "fit_pipeline", "read_calibration"]
@@ -46,10 +47,27 @@ SMALL, LARGE = 1024, 4 * 2**20  # bytes
 WIDTH = 4  # the near-empty stages: Linear(WIDTH, WIDTH) on one row per micro-batch
 # (schedule, micro-batches per rank count): GPipe's F and B at two counts, zero-bubble's F, I and W
 RUNS: tuple[tuple[str, int], ...] = (("gpipe", 2), ("gpipe", 8), ("interleaved-1f1b", 0), ("zero-bubble", 0))
+
+
+class _Families(Mapping[str, str]):
+    """Each schedule's family, read from its spec whenever asked: a schedule added to the table has one here."""
+
+    def __getitem__(self, schedule: str) -> str:
+        return SCHEDULE_SPECS[schedule].family
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(SCHEDULE_SPECS)
+
+    def __len__(self) -> int:
+        return len(SCHEDULE_SPECS)
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
+
+
 # torch runs GPipe and 1F1B by a hand-written loop, the others by its action-list runtime: each family has its
-# own costs per action, send and step, so each is fitted from its own runs.
-FAMILIES = {"gpipe": "loop", "1f1b": "loop", "interleaved-1f1b": "runtime", "zero-bubble": "runtime",
-            "zbv": "runtime"}
+# own costs per action, send and step, so each is fitted from its own runs. Schedule name -> ``ScheduleSpec.family``.
+FAMILIES: Mapping[str, str] = _Families()
 
 
 def _microbatches(schedule: str, m: int, ranks: int) -> int:
@@ -175,7 +193,7 @@ def _near_empty_pipeline(rank: int, ranks: int,
     from stallfree.stage_runtime.clock import StageClock
     from stallfree.stage_runtime.plan.measure import layer_times
     from stallfree.stage_runtime.train.partition import measure_layers
-    from stallfree.stage_runtime.train.schedules import build_schedule, schedule_spec
+    from stallfree.stage_runtime.train.schedules import build_schedule
     from stallfree.stage_runtime.train.stage import TimedStage
 
     torch.manual_seed(rank)
@@ -328,7 +346,7 @@ def fit_pipeline(pipeline: Sequence[PipelineTimes], layer: LayerTimes,
     runs, shown = [], []
     for p in pipeline:
         ranks = len(p.records)
-        per_rank = 1 if FAMILIES[p.schedule] == "loop" else 2
+        per_rank = schedule_spec(p.schedule).stages_per_rank(2)  # as _near_empty_pipeline built it
         order = torch_order(p.schedule, ranks, p.microbatches, per_rank)
         owner = placement(p.schedule, ranks, ranks * per_rank)
         records = {r: (f"calibration {p.schedule} M={p.microbatches} rank {r}", rec) for r, rec in enumerate(p.records)}
