@@ -1,7 +1,9 @@
 """The one image check: what a complete, safe image is, for ingest and for the Loader alike.
 
 The formats are those DALI's image decoder takes: JPEG, PNG, WebP, BMP, TIFF, JPEG 2000 (a ``.jp2`` file or a bare
-codestream) and PNM (PBM, PGM, PPM); anything else is refused with the list, before it reaches the graph.
+codestream) and PNM (PBM, PGM, PPM), told by content, never by a file's extension; anything else (a GIF, an
+animated WebP) is refused with the list, before it reaches the graph, and by ingest too, even where it could have
+decoded the file with PIL and stored it re-encoded: :func:`read_header` is the one answer to "is this an image?".
 
 DALI cannot skip a sample that fails inside a running pipeline (NVIDIA/DALI#3913), so the Loader's reader stage
 looks at every image first, and ingest applies the same rule before an image goes into a shard (so that what
@@ -406,7 +408,10 @@ def read_header(
         header = _pnm(raw)
     else:
         # Never the bytes themselves: a reason goes into errors and Loader.skipped, and the file may be anything.
-        raise BadImage(f"not an image the Loader decodes: its first bytes match none of {', '.join(FORMAT_NAMES)}")
+        why = f"not an image the Loader decodes: its first bytes match none of {', '.join(FORMAT_NAMES)}"
+        if raw[:6] in (b"GIF87a", b"GIF89a"):  # the one such format users meet often: name it, with the fix
+            why += "; they are a GIF's, which DALI's decoder does not take: save it as PNG (one frame of an animation)"
+        raise BadImage(why)
     if header.height <= 0 or header.width <= 0:
         raise BadImage(f"{header.format} header claims a {header.height}x{header.width} image")
     if header.channels <= 0:

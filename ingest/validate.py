@@ -1,12 +1,13 @@
 """What ingest checks and changes in each image: its header, its completeness, and optional re-encoding.
 
-The header is read with PIL (``Image.open`` is lazy: it parses the header and decodes nothing). JPEG and PNG, which
-shards keep as they are, must also pass the Loader's own check (:mod:`stallfree.ingest.images`, the one rule for
-a complete image), so that every image ingest accepts is one the Loader reads back; a TIFF must be compressed as
-that check takes (:data:`~stallfree.ingest.images.TIFF_COMPRESSIONS`), so that ingest and a Loader reading the
-same file from a folder agree, whatever codecs this PIL was built with. The size the
-header claims is compared with ``max_pixels`` *before* anything is decoded, so a 100000x100000 header never
-allocates its pixels. ``validate=True`` decodes every image fully. Nothing here unpickles.
+Whether a file is an image at all, and whether its header is acceptable, is decided by the Loader's own check
+(:func:`stallfree.ingest.images.read_header`), by content and for every format, before anything else: so a file
+ingest takes is one the Loader would take from a folder or a file list, and a file the Loader refuses there
+(a GIF, an animated WebP, a TIFF DALI cannot decode) ingest refuses with the same reason, whatever the options, even
+those that would re-encode it (``max_side``, ``raw``). The size the header claims is compared with ``max_pixels``
+there, *before* anything is decoded, so a 100000x100000 header never allocates its pixels. PIL then opens the image
+lazily (it decodes nothing) for what ingest does with it: ``validate=True`` decodes every image fully, and a format
+shards do not keep is re-encoded. Nothing here unpickles.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from PIL import Image, TiffImagePlugin
+from PIL import Image
 
-from stallfree.ingest.images import DEFAULT_MAX_PIXELS, BadImage, read_header, tiff_compression
+from stallfree.ingest.images import DEFAULT_MAX_PIXELS, BadImage, read_header
 
 __all__ = ["DEFAULT_MAX_PIXELS", "Checked", "Rejected", "check_image", "convert"]
 
@@ -45,54 +46,35 @@ def _why(err: Exception) -> str:
     return f"{type(err).__name__}: " + re.sub(r"<[^<>]* at 0x[0-9a-fA-F]+>", "the data", str(err))
 
 
-def _complete(data: bytes, image: Image.Image) -> None:
-    """JPEG and PNG go into shards as they are: the Loader's own check (``images.read_header``) must pass them.
-
-    A TIFF is re-encoded, but its compression must be one the Loader's check takes, so that the file is refused by
-    ingest and by a Loader on its folder alike.
-    """
-    try:
-        if image.format in _KEPT_FORMATS:
-            read_header(data)
-        elif isinstance(image, TiffImagePlugin.TiffImageFile):
-            tiff_compression(int(image.tag_v2.get(TiffImagePlugin.COMPRESSION, 1)))
-    except BadImage as err:
-        raise Rejected(err.reason) from err
-
-
 def check_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, validate: bool = False) -> Checked:
-    """Read ``data``'s header (and with ``validate`` decode it fully).
+    """Check ``data`` by the one image check, open it with PIL, and with ``validate`` decode it fully.
 
     Raises:
-        Rejected: empty data, not an image PIL knows, a truncated file, a zero size, more than ``max_pixels``
-            pixels, or (with ``validate``) a decode error.
+        Rejected: whatever :func:`~stallfree.ingest.images.read_header` refuses (empty data, a format the Loader
+            does not decode, a truncated or corrupt file, a zero size, more than ``max_pixels`` pixels), with its
+            reason; an image PIL cannot open; or (with ``validate``) a decode error.
     """
-    if not data:
-        raise Rejected("empty file")
-    # PIL's own bomb check is replaced by the explicit one below, which runs before any decoding and names the size.
+    try:
+        read_header(data, max_pixels)
+    except BadImage as err:
+        raise Rejected(err.reason) from err
     with warnings.catch_warnings():
-        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        # max_pixels was applied above; PIL's own warning (at half its error threshold, below the default
+        # max_pixels) would refuse an image the Loader takes.
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         try:
             image = Image.open(io.BytesIO(data))
-        except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
+        except Image.DecompressionBombError as err:
             raise Rejected(f"decompression bomb: {err}") from err
         except Exception as err:  # noqa: BLE001 - PIL raises many types for bad input; each is one rejection
             raise Rejected(f"not an image PIL can read ({_why(err)})") from err
         width, height = image.size
-        fmt = image.format or "unknown"
-        if width <= 0 or height <= 0:
-            raise Rejected(f"{fmt} header claims a {height}x{width} image")
-        if width * height > max_pixels:
-            raise Rejected(
-                f"{fmt} header claims {height}x{width} = {height * width} pixels, more than max_pixels={max_pixels}"
-            )
-        _complete(data, image)
         if validate:
             try:
                 image.load()
             except Exception as err:  # noqa: BLE001 - as above
                 raise Rejected(f"decoding failed ({_why(err)})") from err
-    return Checked(fmt, height, width)
+    return Checked(image.format or "unknown", height, width)
 
 
 def _rgb(image: Image.Image) -> Image.Image:
