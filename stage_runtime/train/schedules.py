@@ -1,10 +1,11 @@
 """The pipeline schedules as a table: one :class:`ScheduleSpec` per name.
 
 The trainer, the planner (``plan/orders.py``, ``plan/planner.py``, ``plan/calibrate.py``), ``stallfree bench`` and
-the docs read it (``docs/train.md``'s table is checked against it); nothing else tests a schedule's name, so a schedule
-is added here alone: its torch class, placement, stages per rank and family are what the other modules branch on.
-Every schedule here flushes (a step ends with every micro-batch's backward done); the asynchronous ones, which the
-trainer cannot run, are simulated apart (``plan/asynchronous.py``).
+the docs read it (``docs/train.md``'s table is checked against it); nothing else branches on a schedule's name, so
+a schedule is added here alone: its torch class, placement, stages per rank and family are what the others read
+(``tests/stage_runtime/plan/test_schedule_table.py`` adds one). Every schedule here flushes (a step ends with every
+micro-batch's backward done); the asynchronous ones, which the trainer cannot run, are simulated apart
+(``plan/asynchronous.py``), built on 1F1B's order and set beside the best 1F1B plan, which they name as such.
 
 With S ranks, M micro-batches and V stages per rank (``F``: a forward, ``B``: a backward, ``.``: idle)::
 
