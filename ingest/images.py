@@ -12,8 +12,9 @@ decompression bomb is refused here), its channel count, and whether it is comple
 end-of-image marker follows its last start-of-scan (entropy-coded data stuffs every 0xFF, so neither marker
 occurs inside it; an EXIF thumbnail's markers sit inside an APP1 segment, which is skipped by its length). A PNG
 is complete when its IEND chunk is at the end, or followed by at most 64 bytes of trailing data (which PIL and
-DALI's decoders ignore). The other formats are complete when the data their header points to is all there (a
-WebP's RIFF size, a BMP's rows, a TIFF's strips or tiles, a JPEG 2000 codestream's end marker, a PNM's samples).
+DALI's decoders ignore); its chunks before the image data must pass their CRC, as PIL's ``Image.open`` demands.
+The other formats are complete when the data their header points to is all there (a WebP's RIFF size, a BMP's
+rows, a TIFF's strips or tiles, a JPEG 2000 codestream's end marker, a PNM's samples).
 Headers are parsed without decoding, in a few microseconds. Every read of a header is bounded and every value
 checked before use, so a hostile header (cut short, a count of 0, an offset past the size) is a
 :class:`BadImage` like any other, never a ``struct.error`` or ``IndexError`` that names no file.
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import re
 import struct
+import zlib
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -177,7 +179,28 @@ def _png(data: bytes, exif: bool) -> ImageHeader:
     channels = {0: 1, 2: 3, 3: 3, 4: 2, 6: 4}.get(colour)
     if channels is None:
         raise BadImage(f"corrupt PNG: colour type {colour}")
+    _png_chunks_before_pixels(data)
     return ImageHeader("png", height, width, channels, _png_orientation(data) if exif else 1, depth=depth)
+
+
+def _png_chunks_before_pixels(data: bytes) -> None:
+    """Refuse a PNG whose chunks before its first IDAT run past its end or fail their CRC.
+
+    PIL's ``Image.open`` checks those CRCs and refuses the file (so torchvision's ImageFolder, and ingest, which
+    opens every image with PIL, fail on it), while DALI's libpng only warns about an ancillary chunk's and decodes:
+    the check refuses it, so that the Loader and ingest agree and the Loader gives no pixels PIL would not.
+    """
+    pos, n = 8, len(data)
+    while pos + 8 <= n:
+        length, kind = struct.unpack_from(">I4s", data, pos)
+        if kind in (b"IDAT", b"IEND"):
+            return
+        name = kind.decode("latin-1")
+        if pos + 12 + length > n:
+            raise BadImage(f"truncated PNG (its {name!r} chunk runs past the end of the file)")
+        if zlib.crc32(data[pos + 4 : pos + 8 + length]) != struct.unpack_from(">I", data, pos + 8 + length)[0]:
+            raise BadImage(f"corrupt PNG: its {name!r} chunk fails its CRC (PIL refuses to open the file)")
+        pos += 12 + length
 
 
 # --- The formats DALI's decoder (fn.decoders.image) takes besides JPEG and PNG ------------------------------------

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image, features
+from PIL import Image, PngImagePlugin, features
 
 from stallfree import BadSampleError, Loader
 from stallfree.ingest.images import read_header
@@ -58,6 +58,18 @@ def pgm_16_bit() -> bytes:
     return f"P5\n{SIZE[1]} {SIZE[0]}\n65535\n".encode() + deep.tobytes()
 
 
+def png_with_a_bad_text_crc() -> bytes:
+    """A PNG whose tEXt chunk (before the image data) fails its CRC: PIL refuses to open it, DALI's libpng warns."""
+    info = PngImagePlugin.PngInfo()
+    info.add_text("title", "x")
+    out = io.BytesIO()
+    Image.fromarray(PIXELS).save(out, "PNG", pnginfo=info)
+    data = bytearray(out.getvalue())
+    at = data.find(b"tEXt")
+    data[at + 4 + struct.unpack_from(">I", data, at - 4)[0]] ^= 0xFF  # the CRC's first byte
+    return bytes(data)
+
+
 # name: (file name, its bytes, whether both deliver it, the PIL feature it needs)
 CASES: dict[str, tuple[str, Callable[[], bytes], bool, str | None]] = {
     "gif": ("x.gif", lambda: encoded("GIF"), False, None),
@@ -65,6 +77,7 @@ CASES: dict[str, tuple[str, Callable[[], bytes], bool, str | None]] = {
     "animated-webp": ("x.webp", lambda: animated("WEBP", lossless=True), False, "webp"),
     "ico": ("x.ico", lambda: encoded("ICO"), False, None),
     "tiff-1-bit-uncompressed": ("x.tif", lambda: encoded("TIFF", "1"), False, None),
+    "png-bad-text-crc": ("x.png", png_with_a_bad_text_crc, False, None),
     "webp": ("x.webp", lambda: encoded("WEBP", lossless=True), True, "webp"),
     "png-16-bit": ("x.png", lambda: sixteen_bit("PNG"), True, None),
     "jpeg-cmyk": ("x.jpg", lambda: encoded("JPEG", "CMYK", quality=95), True, None),
