@@ -5,7 +5,7 @@ widens with the downscale factor (antialiasing), applied along one axis, then th
 :func:`_resample`), in 22-bit fixed point with a uint8 image between the two passes. This module computes the same
 thing and equals PIL's output exactly (``tests/transforms/test_resample.py``). It exists for speed: on the
 crops of an ImageNet-like training graph it runs 2.9x DALI's CPU ``fn.resize`` (``stallfree bench resize``; the
-figures are in README.md), and resizing is the largest cost of a CPU training graph after decoding. On the GPU,
+figures are in docs/speed.md), and resizing is the largest cost of a CPU training graph after decoding. On the GPU,
 and for float images (a resize placed after ``Normalize``), the graph uses DALI's ``fn.resize``.
 
 Each sample's output size comes in as the shape of an empty array (``spec.size_input``): DALI's set-up function

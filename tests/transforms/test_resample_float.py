@@ -2,8 +2,8 @@
 
 torchvision resizes a float tensor with ``F.interpolate(mode="bilinear", antialias=True)``; DALI's antialiased
 linear filter is another one, so where the image shrinks the two differ, by more on fine detail than on smooth
-content (issue 10, item 25). These tests hold the figures README.md states: exact (to float rounding) where no
-axis shrinks, and within the bound below on pixel noise, the worst case.
+content (issue 10, item 25). These tests hold the figures docs/loader.md states ("Augmentation"): exact (to float
+rounding) where no axis shrinks, and within the bound below on pixel noise, the worst case.
 """
 
 from pathlib import Path
