@@ -72,7 +72,7 @@ def image_files(data: Path) -> list[tuple[str, int]]:
 
 
 def _stallfree(args: argparse.Namespace) -> Iterable[Any]:
-    from stallfree import Loader
+    from stallfree.pipeline.loader import Loader
     from stallfree.transforms import Normalize, RandomHorizontalFlip, RandomResizedCrop
 
     loader = Loader(args.data, args.batch_size, transform=[RandomResizedCrop(224), RandomHorizontalFlip(),

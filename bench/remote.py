@@ -86,7 +86,7 @@ def _epoch(loader: Any, step: float, built: float, settle: int = 10,
 
 
 def _loader(source: str | Path, args: argparse.Namespace, **extra: Any) -> Any:
-    from stallfree import Loader
+    from stallfree.pipeline.loader import Loader
     from stallfree.transforms import Normalize, RandomHorizontalFlip, RandomResizedCrop
 
     spec = [RandomResizedCrop(160), RandomHorizontalFlip(), Normalize()]

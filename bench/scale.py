@@ -150,7 +150,7 @@ def _measure(folder: str, world_size: int, reads: int) -> dict[str, Any]:
 
     import psutil
 
-    from stallfree import Loader
+    from stallfree.pipeline.loader import Loader
     from stallfree.transforms import Normalize, RandomHorizontalFlip, RandomResizedCrop
 
     spec = [RandomResizedCrop(224), RandomHorizontalFlip(), Normalize()]

@@ -83,7 +83,7 @@ def _index_times(source: str, cache: Path, options: dict[str, Any]) -> tuple[flo
 
 def _epoch_rate(source: str | Path, args: argparse.Namespace, settle: int = 2, **extra: Any) -> float:
     """Images/s of one epoch of the Loader over ``source``, from batch ``settle`` on."""
-    from stallfree import Loader
+    from stallfree.pipeline.loader import Loader
     from stallfree.transforms import Normalize, RandomHorizontalFlip, RandomResizedCrop
 
     spec = [RandomResizedCrop(160), RandomHorizontalFlip(), Normalize()]

@@ -193,7 +193,7 @@ def make_feed(data: str | None, *, train: bool, batch_size: int, image_size: int
         return TensorBatches(samples if train else max(batch_size * replicas, samples // 4), batch_size,
                              image_size, num_classes, seed=seed, rank=replica, world_size=replicas,
                              shuffle=train, split=0 if train else 1)
-    from stallfree import Loader
+    from stallfree.pipeline.loader import Loader
     from stallfree.stage_runtime.baseline import MEAN, STD
     from stallfree.transforms import CenterCrop, Normalize, RandomHorizontalFlip, RandomResizedCrop, Resize
 
