@@ -70,6 +70,18 @@ def png_with_a_bad_text_crc() -> bytes:
     return bytes(data)
 
 
+def webp_with_an_odd_image_chunk_then_exif() -> bytes:
+    """A lossless WebP with EXIF whose VP8L chunk has an odd size, so that a pad byte comes before the EXIF chunk."""
+    tag = Image.Exif()
+    tag[0x0112] = 1
+    for seed in range(64):
+        pixels = np.random.default_rng(seed).integers(0, 256, (*SIZE, 3), np.uint8)
+        data = encoded("WEBP", pixels=pixels, lossless=True, exif=tag.tobytes())
+        if data[30:34] == b"VP8L" and struct.unpack_from("<I", data, 34)[0] & 1:  # after RIFF, WEBP and VP8X
+            return data
+    raise AssertionError("no seed gave a VP8L chunk of an odd size")
+
+
 # name: (file name, its bytes, whether both deliver it, the PIL feature it needs)
 CASES: dict[str, tuple[str, Callable[[], bytes], bool, str | None]] = {
     "gif": ("x.gif", lambda: encoded("GIF"), False, None),
@@ -79,6 +91,7 @@ CASES: dict[str, tuple[str, Callable[[], bytes], bool, str | None]] = {
     "tiff-1-bit-uncompressed": ("x.tif", lambda: encoded("TIFF", "1"), False, None),
     "png-bad-text-crc": ("x.png", png_with_a_bad_text_crc, False, None),
     "webp": ("x.webp", lambda: encoded("WEBP", lossless=True), True, "webp"),
+    "webp-odd-chunk-then-exif": ("x.webp", webp_with_an_odd_image_chunk_then_exif, True, "webp"),
     "png-16-bit": ("x.png", lambda: sixteen_bit("PNG"), True, None),
     "jpeg-cmyk": ("x.jpg", lambda: encoded("JPEG", "CMYK", quality=95), True, None),
     "jpeg-gray": ("x.jpg", lambda: encoded("JPEG", "L"), True, None),
@@ -145,7 +158,17 @@ def test_a_list_of_jpegs_and_a_gif_is_read_alike_in_place_and_from_shards(tmp_pa
     assert list(rejected) == ["x.gif"]
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+# Disagreements left to the part that owns them, each a strict xfail so that its fix is noticed.
+KNOWN = {
+    # DALI 2.4's WebP parser (nvImageCodec) fails on the pad byte after an odd-sized image chunk ("Could not
+    # retrieve image info from webp stream - Unexpected end of stream"), so the Loader skips a valid WebP as
+    # "decoding failed" that ingest, decoding it with PIL, takes. The fix belongs to the graph (pipeline/graph.py),
+    # which could hand such a WebP to PIL on the host as it does 16-bit images.
+    "webp-odd-chunk-then-exif": pytest.mark.xfail(strict=True, reason="DALI fails on a valid WebP; see KNOWN"),
+}
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=KNOWN[c]) if c in KNOWN else c for c in sorted(CASES)])
 def test_each_format_is_delivered_or_refused_alike(tmp_path: Path, case: str) -> None:
     name, make, delivers, needs = CASES[case]
     if needs is not None and not features.check(needs):
