@@ -33,10 +33,9 @@ from numba import carray, cfunc, njit
 from numba import types as nbt
 from nvidia.dali.plugin.numba import address_as_void_pointer as _ptr  # type: ignore[attr-defined]
 
-from stallfree.transforms import color
-from stallfree.transforms import resample as _resample_module
-from stallfree.transforms.color import jitter
-from stallfree.transforms.resample import resample, resample_normalize
+from stallfree.transforms import color_kernels, resample_kernels
+from stallfree.transforms.color_kernels import jitter
+from stallfree.transforms.resample_kernels import resample, resample_normalize
 
 __all__ = ["JITTER_ENTRIES", "RESIZE_ENTRIES", "RESIZE_NORMALIZE_ENTRIES", "RUN", "SETUP", "VIEWS", "drop_stale_cache",
            "hwc_f32", "hwc_u8", "numba_cache_folder", "same_shape_setup",
@@ -67,10 +66,10 @@ def drop_stale_cache(folder: Path, sources: str) -> bool:
     """Delete this module's cached entry points in ``folder`` unless they were compiled from ``sources``.
 
     Numba checks a cached function against the stamp of its own file only, but the entry points here compile
-    :mod:`.resample` and :mod:`.color` into themselves: after a change to either (an upgrade, a ``git pull`` in an
-    editable install) a new process would load the old machine code. A marker beside the cache holds a hash of
-    the sources they were compiled from; where it differs, the module's cache files go and the next import
-    compiles again. Returns whether it deleted anything.
+    :mod:`.resample_kernels` and :mod:`.color_kernels` into themselves: after a change to either (an upgrade, a
+    ``git pull`` in an editable install) a new process would load the old machine code. A marker beside the cache
+    holds a hash of the sources they were compiled from; where it differs, the module's cache files go and the next
+    import compiles again. Returns whether it deleted anything.
     """
     marker = folder / f"{__name__.rsplit('.', 1)[-1]}.sources"
     if marker.exists() and marker.read_text() == sources:
@@ -95,7 +94,7 @@ def write_once(path: Path, text: str) -> None:
 def _compiled_sources() -> str:
     """A hash of the files the entry points below compile in (this file's own stamp Numba checks itself)."""
     digest = hashlib.sha256()
-    for module in (_resample_module, color):
+    for module in (resample_kernels, color_kernels):
         digest.update(Path(module.__file__ or "").read_bytes())
     return digest.hexdigest()
 
@@ -236,7 +235,7 @@ def hwc_f32(ptrs: int, shapes: int, ndims: int, count: int, which: int) -> Any:
 
 @cfunc(RUN, cache=True)
 def _resize_normalize_run(o: int, os_: int, on: int, no: int, i: int, is_: int, in_: int, ni: int) -> None:
-    # Inputs: the size carrier, the image, [the window,] the int32 mirror flag, the float32 flags (resample.py).
+    # Inputs: the size carrier, the image, [the window,] the int32 mirror flag, the float32 flags (resample_kernels.py).
     out = hwc_f32(o, os_, on, no, 0)  # (3, h, w) or (h, w, 3): the flags say which
     image = hwc_u8(i, is_, in_, ni, 1)
     mirror = vector_i32(i, is_, in_, ni, ni - 2)[0] != 0

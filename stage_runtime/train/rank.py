@@ -29,7 +29,7 @@ from stallfree.stage_runtime.train.schedules import build_schedule
 from stallfree.stage_runtime.train.stage import SimulatedCompute, TimedStage, chain_forward
 
 if TYPE_CHECKING:
-    from stallfree.stage_runtime.train.trainer import TrainConfig
+    from stallfree.stage_runtime.train.config import TrainConfig
 
 __all__ = ["Rank"]
 
