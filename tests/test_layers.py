@@ -49,3 +49,48 @@ def test_a_back_edge_breaks_the_contract(tmp_path: Path, floor: str, target: str
     result = _lint(tmp_path)
     assert result.returncode != 0
     assert f"stallfree.{floor}._back_edge -> {target}" in result.stdout
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for other in graph[module]:
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in on_stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == module:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_no_import_cycle_inside_the_package() -> None:
+    # Imports inside functions count: they hid spec -> resample -> numba_abi -> color -> spec. Imports made only
+    # for type checking do not run, and are left out.
+    import grimp
+
+    imports = grimp.build_graph("stallfree", exclude_type_checking_imports=True)
+    graph = {module: set(imports.find_modules_directly_imported_by(module)) for module in imports.modules}
+    assert _cycles(graph) == []
