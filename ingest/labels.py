@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from stallfree.ingest.atomic import atomic_path
+from stallfree.core.atomic import atomic_path
 from stallfree.ingest.manifest import LABELS, file_sha256
 
 __all__ = ["MAX_CLASSES", "check_labels", "class_numbers", "label_array", "label_column", "load_labels", "parse_label",

@@ -24,7 +24,7 @@ import re
 from pathlib import Path
 from typing import Any, TypeGuard
 
-from stallfree.ingest.atomic import atomic_write
+from stallfree.core.atomic import atomic_write
 from stallfree.ingest.remote import Retry, is_url, open_store, read_object, redact
 
 __all__ = [

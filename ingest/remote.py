@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from stallfree.ingest.atomic import atomic_path
+from stallfree.core.atomic import atomic_path
 from stallfree.ingest.fetch import Progress, Stopped, TooLarge, Unexpected, exiting, fetch, pause, protocols
 
 __all__ = ["ChecksumMismatch", "RemoteStoreError", "Retry", "download", "is_url", "list_objects", "open_store",

@@ -31,7 +31,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from stallfree.ingest.atomic import atomic_write, remove_temporaries
+from stallfree.core.atomic import atomic_write, remove_temporaries
 from stallfree.ingest.labels import write_labels
 from stallfree.ingest.lock import ingest_lock
 from stallfree.ingest.manifest import (

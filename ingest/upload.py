@@ -27,8 +27,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from stallfree.ingest.atomic import atomic_write
-from stallfree.ingest.home import cache_dir
+from stallfree.core.atomic import atomic_write
+from stallfree.core.home import cache_dir
 from stallfree.ingest.manifest import parse_manifest
 from stallfree.ingest.remote import (
     RemoteStoreError,

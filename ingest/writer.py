@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from stallfree.ingest.atomic import atomic_path, atomic_write
+from stallfree.core.atomic import atomic_path, atomic_write
 from stallfree.ingest.manifest import file_sha256
 from stallfree.ingest.sources import DEFAULT_MAX_SAMPLE_BYTES, Item
 from stallfree.ingest.validate import DEFAULT_MAX_PIXELS, Rejected, check_image, convert

@@ -1,6 +1,6 @@
 """The Loader: sampler, readers, the DALI graph's assembly, hand-off to torch, prefetch."""
 
-from stallfree.dali import require_dali
+from stallfree.core.dali import require_dali
 
 __all__: list[str] = []
 

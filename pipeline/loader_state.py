@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from stallfree.core.resume import check_fingerprint, state_int, state_mapping
 from stallfree.pipeline.elastic import ORDER_FIELDS, elastic_split
 from stallfree.pipeline.sampler import Sampler
-from stallfree.resume import check_fingerprint, state_int, state_mapping
 
 __all__ = ["LoaderState", "read_state"]
 

@@ -28,8 +28,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
 
+from stallfree.core.home import cache_dir
 from stallfree.ingest.fetch import Progress, exiting
-from stallfree.ingest.home import cache_dir
 from stallfree.ingest.manifest import file_sha256
 from stallfree.ingest.remote import ChecksumMismatch, RemoteStoreError, Retry
 from stallfree.pipeline.shards import ShardError
@@ -43,7 +43,7 @@ Fetch = Callable[[str, Path, Progress], None]
 def default_cache_dir() -> Path:
     """``shards/`` in the stallfree cache, beside the verified markers and the ingest staging folders.
 
-    That is :func:`stallfree.ingest.home.cache_dir`: ``$STALLFREE_CACHE_DIR``, else ``$XDG_CACHE_HOME/stallfree``,
+    That is :func:`stallfree.core.home.cache_dir`: ``$STALLFREE_CACHE_DIR``, else ``$XDG_CACHE_HOME/stallfree``,
     by default ``~/.cache/stallfree``.
     """
     return cache_dir() / "shards"

@@ -20,8 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from stallfree.ingest.atomic import atomic_write
-from stallfree.ingest.home import cache_dir as stallfree_cache_dir
+from stallfree.core.atomic import atomic_write
+from stallfree.core.home import cache_dir as stallfree_cache_dir
 from stallfree.ingest.remote import Retry, read_range
 from stallfree.ingest.tars import compressed, label_bytes, members, samples
 

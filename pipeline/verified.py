@@ -19,8 +19,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from stallfree.ingest.atomic import atomic_write
-from stallfree.ingest.home import cache_dir
+from stallfree.core.atomic import atomic_write
+from stallfree.core.home import cache_dir
 
 __all__ = ["is_verified", "mark_verified"]
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from stallfree.ingest.atomic import atomic_write
+from stallfree.core.atomic import atomic_write
 
 __all__ = ["Span", "StageClock", "StageStats", "percentile"]
 

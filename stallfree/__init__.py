@@ -10,12 +10,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from stallfree.core.resume import Resumable
     from stallfree.ingest.remote import RemoteStoreError
     from stallfree.pipeline.loader import Loader
     from stallfree.pipeline.readers import DatasetReader
     from stallfree.pipeline.samples import BadSampleError
     from stallfree.pipeline.shards import ShardReader
-    from stallfree.resume import Resumable
     from stallfree.stage_runtime.clock import StageClock
     from stallfree.stage_runtime.profile.dataset import profile_dataset
     from stallfree.stage_runtime.profile.loop import profile
@@ -43,7 +43,7 @@ _HOMES = {
     "DatasetReader": "stallfree.pipeline.readers",
     "Loader": "stallfree.pipeline.loader",
     "RemoteStoreError": "stallfree.ingest.remote",
-    "Resumable": "stallfree.resume",
+    "Resumable": "stallfree.core.resume",
     "ShardReader": "stallfree.pipeline.shards",
     "StageClock": "stallfree.stage_runtime.clock",
     "TrainConfig": "stallfree.stage_runtime.train.config",

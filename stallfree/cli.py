@@ -3,7 +3,7 @@
 Each command module exposes ``register(subparsers)``, which adds its parser and sets ``func`` to a callable
 taking the parsed namespace and returning the exit code. Errors a user can fix are :class:`CliError` (or a
 ``ValueError``/``FileNotFoundError``/``PermissionError`` from the library, a store that does not answer
-(:class:`~stallfree.ingest.remote.RemoteStoreError`), or :class:`~stallfree.dali.DaliMissing`: no DALI installed)
+(:class:`~stallfree.ingest.remote.RemoteStoreError`), or :class:`~stallfree.core.dali.DaliMissing`: no DALI installed)
 and end as one readable line on stderr and exit code 2.
 
 Building the parser imports no torch, DALI or Numba (each command imports them inside its function), so that
@@ -20,7 +20,7 @@ import sys
 from collections.abc import Iterator, Sequence
 
 from stallfree.commands import CliError
-from stallfree.dali import DaliMissing
+from stallfree.core.dali import DaliMissing
 from stallfree.ingest.remote import RemoteStoreError
 
 __all__ = ["CliError", "HelpFormatter", "main", "parsers"]

@@ -1,4 +1,4 @@
-"""The one resume contract (``stallfree.resume``), run on every stateful part of the input path.
+"""The one resume contract (``stallfree.core.resume``), run on every stateful part of the input path.
 
 Each part is driven the same way: a reference runs epochs 0 and 1 start to end (the second by ``iter()``
 alone); then a state is taken at batch 0, mid-epoch, after the last batch, after the epoch has ended and
@@ -20,10 +20,10 @@ import torch
 
 from stallfree import DatasetReader, Loader
 from stallfree.bench.servers import RangeServer
+from stallfree.core.resume import Resumable
 from stallfree.ingest.manifest import read_manifest
 from stallfree.ingest.runner import ingest
 from stallfree.ingest.writer import IngestOptions
-from stallfree.resume import Resumable
 from stallfree.stage_runtime.train.feed import TensorBatches, TorchFeed
 from stallfree.transforms import CutMix, MixUp, Normalize, RandomHorizontalFlip, RandomResizedCrop
 

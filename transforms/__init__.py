@@ -1,6 +1,6 @@
 """The augmentation spec (torchvision names) and its compilation to DALI operators."""
 
-from stallfree.dali import require_dali
+from stallfree.core.dali import require_dali
 
 require_dali()  # before the modules that import DALI: without it, one line naming the extra, not a deep traceback
 

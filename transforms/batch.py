@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from stallfree.resume import check_fingerprint, state_int, state_mapping
+from stallfree.core.resume import check_fingerprint, state_int, state_mapping
 
 __all__ = ["CutMix", "MixUp"]
 

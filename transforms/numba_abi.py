@@ -22,8 +22,6 @@ where ``*_ptrs`` is an int64 array of data pointers, ``*_ndims`` an int32 array 
 from __future__ import annotations
 
 import hashlib
-import os
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,6 +31,7 @@ from numba import carray, cfunc, njit
 from numba import types as nbt
 from nvidia.dali.plugin.numba import address_as_void_pointer as _ptr  # type: ignore[attr-defined]
 
+from stallfree.core.atomic import atomic_write
 from stallfree.transforms import color_kernels, resample_kernels
 from stallfree.transforms.color_kernels import jitter
 from stallfree.transforms.resample_kernels import resample, resample_normalize
@@ -82,13 +81,11 @@ def drop_stale_cache(folder: Path, sources: str) -> bool:
 
 
 def write_once(path: Path, text: str) -> None:
-    """``path`` holding ``text``, written atomically if absent (several processes may race to write it)."""
+    """``path`` holding ``text``, written by the one atomic write if absent (several processes may race to it)."""
     if path.exists() and path.read_text() == text:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    temporary.write_text(text)
-    os.replace(temporary, path)
+    atomic_write(path, text.encode())
 
 
 def _compiled_sources() -> str:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from stallfree.ingest.atomic import atomic_write
+from stallfree.core.atomic import atomic_write
 from stallfree.stage_runtime.clock import StageClock
 from stallfree.stage_runtime.profile.report import Observed, headline
 

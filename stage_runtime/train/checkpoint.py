@@ -6,7 +6,7 @@ Layout (``step`` zero-padded so names sort)::
     ckpt/step-00000040/meta.json     step, epoch, balance, world size, schedule
     ckpt/latest.json                 {"step": 40, "dir": "step-00000040"}; written last, after every rank's file
 
-Every file is written by the one atomic write (``stallfree.ingest.atomic``: temporary name, fsync, rename), and
+Every file is written by the one atomic write (``stallfree.core.atomic``: temporary name, fsync, rename), and
 ``latest.json`` moves only after all ranks wrote theirs, so a job killed mid-save leaves the previous
 checkpoint intact and complete. Files are loaded with ``weights_only=True``: nothing arbitrary is unpickled.
 """
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from stallfree.ingest.atomic import atomic_path, atomic_write
+from stallfree.core.atomic import atomic_path, atomic_write
 
 __all__ = ["latest", "load_meta", "load_rank", "prune", "save_meta", "save_rank", "step_dir"]
 

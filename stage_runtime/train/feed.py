@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from stallfree.resume import check_fingerprint, state_int, state_mapping
+from stallfree.core.resume import check_fingerprint, state_int, state_mapping
 from stallfree.stage_runtime.baseline import transform_label
 from stallfree.stage_runtime.train.config import Verify
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stallfree.ingest.atomic import atomic_write
+from stallfree.core.atomic import atomic_write
 
 __all__ = ["Report", "format_summary", "predict_run", "with_prediction"]
 

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from stallfree.ingest.atomic import atomic_write
+from stallfree.core.atomic import atomic_write
 from stallfree.stage_runtime.clock import StageClock
 from stallfree.stage_runtime.train import checkpoint as ckpt
 from stallfree.stage_runtime.train.config import TrainConfig, stage_threads

@@ -43,7 +43,7 @@ def _step(title: str) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from stallfree.dali import require_dali
+    from stallfree.core.dali import require_dali
 
     require_dali()  # before minutes of writing JPEGs, not after
     from stallfree.bench import e2e

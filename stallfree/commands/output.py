@@ -33,7 +33,7 @@ def emit(args: argparse.Namespace, result: Any) -> None:
     text = json.dumps(result, indent=1, default=str) + "\n"
     path = getattr(args, "json_file", None)
     if path is not None:
-        from stallfree.ingest.atomic import atomic_write
+        from stallfree.core.atomic import atomic_write
 
         atomic_write(Path(path), text.encode())
     if getattr(args, "json", False):

@@ -241,7 +241,7 @@ def _mib(n: float) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from stallfree.ingest.atomic import atomic_write
+    from stallfree.core.atomic import atomic_write
     from stallfree.stage_runtime.plan.asynchronous import ASYNC_SCHEDULES, simulate_async
     from stallfree.stage_runtime.plan.costs import Cores, parse_bytes, parse_link
     from stallfree.stage_runtime.plan.handoff import PLAN_FORMAT

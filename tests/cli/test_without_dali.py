@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from stallfree.dali import MISSING_DALI, DaliMissing, require_dali
+from stallfree.core.dali import MISSING_DALI, DaliMissing, require_dali
 
 HIDE_DALI = "import sys; sys.modules['nvidia.dali'] = None  # 'import nvidia.dali' now raises ModuleNotFoundError\n"
 

@@ -31,7 +31,7 @@ OPTIONS = IngestOptions(shard_mb=float(SHARD_MB))
 HELD = """
 import sys, time
 from pathlib import Path
-from stallfree.ingest import atomic
+from stallfree.core import atomic
 from stallfree.cli import main
 
 source, out, go, shard_mb = sys.argv[1:5]
@@ -124,7 +124,7 @@ def test_a_killed_run_s_lock_and_temporary_files_go_with_it(folder, tmp_path, sh
 
 FULL = """
 import errno, sys
-from stallfree.ingest import atomic
+from stallfree.core import atomic
 from stallfree.cli import main
 
 flush = atomic._fsync_file

@@ -283,7 +283,7 @@ def test_a_loader_dropped_without_close_stops_its_read_ahead(http_server: RangeS
 
 
 def test_the_shard_cache_lives_in_the_one_stallfree_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from stallfree.ingest.home import cache_dir
+    from stallfree.core.home import cache_dir
     from stallfree.pipeline.shard_cache import default_cache_dir
 
     monkeypatch.setenv("STALLFREE_CACHE_DIR", str(tmp_path / "mine"))

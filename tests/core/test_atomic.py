@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from stallfree.ingest import atomic
-from stallfree.ingest.atomic import atomic_path, atomic_write
+from stallfree.core import atomic
+from stallfree.core.atomic import atomic_path, atomic_write
 
 
 def test_write_replaces_the_file_and_flushes_file_and_folder(tmp_path: Path, monkeypatch) -> None:
