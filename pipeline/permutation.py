@@ -22,20 +22,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from stallfree.core.mixer import GOLDEN, finalize, splitmix
+
 __all__ = ["Permutation"]
 
 _ROUNDS = 6  # even, so the halves end at their starting sizes; 4 already make a Feistel network a random-looking
 # permutation (Luby-Rackoff), 6 leave a margin
 _MASK64 = (1 << 64) - 1
-_GOLDEN = 0x9E3779B97F4A7C15
-
-
-def _splitmix(x: int) -> int:
-    """SplitMix64's output function on a Python int (for the round keys)."""
-    x = (x + _GOLDEN) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
 
 
 _BLOCK = 1 << 15  # values encrypted at a time: the round's temporaries stay in the CPU's cache (2.4x faster)
@@ -44,13 +37,8 @@ _BLOCK = 1 << 15  # values encrypted at a time: the round's temporaries stay in 
 def _mix(y: np.ndarray, key: np.uint64, out: np.ndarray) -> np.ndarray:
     """The round function into ``out``: SplitMix64's finaliser of ``y ^ key`` (uint64 in, uint64 out)."""
     np.bitwise_xor(y, key, out=out)
-    out += np.uint64(_GOLDEN)
-    out ^= out >> np.uint64(30)
-    out *= np.uint64(0xBF58476D1CE4E5B9)
-    out ^= out >> np.uint64(27)
-    out *= np.uint64(0x94D049BB133111EB)
-    out ^= out >> np.uint64(31)
-    return out
+    out += np.uint64(GOLDEN)
+    return finalize(out)
 
 
 class Permutation:
@@ -69,10 +57,10 @@ class Permutation:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
         self.n = int(n)
         self.bits = max(2, (self.n - 1).bit_length())
-        state = _splitmix((seed & _MASK64) ^ _splitmix(epoch))
+        state = splitmix((seed & _MASK64) ^ splitmix(epoch))
         keys = []
         for _ in range(_ROUNDS):
-            state = _splitmix(state)
+            state = splitmix(state)
             keys.append(state)
         self._keys = [np.uint64(k) for k in keys]
 

@@ -39,6 +39,7 @@ import numpy as np
 from numba.extending import register_jitable
 from nvidia.dali.pipeline import do_not_convert
 
+from stallfree.core.mixer import GOLDEN, MIX1, MIX2
 from stallfree.transforms.numba_cpu import KernelError, forwarder, pixel_loop
 from stallfree.transforms.numba_cuda import grid_function, launch
 from stallfree.transforms.numba_dali import GPU_BLOCKS, GPU_THREADS, numba_node
@@ -52,9 +53,7 @@ ImageDtype = Literal["uint8", "float32"]
 
 # In-kernel randomness: SplitMix64 over (key, counter), callable from njit and numba.cuda code alike.
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
+_GOLDEN, _MIX1, _MIX2 = np.uint64(GOLDEN), np.uint64(MIX1), np.uint64(MIX2)  # stallfree.core.mixer's, inlined
 _S30, _S27, _S31, _S11 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(11)
 _INV53 = 1.0 / 9007199254740992.0  # 2 ** -53
 

@@ -13,23 +13,17 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from stallfree.core.mixer import GOLDEN, finalize
+
 __all__ = ["SampleRandom", "batch_random", "uniforms"]
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(GOLDEN)
 _STREAM = 64  # uniforms made per sample up front; enough for every built-in transform chain
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser on a uint64 array (wrapping arithmetic, element-wise)."""
-    z = x.astype(np.uint64, copy=True)
-    z ^= z >> np.uint64(30)
-    z *= _MIX1
-    z ^= z >> np.uint64(27)
-    z *= _MIX2
-    z ^= z >> np.uint64(31)
-    return z
+    """SplitMix64's finaliser on a copy of a uint64 array (:func:`stallfree.core.mixer.finalize`)."""
+    return finalize(x.astype(np.uint64, copy=True))
 
 
 def uniforms(seed: int, epoch: int, samples: Sequence[int] | np.ndarray, count: int, start: int = 0) -> np.ndarray:
