@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from stallfree.bench.loader import contender_stream, image_files, shard_runs, write_synthetic
+from stallfree.core.cpu import cpu_seconds
 
 __all__ = ["add_arguments", "draw", "run"]
 
@@ -97,28 +98,13 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"--warmup must be >= 0 and --threads >= 1, got {args.warmup} and {args.threads}")
 
 
-def _cpu_seconds(process: Any) -> float:
-    """CPU seconds of ``process``, its reaped children and its live ones (the DataLoader's workers)."""
-    import psutil
-
-    t = process.cpu_times()
-    total = t.user + t.system + t.children_user + t.children_system
-    for child in process.children(recursive=True):
-        try:
-            c = child.cpu_times()
-        except psutil.Error:  # a child that ended between the listing and the read
-            continue
-        total += c.user + c.system
-    return float(total)
-
-
 def _pass(stream: Iterator[Any], args: argparse.Namespace, speed: float | None, process: Any, bar: Any,
           batches: int | None = None) -> dict[str, float]:
     """``batches`` batches to an accelerator of ``speed`` img/s (None: no accelerator, the stand-alone rate)."""
     batches = args.batches if batches is None else batches
     step = 0.0 if speed is None else args.batch_size / speed
     waited = 0.0
-    cpu = _cpu_seconds(process)
+    cpu = cpu_seconds(process.pid)
     start = time.perf_counter()
     for _ in range(batches):
         asked = time.perf_counter()
@@ -129,7 +115,7 @@ def _pass(stream: Iterator[Any], args: argparse.Namespace, speed: float | None, 
         bar.update()
     wall = time.perf_counter() - start
     return {"img_per_s": batches * args.batch_size / wall, "stall_share": min(1.0, waited / wall),
-            "cpu_cores": (_cpu_seconds(process) - cpu) / wall}
+            "cpu_cores": (cpu_seconds(process.pid) - cpu) / wall}
 
 
 def _cell(speed: float | None, passes: list[dict[str, float]]) -> dict[str, Any]:

@@ -27,6 +27,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO, cast
 
+from stallfree.core.cpu import cpu_seconds
+
 __all__ = ["add_arguments", "contender_stream", "image_files", "run"]
 
 EXAMPLES = """examples:
@@ -132,26 +134,6 @@ CONTENDERS: dict[str, Callable[[argparse.Namespace], Iterable[Any]]] = {
     "decode": lambda args: _dali(args, decode_only=True),
 }
 LABELS = {"stallfree": "stallfree", "torch": "torch DataLoader", "dali": "plain DALI", "decode": "decode only (DALI)"}
-
-
-def cpu_seconds() -> float:
-    """CPU seconds (user and system) used so far by this process, its threads and its child processes.
-
-    Living children (a DataLoader's workers) are read directly; those that ended count through the parent's
-    ``children_*`` times, which take them over when they are reaped, so a delta over a pass counts each once.
-    """
-    import psutil
-
-    me = psutil.Process()
-    times = me.cpu_times()
-    total = times.user + times.system + times.children_user + times.children_system
-    for child in me.children(recursive=True):
-        try:
-            child_times = child.cpu_times()
-        except psutil.NoSuchProcess:  # ended between the listing and the reading: counted once reaped
-            continue
-        total += child_times.user + child_times.system
-    return total
 
 
 def _measure(name: str, args: argparse.Namespace, cores: list[float] | None = None) -> list[float]:

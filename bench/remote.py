@@ -29,6 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+from stallfree.core.cpu import cpu_seconds
+
 __all__ = ["add_arguments", "run"]
 
 EXAMPLES = """examples:
@@ -170,29 +172,14 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
             "repeats": args.repeats, "rows": rows}
 
 
-def _cpu(pid: int | None = None) -> float | None:
-    """CPU seconds of this process (all its threads) or of process ``pid``.
-
-    A process's figure comes from /proc; ``None`` where there is no /proc.
-    """
-    if pid is None:
-        times = os.times()
-        return times.user + times.system
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _run_one(data: Path, kind: str, ms: float, extra: dict[str, Any], proxies: dict[str, str], cache: Path,
              step: float, args: argparse.Namespace, control: str, s3_options: Any, servers: int) -> dict[str, Any]:
     """One row's epoch, with the CPU seconds this process and the servers' spent in it."""
-    before, served = _cpu(), _cpu(servers)
+    before, served = cpu_seconds(), cpu_seconds(servers)
     measured = _one_epoch(data, kind, ms, extra, proxies, cache, step, args, control, s3_options)
-    after, served_after = _cpu(), _cpu(servers)
+    after, served_after = cpu_seconds(), cpu_seconds(servers)
     measured["cpu_s"] = (after or 0.0) - (before or 0.0)
-    measured["servers_cpu_s"] = served_after - served if served is not None and served_after is not None else None
+    measured["servers_cpu_s"] = served_after - served
     return measured
 
 
