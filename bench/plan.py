@@ -248,7 +248,8 @@ def _print_attribution(rows: list[dict[str, Any]], out: TextIO) -> None:
 def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
     """Run the benchmark, print its table to ``out`` and return its results (JSON-able)."""
     from stallfree.stage_runtime.plan.calibrate import cached_calibration
-    from stallfree.stage_runtime.plan.costs import NO_OVERHEAD, parse_link
+    from stallfree.stage_runtime.plan.costs import parse_link
+    from stallfree.stage_runtime.plan.overhead import OverheadChoice
     from stallfree.stage_runtime.plan.pilots import fit_pilots, read_pilot
     from stallfree.stage_runtime.plan.predict import job_cores
     from stallfree.stage_runtime.train.trainer import train_many
@@ -292,24 +293,26 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
                       for model in dict.fromkeys(c.model for c in pilots)}
             pilot_fits[str(stages)] = {model: fit.to_dict() for model, fit in fitted.items()}
             piloted = {(c.model, c.schedule, c.microbatches) for c in pilots}
+            calibrated = OverheadChoice({} if args.no_overhead else {stages: calibration})
             for cell in zip(*runs, strict=True):  # one cell's runs
                 first = cell[0]
-                calibrated = NO_OVERHEAD if args.no_overhead else calibration.overhead(first.schedule)
                 fit = fitted.get(first.model)
-                overhead = (fit.overhead(first.schedule) if fit else None) or calibrated
+                choice = OverheadChoice(calibrated.calibrations, {stages: fit} if fit else {})
+                overhead, source = choice.choose(first.schedule, stages)
                 share = not args.no_sharing
                 runs_of_cell = [_row(c, summaries[c.out_dir],
                                      _predicted(c, summaries[c.out_dir], link, overhead, share)) for c in cell]
                 row = _median_cell(runs_of_cell)
-                row["overhead_from"] = f"pilots ({fit.source(first.schedule)})" if fit and overhead is not calibrated \
-                    else "calibration"
+                from_pilots = source in ("schedule", "family")
+                row["overhead_from"] = f"pilots ({source})" if from_pilots else "calibration"
                 row["pilot_config"] = (first.model, first.schedule, first.microbatches) in piloted
-                if overhead is not calibrated:  # the same runs, predicted from the calibration alone
-                    alone = _median_cell([{**r, **_prediction(_predicted(c, summaries[c.out_dir], link, calibrated,
-                                                                          share))}
-                                          for r, c in zip(runs_of_cell, cell, strict=True)])
-                    row["calibration_only"] = {k: alone[k] for k in ("predicted_step_s", "predicted_bubble",
-                                                                     "step_error", "within")}
+                if from_pilots:  # the same runs, predicted from the calibration alone
+                    alone = calibrated(first.schedule, stages)
+                    only = _median_cell([{**r, **_prediction(_predicted(c, summaries[c.out_dir], link, alone,
+                                                                         share))}
+                                         for r, c in zip(runs_of_cell, cell, strict=True)])
+                    row["calibration_only"] = {k: only[k] for k in ("predicted_step_s", "predicted_bubble",
+                                                                    "step_error", "within")}
                 rows.append(row)
     load_end = os.getloadavg()
     hits = sum(r["within"] for r in rows)
