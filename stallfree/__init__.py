@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from stallfree.pipeline.samples import BadSampleError
     from stallfree.pipeline.shards import ShardReader
     from stallfree.stage_runtime.clock import StageClock
+    from stallfree.stage_runtime.plan.plan import plan
     from stallfree.stage_runtime.profile.dataset import profile_dataset
     from stallfree.stage_runtime.profile.loop import profile
     from stallfree.stage_runtime.train.config import TrainConfig
@@ -31,6 +32,7 @@ __all__ = [
     "ShardReader",
     "StageClock",
     "TrainConfig",
+    "plan",
     "profile",
     "profile_dataset",
     "train",
@@ -47,6 +49,7 @@ _HOMES = {
     "ShardReader": "stallfree.pipeline.shards",
     "StageClock": "stallfree.stage_runtime.clock",
     "TrainConfig": "stallfree.stage_runtime.train.config",
+    "plan": "stallfree.stage_runtime.plan.plan",
     "profile": "stallfree.stage_runtime.profile.loop",
     "profile_dataset": "stallfree.stage_runtime.profile.dataset",
     "train": "stallfree.stage_runtime.train.trainer",

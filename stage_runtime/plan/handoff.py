@@ -1,20 +1,43 @@
-"""``stallfree train --plan plan.json``: the best configuration of a plan as the trainer's settings.
+"""``plan.json``, written and read: the layout of a plan, and the best configuration as the trainer's settings.
 
-``plan.json`` (written by ``stallfree plan``, format ``stallfree-plan/1``) keeps its best configuration's
-``stallfree train`` flags first in ``best``; this module reads them back, checks them, and keeps the prediction so
-that the training summary can print it beside what was measured.
+``plan.json`` (written by ``stallfree plan`` and :meth:`~.plan.PlanResult.write`, format ``stallfree-plan/1``)
+keeps its best configuration's ``stallfree train`` flags first in ``best``; ``stallfree train --plan`` reads them
+back (:func:`train_settings`), checks them, and keeps the prediction so that the training summary can print it
+beside what was measured.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["PLAN_FORMAT", "train_settings"]
+if TYPE_CHECKING:
+    from .plan import PlanResult
+
+__all__ = ["PLAN_FORMAT", "plan_document", "train_settings"]
 
 PLAN_FORMAT = "stallfree-plan/1"
 _FLAGS = ("schedule", "stages", "virtual_stages", "microbatches", "balance", "batch_size")
+
+
+def plan_document(result: PlanResult) -> dict[str, Any]:
+    """``result`` as ``plan.json`` holds it.
+
+    The inputs, the costs' source, ``best`` (its first keys are the train flags :func:`train_settings` reads),
+    every configuration in rank order, those torch refused with the reason, and the asynchronous schedules.
+    """
+    network = result.network
+    return {"format": PLAN_FORMAT, "model": result.model, "image_size": result.image_size,
+            "classes": result.classes, "batch_size": result.batch_size, "devices": network.devices,
+            "sites": network.sites, "link": network.link.describe(), "cross_link": network.cross_link.describe(),
+            "memory_per_device": result.memory_limit, "costs": result.costs,
+            "cores": None if result.cores is None else asdict(result.cores),
+            "optimizer_s": result.optimizer_s, "calibration": result.calibration, "pilots": result.pilots,
+            "best": result.best.to_dict(), "train_command": result.train_command,
+            "candidates": [c.to_dict() for c in result.candidates], "skipped": list(result.skipped),
+            "asynchronous": [a.to_dict() for a in result.asynchronous]}
 
 
 def train_settings(path: str | Path) -> dict[str, Any]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict
-from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from stallfree.stage_runtime.plan.plan import PlanResult
 
 __all__ = ["register"]
 
@@ -98,186 +99,48 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _check(args: argparse.Namespace) -> None:
-    from stallfree.stage_runtime.plan.planner import SYNC_SCHEDULES
-
-    for name in ("image_size", "classes", "batch_size", "devices", "top"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.devices < 2:
-        raise ValueError(f"--devices must be >= 2 to split a model into a pipeline, got {args.devices}")
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
-    if args.cores is not None and args.cores < 1:
-        raise ValueError(f"--cores must be >= 1, got {args.cores}; leave it out to give each rank a device")
-    unknown = [s for s in args.schedules if s not in SYNC_SCHEDULES]
-    if unknown:
-        raise ValueError(f"--schedules: unknown {', '.join(unknown)}; choose from {', '.join(SYNC_SCHEDULES)}")
-    if not any(args.batch_size % m == 0 for m in args.microbatches):
-        raise ValueError(f"--microbatches {','.join(map(str, args.microbatches))}: none divides --batch-size "
-                         f"{args.batch_size}")
-    if args.costs is not None and not args.costs.is_file():
-        raise FileNotFoundError(f"--costs {args.costs}: no such file")
-    if args.calibration is not None and not args.calibration.is_file():
-        raise FileNotFoundError(f"--calibration {args.calibration}: no such file")
-    for folder in args.pilots or ():
-        if not folder.is_dir():
-            raise FileNotFoundError(f"--pilots {folder}: no such folder")
-
-
-def _layer_source(args: argparse.Namespace) -> tuple[Any, float, dict[str, Any]]:
-    """(micro-batch size -> layer costs, optimizer seconds, how they were obtained)."""
-    from stallfree.stage_runtime.plan.costs import layers_from_json, scale_layers
-
-    if args.costs is not None:
-        layers, micro, optimizer_s = layers_from_json(args.costs)
-        return (lambda b: scale_layers(layers, b / micro)), optimizer_s, {"source": str(args.costs),
-                                                                          "microbatch": micro}
-    import torch
-
-    from stallfree.stage_runtime.plan.measure import measure_model
-    from stallfree.stage_runtime.train.models import build_model
-
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = build_model(args.model, args.classes, args.image_size)
-    optimizer = []
-
-    @cache
-    def layers_for(micro: int) -> Any:
-        print(f"measuring {args.model}'s {len(model)} layers on {device} at micro-batch {micro}", file=sys.stderr)
-        layers, opt = measure_model(model, args.image_size, micro, device)
-        optimizer.append(opt)
-        return layers
-
-    layers_for(args.batch_size)
-    return layers_for, optimizer[0], {"source": "measured", "device": device, "threads": torch.get_num_threads()}
-
-
-def _calibration(args: argparse.Namespace) -> tuple[dict[str, Any], Any, Any]:
-    """(what was used, for plan.json; (schedule, ranks) -> host overhead; the calibrated link or None)."""
-    from stallfree.stage_runtime.plan.calibrate import read_calibration
-    from stallfree.stage_runtime.plan.costs import NO_OVERHEAD
-
-    if args.calibration is None:
-        return {}, lambda schedule, ranks: NO_OVERHEAD, None
-    found = read_calibration(args.calibration)
-    used: dict[int, int] = {}
-
-    def nearest(ranks: int) -> int:
-        return min(found, key=lambda r: (abs(r - ranks), -r))  # the same rank count, else the nearest
-
-    def overhead_for(schedule: str, ranks: int) -> Any:
-        used[ranks] = nearest(ranks)
-        return found[used[ranks]].overhead(schedule)
-
-    link = found[min(found)].link  # two processes' ping-pong: the least contended
-    describe = (f"{args.calibration} (measured on {', '.join(map(str, sorted(found)))} processes; a plan of S ranks "
-                f"takes the nearest; link {link.describe()})")
-    return {"file": str(args.calibration), "describe": describe, "ranks": sorted(found), "used": used,
-            "calibrations": {str(r): c.to_dict() for r, c in found.items()}}, overhead_for, link
-
-
-_PILOT_SOURCES = {"schedule": "from its pilots", "family": "from its family's", "none": "without"}
-
-
-def _pilots(args: argparse.Namespace, link: Any, cores: Any, fallback: Any) -> tuple[dict[str, Any], Any]:
-    """(what was used, for plan.json; (schedule, ranks) -> host overhead): ``--pilots``' fit, else ``fallback``'s."""
-    from stallfree.stage_runtime.plan.pilots import fit_pilots, read_pilot
-
-    if not args.pilots:
-        return {}, fallback
-    pilots = [read_pilot(folder) for folder in args.pilots]
-    models = sorted({p.model for p in pilots})
-    if args.costs is None and models != [args.model]:
-        raise ValueError(f"--pilots ran {', '.join(models)}, not --model {args.model}: pilots fit the overhead of "
-                         "the model they ran")
-    by_ranks: dict[int, list[Any]] = {}
-    for p in pilots:
-        by_ranks.setdefault(p.stages, []).append(p)
-    fits = {ranks: fit_pilots(mine, link, cores) for ranks, mine in sorted(by_ranks.items())}
-
-    def overhead_for(schedule: str, ranks: int) -> Any:
-        fit = fits.get(ranks)
-        found = fit.overhead(schedule) if fit is not None else None
-        if found is not None:
-            return found
-        return fallback(schedule, ranks)
-
-    runs = ", ".join(f"{p.schedule} S={p.stages} M={p.microbatches}" for p in pilots)
-    other = "--calibration's" if args.calibration else "no host overhead"
-    sources = "; ".join(
-        f"S={r}: " + ", ".join(f"{s} {_PILOT_SOURCES[fit.source(s)]}" for s in args.schedules)
-        for r, fit in fits.items())
-    describe = (f"host overhead fitted from {len(pilots)} pilot job(s) ({runs}); {sources} ({other} where "
-                f"no pilot of the family ran, and for other rank counts)")
-    return {"folders": [str(f) for f in args.pilots], "describe": describe,
-            "fits": {str(r): f.to_dict() for r, f in fits.items()}}, overhead_for
-
-
 def run(args: argparse.Namespace) -> int:
-    """Measure, simulate, print the table, write plan.json and timeline.png; returns the exit code."""
-    _check(args)
-    if args.costs is not None:
-        return _run(args)
-    import torch
+    """Plan (:func:`stallfree.plan`), print the table, write plan.json and timeline.png; returns the exit code."""
+    from stallfree.stage_runtime.plan.plan import plan
 
-    previous = torch.get_num_threads()
-    torch.set_num_threads(_threads(args))
-    try:
-        return _run(args)
-    finally:
-        torch.set_num_threads(previous)  # process-wide: leave it as we found it
-
-
-def _threads(args: argparse.Namespace) -> int:
-    """Torch threads per rank: ``--threads``, else what stallfree train gives each of --devices stage processes."""
-    from stallfree.stage_runtime.train.config import stage_threads
-
-    return stage_threads(args.devices, args.threads, args.cores)
+    result = plan(args.model, costs=args.costs, image_size=args.image_size, classes=args.classes,
+                  batch_size=args.batch_size, devices=args.devices, sites=args.sites, link=args.link,
+                  cross_link=args.cross_link, memory_per_device=args.memory_per_device,
+                  calibration=args.calibration, pilots=args.pilots or (), schedules=args.schedules,
+                  microbatches=args.microbatches, virtual_stages=args.virtual_stages, device=args.device,
+                  threads=args.threads, cores=args.cores, top=args.top, asynchronous=args.asynchronous,
+                  progress=lambda line: print(line, file=sys.stderr))
+    out = sys.stderr if args.json else sys.stdout
+    _print(args, result, out)
+    path, png = result.write(args.out)
+    print(f"run the best: {result.train_command}  (or: stallfree train DATA --plan {path})", file=out)
+    print(f"wrote {path} and {png}", file=out)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=1))
+    return 0
 
 
 def _mib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
 
 
-def _run(args: argparse.Namespace) -> int:
-    from stallfree.core.atomic import atomic_write
-    from stallfree.stage_runtime.plan.asynchronous import ASYNC_SCHEDULES, simulate_async
-    from stallfree.stage_runtime.plan.costs import Cores, parse_bytes, parse_link
-    from stallfree.stage_runtime.plan.handoff import PLAN_FORMAT
-    from stallfree.stage_runtime.plan.planner import Network, rank_plans
-    from stallfree.stage_runtime.plan.predict import DEFAULT_LINK
-    from stallfree.stage_runtime.plan.timeline import draw_timeline
-    from stallfree.stage_runtime.train.schedules import schedule_spec
-
-    calibrated, overhead_for, link = _calibration(args)
-    link = parse_link(args.link) if args.link else link or parse_link(DEFAULT_LINK)
-    cross = parse_link(args.cross_link, "--cross-link") if args.cross_link else link
-    sites = args.sites if args.sites is not None else (2 if args.cross_link else 1)
-    network = Network(args.devices, link, cross, sites)
-    limit = parse_bytes(args.memory_per_device) if args.memory_per_device else None
-    cores = Cores(args.cores, _threads(args)) if args.cores else None
-    piloted, overhead_for = _pilots(args, link, cores, overhead_for)
-    layers_for, optimizer_s, source = _layer_source(args)
-    skipped: list[str] = []
-    plans = rank_plans(layers_for, optimizer_s, args.batch_size, network, limit, args.schedules,
-                       args.microbatches, args.virtual_stages, top=args.top, skipped=skipped,
-                       overhead=overhead_for, cores=cores)
-    best = plans[0]
-    out = sys.stderr if args.json else sys.stdout
-    where = f"{args.devices} devices" + (f" in {sites} sites" if sites > 1 else "")
-    links = f"link {link.describe()}" + (f", cross-site {cross.describe()}" if sites > 1 else "")
-    memory = f", {args.memory_per_device} per device" if limit else ""
+def _print(args: argparse.Namespace, result: PlanResult, out: TextIO) -> None:
+    """The table: the inputs, the top plans with their bubble's causes, the asynchronous schedules."""
+    plans, best, network, cores = result.candidates, result.best, result.network, result.cores
+    where = f"{network.devices} devices" + (f" in {network.sites} sites" if network.sites > 1 else "")
+    links = (f"link {network.link.describe()}"
+             + (f", cross-site {network.cross_link.describe()}" if network.sites > 1 else ""))
+    memory = f", {args.memory_per_device} per device" if result.memory_limit else ""
     if cores:
         where += f" sharing {cores.count} cores ({cores.threads} thread{'s' if cores.threads > 1 else ''} a rank)"
     model = args.model if args.costs is None else str(args.costs)
-    print(f"plan for {model} ({len(layers_for(args.batch_size))} layers), batch {args.batch_size}, {where} "
+    print(f"plan for {model} ({result.layers} layers), batch {args.batch_size}, {where} "
           f"({links}){memory}: {len(plans)} configurations simulated", file=out)
-    if calibrated:
-        print(f"host overhead and link calibrated: {calibrated['describe']}", file=out)
-    if piloted:
-        print(piloted["describe"], file=out)
-    if limit and not best.fits:
+    if result.calibration:
+        print(f"host overhead and link calibrated: {result.calibration['describe']}", file=out)
+    if result.pilots:
+        print(result.pilots["describe"], file=out)
+    if result.memory_limit and not best.fits:
         print(f"none fits in {args.memory_per_device} per device: the smallest needs "
               f"{_mib(min(max(c.memory_bytes) for c in plans))}; shown fastest first anyway", file=out)
     print(f"{'#':>2}  {'schedule':<16} {'S':>2} {'V':>2} {'M':>3}  {'split':<11} {'balance':<14} {'step ms':>9} "
@@ -290,39 +153,12 @@ def _run(args: argparse.Namespace) -> int:
               f"{','.join(map(str, c.balance)):<14} {c.result.step_s * 1e3:>9.3f} {c.images_per_s:>9.1f}  "
               f"{b.total:>6.1%} {b.warmup_cooldown:>9.1%} {b.imbalance:>7.1%} {b.communication:>6.1%}  "
               f"{_mib(max(c.memory_bytes)):>13} {c.cross_cuts:>6}", file=out)
-    asynchronous = []
-    reference = next((c for c in plans if c.schedule == "1f1b" and c.fits), None)
-    if args.asynchronous and reference is not None:
+    reference = result.reference
+    if result.asynchronous and reference is not None:
         print(f"asynchronous, simulated only (stallfree train runs none of them), beside the best 1f1b plan "
               f"(S={reference.ranks}, M={reference.microbatches}, balance {','.join(map(str, reference.balance))},"
               f" {reference.images_per_s:.1f} img/s):", file=out)
-        for name in ASYNC_SCHEDULES:
-            a = simulate_async(name, reference.ranks, reference.microbatches, args.batch_size,
-                               reference.costs, network.between, cores=cores)
-            asynchronous.append(a.to_dict())
-            print(f"    {name:<14} {a.images_per_s:>9.1f} img/s ({a.images_per_s / reference.images_per_s - 1:+.0%})"
+        for a in result.asynchronous:
+            print(f"    {a.name:<14} {a.images_per_s:>9.1f} img/s ({a.images_per_s / reference.images_per_s - 1:+.0%})"
                   f"  weight versions {','.join(map(str, a.weight_versions))}  staleness (updates) "
                   f"{','.join(map(str, a.staleness))}  memory/device {_mib(max(a.memory_bytes))}", file=out)
-    train = (f"stallfree train DATA --model {args.model} --image-size {args.image_size} --batch-size "
-             f"{args.batch_size} --schedule {best.schedule} --stages {best.ranks} --microbatches "
-             f"{best.microbatches} --balance {','.join(map(str, best.balance))}"
-             + (f" --virtual-stages {best.virtual}" if schedule_spec(best.schedule).stages_fixed is None else ""))
-    result = {"format": PLAN_FORMAT, "model": args.model, "image_size": args.image_size, "classes": args.classes,
-              "batch_size": args.batch_size, "devices": args.devices, "sites": sites, "link": link.describe(),
-              "cross_link": cross.describe(), "memory_per_device": limit, "costs": source,
-              "cores": None if cores is None else asdict(cores),
-              "optimizer_s": optimizer_s, "calibration": calibrated or None, "pilots": piloted or None,
-              "best": best.to_dict(),
-              "train_command": train,
-              "candidates": [c.to_dict() for c in plans], "skipped": skipped, "asynchronous": asynchronous}
-    args.out.mkdir(parents=True, exist_ok=True)
-    atomic_write(args.out / "plan.json", json.dumps(result, indent=1).encode())
-    png = draw_timeline(best.result, args.out / "timeline.png",
-                        f"{best.schedule}, {best.ranks} ranks x {best.virtual} stages, {best.microbatches} "
-                        f"micro-batches, balance {','.join(map(str, best.balance))}: step "
-                        f"{best.result.step_s * 1e3:.3f} ms, bubble {best.result.bubble_share:.0%} (predicted)")
-    print(f"run the best: {train}  (or: stallfree train DATA --plan {args.out / 'plan.json'})", file=out)
-    print(f"wrote {args.out / 'plan.json'} and {png}", file=out)
-    if args.json:
-        print(json.dumps(result, indent=1))
-    return 0
