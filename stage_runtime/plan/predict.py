@@ -38,16 +38,15 @@ def job_program(config: Any) -> tuple[dict[int, list[Op]], list[int]]:
 
 
 def job_cores(config: Any) -> Cores | None:
-    """The cores ``config``'s stage processes share on this machine, as the simulator should share them.
+    """The cores a ``TrainConfig``'s stage processes share on this machine, as the simulator should share them.
 
     The processes of a CPU job share this machine's cores, each with the trainer's torch threads; a GPU job's
     compute, and a simulated accelerator's waits, hold none (``None``). The replicas of ``--dp`` are not
     simulated, so their share of the cores is not either.
     """
-    from stallfree.stage_runtime.train.accelerator import parse_accelerator
     from stallfree.stage_runtime.train.config import stage_threads
 
-    if config.device.startswith("cuda") or parse_accelerator(config.accelerator) is not None:
+    if config.device.startswith("cuda") or config.accelerator is not None:  # a SimAccelerator, parsed by TrainConfig
         return None
     cores = len(os.sched_getaffinity(0))
     return Cores(cores, stage_threads(config.world_size, config.threads, cores))

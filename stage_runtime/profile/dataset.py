@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from stallfree.core.atomic import atomic_write
+from stallfree.stage_runtime.accelerator import SimAccelerator, parse_accelerator
 from stallfree.stage_runtime.clock import StageClock
 from stallfree.stage_runtime.profile.report import Observed, headline
 
@@ -106,7 +107,7 @@ def profile_dataset(
     max_side: int | None = None,
     storage_files: int | None = None,
     verify: Verify | None = None,
-    accelerator: str | None = None,
+    accelerator: str | SimAccelerator | None = None,
     progress: bool = True,
 ) -> DatasetProfile:
     """Profile training on ``data``: which stage stalls the step, by how much, and what would remove it.
@@ -126,9 +127,10 @@ def profile_dataset(
         storage_files: read at most this many files in the storage phase.
         verify: run one what-if for real and compare it with its prediction: ``"top"`` (the suggested one),
             ``"echo"``, ``"max-side"`` or ``"cores"``.
-        accelerator: ``"sim:R"``: the step is a simulated device training ``R`` img/s (it waits, holding no
-            CPU; see ``stallfree.stage_runtime.train.accelerator``) instead of the model on this machine, so the
-            real runs answer "with a device of this speed, would this loader stall?".
+        accelerator: ``"sim:R"`` (parsed here, once) or a :class:`SimAccelerator`: the step is a simulated device
+            training ``R`` img/s (it waits, holding no CPU; see ``stallfree.stage_runtime.accelerator``) instead of
+            the model on this machine, so the real runs answer "with a device of this speed, would this loader
+            stall?".
         progress: progress bars on stderr.
 
     Raises:
@@ -142,15 +144,12 @@ def profile_dataset(
         raise ValueError(f"verify must be one of {', '.join(VERIFY_CHOICES)} or None, got {verify!r}")
     if compare not in (None, "torch"):
         raise ValueError(f"compare must be 'torch' or None, got {compare!r}")
-    from stallfree.stage_runtime.train.accelerator import parse_accelerator
-
-    device_model = parse_accelerator(accelerator)
+    device_model = parse_accelerator(accelerator)  # where the string enters; below, the typed value
     previous = torch.get_num_threads()
     if torch_threads:
         torch.set_num_threads(torch_threads)
     try:
-        run = _Run(Path(data), model, batch_size, image_size, batches, threads, device, progress)
-        run.accelerator = device_model
+        run = _Run(Path(data), model, batch_size, image_size, batches, threads, device, progress, device_model)
         return run.result(compare, max_side, storage_files, verify)
     finally:
         torch.set_num_threads(previous)  # the setting is process-wide; leave it as we found it
@@ -165,7 +164,7 @@ class _Run:
     """One profile's state: the dataset, the clock, the resource sampler, and the phases in order."""
 
     def __init__(self, data: Path, model: str, batch: int, image_size: int, batches: int, threads: int | None,
-                 device: str | None, progress: bool):
+                 device: str | None, progress: bool, accelerator: SimAccelerator | None = None):
         import torch
 
         from stallfree.pipeline.readers import open_source
@@ -186,7 +185,7 @@ class _Run:
         self.clock = StageClock()
         self.progress = progress
         self.sampler: Any = None
-        self.accelerator: Any = None  # a SimAccelerator: the step waits as that device would
+        self.accelerator = accelerator  # the step waits as that device would (None: the model runs here)
 
     @contextmanager
     def phase(self, name: str, total: int) -> Iterator[Callable[[int], Any]]:
@@ -260,7 +259,7 @@ class _Run:
         else:
             rate = self.accelerator.images_per_s
             compute = ph.ComputeResult(self.model_name, str(self.accelerator), batch, batch / rate, rate)
-            self.step = ph.simulated_step(rate)
+            self.step = ph.simulated_step(self.accelerator)
         cold = ph.drop_page_cache(self.paths)
         real = self.timed("4 real run", self.loader(self.data))
         cached = self.timed("5 real run, from memory", self.loader(self.in_memory))
@@ -282,7 +281,7 @@ class _Run:
             "step_slowdown": _slowdown(real.to_dict()["step_s"]["mean"], compute.step_s),
         }
         if self.accelerator is not None:
-            out["accelerator"] = self._device(prep, storage, real)
+            out["accelerator"] = self._device(self.accelerator, prep, storage, real)
         if compare == "torch":
             ph.drop_page_cache(self.paths)
             labels = [int(x) for x in self.reader.labels()]
@@ -292,12 +291,12 @@ class _Run:
                                         "transform": transform_label()}}
         return out
 
-    def _device(self, prep: list[Any], storage: Any, real: Any) -> dict[str, Any]:
+    def _device(self, device: SimAccelerator, prep: list[Any], storage: Any, real: Any) -> dict[str, Any]:
         """The simulated device's verdict: the stall predicted from the loader's stand-alone rate, and measured."""
-        rate = self.accelerator.images_per_s
+        rate = device.images_per_s
         at_threads = [p.images_per_s for p in prep if p.threads == self.threads] or [prep[-1].images_per_s]
         loader_rate = min(at_threads[0], storage.warm_files_per_s)
-        return {"name": str(self.accelerator), "images_per_s": rate, "loader_images_per_s": loader_rate,
+        return {"name": str(device), "images_per_s": rate, "loader_images_per_s": loader_rate,
                 "predicted_stall": max(0.0, 1 - loader_rate / rate), "measured_stall": real.stall_share}
 
     def _conclusions(self, out: dict[str, Any], max_side: int | None) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from stallfree.stage_runtime.accelerator import SimAccelerator
 from stallfree.stage_runtime.clock import StageClock
 from stallfree.stage_runtime.profile.cache import drop_page_cache
 
@@ -220,10 +221,10 @@ class ComputeResult:
     images_per_s: float
 
 
-def simulated_step(images_per_s: float) -> Callable[[Any], None]:
-    """A training step on a simulated device: it waits ``len(labels) / images_per_s`` seconds (holds no CPU)."""
+def simulated_step(device: SimAccelerator) -> Callable[[Any], None]:
+    """A training step on the simulated ``device``: it waits the device's time for the batch's labels (no CPU)."""
     def step(batch: Any) -> None:
-        time.sleep(len(batch[1]) / images_per_s)
+        device.step(len(batch[1]))
     return step
 
 

@@ -7,10 +7,11 @@ import torch.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from stallfree.stage_runtime.accelerator import SimAccelerator, parse_accelerator
 from stallfree.stage_runtime.train.schedules import ScheduleSpec, schedule_spec
 
 __all__ = ["BUNDLED_MODELS", "VERIFY_MODES", "TrainConfig", "Verify", "stage_threads"]
@@ -40,7 +41,9 @@ class TrainConfig:
     loader_threads: int | None = None  # Loader threads / DataLoader workers (default: the Loader's / 2)
     verify: Verify = "first-use"  # when the Loader hashes a shard: "first-use", "open" or "none" (Loader(verify=))
     plan_prediction: dict[str, Any] | None = None  # from --plan: step_s, images_per_s, bubble, plan (the file)
-    accelerator: str | None = None  # "sim:R": each stage waits as a device training R img/s per replica would
+    # "sim:R" (the string is parsed here, once, into the SimAccelerator this field then holds) or a SimAccelerator:
+    # each stage waits as a device training R img/s per replica would. None: the real device.
+    accelerator: SimAccelerator | None = None
     stages: int = 2  # pipeline ranks (processes) per replica
     schedule: str = "1f1b"
     virtual_stages: int = 2  # stages per rank for interleaved-1f1b and zero-bubble
@@ -80,10 +83,12 @@ class TrainConfig:
             raise ValueError(f"feed must be 'stallfree' or 'torch', got {self.feed!r}")
         if self.verify not in VERIFY_MODES:
             raise ValueError(f"verify must be one of {VERIFY_MODES}, got {self.verify!r}")
-        if self.accelerator is not None:
-            from stallfree.stage_runtime.train.accelerator import parse_accelerator
+        # the one place the string is parsed: the CLI, a Python user and a summary's JSON form all enter here
+        object.__setattr__(self, "accelerator", parse_accelerator(self.accelerator))
 
-            parse_accelerator(self.accelerator)
+    def to_json(self) -> dict[str, Any]:
+        """The fields as JSON values (``accelerator`` as its ``sim:R`` string); ``TrainConfig(**it)`` rebuilds it."""
+        return {**asdict(self), "accelerator": None if self.accelerator is None else str(self.accelerator)}
 
     @property
     def spec(self) -> ScheduleSpec:

@@ -21,7 +21,6 @@ from torch import nn
 
 from stallfree.stage_runtime.clock import StageClock
 from stallfree.stage_runtime.train import checkpoint as ckpt
-from stallfree.stage_runtime.train.accelerator import parse_accelerator
 from stallfree.stage_runtime.train.feed import make_feed, unpadded_samples
 from stallfree.stage_runtime.train.models import build_model
 from stallfree.stage_runtime.train.partition import LayerCost, plan
@@ -102,7 +101,7 @@ class Rank:
         torch.manual_seed(c.seed)
         layers = list(build_model(c.model, self.num_classes, c.image_size, **c.model_kwargs))
         micro = c.batch_size // c.microbatches
-        accelerator = parse_accelerator(c.accelerator)
+        accelerator = c.accelerator  # a SimAccelerator, parsed by TrainConfig (None: the real device)
         balance = c.balance
         last = ckpt.latest(c.ckpt_root) if c.resume and c.balance is None and self.rank == 0 else None
         if last is not None:

@@ -3,8 +3,8 @@
 :class:`TimedStage` is a ``torch.distributed.pipelining.PipelineStage`` whose forward, backward and
 weight-gradient chunks are timed: their sum is the rank's busy time, and the rest of the schedule's step is its
 bubble (waiting for neighbours). Communication is issued by the schedule outside these calls, so it counts as
-idle, which is what the bubble is. Under a simulated accelerator (:mod:`.accelerator`) each chunk lasts the
-device's time: it sleeps for what its (stand-in) compute left of it.
+idle, which is what the bubble is. Under a simulated accelerator (:mod:`stallfree.stage_runtime.accelerator`)
+each chunk lasts the device's time: it waits for what its (stand-in) compute left of it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
 
-from stallfree.stage_runtime.train.accelerator import StageTimes
+from stallfree.stage_runtime.accelerator import StageTimes, hold
 
 __all__ = ["SimulatedCompute", "TimedStage", "chain_forward"]
 
@@ -38,7 +38,7 @@ class TimedStage(PipelineStage):
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             if sim_s is not None:
-                time.sleep(max(0.0, start + sim_s - time.perf_counter()))  # waits: holds no core, no GIL
+                hold(sim_s, since=start)  # the device's time for this chunk: holds no core, no GIL
             end = time.perf_counter()
             self.busy_s += end - start
             if self.clock is not None:

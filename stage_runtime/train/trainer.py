@@ -19,7 +19,6 @@ import json
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -196,16 +195,17 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
     dist.gather_object(job.clock.to_records(), spans, dst=0)
     if report is not None:
         wall = time.perf_counter() - wall0
+        config = {k: v for k, v in c.to_json().items() if k != "crash_at"}  # TrainConfig(**config) rebuilds it
         summary = {"model": c.model, "stages": c.stages, "model_stages": c.model_stages, "replicas": c.dp,
                    "schedule": c.schedule, "microbatches": c.microbatches, "balance": list(job.balance),
                    "steps": step, "wall_s": wall, "final_loss": report.last_loss,
                    "eval_top1": accuracy if accuracy is not None and accuracy >= 0 else None,
                    "bubble_theory": c.spec.bubble(c.stages, c.microbatches, c.virtual_stages),
-                   "feed": c.feed, "plan_prediction": c.plan_prediction, "accelerator": c.accelerator,
+                   "feed": c.feed, "plan_prediction": c.plan_prediction, "accelerator": config["accelerator"],
                    "accelerator_images_per_s": _ideal(c),
                    "num_classes": job.num_classes, "checkpoint": str(ckpt.step_dir(c.ckpt_root, step)),
                    "layer_costs": job.layer_costs,
-                   "config": {k: v for k, v in asdict(c).items() if k != "crash_at"}, **report.fractions()}
+                   "config": config, **report.fractions()}
         report.close()
         merged = StageClock()
         for r, records in enumerate(spans or []):
@@ -220,10 +220,7 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
 
 def _ideal(c: TrainConfig) -> float | None:
     """What the replicas could train on the simulated device with no input wait and no bubble (None: real)."""
-    from stallfree.stage_runtime.train.accelerator import parse_accelerator
-
-    device = parse_accelerator(c.accelerator)
-    return None if device is None else device.images_per_s * c.dp
+    return None if c.accelerator is None else c.accelerator.images_per_s * c.dp
 
 
 def demo_config(train_dir: str, eval_dir: str, out_dir: str, *, epochs: int = 6, progress: bool = True) -> TrainConfig:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import time
 from pathlib import Path
 
@@ -11,7 +14,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import ScheduleGPipe
 
-from stallfree.stage_runtime.train.accelerator import SimAccelerator, StageTimes, parse_accelerator
+import stallfree
+from stallfree.stage_runtime.accelerator import SimAccelerator, StageTimes, hold, parse_accelerator
 from stallfree.stage_runtime.train.config import TrainConfig
 from stallfree.stage_runtime.train.stage import SimulatedCompute, TimedStage
 
@@ -50,11 +54,61 @@ def test_the_slowest_stage_takes_a_micro_batch_over_r_split_in_thirds() -> None:
 
 
 def test_train_config_checks_accelerator_and_feed() -> None:
-    assert TrainConfig(accelerator="sim:100").accelerator == "sim:100"
+    assert TrainConfig(accelerator="sim:100").accelerator == SimAccelerator(100)
     with pytest.raises(ValueError, match="--accelerator must be"):
         TrainConfig(accelerator="tpu")
     with pytest.raises(ValueError, match="feed must be 'stallfree' or 'torch'"):
         TrainConfig(feed="ffcv")
+
+
+@pytest.mark.parametrize("text", ["sim:fast", "sim:", "tpu:9"])
+def test_an_invalid_sim_string_fails_where_it_enters_train_config(text: str) -> None:
+    with pytest.raises(ValueError, match=r"--accelerator must be sim:IMAGES_PER_S \(e\.g\. sim:1000\) or none, got"):
+        TrainConfig(accelerator=text)
+
+
+def test_train_config_holds_the_typed_value_and_writes_the_string() -> None:
+    config = TrainConfig(accelerator="sim:2.5e3")
+    assert config.accelerator == SimAccelerator(2500.0)
+    assert TrainConfig(accelerator=SimAccelerator(2500.0)) == config
+    assert TrainConfig(accelerator="none").accelerator is None and TrainConfig().accelerator is None
+    form = json.loads(json.dumps(config.to_json()))  # what summary.json holds under "config"
+    assert form["accelerator"] == "sim:2500" and TrainConfig(**form) == config
+
+
+def test_below_the_entry_the_code_takes_the_typed_value() -> None:
+    from stallfree.stage_runtime.plan.predict import job_cores
+    from stallfree.stage_runtime.profile.phases import simulated_step
+
+    assert job_cores(TrainConfig(accelerator="sim:100")) is None  # a simulated device's waits hold no core
+    step = simulated_step(SimAccelerator(1000))
+    wall = time.perf_counter()
+    step((None, [0] * 30))  # 30 images: 30 ms
+    assert time.perf_counter() - wall >= 0.03
+
+
+def test_only_the_entry_points_parse_the_accelerator_string() -> None:
+    """Regression: ``sim:R`` was parsed five times (config, rank, trainer, plan/predict, profile/dataset)."""
+    package = Path(stallfree.__file__).parent
+    callers = set()
+    for folder, _, files in os.walk(package, followlinks=True):  # stallfree/<sub> link the top-level folders
+        for name in files:
+            path = Path(folder) / name
+            if name.endswith(".py") and re.search(r"(?<!def )parse_accelerator\(", path.read_text()):
+                callers.add(path.relative_to(package).as_posix())
+    assert callers == {"stage_runtime/train/config.py", "stage_runtime/profile/dataset.py"}
+
+
+def test_the_device_waits_its_time_without_holding_the_cpu() -> None:
+    device = SimAccelerator(1000)
+    assert device.seconds(50) == pytest.approx(0.05)
+    cpu, wall = time.thread_time(), time.perf_counter()
+    device.step(50)
+    cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
+    assert wall >= 0.05 and cpu / wall < 0.10, f"the device used {cpu / wall:.0%} of a core"
+    wall = time.perf_counter()
+    hold(0.05, since=wall - 1.0)  # a stand-in that already took longer than the device: no wait
+    assert time.perf_counter() - wall < 0.05
 
 
 def _real() -> nn.Sequential:
