@@ -1,8 +1,9 @@
 """Delivered images/s when a simulated accelerator consumes the batches: each feed against a sweep of device speeds.
 
 A feed's stand-alone rate says how fast it can go; a training job only sees what it delivers while the device
-works. Here the consumer is an accelerator of speed ``R`` img/s that holds no host CPU: for every batch it sleeps
-``batch_size / R`` seconds (``time.sleep`` releases the GIL and the core), then asks for the next one. The time
+works. Here the consumer is an accelerator of speed ``R`` img/s that holds no host CPU (the one simulated device,
+:class:`stallfree.stage_runtime.accelerator.SimAccelerator`): for every batch it sleeps ``batch_size / R`` seconds
+(``time.sleep`` releases the GIL and the core), then asks for the next one. The time
 spent inside ``next()`` is the input stall. A feed should deliver min(R, its stand-alone rate) minus overheads.
 
 The feeds, all over the same data in one process and one run, with ``bench loader``'s contenders
@@ -42,6 +43,7 @@ from typing import Any, TextIO
 
 from stallfree.bench.loader import contender_stream, image_files, shard_runs, write_synthetic
 from stallfree.core.cpu import cpu_seconds
+from stallfree.stage_runtime.accelerator import SimAccelerator
 
 __all__ = ["add_arguments", "draw", "run"]
 
@@ -102,7 +104,7 @@ def _pass(stream: Iterator[Any], args: argparse.Namespace, speed: float | None, 
           batches: int | None = None) -> dict[str, float]:
     """``batches`` batches to an accelerator of ``speed`` img/s (None: no accelerator, the stand-alone rate)."""
     batches = args.batches if batches is None else batches
-    step = 0.0 if speed is None else args.batch_size / speed
+    device = None if speed is None else SimAccelerator(speed)
     waited = 0.0
     cpu = cpu_seconds(process.pid)
     start = time.perf_counter()
@@ -110,8 +112,8 @@ def _pass(stream: Iterator[Any], args: argparse.Namespace, speed: float | None, 
         asked = time.perf_counter()
         next(stream)
         waited += time.perf_counter() - asked
-        if step:
-            time.sleep(step)  # the device's step: no CPU, no GIL
+        if device is not None:
+            device.step(args.batch_size)  # the device's step: no CPU, no GIL
         bar.update()
     wall = time.perf_counter() - start
     return {"img_per_s": batches * args.batch_size / wall, "stall_share": min(1.0, waited / wall),

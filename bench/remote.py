@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from stallfree.core.cpu import cpu_seconds
+from stallfree.stage_runtime.accelerator import SimAccelerator
 
 __all__ = ["add_arguments", "run"]
 
@@ -58,9 +59,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs of every row (the table gives medians)")
 
 
-def _epoch(loader: Any, step: float, built: float, settle: int = 10,
+def _epoch(loader: Any, device: SimAccelerator | None, built: float, settle: int = 10,
            fetched: Callable[[], int] | None = None) -> dict[str, float]:
     """One epoch with a simulated step after each batch: time to first batch, then images/s and stall share.
+
+    The step is ``device``'s (None: no step) on a whole batch (``loader.batch_size`` images), whatever the batch's
+    length: the step the table shows, per batch.
 
     Both count the batches after the first ``settle``: while the first shards arrive the prefetch queues fill up,
     and counting those batches would credit a slow start with a burst of batches decoded while it waited.
@@ -80,7 +84,8 @@ def _epoch(loader: Any, step: float, built: float, settle: int = 10,
         elif number > settle:
             waited += now - before
             images += len(batch[1])
-        time.sleep(step)
+        if device is not None:
+            device.step(loader.batch_size)  # the device's step: no CPU, no GIL
         before = time.perf_counter()
     wall = time.perf_counter() - start
     return {"img_s": images / wall if wall else 0.0, "stall": waited / wall if wall else 0.0, "first_s": first,
@@ -116,9 +121,10 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
         ingest(work / "images", data, IngestOptions(shard_mb=args.shard_mb), workers=args.threads)
         shards = read_manifest(data)["shards"]
         total = sum(s["bytes"] for s in shards)
-        _epoch(_loader(data, args), 0.0, time.perf_counter())  # warm-up: page cache, graph compilation
-        local = _epoch(_loader(data, args), 0.0, time.perf_counter())
+        _epoch(_loader(data, args), None, time.perf_counter())  # warm-up: page cache, graph compilation
+        local = _epoch(_loader(data, args), None, time.perf_counter())
         step = args.step_ms / 1e3 if args.step_ms is not None else args.batch_size / local["img_s"] / 2
+        device = SimAccelerator(args.batch_size / step) if step else None  # `step` seconds a batch (0: none)
         cache_limit = max(int(total * args.cache_share), 3 * max(s["bytes"] for s in shards))
         block = max(1, int(len(shards) * args.cache_share / 3))
         blocked = {"shuffle": "block", "block_shards": block}
@@ -142,7 +148,7 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
                 for number, (source, kind, ms, extra, _) in enumerate(plans):
                     print(f"run {repeat + 1}/{args.repeats}: {source} at {ms:g} ms ...", file=sys.stderr)
                     runs.setdefault((source, ms), []).append(
-                        _run_one(data, kind, ms, extra, proxies, work / f"cache-{repeat}-{number}", step, args,
+                        _run_one(data, kind, ms, extra, proxies, work / f"cache-{repeat}-{number}", device, args,
                                  CONTROL, s3_options, servers.pid))
         finally:
             servers.kill()
@@ -173,10 +179,11 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
 
 
 def _run_one(data: Path, kind: str, ms: float, extra: dict[str, Any], proxies: dict[str, str], cache: Path,
-             step: float, args: argparse.Namespace, control: str, s3_options: Any, servers: int) -> dict[str, Any]:
+             device: SimAccelerator | None, args: argparse.Namespace, control: str, s3_options: Any,
+             servers: int) -> dict[str, Any]:
     """One row's epoch, with the CPU seconds this process and the servers' spent in it."""
     before, served = cpu_seconds(), cpu_seconds(servers)
-    measured = _one_epoch(data, kind, ms, extra, proxies, cache, step, args, control, s3_options)
+    measured = _one_epoch(data, kind, ms, extra, proxies, cache, device, args, control, s3_options)
     after, served_after = cpu_seconds(), cpu_seconds(servers)
     measured["cpu_s"] = (after or 0.0) - (before or 0.0)
     measured["servers_cpu_s"] = served_after - served
@@ -184,10 +191,11 @@ def _run_one(data: Path, kind: str, ms: float, extra: dict[str, Any], proxies: d
 
 
 def _one_epoch(data: Path, kind: str, ms: float, extra: dict[str, Any], proxies: dict[str, str], cache: Path,
-               step: float, args: argparse.Namespace, control: str, s3_options: Any) -> dict[str, Any]:
+               device: SimAccelerator | None, args: argparse.Namespace, control: str,
+               s3_options: Any) -> dict[str, Any]:
     """One epoch of one row: from local disk, or from a cold cache through the proxy at ``ms`` added latency."""
     if kind == "local":
-        return _epoch(_loader(data, args, **extra), step, time.perf_counter())
+        return _epoch(_loader(data, args, **extra), device, time.perf_counter())
     proxy = proxies[kind.lower()]
     urllib.request.urlopen(f"{proxy}{control}{ms:g}", timeout=10).close()
     url = proxy if kind == "HTTP" else "s3://bench/ds/"
@@ -195,7 +203,7 @@ def _one_epoch(data: Path, kind: str, ms: float, extra: dict[str, Any], proxies:
     built = time.perf_counter()
     loader = _loader(url, args, cache_dir=cache, downloads=args.downloads, **options, **extra)
     try:
-        measured: dict[str, Any] = _epoch(loader, step, built, fetched=lambda: loader.reader.cache.fetched)
+        measured: dict[str, Any] = _epoch(loader, device, built, fetched=lambda: loader.reader.cache.fetched)
         measured["fetched"] = loader.reader.cache.fetched
     finally:
         loader.close()

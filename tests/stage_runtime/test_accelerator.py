@@ -99,6 +99,14 @@ def test_only_the_entry_points_parse_the_accelerator_string() -> None:
     assert callers == {"stage_runtime/train/config.py", "stage_runtime/profile/dataset.py"}
 
 
+@pytest.mark.parametrize("module", ["stage_runtime/train/stage.py", "stage_runtime/profile/phases.py",
+                                    "bench/e2e.py", "bench/remote.py"])
+def test_every_simulated_device_is_the_one(module: str) -> None:
+    """Regression: four devices slept on their own (a stage, the profiler's step, bench e2e's and remote's consumer)."""
+    text = (Path(stallfree.__file__).parent / module).read_text()
+    assert "stallfree.stage_runtime.accelerator import" in text and "time.sleep(" not in text
+
+
 def test_the_device_waits_its_time_without_holding_the_cpu() -> None:
     device = SimAccelerator(1000)
     assert device.seconds(50) == pytest.approx(0.05)
