@@ -24,7 +24,7 @@ from stallfree.pipeline.samples import BadSampleError, Batch
 
 if TYPE_CHECKING:
     from stallfree.pipeline.graph import Graph
-    from stallfree.pipeline.loader import Loader
+    from stallfree.pipeline.run_config import RunParts
 
 __all__ = ["EpochRun"]
 
@@ -51,13 +51,14 @@ def _stop_running_epochs() -> None:
 class EpochRun:
     """One pass over ``epoch`` split from ``split`` on, from ``position`` (batch ``number``): both stage threads.
 
-    ``loader`` is a ``weakref.proxy``: the pass's iterator holds the Loader, its threads do not, so a Loader dropped
-    after a pass (``list(Loader(...))``) is freed at once and its run started ahead is stopped with it.
+    Built from the run's parts (:class:`~stallfree.pipeline.run_config.RunParts`) and the graph, never from the
+    Loader: the pass's iterator holds the Loader, the threads do not, so a Loader dropped after a pass
+    (``list(Loader(...))``) is freed at once and its run started ahead is stopped with it.
     """
 
-    def __init__(self, loader: Loader, graph: Graph, epoch: int, split: int, position: int, number: int,
+    def __init__(self, parts: RunParts, graph: Graph, epoch: int, split: int, position: int, number: int,
                  skipped: list[dict[str, Any]], *, idle_s: float | None = None):
-        self.loader, self.graph, self.epoch = loader, graph, epoch
+        self.parts, self.config, self.graph, self.epoch = parts, parts.config, graph, epoch
         # A run started ahead (``idle_s`` given) keeps its clock spans until it is handed over (release_spans): a
         # profile of this epoch must not see the next one's batch numbers; a discarded run never reports its work.
         # Untaken after ``idle_s`` it stops by itself, checked by its own threads as they wait: no timer thread may
@@ -66,17 +67,17 @@ class EpochRun:
         self._idle_until = None if idle_s is None else time.monotonic() + idle_s
         self._span_lock = threading.Lock()
         self.start = (split, position, number)
-        self.order = loader.sampler.virtual_order(epoch, split)
+        self.order = parts.sampler.virtual_order(epoch, split)
         self.bad = {int(s["position"]) % len(self.order) for s in skipped}  # this epoch's skipped positions so far
         self.first_skip: dict[str, Any] | None = skipped[0] if skipped else None
         self._stop = threading.Event()
         self.produced = threading.Event()  # set once the graph stage has put its last batch on out_q
-        self.read_q: queue.Queue[Any] = queue.Queue(loader.prefetch)
-        self.out_q: queue.Queue[Any] = queue.Queue(loader.prefetch)
+        self.read_q: queue.Queue[Any] = queue.Queue(parts.config.prefetch)
+        self.out_q: queue.Queue[Any] = queue.Queue(parts.config.prefetch)
         self.more: queue.Queue[int] = queue.Queue()  # samples the graph stage rejected, for the reader to replace
-        follow = getattr(loader.reader, "follow", None)  # a remote reader's read-ahead takes the coming rows
+        follow = getattr(parts.reader, "follow", None)  # a remote reader's read-ahead takes the coming rows
         if callable(follow):
-            follow(loader.sampler.rows(self.order[position % len(self.order) :]))
+            follow(parts.sampler.rows(self.order[position % len(self.order) :]))
         reader, assembler = ReadStage(self), GraphStage(self, position)
         self._threads = [
             threading.Thread(target=self._guard, args=(reader.loop, self.read_q, position, number), daemon=True),
@@ -142,7 +143,7 @@ class EpochRun:
 
     def record(self, stage: str, state: str, start: float, batch: int) -> None:
         """Report a span from ``start`` to now to the Loader's clock, if it has one (held while started ahead)."""
-        clock = self.loader.clock
+        clock = self.parts.clock
         if clock is None:
             return
         span = (stage, state, start, time.perf_counter(), batch)
@@ -160,20 +161,20 @@ class EpochRun:
         """The run started ahead is handed to its pass: report the spans it held, and each from now on as it ends."""
         with self._span_lock:
             held, self._held = self._held or [], None
-        clock = self.loader.clock
+        clock = self.parts.clock
         if clock is not None:
             for span in held:
                 clock.record(*span)
 
     def skip(self, position: int, row: int, reason: str) -> dict[str, Any]:
         """The skip policy: raise :class:`BadSampleError` with ``on_error="raise"``, else the sample's record."""
-        source = self.loader.reader.describe(row)
-        if self.loader.on_error == "raise":
+        source = self.parts.reader.describe(row)
+        if self.config.on_error == "raise":
             raise BadSampleError(source, row, reason)
         return {"index": row, "source": source, "reason": reason, "epoch": self.epoch, "position": position}
 
     def __iter__(self) -> Iterator[Batch]:
-        clock = self.loader.clock
+        clock = self.parts.clock
         while True:
             start_time = time.perf_counter()
             item = self.get(self.out_q)

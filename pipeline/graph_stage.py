@@ -58,7 +58,7 @@ class GraphStage:
     """Builds the run's batches from its read queue onto its output queue, in order."""
 
     def __init__(self, run: EpochRun, position: int):
-        self.run, self.loader = run, run.loader
+        self.run, self.parts, self.config = run, run.parts, run.config
         self._pending: list[Entry] = []
         self._cursor = position
         self._credit = 0  # replacements asked for by batches that gave their samples back
@@ -73,12 +73,12 @@ class GraphStage:
                 self.run.graph.drain()  # a stopped or failed pass leaves nothing in the graph for the next one
 
     def _loop(self, first: int) -> None:
-        run, loader = self.run, self.loader
+        run, config = self.run, self.config
         per_rank = len(run.order)
         flying: _Take | None = None
         number = first
-        while number < loader._batches(per_rank):
-            fresh = _Take(number, loader._batch_len(number, per_rank), self._cursor, run.first_skip)
+        while number < config.batches(per_rank):
+            fresh = _Take(number, config.batch_len(number, per_rank), self._cursor, run.first_skip)
             try:
                 take = self._take(fresh, wait=flying is None)  # a look-ahead (a batch in the graph) does not wait
             except Exception:
@@ -110,10 +110,10 @@ class GraphStage:
         return batch is not None and self._send(batch)
 
     def _send(self, batch: Batch) -> bool:
-        run, loader = self.run, self.loader
-        if batch.output is not None and batch.output.device != loader.device:
+        run, device = self.run, self.config.device
+        if batch.output is not None and batch.output.device != device:
             start_time = time.perf_counter()
-            batch.output = batch.output.pin_memory().to(loader.device, non_blocking=True)
+            batch.output = batch.output.pin_memory().to(device, non_blocking=True)
             run.record("h2d", "busy", start_time, batch.number)
         return run.put(run.out_q, batch)
 
@@ -201,7 +201,7 @@ class GraphStage:
         take.consumed, take.taken, take.skipped, take.requested, take.inputs = [], [], [], 0, None
 
     def _inputs(self, take: _Take) -> tuple[list[np.ndarray], dict[str, list[np.ndarray]]]:
-        names = list(self.loader.compiled.param_inputs)
+        names = list(self.parts.compiled.param_inputs)
         images = [t[2] for t in take.taken]
         return images, {name: [t[3][j] for t in take.taken] for j, name in enumerate(names)}
 
@@ -216,10 +216,10 @@ class GraphStage:
         If it fails in the graph, ``following`` (the batch fed after it) gives its samples back first, and the
         failed samples are replaced from the stream, running the graph again until the batch passes.
         """
-        run, loader = self.run, self.loader
+        run, parts = self.run, self.parts
         while True:
             images, params = take.inputs or self._inputs(take)
-            rows = loader.sampler.rows(np.asarray([t[1] for t in take.taken], np.int64))
+            rows = parts.sampler.rows(np.asarray([t[1] for t in take.taken], np.int64))
             start_time = max(take.fed, self._graph_free)  # the graph's busy span, not the wait for the reader
             try:
                 if take.ticket is not None:
@@ -234,10 +234,10 @@ class GraphStage:
                 run.record("augment", "busy", start_time, take.number)
                 if following is not None and following.ticket is not None:
                     self._give_back(following)
-                if not failure.bad or loader.on_error == "raise":
+                if not failure.bad or self.config.on_error == "raise":
                     row = int(rows[failure.bad[0] if failure.bad else 0])
                     reason = failure.reasons[0] if failure.bad else str(failure)
-                    raise BadSampleError(loader.reader.describe(row), row, f"decoding failed: {reason}") from failure
+                    raise BadSampleError(parts.reader.describe(row), row, f"decoding failed: {reason}") from failure
                 for i, reason in zip(failure.bad, failure.reasons, strict=True):
                     self._note_skip(run.skip(take.taken[i][0], int(rows[i]), f"decoding failed: {reason}"),
                                     take.skipped)

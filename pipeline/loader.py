@@ -13,7 +13,6 @@ Loader yields bit-identical batches from the next one on (DESIGN.md, "Known pitf
 
 from __future__ import annotations
 
-import math
 import os
 import warnings
 import weakref
@@ -42,6 +41,7 @@ from stallfree.pipeline.loader_state import read_state
 from stallfree.pipeline.next_pass import NextPass
 from stallfree.pipeline.passes import Pass
 from stallfree.pipeline.readers import Reader, open_source, unwrap_torchvision_dataset
+from stallfree.pipeline.run_config import RunConfig, RunParts
 from stallfree.pipeline.sampler import process_shard
 from stallfree.pipeline.samples import BadSampleError
 from stallfree.pipeline.shards import Verify
@@ -261,13 +261,14 @@ class Loader:
 
     def _batches(self, per_rank: int) -> int:
         """Batches of a pass over ``per_rank`` samples."""
-        return per_rank // self.batch_size if self.drop_last else math.ceil(per_rank / self.batch_size)
+        return self._parts().config.batches(per_rank)
 
-    def _batch_len(self, number: int, per_rank: int) -> int:
-        """Samples in batch ``number`` of a pass over ``per_rank`` (all full but a last one kept by drop_last=False)."""
-        if number < self._batches(per_rank) - 1 or self.drop_last:
-            return self.batch_size
-        return per_rank - number * self.batch_size
+    def _parts(self) -> RunParts:
+        """What an epoch run is built from: the settings as they are now (the profiler sets ``clock``), the parts."""
+        config = RunConfig(batch_size=self.batch_size, drop_last=self.drop_last, seed=self.seed, prefetch=self.prefetch,
+                           io_threads=self.io_threads, on_error=self.on_error, max_pixels=self.max_pixels,
+                           exif=self.exif, encoded=self.encoded, device=self.device)
+        return RunParts(config, self.sampler.order(), self.reader, self.compiled, self.clock)
 
     @property
     def _batch_echo(self) -> int:
@@ -287,7 +288,7 @@ class Loader:
     def _produced(self, ended: Pass) -> None:
         """``ended``'s run has queued its last batch: start the next epoch's run, which ``iter()`` then takes."""
         if self._graph is not None and self._current() is ended:
-            self._next.start(self, self._graph, self._epoch + 1)
+            self._next.start(self._parts(), self._graph, self._epoch + 1)
 
     def _end_pass(self, why: str) -> bool:
         """End the pass in progress, if any (its iterator then raises ``why``); whether there was one."""
@@ -378,8 +379,8 @@ class Loader:
             )
         number = (delivered - repeat) // self._batch_echo
         run = self._next.take(self._epoch, self._split, position, number, self.skipped) or EpochRun(
-            weakref.proxy(self), self._graph, self._epoch, self._split, position, number, self.skipped)
-        ongoing = Pass(self, run, (position, repeat, delivered))
+            self._parts(), self._graph, self._epoch, self._split, position, number, self.skipped)
+        ongoing = Pass(self, run, (position, repeat, delivered), echo=self._batch_echo)
         self._pass = weakref.ref(ongoing)
         return ongoing
 

@@ -9,7 +9,7 @@ and after ``load_state_dict`` setting the state's epoch keeps its position, so a
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Protocol
 
 from stallfree.pipeline.sampler import Sampler
@@ -33,6 +33,10 @@ class LoaderSampler(Sampler):
     """
 
     owner: weakref.ReferenceType[_Epochs] | None = field(default=None, compare=False, repr=False)
+
+    def order(self) -> Sampler:
+        """The order alone, without its Loader: what an epoch run uses, picklable (a weak reference is not)."""
+        return Sampler(**{f.name: getattr(self, f.name) for f in fields(Sampler)})
 
     def _loader(self) -> _Epochs:
         loader = self.owner() if self.owner is not None else None

@@ -7,8 +7,8 @@ next ``iter()`` will most likely ask for (the next epoch from its start, nothing
 when it asks for exactly that. Anything else (``set_epoch`` to another epoch, ``load_state_dict`` elsewhere) stops
 it and starts afresh; the batches are the same either way, since every draw is keyed by (seed, epoch, sample).
 
-The run holds its Loader weakly (a ``weakref.proxy``), so a Loader dropped after its last pass is freed at once;
-its finalizer stops the run and waits for its threads (no read of a shard outlives the Loader). A run nobody takes
+The run holds the Loader's parts, not the Loader, so a Loader dropped after its last pass is freed at once; its
+finalizer stops the run and waits for its threads (no read of a shard outlives the Loader). A run nobody takes
 also stops by itself after :data:`IDLE_S`, through its own threads: a timer thread used to hold it, and when the
 timer was cancelled at the end of the program it could drop the run's last queued batch while the interpreter was
 shutting down, which aborts the process ("terminate called without an active exception").
@@ -16,14 +16,13 @@ shutting down, which aborts the process ("terminate called without an active exc
 
 from __future__ import annotations
 
-import weakref
 from typing import TYPE_CHECKING, Any
 
 from stallfree.pipeline.epoch import EpochRun
 
 if TYPE_CHECKING:
     from stallfree.pipeline.graph import Graph
-    from stallfree.pipeline.loader import Loader
+    from stallfree.pipeline.run_config import RunParts
 
 __all__ = ["IDLE_S", "NextPass"]
 
@@ -37,10 +36,10 @@ class NextPass:
     def __init__(self) -> None:
         self._run: EpochRun | None = None
 
-    def start(self, loader: Loader, graph: Graph, epoch: int) -> None:
+    def start(self, parts: RunParts, graph: Graph, epoch: int) -> None:
         """Start ``epoch``'s run from its beginning (the pass before it must have stopped using ``graph``)."""
         self.discard()
-        self._run = EpochRun(weakref.proxy(loader), graph, epoch, 0, 0, 0, skipped=[], idle_s=IDLE_S)
+        self._run = EpochRun(parts, graph, epoch, 0, 0, 0, skipped=[], idle_s=IDLE_S)
 
     def take(self, epoch: int, split: int, position: int, number: int,
              skipped: list[dict[str, Any]]) -> EpochRun | None:

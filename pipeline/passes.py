@@ -22,8 +22,8 @@ __all__ = ["Pass"]
 class Pass:
     """The iterator of one pass: batches from an :class:`EpochRun`, each yielded ``echo`` times in batch mode."""
 
-    def __init__(self, loader: Loader, run: EpochRun, cursor: tuple[int, int, int]):
-        self.loader, self.run = loader, run
+    def __init__(self, loader: Loader, run: EpochRun, cursor: tuple[int, int, int], *, echo: int):
+        self.loader, self.run, self.echo = loader, run, echo
         self.cursor = cursor  # after the last batch delivered: (position, repeat, batches delivered)
         self.over = False
         self._why: str | None = None
@@ -47,7 +47,7 @@ class Pass:
                                "(`for batch in loader`) to go on")
         if self.over:
             raise StopIteration
-        loader, k = self.loader, self.loader._batch_echo
+        loader, k = self.loader, self.echo
         if self._batch is None or self._repeat == k:
             try:
                 batch = next(self._batches)

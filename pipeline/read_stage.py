@@ -37,15 +37,15 @@ class ReadStage:
     """Reads chunks of the run's stream onto its read queue: one per remaining batch, then one per replacement."""
 
     def __init__(self, run: EpochRun):
-        self.run, self.loader = run, run.loader
+        self.run, self.parts, self.config = run, run.parts, run.config
 
     def loop(self, position: int, number: int) -> None:
         """Read the stream: a chunk of good samples per remaining batch, then one per sample the graph rejects."""
-        run, loader = self.run, self.loader
+        run, config = self.run, self.config
         per_rank = len(run.order)
-        plan = [loader._batch_len(b, per_rank) for b in range(number, loader._batches(per_rank))]
+        plan = [config.batch_len(b, per_rank) for b in range(number, config.batches(per_rank))]
         known_bad = set(run.bad)  # the reader's own view: what it skipped, and what the state carried
-        with ThreadPoolExecutor(loader.io_threads, thread_name_prefix="stallfree-read") as pool:
+        with ThreadPoolExecutor(config.io_threads, thread_name_prefix="stallfree-read") as pool:
             while not run.stopped:
                 if plan:
                     wanted = plan.pop(0)
@@ -63,7 +63,7 @@ class ReadStage:
 
     def _chunk(self, pool: ThreadPoolExecutor, position: int, wanted: int, known_bad: set[int]) -> tuple[Chunk, int]:
         """Read from ``position`` until ``wanted`` samples pass the host checks (header, size)."""
-        run, loader, order = self.run, self.loader, self.run.order
+        run, parts, order = self.run, self.parts, self.run.order
         n = len(order)
         entries: list[tuple[int, int | None, Any, Any]] = []
         good: list[int] = []
@@ -77,7 +77,7 @@ class ReadStage:
             keep = [int(p) for p in span if int(p) % n not in known_bad] if known_bad else span.tolist()
             if known_bad:
                 entries.extend((int(p), None, None, None) for p in span if int(p) % n in known_bad)
-            rows = loader.sampler.rows(order[np.asarray(keep, np.int64) % n]).tolist()
+            rows = parts.sampler.rows(order[np.asarray(keep, np.int64) % n]).tolist()
             for p, row, (data, problem) in zip(keep, rows, pool.map(self._fetch, rows), strict=True):
                 if problem is None:
                     try:
@@ -94,7 +94,7 @@ class ReadStage:
                 break
         if good:
             virtual = order[np.asarray(good, np.int64) % n]
-            params = loader.compiled.draw(batch_random(loader.seed, run.epoch, virtual.tolist()), sizes)
+            params = parts.compiled.draw(batch_random(self.config.seed, run.epoch, virtual.tolist()), sizes)
             names = list(params)
             for i, p in enumerate(good):
                 entries.append((p, int(virtual[i]), images[i], tuple(params[name][i] for name in names)))
@@ -103,7 +103,7 @@ class ReadStage:
 
     def _fetch(self, row: int) -> tuple[np.ndarray, str | None]:
         try:
-            return self.loader.reader.read(int(row)), None
+            return self.parts.reader.read(int(row)), None
         except FileNotFoundError:
             return np.empty(0, np.uint8), "missing file"
         except OSError as err:
@@ -111,7 +111,7 @@ class ReadStage:
 
     def _size(self, data: np.ndarray) -> tuple[int, int]:
         """The (height, width) the crop parameters are drawn on: the header's (after EXIF, if applied)."""
-        if not self.loader.encoded:
+        if not self.config.encoded:
             return int(data.shape[0]), int(data.shape[1])
-        header = read_header(data, self.loader.max_pixels, exif=self.loader.exif)
+        header = read_header(data, self.config.max_pixels, exif=self.config.exif)
         return header.height, header.width

@@ -1,0 +1,67 @@
+"""What an epoch run is built from: a frozen configuration and the parts it uses, never the Loader.
+
+The stages of a run (:mod:`.read_stage`, :mod:`.graph_stage`, and :mod:`.epoch` around them) read the Loader's
+settings from :class:`RunConfig` and use the sampler, the reader, the compiled transforms and the graph they are
+given (:class:`RunParts`), so that a stage can be built from picklable inputs in another process (a Ray worker) and
+give the same batches: every draw is keyed by ``(seed, epoch, sample)``, none by where the work runs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+
+from stallfree.ingest.images import Exif
+
+if TYPE_CHECKING:
+    from stallfree.pipeline.readers import Reader
+    from stallfree.pipeline.sampler import Sampler
+    from stallfree.transforms.compile import CompiledTransforms
+
+__all__ = ["RunConfig", "RunParts"]
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The Loader's settings an epoch run reads (see :class:`~stallfree.pipeline.loader.Loader` for each).
+
+    ``encoded``: the reader gives encoded bytes (decoded in the graph) rather than HWC pixels.
+    """
+
+    batch_size: int
+    drop_last: bool
+    seed: int
+    prefetch: int
+    io_threads: int
+    on_error: Literal["raise", "skip"]
+    max_pixels: int
+    exif: Exif
+    encoded: bool
+    device: torch.device
+
+    def batches(self, per_rank: int) -> int:
+        """Batches of a pass over ``per_rank`` samples."""
+        return per_rank // self.batch_size if self.drop_last else math.ceil(per_rank / self.batch_size)
+
+    def batch_len(self, number: int, per_rank: int) -> int:
+        """Samples in batch ``number`` of a pass over ``per_rank`` (all full but a last one kept by drop_last=False)."""
+        if number < self.batches(per_rank) - 1 or self.drop_last:
+            return self.batch_size
+        return per_rank - number * self.batch_size
+
+
+@dataclass(frozen=True, eq=False)
+class RunParts:
+    """The objects a run uses: the order (``sampler``), the rows (``reader``), the spec and where it reports spans.
+
+    ``clock`` is the Loader's :class:`~stallfree.pipeline.loader.Clock`, or ``None``.
+    """
+
+    config: RunConfig
+    sampler: Sampler
+    reader: Reader
+    compiled: CompiledTransforms
+    clock: Any = None

@@ -1,0 +1,54 @@
+"""An epoch run is built from picklable parts, never the Loader: in another process it gives the same batches.
+
+This is what lets the graph run on other machines (Ray workers): the order, every random draw and the pixels come
+from ``(config, sampler, reader, compiled spec)`` and ``(seed, epoch, sample)``, not from where the work runs.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stallfree import Loader
+from stallfree.transforms import RandomHorizontalFlip, RandomResizedCrop
+
+SPEC = [RandomResizedCrop(16, scale=(0.3, 1.0)), RandomHorizontalFlip()]
+
+
+def _batches_elsewhere(parts: bytes, epoch: int, count: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """In a fresh process: the run's first ``count`` batches, from the pickled parts and a graph built there."""
+    from stallfree.pipeline.epoch import EpochRun
+    from stallfree.pipeline.graph import Graph
+
+    run_parts = pickle.loads(parts)
+    config = run_parts.config
+    graph = Graph(run_parts.compiled, batch_size=config.batch_size, num_threads=1, device_id=None,
+                  encoded=config.encoded, seed=config.seed, exif=config.exif)
+    run = EpochRun(run_parts, graph, epoch, 0, 0, 0, [])
+    out = []
+    for batch in run:
+        assert batch.output is not None
+        out.append((batch.output.numpy().copy(), np.asarray(batch.rows)))
+        if len(out) == count:
+            break
+    run.stop()
+    run.join(10.0)
+    return out
+
+
+def test_a_run_built_in_another_process_from_the_parts_gives_the_loaders_batches(image_folder: Path) -> None:
+    loader = Loader(image_folder, batch_size=4, transform=SPEC, seed=7, dtype="uint8", num_threads=1)
+    loader.set_epoch(2)
+    local = [(images.numpy(), labels.numpy()) for images, labels in loader][:3]
+    parts: Any = loader._parts()
+    assert not any(value is loader for value in vars(parts).values())
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        remote = pool.apply(_batches_elsewhere, (pickle.dumps(parts), 2, 3))
+    assert len(remote) == 3
+    for (images, labels), (their_images, rows) in zip(local, remote, strict=True):
+        assert np.array_equal(images, their_images)
+        assert np.array_equal(labels, loader.labels[rows])
