@@ -378,8 +378,9 @@ class Loader:
                 pin_memory=self.pin_memory,
             )
         number = (delivered - repeat) // self._batch_echo
-        run = self._next.take(self._epoch, self._split, position, number, self.skipped) or EpochRun(
-            self._parts(), self._graph, self._epoch, self._split, position, number, self.skipped)
+        parts = self._parts()
+        run = self._next.take(self._epoch, self._split, position, number, self.skipped, parts) or EpochRun(
+            parts, self._graph, self._epoch, self._split, position, number, self.skipped)
         ongoing = Pass(self, run, (position, repeat, delivered), echo=self._batch_echo)
         self._pass = weakref.ref(ongoing)
         return ongoing

@@ -41,14 +41,19 @@ class NextPass:
         self.discard()
         self._run = EpochRun(parts, graph, epoch, 0, 0, 0, skipped=[], idle_s=IDLE_S)
 
-    def take(self, epoch: int, split: int, position: int, number: int,
-             skipped: list[dict[str, Any]]) -> EpochRun | None:
-        """The run started ahead if it is the one asked for and still running; else ``None`` (and it is stopped)."""
+    def take(self, epoch: int, split: int, position: int, number: int, skipped: list[dict[str, Any]],
+             parts: RunParts | None = None) -> EpochRun | None:
+        """The run started ahead if it is the one asked for and still running; else ``None`` (and it is stopped).
+
+        ``parts`` are the Loader's now: a run started with other settings, or reporting to another clock (the
+        profiler sets ``loader.clock`` between passes), is not the one asked for.
+        """
         run, self._run = self._run, None
         if run is None:
             return None
         run.taken()  # first, so that it cannot stop for idleness once it is found running
-        if run.stopped or skipped or run.epoch != epoch or run.start != (split, position, number):
+        other = parts is None or run.config != parts.config or run.parts.clock is not parts.clock
+        if other or run.stopped or skipped or run.epoch != epoch or run.start != (split, position, number):
             _stop(run)
             return None
         run.release_spans()

@@ -91,3 +91,14 @@ def test_the_clock_sees_the_run_started_ahead_only_once_it_is_taken(indexed_list
     list(running)
     augmented = [b for stage, b in clock.spans if stage == "augment"]
     assert sorted(augmented) == sorted([*range(batches), *range(batches)])
+
+
+def test_a_clock_set_between_passes_sees_the_whole_next_pass(indexed_list: Path) -> None:
+    # the profiler sets loader.clock between passes; the run started ahead without it must not be the one taken
+    running = loader(indexed_list)
+    list(running)
+    assert running._next._run is not None
+    clock = _Spans()
+    running.clock = clock
+    batches = len(list(running))
+    assert sorted(b for stage, b in clock.spans if stage == "augment") == list(range(batches))
