@@ -261,14 +261,17 @@ class Loader:
 
     def _batches(self, per_rank: int) -> int:
         """Batches of a pass over ``per_rank`` samples."""
-        return self._parts().config.batches(per_rank)
+        return self._config().batches(per_rank)
+
+    def _config(self) -> RunConfig:
+        """The settings an epoch run reads, as they are now."""
+        return RunConfig(batch_size=self.batch_size, drop_last=self.drop_last, seed=self.seed, prefetch=self.prefetch,
+                         io_threads=self.io_threads, on_error=self.on_error, max_pixels=self.max_pixels,
+                         exif=self.exif, encoded=self.encoded, device=self.device)
 
     def _parts(self) -> RunParts:
-        """What an epoch run is built from: the settings as they are now (the profiler sets ``clock``), the parts."""
-        config = RunConfig(batch_size=self.batch_size, drop_last=self.drop_last, seed=self.seed, prefetch=self.prefetch,
-                           io_threads=self.io_threads, on_error=self.on_error, max_pixels=self.max_pixels,
-                           exif=self.exif, encoded=self.encoded, device=self.device)
-        return RunParts(config, self.sampler.order(), self.reader, self.compiled, self.clock)
+        """What an epoch run is built from: the settings and the clock as they are now (the profiler sets ``clock``)."""
+        return RunParts(self._config(), self.sampler.order(), self.reader, self.compiled, self.clock)
 
     @property
     def _batch_echo(self) -> int:
