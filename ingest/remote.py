@@ -72,7 +72,6 @@ class RemoteStoreError(RuntimeError):
     """
 
 
-
 class ChecksumMismatch(OSError):
     """A downloaded object whose SHA-256 is not the manifest's."""
 
@@ -317,8 +316,12 @@ def _is_client_error(err: BaseException) -> bool:
     return isinstance(err, (BotoCoreError, ClientError))
 
 
-def retried(call: Callable[[], _T], what: str, retry: Retry) -> _T:
+def retried(call: Callable[[], _T], what: str, retry: Retry,
+            clean: Callable[[BaseException, str], BaseException] = _clean) -> _T:
     """``call()``, tried again after a transient failure (:func:`transient`), at most ``retry.attempts`` tries.
+
+    ``clean`` turns a failure that is not retried into the error raised (:func:`_clean`, or :func:`_store_error`
+    where a missing object is a store failure).
 
     Raises:
         RemoteStoreError: tries spent on transient failures; names ``what`` (a redacted URL) and the last error.
@@ -333,7 +336,7 @@ def retried(call: Callable[[], _T], what: str, retry: Retry) -> _T:
             error = err
         # raised outside the except block: no client exception (credentials in its repr) rides along
         if not transient(error):
-            raise _clean(error, what)
+            raise clean(error, what)
         if tries == retry.attempts:
             raise RemoteStoreError(f"{what}: {tries} tries failed (the last: {scrubbed(error)})")
         pause(retry.wait(tries))
@@ -369,12 +372,8 @@ def read_range(fs: Any, path: str, url: str, start: int, end: int, retry: Retry)
     Raises:
         RemoteStoreError: tries spent, a missing or refused object, or a server that ignores Range.
     """
-    shown = redact(url)
-    try:
-        return retried(lambda: fetch(fs, path, (start, end), Progress(), retry.timeout), shown, retry)
-    except (FileNotFoundError, PermissionError) as err:
-        failure = str(err)
-    raise RemoteStoreError(failure)  # outside the except block: not chained to the cleaned error
+    return retried(lambda: fetch(fs, path, (start, end), Progress(), retry.timeout), redact(url), retry,
+                   clean=_store_error)
 
 
 def list_objects(fs: Any, root: str, url: str, retry: Retry) -> dict[str, dict[str, Any]]:
