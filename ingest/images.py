@@ -33,6 +33,7 @@ from __future__ import annotations
 import re
 import struct
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -155,17 +156,23 @@ def _jpeg(data: bytes, exif: bool) -> ImageHeader:
     raise BadImage("truncated JPEG (the file ends before the image data)")
 
 
-def _png_orientation(data: bytes) -> int:
-    """The orientation in a PNG's eXIf chunk (before or after the image data: PIL and DALI read both)."""
+def _png_chunks(data: bytes) -> Iterator[tuple[int, int, bytes]]:
+    """Each chunk's ``(offset, length, type)`` after the signature, up to ``IEND`` or the last whole chunk header."""
     pos, n = 8, len(data)
     while pos + 8 <= n:
         length, kind = struct.unpack_from(">I4s", data, pos)
+        if kind == b"IEND":
+            return
+        yield pos, length, kind
+        pos += 12 + length
+
+
+def _png_orientation(data: bytes) -> int:
+    """The orientation in a PNG's eXIf chunk (before or after the image data: PIL and DALI read both)."""
+    for pos, length, kind in _png_chunks(data):
         if kind == b"eXIf":
             tiff = data[pos + 8 : pos + 8 + length]
             return _tiff_orientation(tiff[6:] if tiff.startswith(b"Exif\x00\x00") else tiff)
-        if kind == b"IEND":
-            break
-        pos += 12 + length
     return 1
 
 
@@ -190,17 +197,14 @@ def _png_chunks_before_pixels(data: bytes) -> None:
     opens every image with PIL, fail on it), while DALI's libpng only warns about an ancillary chunk's and decodes:
     the check refuses it, so that the Loader and ingest agree and the Loader gives no pixels PIL would not.
     """
-    pos, n = 8, len(data)
-    while pos + 8 <= n:
-        length, kind = struct.unpack_from(">I4s", data, pos)
-        if kind in (b"IDAT", b"IEND"):
+    for pos, length, kind in _png_chunks(data):
+        if kind == b"IDAT":
             return
         name = kind.decode("latin-1")
-        if pos + 12 + length > n:
+        if pos + 12 + length > len(data):
             raise BadImage(f"truncated PNG (its {name!r} chunk runs past the end of the file)")
         if zlib.crc32(data[pos + 4 : pos + 8 + length]) != struct.unpack_from(">I", data, pos + 8 + length)[0]:
             raise BadImage(f"corrupt PNG: its {name!r} chunk fails its CRC (PIL refuses to open the file)")
-        pos += 12 + length
 
 
 # --- The formats DALI's decoder (fn.decoders.image) takes besides JPEG and PNG ------------------------------------
