@@ -32,6 +32,7 @@ from stallfree.transforms.color import ColorJitter
 from stallfree.transforms.compile import Dtype
 from stallfree.transforms.compose import Compose
 from stallfree.transforms.grayscale import Grayscale
+from stallfree.transforms.photometric import TRANSLATORS as _PHOTOMETRIC
 from stallfree.transforms.policies import AutoAugment, RandAugment, TrivialAugmentWide
 
 __all__ = ["Spec", "is_torchvision", "to_steps"]
@@ -157,10 +158,14 @@ class _Translation:
             if isinstance(obj, spec.Transform):
                 self._emit(obj, where)
                 continue
-            handler = _HANDLERS.get(type(obj).__name__)
-            if handler is None:
-                raise _refuse(where, obj, f"torchvision's {type(obj).__name__} has no stallfree counterpart yet")
-            handler(self, where, obj)
+            name = type(obj).__name__
+            handler = _HANDLERS.get(name)
+            if handler is not None:
+                handler(self, where, obj)
+            elif name in _PHOTOMETRIC:
+                self._emit(_PHOTOMETRIC[name](where, obj), where)
+            else:
+                raise _refuse(where, obj, f"torchvision's {name} has no stallfree counterpart yet")
         if self.pixels == "float255":
             self.steps.append(spec.Normalize((0.0,), (1 / 255,)))  # x / 255 / (1 / 255): the 0-255 floats themselves
         elif self.pixels == "uint8" and self.tensor:
