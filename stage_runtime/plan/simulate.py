@@ -143,116 +143,73 @@ def simulate(program: Mapping[int, Sequence[Op]], owner: Sequence[int], costs: S
     Raises:
         ValueError: the program cannot finish (an operation waits for one that never runs), naming them.
     """
-    ranks = len(program)
-    last = len(costs) - 1
-    if optimizer_s is None:
-        opt = [0.0] * ranks
-        for s, r in enumerate(owner):
-            opt[r] += costs[s].optimizer_s
-    else:
-        opt = list(optimizer_s)
-    done: dict[tuple[str, int, int], float] = {}  # (kind, stage, mb) -> end
-    ready: dict[tuple[str, int, int], float] = {}  # ("act"|"grad", receiving stage, mb) -> arrival
-    remote: set[tuple[str, int, int]] = set()  # the messages of ``ready`` that came from another rank
-    link_free: dict[tuple[int, int], float] = {}
-    now = [overhead.step_s] * ranks  # the step's own set-up, before any action
-    nxt = [0] * ranks
-    running: dict[int, _Running] = {}  # rank -> its operation under way
-    rate = 1.0  # the speed of every computing rank, as a share of its own
-    spans: list[Span] = []
-    memory: list[tuple[float, int, int, int]] = []  # (time, +bytes/-bytes, rank, stage)
-    transfers = 0
+    opt = _optimizer_per_rank(len(program), owner, costs) if optimizer_s is None else list(optimizer_s)
+    events = _Events(program, owner, costs, link, opt, overhead, cores)
+    events.run()
+    return _result(events)
 
-    def inputs_at(op: Op) -> float | None:
-        s, m = op.stage, op.mb
-        if op.kind == "F":
-            return 0.0 if s == 0 else ready.get(("act", s, m))
-        if op.kind in ("B", "I"):
-            forward = done.get(("F", s, m))
-            if forward is None:
-                return None
-            if s == last:
-                return forward
-            grad = ready.get(("grad", s, m))
-            return None if grad is None else max(forward, grad)
-        if op.kind == "W":
-            return done.get(("I", s, m))
-        return 0.0
 
-    def start_at(r: int, op: Op) -> float | None:
-        """When rank ``r`` can start ``op``: free, inputs arrived, and a message from another rank received."""
-        at = inputs_at(op)
-        if at is None:
-            return None
-        message = ("act" if op.kind == "F" else "grad", op.stage, op.mb)
-        receive = overhead.message_s if op.kind in "FBI" and message in remote else 0.0
-        return max(at, now[r]) + receive
+def _optimizer_per_rank(ranks: int, owner: Sequence[int], costs: Sequence[StageCost]) -> list[float]:
+    """Each rank's optimizer step: the sum of its stages' shares."""
+    opt = [0.0] * ranks
+    for s, r in enumerate(owner):
+        opt[r] += costs[s].optimizer_s
+    return opt
 
-    def send(kind: str, src_stage: int, dst_stage: int, m: int, at: float, nbytes: int) -> float:
-        """Send from ``src_stage`` at ``at``; returns when its sender is free again."""
-        nonlocal transfers
-        src, dst = owner[src_stage], owner[dst_stage]
-        if src == dst:
-            ready[(kind, dst_stage, m)] = at
-            return at
-        at += overhead.sender_s  # posting the send occupies the sender; the message leaves after it
-        ln = link(src, dst)
-        start = max(at, link_free.get((src, dst), 0.0))
-        link_free[(src, dst)] = start + ln.busy_s(nbytes)
-        ready[(kind, dst_stage, m)] = start + ln.busy_s(nbytes) + ln.latency_s
-        remote.add((kind, dst_stage, m))
-        transfers += 1
-        return at
 
-    def reshare(t: float, computing: int) -> None:
-        """At ``t``, ``computing`` ranks compute from now on: settle the compute done so far if the speed changes.
+class _Events:
+    """One simulation's state, advanced from event to event until every rank has run its program.
 
-        Only a change of speed touches the figures, so without sharing an operation ends at exactly its start
-        plus its cost.
+    ``done`` holds when each (kind, stage, micro-batch) operation ended; ``ready`` when each ("act" | "grad",
+    receiving stage, micro-batch) message arrived, ``remote`` those of them that came from another rank; ``now``
+    when each rank is free; ``memory`` the (time, +bytes | -bytes, rank, stage) changes of activation memory.
+    """
+
+    def __init__(self, program: Mapping[int, Sequence[Op]], owner: Sequence[int], costs: Sequence[StageCost],
+                 link: LinkFor, opt: Sequence[float], overhead: HostOverhead, cores: Cores | None) -> None:
+        self.program, self.owner, self.costs, self.link = program, owner, costs, link
+        self.opt, self.overhead, self.cores = opt, overhead, cores
+        self.ranks, self.last = len(program), len(costs) - 1
+        self.done: dict[tuple[str, int, int], float] = {}
+        self.ready: dict[tuple[str, int, int], float] = {}
+        self.remote: set[tuple[str, int, int]] = set()
+        self.link_free: dict[tuple[int, int], float] = {}
+        self.now = [overhead.step_s] * self.ranks  # the step's own set-up, before any action
+        self.nxt = [0] * self.ranks
+        self.running: dict[int, _Running] = {}  # rank -> its operation under way
+        self.rate = 1.0  # the speed of every computing rank, as a share of its own
+        self.spans: list[Span] = []
+        self.memory: list[tuple[float, int, int, int]] = []
+        self.transfers = 0
+
+    def run(self) -> None:
+        """Advance event by event until every operation has ended; the spans in the order they started."""
+        total_ops = sum(len(p) for p in self.program.values())
+        t = 0.0
+        while len(self.spans) < total_ops:
+            event = self.next_event(t)
+            if event is None:
+                stuck = [str(self.program[r][self.nxt[r]]) for r in range(self.ranks)
+                         if self.nxt[r] < len(self.program[r])]
+                raise ValueError(f"the schedule cannot finish: each rank's next operation waits for one that never "
+                                 f"runs (rank by rank: {', '.join(stuck)})")
+            t = event[0]
+            self.apply(event)
+        # In the order they started, as the trainer's clock lists them.
+        self.spans.sort(key=lambda x: (x.start, x.rank))
+
+    def next_event(self, t: float) -> tuple[float, int, int] | None:
+        """The next event after ``t`` as (time, what, rank); ``None``: no rank can go on.
+
+        At a tie, an end comes before a compute's end before a start, then by rank.
         """
-        nonlocal rate
-        new = cores.rate(computing) if cores is not None else 1.0
-        if new != rate:
-            for run in running.values():
-                if run.end is None:
-                    run.left -= (t - run.since) * rate
-                    run.since = t
-            rate = new
-
-    def finish(r: int, run: _Running) -> None:
-        """``run`` ended: its span, its outputs sent, its memory, and when its rank is free again."""
-        op, end = run.op, run.end
-        assert end is not None  # finished only once its compute is done
-        spans.append(Span(r, op, run.start, end))
-        if op.kind == "O":
-            now[r] = end
-            return
-        now[r] = end + overhead.gap_s
-        cost = costs[op.stage]
-        done[(op.kind, op.stage, op.mb)] = end
-        if op.kind == "F":
-            memory.append((run.start, cost.activation_bytes, r, op.stage))
-            if op.stage < last:
-                now[r] = send("act", op.stage, op.stage + 1, op.mb, now[r], cost.output_bytes)
-        elif op.kind in ("B", "I"):
-            if op.kind == "B":
-                memory.append((end, -cost.activation_bytes, r, op.stage))
-            if op.stage > 0:
-                now[r] = send("grad", op.stage, op.stage - 1, op.mb, now[r], costs[op.stage - 1].output_bytes)
-        elif op.kind == "W":  # the weight gradient still reads the stage's saved inputs: freed only now
-            memory.append((end, -cost.activation_bytes, r, op.stage))
-
-    total_ops = sum(len(p) for p in program.values())
-    t = 0.0
-    while len(spans) < total_ops:
-        # The next event, in time order; at a tie, an end before a compute's end before a start, then by rank.
         best: tuple[float, int, int] | None = None
-        for r in range(ranks):
-            run = running.get(r)
+        for r in range(self.ranks):
+            run = self.running.get(r)
             if run is not None:
-                event = (run.end, 0, r) if run.end is not None else (max(t, run.since + run.left / rate), 1, r)
-            elif nxt[r] < len(program[r]):
-                at = start_at(r, program[r][nxt[r]])
+                event = (run.end, 0, r) if run.end is not None else (max(t, run.since + run.left / self.rate), 1, r)
+            elif self.nxt[r] < len(self.program[r]):
+                at = self.start_at(r, self.program[r][self.nxt[r]])
                 if at is None:
                     continue
                 event = (at, 2, r)
@@ -260,42 +217,130 @@ def simulate(program: Mapping[int, Sequence[Op]], owner: Sequence[int], costs: S
                 continue
             if best is None or event < best:
                 best = event
-        if best is None:
-            stuck = [str(program[r][nxt[r]]) for r in range(ranks) if nxt[r] < len(program[r])]
-            raise ValueError(f"the schedule cannot finish: each rank's next operation waits for one that never "
-                             f"runs (rank by rank: {', '.join(stuck)})")
-        t, what, r = best
-        if what == 0:  # the action's host work is done too
-            finish(r, running.pop(r))
-        elif what == 1:  # its compute is done; the host work after it is not shared
-            run = running[r]
-            run.end = max(t, run.since + (run.left / rate + run.after))
-            reshare(t, sum(x.end is None for x in running.values()))
-        else:
-            op = program[r][nxt[r]]
-            nxt[r] += 1
-            work = opt[r] if op.kind == "O" else compute_s(op, costs[op.stage])
-            host = 0.0 if op.kind == "O" else overhead.action(op.kind)
-            reshare(t, sum(x.end is None for x in running.values()) + 1)
-            running[r] = _Running(op, t, work, t, host)
-    spans.sort(key=lambda x: (x.start, x.rank))  # in the order they started, as the trainer's clock lists them
+        return best
 
+    def apply(self, event: tuple[float, int, int]) -> None:
+        """Take ``event``: an action ends, its compute ends, or a rank starts its next operation."""
+        t, what, r = event
+        if what == 0:  # the action's host work is done too
+            self.finish(r, self.running.pop(r))
+        elif what == 1:  # its compute is done; the host work after it is not shared
+            run = self.running[r]
+            run.end = max(t, run.since + (run.left / self.rate + run.after))
+            self.reshare(t, sum(x.end is None for x in self.running.values()))
+        else:
+            op = self.program[r][self.nxt[r]]
+            self.nxt[r] += 1
+            work = self.opt[r] if op.kind == "O" else compute_s(op, self.costs[op.stage])
+            host = 0.0 if op.kind == "O" else self.overhead.action(op.kind)
+            self.reshare(t, sum(x.end is None for x in self.running.values()) + 1)
+            self.running[r] = _Running(op, t, work, t, host)
+
+    def inputs_at(self, op: Op) -> float | None:
+        """When ``op``'s inputs are all there; ``None``: one is not yet."""
+        s, m = op.stage, op.mb
+        if op.kind == "F":
+            return 0.0 if s == 0 else self.ready.get(("act", s, m))
+        if op.kind in ("B", "I"):
+            forward = self.done.get(("F", s, m))
+            if forward is None:
+                return None
+            if s == self.last:
+                return forward
+            grad = self.ready.get(("grad", s, m))
+            return None if grad is None else max(forward, grad)
+        if op.kind == "W":
+            return self.done.get(("I", s, m))
+        return 0.0
+
+    def start_at(self, r: int, op: Op) -> float | None:
+        """When rank ``r`` can start ``op``: free, inputs arrived, and a message from another rank received."""
+        at = self.inputs_at(op)
+        if at is None:
+            return None
+        message = ("act" if op.kind == "F" else "grad", op.stage, op.mb)
+        receive = self.overhead.message_s if op.kind in "FBI" and message in self.remote else 0.0
+        return max(at, self.now[r]) + receive
+
+    def send(self, kind: str, src_stage: int, dst_stage: int, m: int, at: float, nbytes: int) -> float:
+        """Send from ``src_stage`` at ``at``; returns when its sender is free again."""
+        src, dst = self.owner[src_stage], self.owner[dst_stage]
+        if src == dst:
+            self.ready[(kind, dst_stage, m)] = at
+            return at
+        at += self.overhead.sender_s  # posting the send occupies the sender; the message leaves after it
+        ln = self.link(src, dst)
+        start = max(at, self.link_free.get((src, dst), 0.0))
+        self.link_free[(src, dst)] = start + ln.busy_s(nbytes)
+        self.ready[(kind, dst_stage, m)] = start + ln.busy_s(nbytes) + ln.latency_s
+        self.remote.add((kind, dst_stage, m))
+        self.transfers += 1
+        return at
+
+    def reshare(self, t: float, computing: int) -> None:
+        """At ``t``, ``computing`` ranks compute from now on: settle the compute done so far if the speed changes.
+
+        Only a change of speed touches the figures, so without sharing an operation ends at exactly its start
+        plus its cost.
+        """
+        new = self.cores.rate(computing) if self.cores is not None else 1.0
+        if new != self.rate:
+            for run in self.running.values():
+                if run.end is None:
+                    run.left -= (t - run.since) * self.rate
+                    run.since = t
+            self.rate = new
+
+    def finish(self, r: int, run: _Running) -> None:
+        """``run`` ended: its span, its outputs sent, its memory, and when its rank is free again."""
+        op, end = run.op, run.end
+        assert end is not None  # finished only once its compute is done
+        self.spans.append(Span(r, op, run.start, end))
+        if op.kind == "O":
+            self.now[r] = end
+            return
+        self.now[r] = end + self.overhead.gap_s
+        cost = self.costs[op.stage]
+        self.done[(op.kind, op.stage, op.mb)] = end
+        if op.kind == "F":
+            self.memory.append((run.start, cost.activation_bytes, r, op.stage))
+            if op.stage < self.last:
+                self.now[r] = self.send("act", op.stage, op.stage + 1, op.mb, self.now[r], cost.output_bytes)
+        elif op.kind in ("B", "I"):
+            if op.kind == "B":
+                self.memory.append((end, -cost.activation_bytes, r, op.stage))
+            if op.stage > 0:
+                self.now[r] = self.send("grad", op.stage, op.stage - 1, op.mb, self.now[r],
+                                        self.costs[op.stage - 1].output_bytes)
+        elif op.kind == "W":  # the weight gradient still reads the stage's saved inputs: freed only now
+            self.memory.append((end, -cost.activation_bytes, r, op.stage))
+
+
+def _result(events: _Events) -> StepResult:
+    """What the finished ``events`` add up to: schedule and step time, busy and idle time, memory peaks."""
+    ranks, spans, program = events.ranks, events.spans, events.program
     compute = [s for s in spans if s.op.kind != "O"]
     schedule_s = max((s.end for s in compute), default=0.0)
     busy = [0.0] * ranks
     for span in compute:
         busy[span.rank] += span.end - span.start
-    after = [0.0 if any(o.kind == "O" for o in program[r]) else opt[r] for r in range(ranks)]  # not twice
+    after = [0.0 if any(o.kind == "O" for o in program[r]) else events.opt[r] for r in range(ranks)]  # not twice
     step_s = max(max((x.end for x in spans if x.rank == r), default=0.0) + after[r] for r in range(ranks))
-    peak_rank, peak_stage = [0] * ranks, [0] * len(costs)
-    held_rank, held_stage = [0] * ranks, [0] * len(costs)
+    peak_rank, peak_stage = _peaks(events.memory, ranks, len(events.costs))
+    return StepResult(step_s, schedule_s, tuple(busy), tuple(schedule_s - b for b in busy), tuple(peak_rank),
+                      tuple(peak_stage), tuple(spans), events.transfers, tuple(after))
+
+
+def _peaks(memory: Sequence[tuple[float, int, int, int]], ranks: int, stages: int) -> tuple[list[int], list[int]]:
+    """The most activation memory each rank and each stage held, from the (time, delta, rank, stage) changes."""
+    peak_rank, peak_stage = [0] * ranks, [0] * stages
+    held_rank, held_stage = [0] * ranks, [0] * stages
     for _, delta, r, s in sorted(memory, key=lambda e: (e[0], e[1])):  # frees before allocations at a tie
         held_rank[r] += delta
         held_stage[s] += delta
         peak_rank[r] = max(peak_rank[r], held_rank[r])
         peak_stage[s] = max(peak_stage[s], held_stage[s])
-    return StepResult(step_s, schedule_s, tuple(busy), tuple(schedule_s - b for b in busy), tuple(peak_rank),
-                      tuple(peak_stage), tuple(spans), transfers, tuple(after))
+    return peak_rank, peak_stage
 
 
 def _mean_costs(costs: Sequence[StageCost]) -> list[StageCost]:
