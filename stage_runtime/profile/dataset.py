@@ -30,6 +30,7 @@ from typing import Any, Literal
 from stallfree.core.atomic import atomic_write
 from stallfree.stage_runtime.accelerator import SimAccelerator, parse_accelerator
 from stallfree.stage_runtime.clock import StageClock
+from stallfree.stage_runtime.profile.phases import MODEL_ALIASES
 from stallfree.stage_runtime.profile.report import Observed, headline
 
 __all__ = ["DatasetProfile", "profile_dataset"]
@@ -134,9 +135,13 @@ def profile_dataset(
         progress: progress bars on stderr.
 
     Raises:
-        ValueError: a bad argument, or a dataset with fewer than three batches.
+        ValueError: a bad argument (a device this machine lacks, an unknown model), checked before any phase
+            runs, or a dataset with fewer than three batches.
     """
     import torch
+
+    from stallfree.stage_runtime.train.devices import check_device
+    from stallfree.stage_runtime.train.models import resolve
 
     _check(batch_size, image_size, batches, threads=threads, torch_threads=torch_threads, max_side=max_side,
            storage_files=storage_files)
@@ -145,6 +150,10 @@ def profile_dataset(
     if compare not in (None, "torch"):
         raise ValueError(f"compare must be 'torch' or None, got {compare!r}")
     device_model = parse_accelerator(accelerator)  # where the string enters; below, the typed value
+    # Before any phase runs: a GPU this machine lacks, or a model name that does not resolve, fails in one line.
+    device = check_device(device)
+    if device_model is None:
+        resolve(MODEL_ALIASES.get(model, model))
     previous = torch.get_num_threads()
     if torch_threads:
         torch.set_num_threads(torch_threads)

@@ -23,8 +23,8 @@ from stallfree.stage_runtime.clock import StageClock
 from stallfree.stage_runtime.profile.cache import drop_page_cache
 
 __all__ = [
-    "ComputeResult", "InMemoryReader", "PrepPoint", "StorageResult", "build_model", "dataset_files", "drop_page_cache",
-    "make_train_step", "measure_compute", "measure_preparation", "measure_storage",
+    "MODEL_ALIASES", "ComputeResult", "InMemoryReader", "PrepPoint", "StorageResult", "build_model", "dataset_files",
+    "drop_page_cache", "make_train_step", "measure_compute", "measure_preparation", "measure_storage",
 ]
 
 Progress = Callable[[int], Any] | None
@@ -179,11 +179,14 @@ def measure_preparation(make_loader: Callable[[int], Any], thread_counts: Sequen
     return points
 
 
+MODEL_ALIASES = {"cnn": "small_cnn"}  # --model names the profiler takes besides the trainer's
+
+
 def build_model(name: str, num_classes: int, image_size: int) -> Any:
     """The model for ``--model``: the trainer's factory (``stage_runtime.models``); ``cnn`` means ``small_cnn``."""
     from stallfree.stage_runtime.train.models import build_model as factory
 
-    return factory({"cnn": "small_cnn"}.get(name, name), num_classes=num_classes, image_size=image_size)
+    return factory(MODEL_ALIASES.get(name, name), num_classes=num_classes, image_size=image_size)
 
 
 def make_train_step(model: Any, device: Any, lr: float = 0.01) -> Callable[[Any], float]:

@@ -65,6 +65,8 @@ def one_line(error: BaseException) -> str:
     if isinstance(error, StageFailure):
         return error.cause
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if "Traceback (most recent call last):" in lines:  # a child's error as torch relays it: its last line says it
+        return lines[-1][:400]
     text = lines[0] if lines else "(no message)"
     return f"{type(error).__name__}: {text[:400]}"
 
@@ -171,6 +173,10 @@ def _guarded(rank: int, fn: Callable[..., Any], causes: str, *args: Any) -> None
                   "time": time.time()}
         (Path(causes) / f"rank-{rank}.json").write_text(json.dumps(record))
         raise
+    except Exception as err:  # raised before fn could name it (joining the process group): the cause is still ours
+        record = {"rank": rank, "stages": [], "cause": one_line(err), "own": True, "time": time.time()}
+        (Path(causes) / f"rank-{rank}.json").write_text(json.dumps(record))
+        raise
 
 
 def _records(causes: str) -> list[dict[str, Any]]:
@@ -189,12 +195,14 @@ def _root_cause(err: BaseException, causes: str, stages_of: Callable[[int], Sequ
     """
     records = sorted(_records(causes), key=lambda r: (not r["own"], r["time"]))
     if records and records[0]["own"]:
-        return StageFailure(records[0]["rank"], records[0]["stages"], records[0]["cause"])
+        return StageFailure(records[0]["rank"], records[0]["stages"] or stages_of(records[0]["rank"]),
+                            records[0]["cause"])
     rank = int(getattr(err, "error_index", 0))
     if isinstance(err, mp.ProcessExitedException) and err.signal_name and err.signal_name != "SIGTERM":
         return StageFailure(rank, stages_of(rank), f"killed by {err.signal_name}")
     if records:
-        return StageFailure(records[0]["rank"], records[0]["stages"], records[0]["cause"])
+        return StageFailure(records[0]["rank"], records[0]["stages"] or stages_of(records[0]["rank"]),
+                            records[0]["cause"])
     if isinstance(err, mp.ProcessExitedException):
         how = f"killed by {err.signal_name}" if err.signal_name else f"exited with code {err.exit_code}"
         return StageFailure(rank, stages_of(rank), how)

@@ -29,6 +29,7 @@ from stallfree.core.atomic import atomic_write
 from stallfree.stage_runtime.clock import StageClock
 from stallfree.stage_runtime.train import checkpoint as ckpt
 from stallfree.stage_runtime.train.config import TrainConfig, stage_threads
+from stallfree.stage_runtime.train.devices import check_device
 from stallfree.stage_runtime.train.launcher import PeerWatch, StageFailure, failure, free_port, launch, torchrun_env
 from stallfree.stage_runtime.train.models import build_model, resolve
 from stallfree.stage_runtime.train.rank import Rank
@@ -89,10 +90,14 @@ def check(config: TrainConfig) -> None:
     """Check what can be checked before any process starts: the data, the model, the split.
 
     Raises:
-        ValueError: a dataset path that does not exist or holds no images, more model stages than layers, or a
-            ``balance`` of the wrong length or sum; each message names the argument and the fix.
+        ValueError: a device this machine lacks, a dataset path that does not exist or holds no images, more model
+            stages than layers, or a ``balance`` of the wrong length or sum; each message names the argument and
+            the fix.
     """
     from stallfree.pipeline.readers import open_source
+
+    env = torchrun_env()  # under torchrun, this machine's processes share its GPUs
+    check_device(config.device, processes=int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if env else config.world_size)
 
     for name, data in (("training data", config.data), ("--eval", config.eval_data)):
         if data is None:
