@@ -37,6 +37,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
+from .plan_report import (
+    BUBBLE_POINTS,
+    STEP_TOLERANCE,
+    Sweep,
+    link_source,
+    print_attribution,
+    print_cells,
+    print_load,
+    print_overheads,
+    top_choices,
+)
+
 __all__ = ["EXAMPLES", "add_arguments", "run", "top_choices"]
 
 EXAMPLES = """examples:
@@ -48,7 +60,6 @@ EXAMPLES = """examples:
   stallfree bench plan --stages 2 --pilot-schedules gpipe interleaved-1f1b zero-bubble   # 1F1B, ZBV by family
   stallfree bench plan --no-pilots                         # the near-empty pipeline's calibration alone
 """
-STEP_TOLERANCE, BUBBLE_POINTS, TOP_TOLERANCE = 0.15, 0.05, 0.10
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -124,31 +135,6 @@ def _pilot_jobs(configs: list[Any], schedules: Sequence[str]) -> list[Any]:
     return out
 
 
-def top_choices(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per model: the cell predicted fastest beside the cell measured fastest, and whether it is within 10%."""
-    out = []
-    for model in dict.fromkeys(r["model"] for r in rows):
-        cells = [r for r in rows if r["model"] == model]
-        top = min(cells, key=lambda r: r["predicted_step_s"])
-        fastest = min(cells, key=lambda r: r["measured_step_s"])
-        ratio = top["measured_step_s"] / fastest["measured_step_s"]
-        out.append({"model": model, "cells": len(cells), "top": _cell(top), "fastest": _cell(fastest),
-                    "slower_than_fastest": ratio - 1, "within": ratio - 1 <= TOP_TOLERANCE})
-    return out
-
-
-def _cell(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: row[k] for k in ("schedule", "stages", "microbatches", "measured_step_s", "predicted_step_s")}
-
-
-def _name(cell: dict[str, Any]) -> str:
-    return f"{cell['schedule']} S={cell['stages']} M={cell['microbatches']} ({cell['measured_step_s'] * 1e3:.1f} ms)"
-
-
-def _load(avg: tuple[float, float, float]) -> str:
-    return ", ".join(f"{v:.1f}" for v in avg)
-
-
 def _predicted(config: Any, summary: dict[str, Any], link: Any, overhead: Any, share_cores: bool) -> dict[str, Any]:
     """The simulator's prediction for one run of a job, from the layer costs its rank 0 measured."""
     from stallfree.stage_runtime.plan.costs import LayerTimes
@@ -197,180 +183,102 @@ def _median_cell(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return row
 
 
-def _overhead_line(o: dict[str, Any]) -> str:
-    kinds = ", ".join(f"{k} {v * 1e6:.0f}" for k, v in o["kind_s"].items())
-    return (f"us per action {kinds}; {o['gap_s'] * 1e6:.0f} us between actions, {o['send_s'] * 1e6:.0f} us per "
-            f"send, {o['message_s'] * 1e6:.0f} us per receive, {o['step_s'] * 1e6:.0f} us per step")
-
-
-def _pilot_names(rows: list[dict[str, Any]], model: str, stages: str) -> str:
-    return ", ".join(f"{r['schedule']} M={r['microbatches']}" for r in rows
-                     if r["model"] == model and str(r["stages"]) == stages and r["pilot_config"])
-
-
-def _hits(rows: list[dict[str, Any]]) -> int:
-    return sum(r["within"] for r in rows)
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1e3:.2f}"
-
-
-def _mean_message(values: dict[str, float], samples: dict[str, int] | None, kind: str) -> float | None:
-    """The mean of the ``kind`` (act or grad) messages, weighted by their counts where given."""
-    keys = [k for k in values if k.startswith(kind)]
-    if not keys:
-        return None
-    weights = [samples.get(k, 1) if samples else 1 for k in keys]
-    return sum(values[k] * w for k, w in zip(keys, weights, strict=True)) / sum(weights)
-
-
-def _print_attribution(rows: list[dict[str, Any]], out: TextIO) -> None:
-    """Per cell, measured / predicted milliseconds: one action of each kind, one message each way, one send."""
-    if not rows:
-        return
-    print("per action kind, message and send: mean ms measured / predicted (from the trainer's spans after the "
-          "first step, and the simulated step's)", file=out)
-    print(f"| {'model':<9} | {'schedule':<16} | S |  M | {'F':>11} | {'B':>11} | {'I':>11} | {'W':>11} | "
-          f"{'act':>11} | {'grad':>11} | {'send':>11} |", file=out)
-    print(f"|{'-' * 11}|{'-' * 18}|---|----|" + f"{'-' * 13}|" * 7, file=out)
-    for r in rows:
-        m, p = r["measured_spans"], r["predicted_spans"]
-        cells = [f"{_ms(m['per_action_s'].get(k))} / {_ms(p['per_action_s'].get(k))}"
-                 if k in m["per_action_s"] or k in p["per_action_s"] else "-" for k in ("F", "B", "I", "W")]
-        cells += [f"{_ms(_mean_message(m['per_message_s'], m['samples'], k))} / "
-                  f"{_ms(_mean_message(p['per_message_s'], None, k))}" for k in ("act", "grad")]
-        cells.append(f"{_ms(m['send_s'])} / {_ms(p['send_s'])}")
-        print(f"| {r['model']:<9} | {r['schedule']:<16} | {r['stages']} | {r['microbatches']:>2} | "
-              + " | ".join(f"{c:>11}" for c in cells) + " |", file=out)
-
-
 def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
     """Run the benchmark, print its table to ``out`` and return its results (JSON-able)."""
-    from stallfree.stage_runtime.plan.calibrate import cached_calibration
     from stallfree.stage_runtime.plan.costs import parse_link
-    from stallfree.stage_runtime.plan.overhead import OverheadChoice
-    from stallfree.stage_runtime.plan.pilots import fit_pilots, read_pilot
-    from stallfree.stage_runtime.plan.predict import job_cores
-    from stallfree.stage_runtime.train.trainer import train_many
 
+    _check(args)
+    given = parse_link(args.link) if args.link else None
+    load_start = os.getloadavg()
+    sweep = Sweep()
+    with tempfile.TemporaryDirectory(prefix="stallfree-bench-plan-") as tmp:
+        for stages in args.stages:
+            _run_stages(args, stages, Path(tmp), given, sweep)
+    load_end = os.getloadavg()
+    print_load(load_start, load_end, out)
+    print_overheads(args, given, sweep, out)
+    result = print_cells(args, sweep.rows, out)
+    for reason in sweep.skipped:
+        print(f"skipped {reason}", file=out)
+    print_attribution(sweep.rows, out)
+    return {"load_average": {"start": list(load_start), "end": list(load_end)},
+            "link": given.describe() if given else None, "link_source": link_source(given),
+            "overhead_used": not args.no_overhead, "cores_shared": not args.no_sharing,
+            "calibration": sweep.calibrations, "pilots": sweep.pilot_fits, "rows": sweep.rows, **result,
+            "skipped": sweep.skipped}
+
+
+def _check(args: argparse.Namespace) -> None:
+    """Refuse options that cannot make a sweep, naming them."""
     if args.steps < 2 or args.batch_size < 1 or min(args.stages) < 2 or args.repeats < 1:
         raise ValueError("--steps must be >= 2, --batch-size >= 1, every --stages >= 2 and --repeats >= 1")
     stray = sorted(set(args.pilot_schedules or ()) - set(args.schedules))
     if stray:
         raise ValueError(f"--pilot-schedules {' '.join(stray)}: not among --schedules {' '.join(args.schedules)} "
                          "(a pilot repeats a cell's job)")
-    given = parse_link(args.link) if args.link else None
-    how = "given" if given else "calibrated from measured sends"
-    load_start = os.getloadavg()
-    rows: list[dict[str, Any]] = []
-    skipped: list[str] = []
-    calibrations: dict[str, Any] = {}
-    pilot_fits: dict[str, dict[str, Any]] = {}  # S -> model -> PilotFit.to_dict()
-    with tempfile.TemporaryDirectory(prefix="stallfree-bench-plan-") as tmp:
-        for stages in args.stages:
-            configs, left_out = _jobs(args, stages, Path(tmp))
-            skipped += left_out
-            if not configs:
-                continue
-            runs = [[replace(c, out_dir=f"{c.out_dir}-r{k}") for c in configs] for k in range(args.repeats)]
-            print(f"calibrating on {stages} gloo processes: sends and a near-empty pipeline ...", file=sys.stderr,
-                  flush=True)
-            calibration = cached_calibration(stages, configs[0].threads)
-            calibrations[str(stages)] = calibration.to_dict()
-            link = given or calibration.link
-            print(f"training {len(configs)} jobs {args.repeats} time(s) in {stages} stage processes ...",
-                  file=sys.stderr, flush=True)
-            pilots = [] if args.no_pilots or args.no_overhead else _pilot_jobs(
-                configs, args.pilot_schedules or args.schedules)
-            # Each turn runs the pilots again before the cells: the fit sees the machine as the cells' runs do.
-            turns = [[replace(c, out_dir=f"{c.out_dir}-pilot{k}") for c in pilots] + run for k, run in enumerate(runs)]
-            every = [config for turn in turns for config in turn]
-            summaries = dict(zip((c.out_dir for c in every), train_many(every), strict=True))
-            sharing = None if args.no_sharing else job_cores(configs[0])
-            fitted = {model: fit_pilots([read_pilot(c.out_dir) for turn in turns for c in turn[:len(pilots)]
-                                         if c.model == model], link, sharing)
-                      for model in dict.fromkeys(c.model for c in pilots)}
-            pilot_fits[str(stages)] = {model: fit.to_dict() for model, fit in fitted.items()}
-            piloted = {(c.model, c.schedule, c.microbatches) for c in pilots}
-            calibrated = OverheadChoice({} if args.no_overhead else {stages: calibration})
-            for cell in zip(*runs, strict=True):  # one cell's runs
-                first = cell[0]
-                fit = fitted.get(first.model)
-                choice = OverheadChoice(calibrated.calibrations, {stages: fit} if fit else {})
-                overhead, source = choice.choose(first.schedule, stages)
-                share = not args.no_sharing
-                runs_of_cell = [_row(c, summaries[c.out_dir],
-                                     _predicted(c, summaries[c.out_dir], link, overhead, share)) for c in cell]
-                row = _median_cell(runs_of_cell)
-                from_pilots = source in ("schedule", "family")
-                row["overhead_from"] = f"pilots ({source})" if from_pilots else "calibration"
-                row["pilot_config"] = (first.model, first.schedule, first.microbatches) in piloted
-                if from_pilots:  # the same runs, predicted from the calibration alone
-                    alone = calibrated(first.schedule, stages)
-                    only = _median_cell([{**r, **_prediction(_predicted(c, summaries[c.out_dir], link, alone,
-                                                                         share))}
-                                         for r, c in zip(runs_of_cell, cell, strict=True)])
-                    row["calibration_only"] = {k: only[k] for k in ("predicted_step_s", "predicted_bubble",
-                                                                    "step_error", "within")}
-                rows.append(row)
-    load_end = os.getloadavg()
-    hits = sum(r["within"] for r in rows)
-    print(f"load average (1, 5, 15 min) {_load(load_start)} at the start, {_load(load_end)} at the end", file=out)
-    for stages, c in calibrations.items():
-        print(f"S={stages}: link {given.describe() if given else c['link']} ({how}); host overhead "
-              f"{'not used' if args.no_overhead else 'calibrated'}:", file=out)
-        for family, o in c["overhead"].items():
-            print(f"  {family} schedules: {_overhead_line(o)}", file=out)
-        for model, fit in pilot_fits.get(stages, {}).items():
-            print(f"S={stages}, {model}: host overhead fitted from pilot jobs ({_pilot_names(rows, model, stages)}; "
-                  f"each run {args.repeats} time(s), taking turns with the cells); per schedule, then per family:",
-                  file=out)
-            for name, o in [*fit["schedules"].items(), *fit["families"].items()]:
-                print(f"  {name}: {_overhead_line(o)}", file=out)
-    for stages in dict.fromkeys(r["stages"] for r in rows):
-        shared = next(r["cores"] for r in rows if r["stages"] == stages)
-        print(f"S={stages}: " + (f"the simulated ranks share {shared['count']} cores, {shared['threads']} torch "
-                                 f"thread(s) each, as the stage processes do" if shared else
-                                 "each simulated rank computes on cores of its own (--no-sharing)"), file=out)
-    print(f"batch {args.batch_size}, {args.steps} steps per job, medians after the first, medians of "
-          f"{args.repeats} run(s) of each job; step = rank 0's schedule step, the optimizer outside it (as the "
-          "trainer measures)", file=out)
-    print(f"| {'model':<9} | {'schedule':<16} | {'S':>1} | {'M':>2} | {'step ms meas.':>13} | {'pred.':>8} | "
-          f"{'error':>6} | {'bubble meas.':>12} | {'pred.':>6} | ok  | pilot |", file=out)
-    print(f"|{'-' * 11}|{'-' * 18}|{'-' * 3}|{'-' * 4}|{'-' * 15}|{'-' * 10}|{'-' * 8}|{'-' * 14}|{'-' * 8}|-----|"
-          "-------|", file=out)
-    for r in rows:
-        print(f"| {r['model']:<9} | {r['schedule']:<16} | {r['stages']:>1} | {r['microbatches']:>2} | "
-              f"{r['measured_step_s'] * 1e3:>13.1f} | {r['predicted_step_s'] * 1e3:>8.1f} | "
-              f"{r['step_error']:>+6.0%} | {r['measured_bubble']:>12.1%} | {r['predicted_bubble']:>6.1%} | "
-              f"{'yes' if r['within'] else 'no':<3} | {'yes' if r['pilot_config'] else '':<5} |", file=out)
-    others = [r for r in rows if not r["pilot_config"]]
-    print(f"{hits} of {len(rows)} cells within {STEP_TOLERANCE:.0%} step time and {BUBBLE_POINTS * 100:.0f} bubble "
-          f"points" + (f"; of the {len(others)} cells whose configuration no pilot ran, {_hits(others)}"
-                       if len(others) < len(rows) else ""), file=out)
-    spread = statistics.median(r["runs_spread"] for r in rows) if rows else None
-    if spread is not None and args.repeats > 1:
-        print(f"a cell's {args.repeats} runs, slowest over fastest: median {spread:.2f} over the cells (how much this "
-              f"machine moved between runs of one job; the step target allows {STEP_TOLERANCE:.0%})", file=out)
-    compared = [r for r in rows if "calibration_only" in r]
-    if compared:
-        print(f"the same runs predicted from the near-empty pipeline's calibration alone (--no-pilots): "
-              f"{sum(r['calibration_only']['within'] for r in compared)} of the {len(compared)} cells the pilots "
-              f"predicted (those: {_hits(compared)})", file=out)
-    tops = top_choices(rows)
-    for t in tops:
-        print(f"{t['model']}: the top choice of {t['cells']} cells, {_name(t['top'])}, is "
-              f"{t['slower_than_fastest']:.0%} slower than the fastest measured, {_name(t['fastest'])}: "
-              f"{'within' if t['within'] else 'not within'} {TOP_TOLERANCE:.0%}", file=out)
-    for reason in skipped:
-        print(f"skipped {reason}", file=out)
-    _print_attribution(rows, out)
-    return {"load_average": {"start": list(load_start), "end": list(load_end)},
-            "link": given.describe() if given else None, "link_source": how, "overhead_used": not args.no_overhead,
-            "cores_shared": not args.no_sharing,
-            "calibration": calibrations, "pilots": pilot_fits, "rows": rows, "within": hits, "cells": len(rows),
-            "median_runs_spread": spread, "within_without_pilot_config": _hits(others),
-            "cells_without_pilot_config": len(others),
-            "within_calibration_only": sum(r["calibration_only"]["within"] for r in compared) if compared else None,
-            "top_choice": tops, "skipped": skipped}
+
+
+def _run_stages(args: argparse.Namespace, stages: int, tmp: Path, given: Any, sweep: Sweep) -> None:
+    """Calibrate on ``stages`` processes, train every job of that rank count with its pilots, add its cells."""
+    from stallfree.stage_runtime.plan.calibrate import cached_calibration
+    from stallfree.stage_runtime.plan.overhead import OverheadChoice
+    from stallfree.stage_runtime.plan.pilots import fit_pilots, read_pilot
+    from stallfree.stage_runtime.plan.predict import job_cores
+    from stallfree.stage_runtime.train.trainer import train_many
+
+    configs, left_out = _jobs(args, stages, tmp)
+    sweep.skipped += left_out
+    if not configs:
+        return
+    runs = [[replace(c, out_dir=f"{c.out_dir}-r{k}") for c in configs] for k in range(args.repeats)]
+    print(f"calibrating on {stages} gloo processes: sends and a near-empty pipeline ...", file=sys.stderr,
+          flush=True)
+    calibration = cached_calibration(stages, configs[0].threads)
+    sweep.calibrations[str(stages)] = calibration.to_dict()
+    link = given or calibration.link
+    print(f"training {len(configs)} jobs {args.repeats} time(s) in {stages} stage processes ...",
+          file=sys.stderr, flush=True)
+    pilots = [] if args.no_pilots or args.no_overhead else _pilot_jobs(configs, args.pilot_schedules or args.schedules)
+    # Each turn runs the pilots again before the cells: the fit sees the machine as the cells' runs do.
+    turns = [[replace(c, out_dir=f"{c.out_dir}-pilot{k}") for c in pilots] + run for k, run in enumerate(runs)]
+    every = [config for turn in turns for config in turn]
+    summaries = dict(zip((c.out_dir for c in every), train_many(every), strict=True))
+    sharing = None if args.no_sharing else job_cores(configs[0])
+    fitted = {model: fit_pilots([read_pilot(c.out_dir) for turn in turns for c in turn[:len(pilots)]
+                                 if c.model == model], link, sharing)
+              for model in dict.fromkeys(c.model for c in pilots)}
+    sweep.pilot_fits[str(stages)] = {model: fit.to_dict() for model, fit in fitted.items()}
+    piloted = {(c.model, c.schedule, c.microbatches) for c in pilots}
+    calibrated = OverheadChoice({} if args.no_overhead else {stages: calibration})
+    for cell in zip(*runs, strict=True):  # one cell's runs
+        fit = fitted.get(cell[0].model)
+        choice = OverheadChoice(calibrated.calibrations, {stages: fit} if fit else {})
+        first = cell[0]
+        sweep.rows.append(_cell_row(cell, summaries, link, choice, calibrated, not args.no_sharing,
+                                    (first.model, first.schedule, first.microbatches) in piloted))
+
+
+def _cell_row(cell: Sequence[Any], summaries: dict[str, Any], link: Any, choice: Any, calibrated: Any,
+              share: bool, piloted: bool) -> dict[str, Any]:
+    """One cell from its runs, predicted with the host overhead ``choice`` picks.
+
+    When that is the pilots' fit, the same runs predicted from the ``calibrated`` choice alone go beside it;
+    ``piloted``: a pilot also ran the cell's configuration.
+    """
+    first = cell[0]
+    overhead, source = choice.choose(first.schedule, first.stages)
+    runs_of_cell = [_row(c, summaries[c.out_dir], _predicted(c, summaries[c.out_dir], link, overhead, share))
+                    for c in cell]
+    row = _median_cell(runs_of_cell)
+    from_pilots = source in ("schedule", "family")
+    row["overhead_from"] = f"pilots ({source})" if from_pilots else "calibration"
+    row["pilot_config"] = piloted
+    if from_pilots:  # the same runs, predicted from the calibration alone
+        alone = calibrated(first.schedule, first.stages)
+        only = _median_cell([{**r, **_prediction(_predicted(c, summaries[c.out_dir], link, alone, share))}
+                             for r, c in zip(runs_of_cell, cell, strict=True)])
+        row["calibration_only"] = {k: only[k] for k in ("predicted_step_s", "predicted_bubble", "step_error",
+                                                        "within")}
+    return row
+
+
