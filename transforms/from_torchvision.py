@@ -31,6 +31,7 @@ from stallfree.transforms.bundled import RandomErasing, RandomGrayscale
 from stallfree.transforms.color import ColorJitter
 from stallfree.transforms.compile import Dtype
 from stallfree.transforms.compose import Compose
+from stallfree.transforms.geometry import Pad, RandomCrop
 from stallfree.transforms.grayscale import Grayscale
 from stallfree.transforms.photometric import TRANSLATORS as _PHOTOMETRIC
 from stallfree.transforms.policies import AutoAugment, RandAugment, TrivialAugmentWide
@@ -61,6 +62,10 @@ class Spec:
 def is_torchvision(obj: Any) -> bool:
     """Whether ``obj`` is an instance of one of torchvision's transform classes (by its type's module)."""
     return type(obj).__module__.startswith("torchvision.transforms")
+
+
+def _is_v2(obj: Any) -> bool:
+    return type(obj).__module__.startswith("torchvision.transforms.v2")
 
 
 def _name(obj: Any) -> str:
@@ -135,6 +140,20 @@ def _fill(where: str, t: Any) -> int | None:
         raise ValueError(f"{where}: {type(t).__name__}(fill={fill!r}) is not reproduced; DALI's policies take one "
                          "fill value for every channel")
     return None if fill is None else int(fill)
+
+
+def _fill_values(where: str, t: Any) -> Any:
+    """``fill`` of a padding step: one number or one per channel (v2 keeps it per input type, in a dict)."""
+    fill = getattr(t, "fill", 0)
+    if isinstance(fill, dict):
+        values = list(fill.values())
+        if any(v != values[0] for v in values):
+            raise ValueError(f"{where}: {type(t).__name__}(fill={fill!r}) has a different fill per input type; "
+                             "stallfree pads images only: pass one fill")
+        fill = values[0]
+    if fill is None:  # torchvision pads PIL images with 0 then
+        return 0
+    return tuple(fill) if isinstance(fill, (list, tuple)) else fill
 
 
 def _resize_size(size: Any) -> Any:
@@ -231,6 +250,19 @@ class _Translation:
             raise ValueError(f"{where}: Resize(size=None, max_size=...) is not reproduced; give the shorter side")
         self._emit(spec.Resize(_resize_size(t.size), antialias=antialias, max_size=t.max_size), where)
 
+    def pad(self, where: str, t: Any) -> None:
+        padding = tuple(t.padding) if isinstance(t.padding, (list, tuple)) else t.padding
+        self._emit(Pad(padding, _fill_values(where, t), t.padding_mode), where)
+
+    def random_crop(self, where: str, t: Any) -> None:
+        padding = t.padding
+        if isinstance(padding, (list, tuple)):
+            # v2 keeps it parsed as [left, right, top, bottom]; v1 keeps what it was given
+            padding = (padding[0], padding[2], padding[1], padding[3]) if _is_v2(t) else tuple(padding)
+        step = RandomCrop(tuple(t.size), padding, bool(t.pad_if_needed), _fill_values(where, t), t.padding_mode,
+                          v1_padding=not _is_v2(t))
+        self._emit(step, where)
+
     def center_crop(self, where: str, t: Any) -> None:
         self._emit(spec.CenterCrop(tuple(t.size)), where)
 
@@ -290,6 +322,8 @@ _HANDLERS: dict[str, Callable[[_Translation, str, Any], None]] = {
     "RandomResizedCrop": _Translation.random_resized_crop,
     "Resize": _Translation.resize,
     "CenterCrop": _Translation.center_crop,
+    "Pad": _Translation.pad,
+    "RandomCrop": _Translation.random_crop,
     "RandomHorizontalFlip": _Translation.hflip,
     "RandomVerticalFlip": _Translation.vflip,
     "ColorJitter": _Translation.color_jitter,
