@@ -19,6 +19,12 @@ from stallfree.transforms.color import ColorJitter
 from stallfree.transforms.compose import Compose
 from stallfree.transforms.grayscale import Grayscale
 from stallfree.transforms.kernels import Kernel, KernelError, KernelTransform, kernel, normal_at, uniform_at
+from stallfree.transforms.photometric import (
+    RandomAdjustSharpness,
+    RandomAutocontrast,
+    RandomEqualize,
+    RandomInvert,
+)
 from stallfree.transforms.policies import AutoAugment, RandAugment, TrivialAugmentWide
 from stallfree.transforms.spec import (
     CenterCrop,
@@ -46,9 +52,13 @@ __all__ = [
     "Normalize",
     "Posterize",
     "RandAugment",
+    "RandomAdjustSharpness",
+    "RandomAutocontrast",
+    "RandomEqualize",
     "RandomErasing",
     "RandomGrayscale",
     "RandomHorizontalFlip",
+    "RandomInvert",
     "RandomPosterize",
     "RandomResizedCrop",
     "RandomSolarize",

@@ -1,0 +1,174 @@
+"""torchvision's photometric transforms in the graph: their pixels against torchvision's, their draws, their checks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from stallfree.transforms import (
+    CenterCrop,
+    RandomAdjustSharpness,
+    RandomAutocontrast,
+    RandomEqualize,
+    RandomInvert,
+)
+from stallfree.transforms.compile import CompiledTransforms
+from stallfree.transforms.dali_types import dali_type
+from stallfree.transforms.random import SampleRandom, batch_random
+from stallfree.transforms.spec import GraphState
+
+CROP = 12
+
+
+def images_of(dtype: type, seed: int = 0) -> list[np.ndarray]:
+    """Small images, some with a narrow range of values (where autocontrast and equalize do most)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for k in range(12):
+        h, w = (int(v) for v in rng.integers(1, 30, 2))
+        if k == 0:
+            h, w = 2, 7  # too small for sharpness, which leaves it as it is
+        low = int(rng.integers(0, 200))
+        span = 256 if k % 3 == 0 else int(rng.integers(1, 56))
+        image = rng.integers(low, min(low + span, 256), (h, w, 3)).astype(np.uint8)
+        if k == 1:
+            image[..., 1] = 77  # a constant channel
+        out.append(image if dtype == np.uint8 else (image / 255).astype(np.float32))
+    return out
+
+
+def run_graph(steps: list[Any], images: list[np.ndarray]) -> tuple[list[np.ndarray], dict[str, list[np.ndarray]]]:
+    import nvidia.dali.fn as fn
+    import nvidia.dali.types as types
+    from nvidia.dali import pipeline_def
+
+    compiled = CompiledTransforms([*steps, CenterCrop(CROP)], dtype="uint8", layout="NHWC")
+
+    @pipeline_def(batch_size=len(images), num_threads=2, device_id=None, exec_dynamic=True, enable_conditionals=True)
+    def pipe() -> Any:
+        source = fn.external_source(name="images", dtype=types.UINT8, layout="HWC")
+        params = {n: fn.external_source(name=n, dtype=dali_type(k)) for n, k in compiled.param_inputs.items()}
+        return compiled.build(source, params, device="cpu", encoded=False)
+
+    p = pipe()
+    p.build()
+    params = compiled.draw(batch_random(5, 2, range(len(images))), [im.shape[:2] for im in images])
+    p.feed_input("images", images)
+    for name, values in params.items():
+        p.feed_input(name, values)
+    (out,) = p.run()
+    return [np.array(out[i]) for i in range(len(images))], params
+
+
+def center(image: np.ndarray) -> np.ndarray:
+    top, left = CenterCrop(CROP).anchor(*image.shape[:2])
+    padded = np.pad(image, ((CROP, CROP), (CROP, CROP), (0, 0)))
+    return padded[top + CROP : top + 2 * CROP, left + CROP : left + 2 * CROP]
+
+
+def test_steps_in_the_graph_equal_their_kernels_outside() -> None:
+    # The graph-side statistics (DALI's reductions for autocontrast, the table kernel for equalize) against the
+    # same kernels run on NumPy arrays, which the torchvision tests below hold to torchvision's pixels.
+    images = images_of(np.uint8)
+    chain = [RandomAutocontrast(0.8, "v2"), RandomEqualize(0.8), RandomAdjustSharpness(1.7, 0.8), RandomInvert(0.5)]
+    outs, params = run_graph(chain, images)
+    for i, image in enumerate(images):
+        x = image
+        for k, step in enumerate(chain):
+            x = step.apply(x, {name: params[f"{k}.{name}"][i] for name in step.params})
+        assert np.array_equal(outs[i], center(x)), i
+
+
+@pytest.mark.parametrize("step", [RandomInvert(0.3), RandomAutocontrast(0.3), RandomEqualize(0.3),
+                                  RandomAdjustSharpness(2.0, 0.3)])
+def test_apply_is_drawn_with_probability_p(step: Any) -> None:
+    n = 4000
+    key = "apply" if "apply" in step.params else "config"  # config: (apply, variant)
+    applied = sum(int(step.draw(SampleRandom(1, 0, s), (8, 8))[0][key][0]) for s in range(n))
+    assert abs(applied / n - 0.3) < 4 * (0.3 * 0.7 / n) ** 0.5  # four standard deviations
+
+
+def test_arguments_are_checked_as_torchvision_does() -> None:
+    with pytest.raises(ValueError, match=r"RandomInvert: p must be in \[0, 1\], got 1.5"):
+        RandomInvert(1.5)
+    with pytest.raises(ValueError, match="sharpness_factor should be non-negative, got -1"):
+        RandomAdjustSharpness(-1)
+    with pytest.raises(ValueError, match="variant must be 'v1' or 'v2'"):
+        RandomAutocontrast(0.5, "v3")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="RandomEqualize: only uint8 images are supported"):
+        RandomEqualize().prepare(GraphState("cpu", "float32"))
+    assert RandomEqualize(0).is_identity() and not RandomInvert(0.1).is_identity()
+
+
+# --- against torchvision --------------------------------------------------------------------------------------------
+
+
+def torchvision_api(variant: str) -> Any:
+    if variant == "v1":
+        import torchvision.transforms.functional as F
+    else:
+        import torchvision.transforms.v2.functional as F
+    return F
+
+
+def chw(image: np.ndarray) -> Any:
+    import torch
+
+    return torch.from_numpy(image).permute(2, 0, 1).contiguous()
+
+
+def hwc(tensor: Any) -> np.ndarray:
+    return tensor.permute(1, 2, 0).numpy()
+
+
+def stallfree_and_torchvision(name: str, variant: str, image: np.ndarray, factor: float) -> tuple[Any, Any]:
+    F, code = torchvision_api(variant), 1 if variant == "v1" else 2  # noqa: N806 - torchvision's alias
+    if name == "invert":
+        return RandomInvert(1.0).apply(image, {"apply": [1]}), hwc(F.invert(chw(image)))
+    if name == "autocontrast":
+        step = RandomAutocontrast(1.0, variant)  # type: ignore[arg-type]
+        return step.apply(image, {"config": [1, code]}), hwc(F.autocontrast(chw(image)))
+    if name == "equalize":
+        return RandomEqualize(1.0).apply(image, {"apply": [1]}), hwc(F.equalize(chw(image)))
+    step = RandomAdjustSharpness(factor, 1.0, variant)  # type: ignore[arg-type]
+    params = step.draw(SampleRandom(0, 0, 0), image.shape[:2])[0]
+    return step.apply(image, params), hwc(F.adjust_sharpness(chw(image), factor))
+
+
+@pytest.mark.torchvision
+@pytest.mark.parametrize("variant", ["v1", "v2"])
+@pytest.mark.parametrize(("name", "dtype"), [
+    (name, dtype) for name in ("invert", "autocontrast", "equalize", "sharpness") for dtype in (np.uint8, np.float32)
+    if (name, dtype) != ("equalize", np.float32)  # uint8 only, as torchvision's v1 (test_arguments_are_checked...)
+])
+def test_pixels_equal_torchvisions_tensor_path(name: str, dtype: type, variant: str) -> None:
+    # Exact on uint8 images (every step is integer or float32 arithmetic that the kernels repeat operation for
+    # operation); on float images sharpness sums its 3x3 window in another order than torch's conv2d: 1e-6.
+    factors = [0.0, 0.3, 1.0, 1.7, 5.3] if name == "sharpness" else [0.0]
+    for image in images_of(dtype, seed=3):
+        for factor in factors:
+            ours, theirs = stallfree_and_torchvision(name, variant, image, factor)
+            assert ours.dtype == theirs.dtype
+            if dtype == np.uint8:
+                assert np.array_equal(ours, theirs), (image.shape, factor)
+            else:
+                np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-6)
+
+
+@pytest.mark.torchvision
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_torchvisions_classes_translate_with_their_parameters(version: str) -> None:
+    from stallfree.transforms import RandomPosterize, RandomSolarize
+    from stallfree.transforms.from_torchvision import to_steps
+
+    if version == "v1":
+        import torchvision.transforms as T
+    else:
+        import torchvision.transforms.v2 as T
+    pipeline = [T.RandomSolarize(100, 0.2), T.RandomPosterize(3, 0.4), T.RandomInvert(0.1),
+                T.RandomAutocontrast(0.6), T.RandomEqualize(0.7), T.RandomAdjustSharpness(1.5, 0.8)]
+    assert to_steps(T.Compose(pipeline)).steps == (
+        RandomSolarize(100.0, 0.2), RandomPosterize(3, 0.4), RandomInvert(0.1), RandomAutocontrast(0.6, version),
+        RandomEqualize(0.7), RandomAdjustSharpness(1.5, 0.8, version))
