@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -11,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from stallfree.pipeline.readers import Reader
+from stallfree.pipeline.reader_base import Reader
 from stallfree.pipeline.shards import VERIFY_MODES
 from stallfree.transforms.compile import Dtype
 from stallfree.transforms.spec import Transform
@@ -96,42 +95,44 @@ def is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
-def check_arguments(args: dict[str, Any]) -> None:
+def check_arguments(
+    *, batch_size: Any, drop_last: Any, shuffle: Any, block_shards: Any, seed: Any, prefetch: Any, io_threads: Any,
+    echo: Any, num_threads: Any, echo_mode: Any, on_error: Any, placement: Any, verify: Any, max_pixels: Any,
+    columns: Any, pin_memory: Any, target_transform: Any, clock: Any,
+) -> None:
     """Every Loader argument that is not checked where it is used, each with the fix in its message."""
-    if not is_int(args["batch_size"]) or args["batch_size"] <= 0:
-        raise ValueError(f"batch_size must be a positive int, got {args['batch_size']!r}")
-    if not isinstance(args["drop_last"], (bool, np.bool_)):
-        raise ValueError(f"drop_last must be True or False, got {args['drop_last']!r}")
-    if not isinstance(args["shuffle"], (bool, np.bool_)) and args["shuffle"] not in ("global", "block"):
+    if not is_int(batch_size) or batch_size <= 0:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    if not isinstance(drop_last, (bool, np.bool_)):
+        raise ValueError(f"drop_last must be True or False, got {drop_last!r}")
+    if not isinstance(shuffle, (bool, np.bool_)) and shuffle not in ("global", "block"):
         raise ValueError(f"shuffle must be True (or 'global'), 'block' (the shard-block shuffle) or False, got "
-                         f"{args['shuffle']!r}")
-    if not is_int(args["block_shards"]) or args["block_shards"] < 1:
-        raise ValueError(f"block_shards must be an int >= 1 (shards per shuffle block), got {args['block_shards']!r}")
-    if not is_int(args["seed"]):
-        raise ValueError(f"seed must be an int, got {args['seed']!r}")
-    for name in ("prefetch", "io_threads", "echo"):
-        if not is_int(args[name]) or args[name] < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {args[name]!r}")
-    if args["num_threads"] is not None and (not is_int(args["num_threads"]) or args["num_threads"] <= 0):
+                         f"{shuffle!r}")
+    if not is_int(block_shards) or block_shards < 1:
+        raise ValueError(f"block_shards must be an int >= 1 (shards per shuffle block), got {block_shards!r}")
+    if not is_int(seed):
+        raise ValueError(f"seed must be an int, got {seed!r}")
+    for name, count in (("prefetch", prefetch), ("io_threads", io_threads), ("echo", echo)):
+        if not is_int(count) or count < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {count!r}")
+    if num_threads is not None and (not is_int(num_threads) or num_threads <= 0):
         raise ValueError(f"num_threads must be positive (or None for the cores this process may use), got "
-                         f"{args['num_threads']!r}")
-    choices = {"echo_mode": ("example", "batch"), "on_error": ("raise", "skip"), "placement": ("auto", "cpu", "gpu"),
-               "verify": VERIFY_MODES}
-    for name, allowed in choices.items():
-        if args[name] not in allowed:
-            raise ValueError(f"{name} must be one of {allowed}, got {args[name]!r}")
-    if not is_int(args["max_pixels"]) or args["max_pixels"] <= 0:
-        raise ValueError(f"max_pixels must be a positive int, got {args['max_pixels']!r}")
-    columns = args["columns"]
+                         f"{num_threads!r}")
+    choices = (("echo_mode", echo_mode, ("example", "batch")), ("on_error", on_error, ("raise", "skip")),
+               ("placement", placement, ("auto", "cpu", "gpu")), ("verify", verify, VERIFY_MODES))
+    for name, value, allowed in choices:
+        if value not in allowed:
+            raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+    if not is_int(max_pixels) or max_pixels <= 0:
+        raise ValueError(f"max_pixels must be a positive int, got {max_pixels!r}")
     if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
         example = [columns] if isinstance(columns, str) else ["key"]
         raise ValueError(f"columns must be a list of column names, e.g. columns={example!r}; got {columns!r}")
-    if not isinstance(args["pin_memory"], (bool, np.bool_)):
-        raise ValueError(f"pin_memory must be True or False, got {args['pin_memory']!r}")
-    if args["target_transform"] is not None and not callable(args["target_transform"]):
+    if not isinstance(pin_memory, (bool, np.bool_)):
+        raise ValueError(f"pin_memory must be True or False, got {pin_memory!r}")
+    if target_transform is not None and not callable(target_transform):
         raise ValueError(f"target_transform must be a callable applied to each label, got "
-                         f"{type(args['target_transform']).__name__}")
-    clock = args["clock"]
+                         f"{type(target_transform).__name__}")
     if clock is not None and not callable(getattr(clock, "record", None)):
         raise ValueError(f"clock must have a record(stage, state, start, end, batch) method (a StageClock has), "
                          f"got {type(clock).__name__}")
@@ -146,8 +147,11 @@ REMOTE_DEFAULTS: dict[str, Any] = {"cache_dir": None, "cache_limit": None, "stor
 _WEBDATASET_KEYWORDS = ("cache_dir", "storage_options", "retries", "remote_timeout", "downloads", "read_ahead")
 
 
-def remote_keywords(args: dict[str, Any], remote: bool, webdataset: bool = False) -> dict[str, Any]:
+def remote_keywords(options: dict[str, Any], *, source: Any, on_error: str, remote: bool,
+                    webdataset: bool = False) -> dict[str, Any]:
     """The remote reader's keywords from the Loader's, checked; for a local source, a refusal of any set one.
+
+    ``options`` holds the Loader's remote keywords (those of :data:`REMOTE_DEFAULTS`) as the user gave them.
 
     A WebDataset source (``webdataset``) takes ``cache_dir`` (its index cache), and when ``remote`` its store's
     options, retries, ``downloads`` and ``read_ahead`` (for its ranges), and the Loader's ``on_error``; it refuses
@@ -157,49 +161,44 @@ def remote_keywords(args: dict[str, Any], remote: bool, webdataset: bool = False
         allowed: tuple[str, ...] = _WEBDATASET_KEYWORDS if remote else ("cache_dir",)
     else:
         allowed = tuple(REMOTE_DEFAULTS) if remote else ()
-    refused = [name for name, default in REMOTE_DEFAULTS.items() if args[name] != default and name not in allowed]
+    refused = [name for name, default in REMOTE_DEFAULTS.items() if options[name] != default and name not in allowed]
     if refused and webdataset:
         where = "at a URL" if remote else "on local disk"
         raise ValueError(f"{', '.join(n + '=' for n in refused)} apply to an ingested dataset at a URL, not to "
-                         f"WebDataset tars {where} ({args['source']!r}), which take only "
+                         f"WebDataset tars {where} ({source!r}), which take only "
                          f"{', '.join(n + '=' for n in allowed)}; drop them")
     if refused:
         raise ValueError(f"{', '.join(n + '=' for n in refused)} apply to a dataset at a URL (s3://, gs://, "
-                         f"https://, file://), but the source is {args['source']!r}; drop them")
+                         f"https://, file://), but the source is {source!r}; drop them")
     if not remote and not webdataset:
         return {}
-    if args["cache_dir"] is not None and not isinstance(args["cache_dir"], (str, os.PathLike)):
-        raise ValueError(f"cache_dir must be a path or None, got {args['cache_dir']!r}")
-    if args["storage_options"] is not None and not isinstance(args["storage_options"], dict):
+    if options["cache_dir"] is not None and not isinstance(options["cache_dir"], (str, os.PathLike)):
+        raise ValueError(f"cache_dir must be a path or None, got {options['cache_dir']!r}")
+    if options["storage_options"] is not None and not isinstance(options["storage_options"], dict):
         raise ValueError(f"storage_options must be a dict of the store's options (e.g. {{'endpoint_url': ...}}), got "
-                         f"{type(args['storage_options']).__name__}")
+                         f"{type(options['storage_options']).__name__}")
     from stallfree.ingest.remote import Retry
 
-    retry = Retry(attempts=int(args["retries"]) if is_int(args["retries"]) else args["retries"],
-                  timeout=args["remote_timeout"])
+    retry = Retry(attempts=int(options["retries"]) if is_int(options["retries"]) else options["retries"],
+                  timeout=options["remote_timeout"])
     for name in ("cache_limit", "read_ahead"):
-        if args[name] is not None and (not is_int(args[name]) or args[name] <= 0):
-            raise ValueError(f"{name} must be a positive number of bytes or None, got {args[name]!r}")
-    if args["downloads"] is not None and (not is_int(args["downloads"]) or args["downloads"] < 1):
-        raise ValueError(f"downloads must be an int >= 1 (concurrent downloads) or None, got {args['downloads']!r}")
+        if options[name] is not None and (not is_int(options[name]) or options[name] <= 0):
+            raise ValueError(f"{name} must be a positive number of bytes or None, got {options[name]!r}")
+    if options["downloads"] is not None and (not is_int(options["downloads"]) or options["downloads"] < 1):
+        raise ValueError(f"downloads must be an int >= 1 (concurrent downloads) or None, got {options['downloads']!r}")
     # None: the reader's own default (8 shard downloads; 64 ranged requests for tars, each one sample or a few)
-    downloads = {} if args["downloads"] is None else {"downloads": int(args["downloads"])}
+    downloads = {} if options["downloads"] is None else {"downloads": int(options["downloads"])}
     if webdataset:
-        return {"cache_dir": args["cache_dir"], "storage_options": args["storage_options"], "retry": retry,
-                "on_error": args["on_error"], "read_ahead": args["read_ahead"], **downloads}
-    return {"cache_dir": args["cache_dir"], "cache_limit": args["cache_limit"], "read_ahead": args["read_ahead"],
-            "storage_options": args["storage_options"], "retry": retry, **downloads}
+        return {"cache_dir": options["cache_dir"], "storage_options": options["storage_options"], "retry": retry,
+                "on_error": on_error, "read_ahead": options["read_ahead"], **downloads}
+    return {"cache_dir": options["cache_dir"], "cache_limit": options["cache_limit"],
+            "read_ahead": options["read_ahead"], "storage_options": options["storage_options"], "retry": retry,
+            **downloads}
 
 
 def source_identity(reader: Reader) -> str:
     """What the source is, independent of where it lies: the reader's ``fingerprint()``, else its kind and labels."""
-    fingerprint = getattr(reader, "fingerprint", None)
-    if callable(fingerprint):
-        return str(fingerprint())
-    digest = hashlib.sha256()
-    digest.update(f"{type(reader).__qualname__}:{getattr(reader, 'name', '')}:{len(reader)}:".encode())
-    digest.update(np.ascontiguousarray(reader.labels(), np.int64).tobytes())
-    return digest.hexdigest()
+    return str(reader.fingerprint())
 
 
 def describe_spec(steps: Sequence[Transform]) -> str:

@@ -2,37 +2,58 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["batch_columns", "batch_labels"]
+from stallfree.pipeline.reader_base import Reader
+
+__all__ = ["Delivery", "batch_columns", "batch_labels"]
 
 
-def batch_labels(loader: Any, rows: np.ndarray) -> Any:
+@dataclass(frozen=True, eq=False)
+class Delivery:
+    """What a delivered batch carries beside its images, and where: the Loader's settings for it.
+
+    ``labels``: every row's label; ``columns``: the ``columns=`` fields, read from ``reader`` (or the built-in
+    ``index``/``path``).
+    """
+
+    labels: np.ndarray
+    reader: Reader
+    device: torch.device
+    pin_memory: bool = False
+    target_transform: Callable[[int], Any] | None = None
+    columns: Sequence[str] = ()
+
+
+def batch_labels(delivery: Delivery, rows: np.ndarray) -> Any:
     """The batch's labels on the delivery device, through ``target_transform`` if there is one."""
-    labels: Any = torch.from_numpy(np.asarray(loader.labels[rows], np.int64))  # labels.npy may hold int16
-    if loader.target_transform is not None:
+    labels: Any = torch.from_numpy(np.asarray(delivery.labels[rows], np.int64))  # labels.npy may hold int16
+    if delivery.target_transform is not None:
         from torch.utils.data import default_collate
 
-        labels = default_collate([loader.target_transform(int(label)) for label in loader.labels[rows]])
+        labels = default_collate([delivery.target_transform(int(label)) for label in delivery.labels[rows]])
     if isinstance(labels, torch.Tensor):
-        labels = labels.pin_memory() if loader.pin_memory else labels.to(loader.device)
+        labels = labels.pin_memory() if delivery.pin_memory else labels.to(delivery.device)
     return labels
 
 
-def batch_columns(loader: Any, rows: np.ndarray) -> dict[str, Any]:
+def batch_columns(delivery: Delivery, rows: np.ndarray) -> dict[str, Any]:
     """The batch's ``columns=`` fields: numbers as tensors on the delivery device, anything else as a list."""
     out: dict[str, Any] = {}
-    for name in loader.columns:
+    reader = delivery.reader
+    for name in delivery.columns:
         values: np.ndarray | list[Any]
-        if name in loader.reader.columns:
-            values = loader.reader.column(name, rows)
+        if name in reader.columns:
+            values = reader.column(name, rows)
         elif name == "index":
             values = np.asarray(rows, np.int64)
         else:  # "path"
-            values = [loader.reader.describe(int(row)) for row in rows]
+            values = [reader.describe(int(row)) for row in rows]
         numeric = isinstance(values, np.ndarray)
-        out[name] = torch.from_numpy(np.ascontiguousarray(values)).to(loader.device) if numeric else values
+        out[name] = torch.from_numpy(np.ascontiguousarray(values)).to(delivery.device) if numeric else values
     return out

@@ -20,9 +20,12 @@ dataset is ``k`` more virtual shards, shuffled with the others.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from stallfree.pipeline.reader_base import Reader
 
 __all__ = ["BlockOrder", "block_order"]
 
@@ -57,10 +60,10 @@ class BlockOrder:
         return np.concatenate(pieces).astype(np.int64)
 
 
-def block_order(reader: Any, block_shards: int, seed: int, echo: int) -> BlockOrder:
-    """The block shuffle of a sharded source (one with ``shard_rows()``), or a ValueError saying which have shards."""
-    shard_rows = getattr(reader, "shard_rows", None)
-    if not callable(shard_rows):
+def block_order(reader: Reader, block_shards: int, seed: int, echo: int) -> BlockOrder:
+    """The block shuffle of a sharded source (``shard_rows()`` not None), or a ValueError saying which have shards."""
+    shard_rows = reader.shard_rows()
+    if shard_rows is None:
         raise ValueError(f"shuffle='block' shuffles the shards of ingested data, but the source is a "
-                         f"{type(reader).__name__}; ingest it (`stallfree ingest`) or use shuffle=True")
-    return BlockOrder(shard_rows(), block_shards, seed, echo)
+                         f"{reader.kind}; ingest it (`stallfree ingest`) or use shuffle=True")
+    return BlockOrder(list(shard_rows), block_shards, seed, echo)

@@ -75,9 +75,8 @@ class EpochRun:
         self.read_q: queue.Queue[Any] = queue.Queue(parts.config.prefetch)
         self.out_q: queue.Queue[Any] = queue.Queue(parts.config.prefetch)
         self.more: queue.Queue[int] = queue.Queue()  # samples the graph stage rejected, for the reader to replace
-        follow = getattr(parts.reader, "follow", None)  # a remote reader's read-ahead takes the coming rows
-        if callable(follow):
-            follow(parts.sampler.rows(self.order[position % len(self.order) :]))
+        # A remote reader's read-ahead takes the coming rows.
+        parts.reader.follow(parts.sampler.rows(self.order[position % len(self.order) :]))
         reader, assembler = ReadStage(self), GraphStage(self, position)
         self._threads = [
             threading.Thread(target=self._guard, args=(reader.loop, self.read_q, position, number), daemon=True),

@@ -33,6 +33,7 @@ from stallfree.pipeline.arguments import (
     loader_fingerprint,
     remote_keywords,
 )
+from stallfree.pipeline.batch_fields import Delivery
 from stallfree.pipeline.block_order import block_order
 from stallfree.pipeline.epoch import EpochRun
 from stallfree.pipeline.graph import Graph
@@ -40,7 +41,8 @@ from stallfree.pipeline.loader_sampler import LoaderSampler
 from stallfree.pipeline.loader_state import read_state
 from stallfree.pipeline.next_pass import NextPass
 from stallfree.pipeline.passes import Pass
-from stallfree.pipeline.readers import Reader, open_source, unwrap_torchvision_dataset
+from stallfree.pipeline.reader_base import BaseReader, Reader
+from stallfree.pipeline.readers import open_source, unwrap_torchvision_dataset
 from stallfree.pipeline.run_config import RunConfig, RunParts
 from stallfree.pipeline.sampler import process_shard
 from stallfree.pipeline.samples import BadSampleError
@@ -59,6 +61,36 @@ class Clock(Protocol):
 
     def record(self, stage: str, state: str, start: float, end: float, batch: int | None = None) -> None:
         """Record that ``stage`` was ``state`` ("busy" or "waiting") from ``start`` to ``end`` (perf_counter)."""
+
+
+def _pin_memory(pin_memory: bool, device: torch.device) -> bool:
+    """Whether CPU batches are pinned: DataLoader's rule, refused for a GPU device, a warning without CUDA."""
+    if pin_memory and device.type != "cpu":
+        raise ValueError(f"pin_memory=True pins CPU batches, but device={str(device)!r} delivers them on the "
+                         "GPU already; drop pin_memory, or use device='cpu' to copy them yourself")
+    if pin_memory and not torch.cuda.is_available():
+        warnings.warn("pin_memory=True but torch sees no CUDA device: batches stay in ordinary memory (as "
+                      "DataLoader does)", UserWarning, stacklevel=3)
+        return False
+    return bool(pin_memory)
+
+
+def _open(source: Any, *, exif: Exif, verify: Verify, rank: int, on_error: str, remote: dict[str, Any]) -> BaseReader:
+    """The source's reader, with the remote keywords checked (refused for a local source that is not tars)."""
+    webdataset = is_webdataset(source)
+    keywords = remote_keywords(remote, source=source, on_error=on_error, remote=is_url(source), webdataset=webdataset)
+    if keywords and not webdataset:
+        keywords["rank"] = rank  # the default shard cache is one folder per rank
+    return open_source(source, exif=exif, verify=verify, remote=keywords or None)
+
+
+def _columns(reader: BaseReader, columns: Sequence[str]) -> tuple[str, ...]:
+    """``columns=``, each one the source has (its own columns, or the built-in ones), or a ValueError naming them."""
+    available = list(reader.columns) + [c for c in BUILTIN_COLUMNS if c not in reader.columns]
+    if columns and not set(columns) <= set(available):
+        raise ValueError(f"columns={list(columns)} but the source has columns {available} (only ingested "
+                         "shard folders have further columns: see `stallfree ingest`)")
+    return tuple(columns)
 
 
 class Loader:
@@ -183,7 +215,11 @@ class Loader:
     ):
         check_dataloader_keywords(dataloader_keywords)
         source, transform, target_transform = unwrap_torchvision_dataset(source, transform, target_transform)
-        check_arguments(dict(locals()))
+        check_arguments(batch_size=batch_size, drop_last=drop_last, shuffle=shuffle, block_shards=block_shards,
+                        seed=seed, prefetch=prefetch, io_threads=io_threads, echo=echo, num_threads=num_threads,
+                        echo_mode=echo_mode, on_error=on_error, placement=placement, verify=verify,
+                        max_pixels=max_pixels, columns=columns, pin_memory=pin_memory,
+                        target_transform=target_transform, clock=clock)
         if exif not in EXIF_MODES:
             raise ValueError(f"exif must be 'ignore' or 'apply', got {exif!r}")
         self.exif: Exif = exif  # decides pixels: part of what a resumed state must match
@@ -191,45 +227,23 @@ class Loader:
         out_dtype = dtype_name(dtype) if dtype is not None else (spec.dtype or "float32")
         self.compiled = CompiledTransforms(spec.steps, dtype=out_dtype, layout=layout, channels=channels)
         self.device = device_of(device)
-        if pin_memory and self.device.type != "cpu":
-            raise ValueError(f"pin_memory=True pins CPU batches, but device={str(self.device)!r} delivers them on the "
-                             "GPU already; drop pin_memory, or use device='cpu' to copy them yourself")
-        if pin_memory and not torch.cuda.is_available():
-            warnings.warn("pin_memory=True but torch sees no CUDA device: batches stay in ordinary memory (as "
-                          "DataLoader does)", UserWarning, stacklevel=2)
-            pin_memory = False
-        self.pin_memory, self.target_transform = bool(pin_memory), target_transform
+        self.pin_memory, self.target_transform = _pin_memory(pin_memory, self.device), target_transform
         if placement == "gpu" and self.device.type != "cuda":
             raise ValueError("placement='gpu' needs a CUDA device=; got device='cpu'")
         on_gpu = placement == "gpu" or (placement == "auto" and self.device.type == "cuda")
         rank, world_size = process_shard(rank, world_size)
-        webdataset = is_webdataset(source)
-        remote = remote_keywords(dict(locals()), is_url(source), webdataset)
-        self.reader = open_source(source, exif=exif, verify=verify,
-                                  remote={**remote, "rank": rank} if remote and not webdataset else remote or None)
-        echo_k = echo if echo_mode == "example" else 1
+        remote_options = {"cache_dir": cache_dir, "cache_limit": cache_limit, "storage_options": storage_options,
+                          "downloads": downloads, "read_ahead": read_ahead, "retries": retries,
+                          "remote_timeout": remote_timeout}
+        self.reader = _open(source, exif=exif, verify=verify, rank=rank, on_error=on_error, remote=remote_options)
         self.shuffle_mode = "block" if shuffle == "block" else ("global" if shuffle else "none")
         self.block_shards = int(block_shards)
-        self.sampler = LoaderSampler(  # loader.sampler.set_epoch is set_epoch, for Lightning's fit loop
-            len(self.reader),
-            rank=rank,
-            world_size=world_size,
-            shuffle=self.shuffle_mode != "none",
-            seed=int(seed),
-            drop_last=bool(drop_last),
-            echo=echo_k,
-            permute=block_order(self.reader, self.block_shards, int(seed), echo_k) if shuffle == "block" else None,
-            owner=weakref.ref(self),
-        )
         self.batch_size, self.seed, self.drop_last, self.on_error = batch_size, int(seed), bool(drop_last), on_error
         self.echo, self.echo_mode, self.max_pixels = echo, echo_mode, max_pixels
+        self.sampler = self._sampler(rank, world_size)  # loader.sampler.set_epoch is set_epoch (Lightning's fit)
         self.prefetch, self.io_threads, self.clock = prefetch, io_threads, clock
         self.encoded = bool(self.reader.encoded)
-        self.columns = tuple(columns)
-        available = list(self.reader.columns) + [c for c in BUILTIN_COLUMNS if c not in self.reader.columns]
-        if self.columns and not set(self.columns) <= set(available):
-            raise ValueError(f"columns={list(self.columns)} but the source has columns {available} (only ingested "
-                             "shard folders have further columns: see `stallfree ingest`)")
+        self.columns = _columns(self.reader, columns)
         self.labels = self.reader.labels()
         self.num_threads = num_threads or len(os.sched_getaffinity(0))
         self._graph_device = self.device.index if on_gpu else None
@@ -243,6 +257,22 @@ class Loader:
         self._next = NextPass()  # the next epoch's run, started as this pass's last batches are taken
         weakref.finalize(self, self._next.discard)
         self.skipped: list[dict[str, Any]] = []  # this epoch's, so it is also what a resumed Loader carries on
+
+    def _sampler(self, rank: int, world_size: int) -> LoaderSampler:
+        """The order: this rank's share of a global (or block) permutation per epoch, with example echo."""
+        echo_k = self.echo if self.echo_mode == "example" else 1
+        block = self.shuffle_mode == "block"
+        return LoaderSampler(
+            len(self.reader),
+            rank=rank,
+            world_size=world_size,
+            shuffle=self.shuffle_mode != "none",
+            seed=self.seed,
+            drop_last=self.drop_last,
+            echo=echo_k,
+            permute=block_order(self.reader, self.block_shards, self.seed, echo_k) if block else None,
+            owner=weakref.ref(self),
+        )
 
     @property
     def classes(self) -> list[str]:
@@ -384,7 +414,9 @@ class Loader:
         parts = self._parts()
         run = self._next.take(self._epoch, self._split, position, number, self.skipped, parts) or EpochRun(
             parts, self._graph, self._epoch, self._split, position, number, self.skipped)
-        ongoing = Pass(self, run, (position, repeat, delivered), echo=self._batch_echo)
+        delivery = Delivery(self.labels, self.reader, self.device, self.pin_memory, self.target_transform, self.columns)
+        ongoing = Pass(run, (position, repeat, delivered), echo=self._batch_echo, delivery=delivery,
+                       skipped=self.skipped, produced=self._produced)
         self._pass = weakref.ref(ongoing)
         return ongoing
 
@@ -392,6 +424,4 @@ class Loader:
         """End a pass in progress and, for a remote source, stop its read-ahead and downloads."""
         self._end_pass("close() ended this pass")
         self._next.discard()
-        closing = getattr(self.reader, "close", None)
-        if callable(closing):
-            closing()
+        self.reader.close()

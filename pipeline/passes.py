@@ -7,23 +7,35 @@ ends (exhausted, failed, dropped, or ended by a newer ``iter()``) its ``next`` r
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from stallfree.pipeline.batch_fields import batch_columns, batch_labels
+from stallfree.pipeline.batch_fields import Delivery, batch_columns, batch_labels
 
 if TYPE_CHECKING:
     from stallfree.pipeline.epoch import EpochRun
-    from stallfree.pipeline.loader import Loader
     from stallfree.pipeline.samples import Batch
 
 __all__ = ["Pass"]
 
 
 class Pass:
-    """The iterator of one pass: batches from an :class:`EpochRun`, each yielded ``echo`` times in batch mode."""
+    """The iterator of one pass: batches from an :class:`EpochRun`, each yielded ``echo`` times in batch mode.
 
-    def __init__(self, loader: Loader, run: EpochRun, cursor: tuple[int, int, int], *, echo: int):
-        self.loader, self.run, self.echo = loader, run, echo
+    Args:
+        run: the epoch run it takes batches from.
+        cursor: where the pass starts: (position, repeat, batches delivered).
+        echo: times each batch is yielded.
+        delivery: what each batch carries beside its images (labels, ``columns=``) and where.
+        skipped: the list each batch's skipped samples are added to (the Loader's ``skipped``).
+        produced: called once with this pass when its run has queued its last batch (the Loader starts the next
+            epoch's run then).
+    """
+
+    def __init__(self, run: EpochRun, cursor: tuple[int, int, int], *, echo: int, delivery: Delivery,
+                 skipped: list[dict[str, Any]], produced: Callable[[Pass], None]):
+        self.run, self.echo, self.delivery = run, echo, delivery
+        self._skipped, self._produced = skipped, produced
         self.cursor = cursor  # after the last batch delivered: (position, repeat, batches delivered)
         self.over = False
         self._why: str | None = None
@@ -47,7 +59,7 @@ class Pass:
                                "(`for batch in loader`) to go on")
         if self.over:
             raise StopIteration
-        loader, k = self.loader, self.echo
+        k = self.echo
         if self._batch is None or self._repeat == k:
             try:
                 batch = next(self._batches)
@@ -55,14 +67,14 @@ class Pass:
                 self.over = True
                 self.run.stop()
                 raise
-            loader.skipped.extend(batch.skipped)
+            self._skipped.extend(batch.skipped)
             if not self._next_started and self.run.produced.is_set():
                 self._next_started = True
-                loader._produced(self)
-            labels = batch_labels(loader, batch.rows)
+                self._produced(self)
+            labels = batch_labels(self.delivery, batch.rows)
             out: tuple[Any, ...] = (batch.output, labels)
-            if loader.columns:
-                out = (*out, batch_columns(loader, batch.rows))
+            if self.delivery.columns:
+                out = (*out, batch_columns(self.delivery, batch.rows))
             self._repeat = self._repeat if self._batch is None else 0
             self._batch = batch, out
         batch, out = self._batch

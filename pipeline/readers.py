@@ -12,7 +12,7 @@ import hashlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 
@@ -20,64 +20,21 @@ from stallfree.ingest.folders import inside_root, scan_image_folder
 from stallfree.ingest.images import Exif
 from stallfree.ingest.labels import class_numbers, label_array, label_column
 from stallfree.ingest.remote import is_url
+from stallfree.pipeline.reader_base import BaseReader, Reader, as_reader
 from stallfree.pipeline.shards import ShardReader, Verify, is_shard_folder
 from stallfree.pipeline.webdataset import is_webdataset
 
-__all__ = ["DatasetReader", "FileListReader", "FolderReader", "Reader", "open_source", "unwrap_torchvision_dataset"]
+__all__ = [
+    "BaseReader", "DatasetReader", "FileListReader", "FolderReader", "Reader", "open_source",
+    "unwrap_torchvision_dataset",
+]
 
 
-@runtime_checkable
-class Reader(Protocol):
-    """Row access to a dataset: everything the Loader reads from a source, so that a user's reader type-checks.
-
-    ``read`` may raise ``OSError`` for a missing or unreadable file. A reader may also define ``fingerprint()``
-    (a string that identifies its data wherever it lies); without one the Loader hashes its labels.
-
-    Attributes:
-        classes: class names, index = label.
-        encoded: ``True`` when :meth:`read` gives encoded bytes (decoded in the graph), ``False`` for HWC uint8
-            pixels.
-        columns: names :meth:`column` answers for (``Loader(columns=...)``); empty when there are none.
-    """
-
-    classes: list[str]
-    encoded: bool
-    columns: Sequence[str]
-
-    def __len__(self) -> int: ...
-
-    def labels(self) -> np.ndarray:
-        """Every row's label, int64, without reading any image."""
-        ...
-
-    def read(self, index: int) -> np.ndarray:
-        """Row ``index``'s image: a 1-D uint8 array of encoded bytes, or HWC uint8 pixels (``encoded=False``)."""
-        ...
-
-    def describe(self, index: int) -> str:
-        """Where row ``index`` lives, for error messages (a path, or a shard and row)."""
-        ...
-
-    def column(self, name: str, rows: np.ndarray) -> np.ndarray | list[Any]:
-        """Column ``name`` at ``rows``: a NumPy array for numeric columns, else a list.
-
-        Raises:
-            KeyError: ``name`` is not one of :attr:`columns`.
-        """
-        ...
-
-
-def _no_columns(where: str, name: str) -> KeyError:
-    return KeyError(f"no column {name!r} in {where}: only ingested shards carry extra columns")
-
-
-class _PathReader:
+class _PathReader(BaseReader):
     """Rows that are files on a file system."""
 
-    encoded = True
-    columns: Sequence[str] = ()
-
     def __init__(self, paths: list[Path], labels: np.ndarray, classes: list[str]):
+        super().__init__()
         self.paths, self._labels, self.classes = paths, labels, classes
 
     def __len__(self) -> int:
@@ -92,9 +49,6 @@ class _PathReader:
 
     def describe(self, index: int) -> str:
         return str(self.paths[index])
-
-    def column(self, name: str, rows: np.ndarray) -> np.ndarray | list[Any]:
-        raise _no_columns(f"this {type(self).__name__}", name)
 
     def fingerprint(self) -> str:
         """The files relative to their common folder, and their labels, hashed: the same wherever the data lies."""
@@ -176,7 +130,7 @@ class FileListReader(_PathReader):
         super().__init__(paths, labels, classes)
 
 
-class DatasetReader:
+class DatasetReader(BaseReader):
     """A map-style torch ``Dataset`` whose items are ``(image, label)``, as a source for the Loader.
 
     The image is encoded bytes (``bytes``, ``bytearray``, ``memoryview`` or a 1-D uint8 array: decoded in the
@@ -207,6 +161,7 @@ class DatasetReader:
     def __init__(self, dataset: Any, labels: Sequence[int] | None = None, classes: Sequence[str] | None = None):
         from torch.utils.data import IterableDataset
 
+        super().__init__()
         # torch's IterableDataset inherits a __getitem__ that only raises, so it is refused by type.
         random_access = hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")
         if isinstance(dataset, IterableDataset) or not random_access:
@@ -231,7 +186,6 @@ class DatasetReader:
         names = classes if classes is not None else getattr(dataset, "classes", None)
         self.classes = list(names) if names is not None else class_numbers(self._labels)
         self.exif: Exif = "ignore"
-        self.columns: Sequence[str] = ()
         self.encoded = self._image(0, self._item(0)[0])[1]
 
     def __len__(self) -> int:
@@ -242,9 +196,6 @@ class DatasetReader:
 
     def describe(self, index: int) -> str:
         return f"{self.name}[{index}]"
-
-    def column(self, name: str, rows: np.ndarray) -> np.ndarray | list[Any]:
-        raise _no_columns(f"dataset {self.name}", name)
 
     def read(self, index: int) -> np.ndarray:
         """Item ``index``'s image: encoded bytes as a 1-D uint8 array, or HWC uint8 RGB pixels.
@@ -328,7 +279,7 @@ def unwrap_torchvision_dataset(source: Any, transform: Any, target_transform: An
 
 
 def open_source(source: str | os.PathLike[str] | Reader | Any, *, exif: Exif = "ignore",
-                verify: Verify = "first-use", remote: dict[str, Any] | None = None) -> Reader:
+                verify: Verify = "first-use", remote: dict[str, Any] | None = None) -> BaseReader:
     """The reader for ``source``, decoding under the Loader's ``exif`` setting (shards checked as ``verify`` says).
 
     A Reader as it is (a :class:`DatasetReader` as a copy with that setting), WebDataset tars (a path or URL
@@ -341,16 +292,13 @@ def open_source(source: str | os.PathLike[str] | Reader | Any, *, exif: Exif = "
         ValueError: ``exif="apply"`` for ``--raw`` shards, whose pixels were decoded at ingest without turning.
     """
     if isinstance(source, DatasetReader):
-        reader = copy.copy(source)
-        reader.exif = exif
-        return reader
-    if isinstance(source, Reader):
-        return _check_raw(source, exif)
-    missing = [m for m in ("encoded", "columns", "column") if not hasattr(source, m)]
-    if all(hasattr(source, m) for m in ("read", "labels", "describe")) and missing:
-        raise TypeError(f"{type(source).__name__} looks like a Reader but lacks {', '.join(missing)}: a Reader "
-                        "declares encoded (bool), columns (names, () for none) and column(name, rows) "
-                        "(stallfree.pipeline.readers.Reader)")
+        copied = copy.copy(source)
+        copied.exif = exif
+        copied.check()
+        return copied
+    reader = as_reader(source)
+    if reader is not None:
+        return _check_raw(reader, exif)
     if not isinstance(source, (str, os.PathLike)):
         dataset = DatasetReader(source)
         dataset.exif = exif
@@ -373,9 +321,9 @@ def open_source(source: str | os.PathLike[str] | Reader | Any, *, exif: Exif = "
     return FolderReader(path)
 
 
-def _check_raw(reader: Reader, exif: Exif) -> Reader:
-    if exif == "apply" and hasattr(reader, "shard_rows") and not reader.encoded:
-        where = getattr(reader, "folder", getattr(reader, "url", ""))
+def _check_raw(reader: BaseReader, exif: Exif) -> BaseReader:
+    if exif == "apply" and reader.shard_rows() is not None and not reader.encoded:
+        where = reader.name or type(reader).__name__
         raise ValueError(
             f"exif='apply' but {where} holds --raw shards: their pixels were decoded at ingest without EXIF "
             "orientation, which they no longer carry; ingest without --raw to turn images, or use exif='ignore'"

@@ -26,13 +26,14 @@ from stallfree.ingest.labels import parse_labels
 from stallfree.ingest.manifest import MANIFEST, read_manifest
 from stallfree.ingest.remote import Retry, download, open_store, read_object, redact
 from stallfree.pipeline.read_ahead import ReadAhead
+from stallfree.pipeline.reader_base import BaseReader
 from stallfree.pipeline.shard_cache import ShardCache, default_cache_dir
 from stallfree.pipeline.shards import ShardError, _Shard, gather_column
 
 __all__ = ["RemoteShardReader"]
 
 
-class RemoteShardReader:
+class RemoteShardReader(BaseReader):
     """Rows of an ingested dataset at a URL (the :class:`~stallfree.pipeline.readers.Reader` protocol).
 
     Args:
@@ -56,9 +57,14 @@ class RemoteShardReader:
     def __init__(self, url: str, *, cache_dir: str | Path | None = None, cache_limit: int | None = None,
                  storage_options: dict[str, Any] | None = None, downloads: int = 8, read_ahead: int | None = None,
                  retry: Retry | None = None, rank: int = 0):
+        super().__init__()
+        # Downloads, a cache and threads: it pickles as the URL and keywords, and is opened afresh where it lands.
+        self.reopen_with(url, cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options,
+                         downloads=downloads, read_ahead=read_ahead, retry=retry, rank=rank)
         self.retry = retry or Retry()
         base = url[: -len(MANIFEST)] if url.endswith("/" + MANIFEST) else url
         self.url = base.rstrip("/")
+        self.name = redact(self.url)
         self.fs, self._root = open_store(self.url, storage_options or {}, self.retry.timeout)
         self._root = self._root.rstrip("/")
         self.manifest = read_manifest(self.url, storage_options, self.retry)

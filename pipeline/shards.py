@@ -38,6 +38,7 @@ import numpy as np
 
 from stallfree.ingest.labels import load_labels
 from stallfree.ingest.manifest import MANIFEST, file_sha256, read_manifest, schema_problem
+from stallfree.pipeline.reader_base import BaseReader
 from stallfree.pipeline.verified import is_verified, mark_verified
 
 __all__ = ["VERIFY_MODES", "ShardError", "ShardReader", "Verify", "gather_column", "is_shard_folder"]
@@ -168,7 +169,7 @@ def gather_column(rows: np.ndarray, starts: Any, take: Callable[[int, np.ndarray
     return taken.to_pylist()
 
 
-class ShardReader:
+class ShardReader(BaseReader):
     """Rows of an ingested folder (the :class:`~stallfree.pipeline.readers.Reader` protocol).
 
     Construction reads the manifest and ``labels.npy`` (memory-mapped) and opens no shard: a shard is mapped and
@@ -198,8 +199,11 @@ class ShardReader:
     def __init__(self, folder: str | os.PathLike[str], verify: Verify = "first-use"):
         if verify not in VERIFY_MODES:
             raise ValueError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
+        super().__init__()
+        self.reopen_with(folder, verify=verify)  # open files and a lock: it pickles as where it was opened
         folder = Path(folder)
         self.folder = folder.parent if folder.name == MANIFEST else folder
+        self.name = str(self.folder)
         self.manifest = read_manifest(self.folder)
         self.classes: list[str] = list(self.manifest["classes"])
         shape = self.manifest["image"].get("shape")

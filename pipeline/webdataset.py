@@ -39,6 +39,7 @@ from stallfree.ingest.labels import class_numbers
 from stallfree.ingest.remote import Retry, is_url, open_store, read_range, redact, retried
 from stallfree.pipeline import tar_index
 from stallfree.pipeline.read_ahead import RangeReadAhead
+from stallfree.pipeline.reader_base import BaseReader
 
 __all__ = ["WebDatasetReader", "expand", "is_webdataset"]
 
@@ -114,7 +115,7 @@ class _Tar:
     first: int
 
 
-class WebDatasetReader:
+class WebDatasetReader(BaseReader):
     """Samples of WebDataset tars read in place (the :class:`~stallfree.pipeline.readers.Reader` protocol).
 
     Rows are the tars' samples in the pattern's order, each tar's in member order (the order ``stallfree ingest``
@@ -146,6 +147,9 @@ class WebDatasetReader:
                  on_error: Literal["raise", "skip"] = "raise", downloads: int = 64, read_ahead: int | None = None):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        super().__init__()
+        self.reopen_with(source, cache_dir=cache_dir, storage_options=storage_options, retry=retry,
+                         on_error=on_error, downloads=downloads, read_ahead=read_ahead)
         self.pattern = os.fspath(source)
         self.retry = retry or Retry()
         self.index_dir = Path(cache_dir) if cache_dir is not None else tar_index.default_index_dir()

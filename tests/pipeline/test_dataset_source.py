@@ -144,3 +144,92 @@ def test_a_reader_missing_the_declared_members_is_refused_by_name() -> None:
     assert not isinstance(OldStyle(), Reader)
     with pytest.raises(TypeError, match="OldStyle looks like a Reader but lacks encoded, columns, column"):
         Loader(OldStyle(), 1, transform=[CenterCrop(4)])
+
+
+def test_a_base_reader_that_skips_super_init_is_refused_by_name() -> None:
+    import numpy as np
+
+    from stallfree.pipeline.reader_base import BaseReader
+
+    class Forgetful(BaseReader):
+        def __init__(self) -> None:
+            self.classes = ["a"]  # no super().__init__()
+
+        def __len__(self) -> int:
+            return 1
+
+        def labels(self) -> np.ndarray:
+            return np.zeros(1, np.int64)
+
+        def read(self, index: int) -> np.ndarray:
+            return np.frombuffer(_png(), np.uint8)
+
+        def describe(self, index: int) -> str:
+            return "x"
+
+    with pytest.raises(TypeError, match=r"Forgetful.__init__ did not call super\(\).__init__\(\)"):
+        Loader(Forgetful(), batch_size=1, transform=[CenterCrop(4)])
+
+
+def test_a_base_reader_gets_every_hook_and_its_rules_checked() -> None:
+    import numpy as np
+
+    from stallfree.pipeline.reader_base import BaseReader, Reader
+
+    class Pngs(BaseReader):
+        def __init__(self, classes: object) -> None:
+            super().__init__()
+            self.classes = classes  # type: ignore[assignment]
+
+        def __len__(self) -> int:
+            return 3
+
+        def labels(self) -> np.ndarray:
+            return np.array([0, 1, 0], np.int64)
+
+        def read(self, index: int) -> np.ndarray:
+            return np.frombuffer(_png(), np.uint8)
+
+        def describe(self, index: int) -> str:
+            return f"png {index}"
+
+    good = Pngs(["a", "b"])
+    assert isinstance(good, Reader)  # the protocol's every hook, from the base class
+    assert good.shard_rows() is None and good.follow(np.arange(3)) is None and good.close() is None
+    loader = Loader(good, batch_size=3, transform=[CenterCrop(4)], shuffle=False)
+    images, labels = next(iter(loader))
+    assert images.shape == (3, 3, 4, 4) and labels.tolist() == [0, 1, 0]
+    with pytest.raises(TypeError, match=r"Pngs.classes must be a list of class names"):
+        Loader(Pngs("ab"), batch_size=1, transform=[CenterCrop(4)])
+    with pytest.raises(ValueError, match="shuffle='block' shuffles the shards of ingested data, but the source is a Pngs"):
+        Loader(good, batch_size=1, transform=[CenterCrop(4)], shuffle="block")
+
+
+def test_a_readers_fingerprint_is_unchanged_by_the_base_class() -> None:
+    """A state saved before the Reader base class (kind, name, length and labels hashed) still loads."""
+    import hashlib
+
+    import numpy as np
+
+    class Plain:
+        classes, encoded, columns, name = ["a"], True, (), "plain"
+
+        def __len__(self) -> int:
+            return 2
+
+        def labels(self) -> np.ndarray:
+            return np.zeros(2, np.int64)
+
+        def read(self, index: int) -> np.ndarray:
+            return np.frombuffer(_png(), np.uint8)
+
+        def describe(self, index: int) -> str:
+            return str(index)
+
+        def column(self, name: str, rows: np.ndarray) -> list[int]:
+            raise KeyError(name)
+
+    digest = hashlib.sha256(f"{Plain.__qualname__}:plain:2:".encode())
+    digest.update(np.zeros(2, np.int64).tobytes())
+    loader = Loader(Plain(), batch_size=1, transform=[CenterCrop(4)])
+    assert loader.fingerprint()["source"] == digest.hexdigest()

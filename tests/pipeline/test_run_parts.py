@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from stallfree import Loader
 from stallfree.transforms import RandomHorizontalFlip, RandomResizedCrop
@@ -40,8 +41,24 @@ def _batches_elsewhere(parts: bytes, epoch: int, count: int) -> list[tuple[np.nd
     return out
 
 
-def test_a_run_built_in_another_process_from_the_parts_gives_the_loaders_batches(image_folder: Path) -> None:
-    loader = Loader(image_folder, batch_size=4, transform=SPEC, seed=7, dtype="uint8", num_threads=1)
+@pytest.fixture(scope="module")
+def shard_folder(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from stallfree.ingest.runner import ingest
+    from stallfree.ingest.writer import IngestOptions
+
+    out = tmp_path_factory.mktemp("parts-shards")
+    ingest(image_folder, out, IngestOptions(shard_mb=0.01))
+    return out
+
+
+@pytest.mark.parametrize("source", ["folder", "shards"])
+def test_a_run_built_in_another_process_from_the_parts_gives_the_loaders_batches(
+    source: str, image_folder: Path, shard_folder: Path
+) -> None:
+    data = image_folder if source == "folder" else shard_folder
+    loader = Loader(data, batch_size=4, transform=SPEC, seed=7, dtype="uint8", num_threads=1)
+    if source == "shards":
+        next(iter(loader))  # the reader has shards open, a lock and a verified cache: it still pickles
     loader.set_epoch(2)
     local = [(images.numpy(), labels.numpy()) for images, labels in loader][:3]
     parts: Any = loader._parts()
@@ -52,3 +69,14 @@ def test_a_run_built_in_another_process_from_the_parts_gives_the_loaders_batches
     for (images, labels), (their_images, rows) in zip(local, remote, strict=True):
         assert np.array_equal(images, their_images)
         assert np.array_equal(labels, loader.labels[rows])
+
+
+def test_a_shard_reader_pickles_as_where_it_was_opened(shard_folder: Path) -> None:
+    from stallfree.pipeline.shards import ShardReader
+
+    reader = ShardReader(shard_folder, verify="none")
+    reader.read(0)  # maps a shard
+    copy = pickle.loads(pickle.dumps(reader))
+    assert copy is not reader and copy.folder == reader.folder
+    assert [bytes(copy.read(i)) for i in range(len(reader))] == [bytes(reader.read(i)) for i in range(len(reader))]
+    assert copy.fingerprint() == reader.fingerprint()
