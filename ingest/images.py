@@ -8,16 +8,9 @@ decoded the file with PIL and stored it re-encoded: :func:`read_header` is the o
 DALI cannot skip a sample that fails inside a running pipeline (NVIDIA/DALI#3913), so the Loader's reader stage
 looks at every image first, and ingest applies the same rule before an image goes into a shard (so that what
 ingest accepts the Loader reads back): its format, its size (the random crop window needs it, and a
-decompression bomb is refused here), its channel count, and whether it is complete. A JPEG is complete when an
-end-of-image marker follows its last start-of-scan (entropy-coded data stuffs every 0xFF, so neither marker
-occurs inside it; an EXIF thumbnail's markers sit inside an APP1 segment, which is skipped by its length). A PNG
-is complete when its IEND chunk is at the end, or followed by at most 64 bytes of trailing data (which PIL and
-DALI's decoders ignore); its chunks before the image data must pass their CRC, as PIL's ``Image.open`` demands.
-The other formats are complete when the data their header points to is all there (a WebP's RIFF size, a BMP's
-rows, a TIFF's strips or tiles, a JPEG 2000 codestream's end marker, a PNM's samples).
-Headers are parsed without decoding, in a few microseconds. Every read of a header is bounded and every value
-checked before use, so a hostile header (cut short, a count of 0, an offset past the size) is a
-:class:`BadImage` like any other, never a ``struct.error`` or ``IndexError`` that names no file.
+decompression bomb is refused here), its channel count, and whether it is complete. Each format's header is parsed
+without decoding, in a few microseconds, and checked for completeness by :mod:`~stallfree.ingest.image_formats`
+(which says what complete means per format); this module decides on what the header says.
 
 EXIF orientation: by default (``exif="ignore"``) the size is the stored one, as PIL's ``Image.open`` reports it and
 as the graph decodes it (DALI's ``adjust_orientation=False``). With ``exif="apply"`` the orientation tag is read
@@ -30,24 +23,25 @@ TIFF's own orientation tag is applied under both modes, because PIL's TIFF plugi
 
 from __future__ import annotations
 
-import re
-import struct
-import zlib
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
-from typing import Any, Literal
+from dataclasses import replace
+from typing import Literal
 
 import numpy as np
+
+from stallfree.ingest.image_formats import (
+    FORMAT_NAMES,
+    FORMATS,
+    TIFF_COMPRESSIONS,
+    BadImage,
+    ImageHeader,
+    parse_header,
+    tiff_compression,
+)
 
 __all__ = [
     "DEFAULT_MAX_PIXELS", "EXIF_MODES", "FORMATS", "FORMAT_NAMES", "TIFF_COMPRESSIONS", "BadImage", "Exif",
     "ImageHeader", "read_header", "tiff_compression",
 ]
-
-#: The formats the one check takes (``ImageHeader.format``): those DALI's ``fn.decoders.image`` decodes.
-FORMATS = ("jpeg", "png", "webp", "bmp", "tiff", "jpeg2000", "pnm")
-#: How messages name them.
-FORMAT_NAMES = ("JPEG", "PNG", "WebP", "BMP", "TIFF", "JPEG 2000", "PNM (PBM/PGM/PPM)")
 
 #: What a Loader does with an image's EXIF orientation (see the module docstring).
 EXIF_MODES = ("ignore", "apply")
@@ -55,354 +49,6 @@ Exif = Literal["ignore", "apply"]
 
 #: The default ``max_pixels`` (PIL's decompression-bomb error threshold), for ingest and the Loader.
 DEFAULT_MAX_PIXELS = 178_956_970
-#: Trailing bytes a PNG may carry after its IEND chunk.
-PNG_TRAILING_LIMIT = 64
-
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-# JPEG start-of-frame markers: C0-CF except DHT (C4), JPG (C8) and DAC (CC).
-_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
-
-
-class BadImage(ValueError):
-    """An image the graph must not see; ``reason`` says what is wrong with it."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
-
-
-@dataclass(frozen=True)
-class ImageHeader:
-    """What the header says: ``format`` (one of :data:`FORMATS`), ``height``, ``width``, ``channels``.
-
-    ``orientation`` is the EXIF orientation (1 when absent, or when it was not read: ``exif="ignore"``);
-    ``height`` and ``width`` are the displayed size when it was applied, else the stored size. ``depth`` is the
-    bits per sample where the header of a format other than JPEG says more than 8 (PNG, TIFF, JPEG 2000, PNM).
-    """
-
-    format: str
-    height: int
-    width: int
-    channels: int
-    orientation: int = 1
-    depth: int = 8
-
-
-_EXIF_ORIENTATION = 0x0112
-
-
-def _unpack(fmt: str, data: bytes, at: int, what: str) -> tuple[Any, ...]:
-    """``struct.unpack_from`` that refuses a header cut short with the check's own error, naming ``what``."""
-    if at < 0 or at + struct.calcsize(fmt) > len(data):
-        raise BadImage(f"truncated {what} (its header ends at byte {len(data)}, before the field at byte {at})")
-    return struct.unpack_from(fmt, data, at)
-
-
-def _tiff_orientation(tiff: bytes) -> int:
-    """The orientation tag of a TIFF structure's first IFD (EXIF's layout), 1 when absent or unreadable."""
-    order = {b"II": "<", b"MM": ">"}.get(tiff[:2])
-    if order is None or len(tiff) < 8:
-        return 1
-    (ifd,) = struct.unpack_from(order + "I", tiff, 4)
-    if ifd + 2 > len(tiff):
-        return 1
-    (count,) = struct.unpack_from(order + "H", tiff, ifd)
-    for entry in range(ifd + 2, min(ifd + 2 + 12 * count, len(tiff) - 11), 12):
-        tag, kind = struct.unpack_from(order + "HH", tiff, entry)
-        if tag == _EXIF_ORIENTATION:
-            if kind == 3:  # SHORT
-                return int(struct.unpack_from(order + "H", tiff, entry + 8)[0])
-            if kind == 4:  # LONG
-                return int(struct.unpack_from(order + "I", tiff, entry + 8)[0])
-            return 1
-    return 1
-
-
-def _jpeg(data: bytes, exif: bool) -> ImageHeader:
-    pos, n = 2, len(data)
-    frame: tuple[int, int, int] | None = None  # height, width, channels
-    orientation = 0  # 0: no Exif segment seen yet (PIL and DALI take the first one)
-    while pos + 4 <= n:
-        if data[pos] != 0xFF:
-            raise BadImage(f"corrupt JPEG: expected a marker at byte {pos}")
-        marker = data[pos + 1]
-        if marker == 0xFF:  # fill byte
-            pos += 1
-            continue
-        if marker in (0x01, *range(0xD0, 0xD8)):  # markers without a length
-            pos += 2
-            continue
-        (length,) = struct.unpack_from(">H", data, pos + 2)
-        if length < 2 or pos + 2 + length > n:
-            raise BadImage("truncated JPEG (a header segment runs past the end of the file)")
-        if marker in _SOF_MARKERS:
-            if length < 8:
-                raise BadImage("corrupt JPEG: start-of-frame segment too short")
-            height, width = struct.unpack_from(">HH", data, pos + 5)
-            frame = (height, width, data[pos + 9])
-        elif exif and marker == 0xE1 and not orientation and data[pos + 4 : pos + 10] == b"Exif\x00\x00":
-            orientation = _tiff_orientation(data[pos + 10 : pos + 2 + length])
-        elif marker == 0xDA:  # start of scan: the entropy-coded data follows; it must end with EOI
-            if frame is None:
-                raise BadImage("corrupt JPEG: scan data before any frame header")
-            # The last end-of-image marker must follow the last scan. Looked for from the end: a scan after the
-            # last EOI is searched from that EOI on, not by a backward search for the last scan, which crossed the
-            # whole entropy-coded data (35 of the check's 52 us on a 72 KiB photo).
-            end = data.rfind(b"\xff\xd9")
-            if end < 0 or data.find(b"\xff\xda", end) >= 0:
-                raise BadImage("truncated JPEG (no end-of-image marker after the scan data)")
-            return ImageHeader("jpeg", *frame, orientation or 1)
-        pos += 2 + length
-    raise BadImage("truncated JPEG (the file ends before the image data)")
-
-
-def _png_chunks(data: bytes) -> Iterator[tuple[int, int, bytes]]:
-    """Each chunk's ``(offset, length, type)`` after the signature, up to ``IEND`` or the last whole chunk header."""
-    pos, n = 8, len(data)
-    while pos + 8 <= n:
-        length, kind = struct.unpack_from(">I4s", data, pos)
-        if kind == b"IEND":
-            return
-        yield pos, length, kind
-        pos += 12 + length
-
-
-def _png_orientation(data: bytes) -> int:
-    """The orientation in a PNG's eXIf chunk (before or after the image data: PIL and DALI read both)."""
-    for pos, length, kind in _png_chunks(data):
-        if kind == b"eXIf":
-            tiff = data[pos + 8 : pos + 8 + length]
-            return _tiff_orientation(tiff[6:] if tiff.startswith(b"Exif\x00\x00") else tiff)
-    return 1
-
-
-def _png(data: bytes, exif: bool) -> ImageHeader:
-    if len(data) < 33 or data[12:16] != b"IHDR":
-        raise BadImage("truncated PNG (no IHDR chunk)")
-    width, height, depth, colour = struct.unpack_from(">IIBB", data, 16)
-    # IEND: zero length, the type, a 4-byte CRC; then at most PNG_TRAILING_LIMIT bytes of anything
-    if data.rfind(b"\x00\x00\x00\x00IEND", max(0, len(data) - 12 - PNG_TRAILING_LIMIT)) < 0:
-        raise BadImage(f"truncated PNG (no IEND chunk at the end, or more than {PNG_TRAILING_LIMIT} bytes after it)")
-    channels = {0: 1, 2: 3, 3: 3, 4: 2, 6: 4}.get(colour)
-    if channels is None:
-        raise BadImage(f"corrupt PNG: colour type {colour}")
-    _png_chunks_before_pixels(data)
-    return ImageHeader("png", height, width, channels, _png_orientation(data) if exif else 1, depth=depth)
-
-
-def _png_chunks_before_pixels(data: bytes) -> None:
-    """Refuse a PNG whose chunks before its first IDAT run past its end or fail their CRC.
-
-    PIL's ``Image.open`` checks those CRCs and refuses the file (so torchvision's ImageFolder, and ingest, which
-    opens every image with PIL, fail on it), while DALI's libpng only warns about an ancillary chunk's and decodes:
-    the check refuses it, so that the Loader and ingest agree and the Loader gives no pixels PIL would not.
-    """
-    for pos, length, kind in _png_chunks(data):
-        if kind == b"IDAT":
-            return
-        name = kind.decode("latin-1")
-        if pos + 12 + length > len(data):
-            raise BadImage(f"truncated PNG (its {name!r} chunk runs past the end of the file)")
-        if zlib.crc32(data[pos + 4 : pos + 8 + length]) != struct.unpack_from(">I", data, pos + 8 + length)[0]:
-            raise BadImage(f"corrupt PNG: its {name!r} chunk fails its CRC (PIL refuses to open the file)")
-
-
-# --- The formats DALI's decoder (fn.decoders.image) takes besides JPEG and PNG ------------------------------------
-# Each parser returns the header and refuses a file that ends before its image data does (DALI would fail on it
-# inside the graph). What is refused beyond that is what DALI 2.4's decoder was seen to fail on, or to decode
-# otherwise than PIL: each message says so and how to get the image in.
-
-
-def _webp_orientation(data: bytes) -> int:
-    """The orientation in an extended WebP's ``EXIF`` chunk (chunks are padded to an even size), 1 without one."""
-    pos = 12
-    while pos + 8 <= len(data):
-        kind, size = data[pos : pos + 4], struct.unpack_from("<I", data, pos + 4)[0]
-        if kind == b"EXIF":
-            tiff = data[pos + 8 : pos + 8 + size]
-            return _tiff_orientation(tiff[6:] if tiff.startswith(b"Exif\x00\x00") else tiff)
-        pos += 8 + size + (size & 1)
-    return 1
-
-
-def _webp(data: bytes, exif: bool) -> ImageHeader:
-    (riff_size,) = struct.unpack_from("<I", data, 4)
-    if len(data) < 8 + riff_size or len(data) < 30:
-        raise BadImage(f"truncated WebP (its RIFF header says {8 + riff_size} bytes, the file has {len(data)})")
-    chunk = data[12:16]
-    if chunk == b"VP8 ":  # lossy: a 3-byte frame tag, the start code 9d 01 2a, then 14-bit width and height
-        if data[23:26] != b"\x9d\x01\x2a":
-            raise BadImage("corrupt WebP: no VP8 start code")
-        width, height = (v & 0x3FFF for v in struct.unpack_from("<HH", data, 26))
-        return ImageHeader("webp", height, width, 3)
-    if chunk == b"VP8L":  # lossless: the signature 0x2f, then 14 bits width - 1, 14 bits height - 1, 1 bit alpha
-        (bits,) = struct.unpack_from("<I", data, 21)
-        return ImageHeader("webp", ((bits >> 14) & 0x3FFF) + 1, (bits & 0x3FFF) + 1, 4 if bits >> 28 & 1 else 3)
-    if chunk == b"VP8X":  # extended: flags, then 24-bit canvas width - 1 and height - 1
-        if data[20] & 0x02:
-            raise BadImage("animated WebP: DALI's decoder takes still images only; save one frame")
-        width = int.from_bytes(data[24:27], "little") + 1
-        height = int.from_bytes(data[27:30], "little") + 1
-        orientation = _webp_orientation(data) if exif and data[20] & 0x08 else 1  # flag 0x08: an EXIF chunk
-        return ImageHeader("webp", height, width, 4 if data[20] & 0x10 else 3, orientation)
-    raise BadImage(f"corrupt WebP: unknown first chunk {chunk!r}")
-
-
-def _bmp(data: bytes) -> ImageHeader:
-    if len(data) < 26:
-        raise BadImage("truncated BMP (no bitmap header)")
-    offset, dib = struct.unpack_from("<II", data, 10)
-    if dib == 12:  # OS/2 BITMAPCOREHEADER
-        width, height, _planes, bits = struct.unpack_from("<HHHH", data, 18)
-        compression, image_size = 0, 0
-    elif dib >= 40 and len(data) >= 54:
-        width, height, _planes, bits, compression, image_size = struct.unpack_from("<iiHHII", data, 18)
-    else:
-        raise BadImage(f"corrupt BMP: bitmap header of {dib} bytes")
-    if compression in (0, 3, 6):  # uncompressed (BI_RGB, BI_BITFIELDS, BI_ALPHABITFIELDS): rows padded to 4 bytes
-        needed = offset + (abs(width) * bits + 31) // 32 * 4 * abs(height)
-    elif compression in (1, 2):  # RLE8, RLE4: the header's image size
-        needed = offset + image_size
-    else:
-        raise BadImage(f"BMP with compression {compression} (JPEG or PNG inside a BMP): DALI's decoder does not take "
-                       "it; save the image as JPEG or PNG")
-    if len(data) < needed:
-        raise BadImage(f"truncated BMP (its header needs {needed} bytes, the file has {len(data)})")
-    return ImageHeader("bmp", abs(height), abs(width), 4 if bits == 32 else 3)
-
-
-_TIFF_SIZES = {1: 1, 3: 2, 4: 4, 16: 8}  # BYTE, SHORT, LONG, LONG8: the integer types a TIFF tag here may hold
-# The tags the check reads: each must hold a value when present.
-_TIFF_READ = frozenset({256, 257, 258, 259, 273, 277, 279, 324, 325, _EXIF_ORIENTATION})
-#: The TIFF compressions the check takes (the Compression tag, 259): none, CCITT (2-4), LZW, JPEG, Deflate (8, 32946)
-#: and PackBits, which every build of PIL decodes (libtiff's own codecs, zlib and libjpeg) and DALI decodes to the
-#: same pixels. ZSTD, LZMA and WebP are optional in libtiff, so a PIL without the codec cannot decode the strips;
-#: DALI 2.4 fails on LZMA and delivers a ZSTD strip it cannot decode as a black image. The rest decode otherwise.
-TIFF_COMPRESSIONS = frozenset({1, 2, 3, 4, 5, 7, 8, 32773, 32946})
-_TIFF_OTHER_COMPRESSIONS = {6: "old-style JPEG", 34925: "LZMA", 50000: "ZSTD", 50001: "WebP"}
-
-
-def tiff_compression(code: int) -> None:
-    """Refuse a TIFF Compression tag value not in :data:`TIFF_COMPRESSIONS`.
-
-    Raises:
-        BadImage: naming the compression and how to get the image in.
-    """
-    if code not in TIFF_COMPRESSIONS:
-        name = _TIFF_OTHER_COMPRESSIONS.get(code, "an unknown compression")
-        raise BadImage(f"TIFF compressed with {name} ({code}): not every PIL decodes it and DALI's decoder does not "
-                       "decode it as PIL does; save it with compression='tiff_lzw', or as PNG")
-
-
-def _tiff(data: bytes) -> ImageHeader:
-    order = "<" if data[:2] == b"II" else ">"
-    (ifd,) = _unpack(order + "I", data, 4, "TIFF")
-    if ifd + 2 > len(data):
-        raise BadImage("truncated TIFF (its first directory lies past the end of the file)")
-    (count,) = struct.unpack_from(order + "H", data, ifd)
-    if ifd + 2 + 12 * count > len(data):
-        raise BadImage("truncated TIFF (its first directory runs past the end of the file)")
-    tags: dict[int, list[int]] = {}
-    for entry in range(ifd + 2, ifd + 2 + 12 * count, 12):
-        tag, kind, n = struct.unpack_from(order + "HHI", data, entry)
-        size = _TIFF_SIZES.get(kind)
-        if size is None:
-            continue
-        if n == 0 and tag in _TIFF_READ:
-            raise BadImage(f"corrupt TIFF: tag {tag} has no values")
-        at = entry + 8 if n * size <= 4 else struct.unpack_from(order + "I", data, entry + 8)[0]
-        if at + n * size > len(data):
-            raise BadImage(f"truncated TIFF (tag {tag}'s values lie past the end of the file)")
-        code = {1: "B", 2: "H", 4: "I", 8: "Q"}[size]
-        tags[tag] = list(struct.unpack_from(f"{order}{n}{code}", data, at))
-    if 256 not in tags or 257 not in tags:
-        raise BadImage("corrupt TIFF: no ImageWidth or ImageLength tag")
-    offsets, counts = tags.get(273, tags.get(324, [])), tags.get(279, tags.get(325, []))
-    if not offsets or len(offsets) != len(counts):
-        raise BadImage("corrupt TIFF: no strip or tile offsets with their byte counts")
-    needed = max(o + c for o, c in zip(offsets, counts, strict=True))
-    if len(data) < needed:
-        raise BadImage(f"truncated TIFF (its strips or tiles need {needed} bytes, the file has {len(data)})")
-    if 258 not in tags and tags.get(259, [1]) == [1]:
-        raise BadImage("uncompressed TIFF without a BitsPerSample tag (as PIL saves 1-bit images): DALI's decoder "
-                       "refuses it; save it with compression='tiff_lzw', or as PNG")
-    tiff_compression(tags.get(259, [1])[0])
-    depth = max(tags.get(258, [1]))
-    orientation = tags.get(_EXIF_ORIENTATION, [1])[0]  # applied whatever ``exif`` says (module docstring)
-    return ImageHeader("tiff", tags[257][0], tags[256][0], tags.get(277, [1])[0], orientation, depth)
-
-
-_JP2_SIGNATURE = b"\x00\x00\x00\x0cjP  \r\n\x87\n"
-
-
-def _j2k(data: bytes, boxed: bool) -> ImageHeader:
-    """A JPEG 2000 codestream (``data`` starts at its SOC marker): the SIZ segment, and the EOC marker at its end."""
-    if len(data) < 45 or data[2:4] != b"\xff\x51":
-        raise BadImage("corrupt JPEG 2000: no SIZ segment after the start of the codestream")
-    x, y, x0, y0 = struct.unpack_from(">IIII", data, 8)
-    (components,) = struct.unpack_from(">H", data, 40)
-    if x0 >= x or y0 >= y:  # the image spans Xsiz - XOsiz by Ysiz - YOsiz
-        raise BadImage(f"corrupt JPEG 2000: image offset ({x0}, {y0}) not inside its size ({x}, {y})")
-    if components == 0:
-        raise BadImage("corrupt JPEG 2000: no components")
-    depth = max((data[42 + 3 * c] & 0x7F) + 1 for c in range(components)) if len(data) >= 42 + 3 * components else 0
-    if not data.endswith(b"\xff\xd9"):
-        raise BadImage("truncated JPEG 2000 (no end-of-codestream marker at its end)")
-    if components == 1 and not boxed:
-        raise BadImage("grayscale JPEG 2000 codestream (.j2k): DALI's decoder cannot make RGB of it; save it as a "
-                       ".jp2 file (PIL: no_jp2=False) or as PNG")
-    return ImageHeader("jpeg2000", y - y0, x - x0, components, depth=depth)
-
-
-def _jp2(data: bytes) -> ImageHeader:
-    """A JP2 file: boxes (length, type; length 1: a 64-bit length follows; 0: to the end); ``jp2c`` holds the image."""
-    pos = 0
-    while pos + 8 <= len(data):
-        length, kind = struct.unpack_from(">I4s", data, pos)
-        start = pos + 8
-        if length == 1:
-            (length,) = _unpack(">Q", data, pos + 8, "JPEG 2000")
-            start += 8
-        end = len(data) if length == 0 else pos + length
-        if end > len(data) or end < start:
-            raise BadImage(f"truncated JPEG 2000 (the {kind.decode('latin-1')!r} box runs past the end of the file)")
-        if kind == b"jp2c":
-            return _j2k(data[start:end], boxed=True)
-        pos = end
-    raise BadImage("truncated JPEG 2000 (no codestream box)")
-
-
-def _pnm(data: bytes) -> ImageHeader:
-    """A PBM, PGM or PPM (P1-P6): whitespace-separated fields with ``#`` comments, then the samples."""
-    kind = data[1] - ord("0")
-    fields: list[int] = []
-    pos, wanted = 2, 2 if kind in (1, 4) else 3
-    while len(fields) < wanted:
-        while pos < len(data) and (data[pos : pos + 1].isspace() or data[pos] == ord("#")):
-            if data[pos] == ord("#"):
-                pos = data.find(b"\n", pos) if b"\n" in data[pos:] else len(data)
-            pos += 1
-        token = re.match(rb"\d+", data[pos:pos + 20])
-        if token is None:
-            raise BadImage(f"truncated or corrupt PNM (P{kind}: a header field is missing)")
-        fields.append(int(token.group()))
-        pos += len(token.group())
-    width, height = fields[0], fields[1]
-    maxval = fields[2] if wanted == 3 else 1
-    if not 0 < maxval < 65536:
-        raise BadImage(f"corrupt PNM: maximum value {maxval}")
-    channels = 3 if kind in (3, 6) else 1
-    body = data[pos + 1 :]
-    if kind == 1:
-        found, needed = body.count(b"0") + body.count(b"1"), width * height
-    elif kind in (2, 3):
-        found, needed = len(body.split()), width * height * channels
-    else:
-        found = len(body)
-        needed = (width + 7) // 8 * height if kind == 4 else width * height * channels * (1 if maxval < 256 else 2)
-    if found < needed:
-        raise BadImage(f"truncated PNM (P{kind} {width}x{height} needs {needed} samples' worth, the file has {found})")
-    return ImageHeader("pnm", height, width, channels, depth=8 if maxval < 256 else 16)
 
 
 def read_header(
@@ -417,28 +63,7 @@ def read_header(
     raw = data.tobytes() if isinstance(data, np.ndarray) else bytes(data)
     if not raw:
         raise BadImage("empty file")
-    if raw[:3] == b"\xff\xd8\xff":
-        header = _jpeg(raw, exif == "apply")
-    elif raw[:8] == _PNG_SIGNATURE:
-        header = _png(raw, exif == "apply")
-    elif raw[:4] == b"RIFF" and raw[8:12] == b"WEBP":
-        header = _webp(raw, exif == "apply")
-    elif raw[:2] == b"BM":
-        header = _bmp(raw)
-    elif raw[:4] in (b"II*\x00", b"MM\x00*"):
-        header = _tiff(raw)
-    elif raw[:12] == _JP2_SIGNATURE:
-        header = _jp2(raw)
-    elif raw[:2] == b"\xff\x4f":
-        header = _j2k(raw, boxed=False)
-    elif len(raw) > 2 and raw[:1] == b"P" and raw[1:2] in b"123456" and raw[2:3].isspace():
-        header = _pnm(raw)
-    else:
-        # Never the bytes themselves: a reason goes into errors and Loader.skipped, and the file may be anything.
-        why = f"not an image the Loader decodes: its first bytes match none of {', '.join(FORMAT_NAMES)}"
-        if raw[:6] in (b"GIF87a", b"GIF89a"):  # the one such format users meet often: name it, with the fix
-            why += "; they are a GIF's, which DALI's decoder does not take: save it as PNG (one frame of an animation)"
-        raise BadImage(why)
+    header = parse_header(raw, exif == "apply")
     if header.height <= 0 or header.width <= 0:
         raise BadImage(f"{header.format} header claims a {header.height}x{header.width} image")
     if header.channels <= 0:
