@@ -20,6 +20,7 @@ from stallfree.transforms.compose import Compose
 from stallfree.transforms.grayscale import Grayscale
 from stallfree.transforms.kernels import Kernel, KernelError, KernelTransform, kernel, normal_at, uniform_at
 from stallfree.transforms.photometric import (
+    GaussianBlur,
     RandomAdjustSharpness,
     RandomAutocontrast,
     RandomEqualize,
@@ -43,6 +44,7 @@ __all__ = [
     "Compose",
     "CutMix",
     "Cutout",
+    "GaussianBlur",
     "GaussianNoise",
     "Grayscale",
     "Kernel",

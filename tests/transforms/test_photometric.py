@@ -9,6 +9,7 @@ import pytest
 
 from stallfree.transforms import (
     CenterCrop,
+    GaussianBlur,
     RandomAdjustSharpness,
     RandomAutocontrast,
     RandomEqualize,
@@ -39,12 +40,13 @@ def images_of(dtype: type, seed: int = 0) -> list[np.ndarray]:
     return out
 
 
-def run_graph(steps: list[Any], images: list[np.ndarray]) -> tuple[list[np.ndarray], dict[str, list[np.ndarray]]]:
+def run_graph(steps: list[Any], images: list[np.ndarray],
+              dtype: Any = "uint8") -> tuple[list[np.ndarray], dict[str, list[np.ndarray]]]:
     import nvidia.dali.fn as fn
     import nvidia.dali.types as types
     from nvidia.dali import pipeline_def
 
-    compiled = CompiledTransforms([*steps, CenterCrop(CROP)], dtype="uint8", layout="NHWC")
+    compiled = CompiledTransforms([*steps, CenterCrop(CROP)], dtype=dtype, layout="NHWC")
 
     @pipeline_def(batch_size=len(images), num_threads=2, device_id=None, exec_dynamic=True, enable_conditionals=True)
     def pipe() -> Any:
@@ -90,7 +92,34 @@ def test_apply_is_drawn_with_probability_p(step: Any) -> None:
     assert abs(applied / n - 0.3) < 4 * (0.3 * 0.7 / n) ** 0.5  # four standard deviations
 
 
+def ks_statistic(a: np.ndarray, b: np.ndarray) -> float:
+    """The two-sample Kolmogorov-Smirnov statistic: the largest gap between the two empirical CDFs."""
+    grid = np.sort(np.concatenate([a, b]))
+    cdf_a = np.searchsorted(np.sort(a), grid, side="right") / len(a)
+    cdf_b = np.searchsorted(np.sort(b), grid, side="right") / len(b)
+    return float(np.abs(cdf_a - cdf_b).max())
+
+
+def ks_critical(n: int, m: int) -> float:
+    return 1.949 * ((n + m) / (n * m)) ** 0.5  # alpha = 0.001
+
+
+def test_blur_sigma_is_uniform_per_sample() -> None:
+    step, n = GaussianBlur(5, (0.3, 1.7)), 3000
+    sigmas = np.array([step.draw(SampleRandom(4, 1, s), (9, 9))[0]["sigma"] for s in range(n)])
+    assert np.array_equal(sigmas[:, 0], sigmas[:, 1])  # one sigma for both axes, as torchvision
+    uniform = np.random.default_rng(0).uniform(0.3, 1.7, n)
+    assert ks_statistic(sigmas[:, 0], uniform) < ks_critical(n, n)
+    assert GaussianBlur(3, 0.8).draw(SampleRandom(0, 0, 0), (5, 5))[0]["sigma"].tolist() == pytest.approx([0.8] * 2)
+
+
 def test_arguments_are_checked_as_torchvision_does() -> None:
+    with pytest.raises(ValueError, match="kernel size value should be an odd and positive number"):
+        GaussianBlur((3, 4))
+    with pytest.raises(ValueError, match=r"sigma values should be positive and of the form \(min, max\)"):
+        GaussianBlur(3, (2.0, 1.0))
+    with pytest.raises(ValueError, match="if sigma is a single number, it must be positive"):
+        GaussianBlur(3, 0)
     with pytest.raises(ValueError, match=r"RandomInvert: p must be in \[0, 1\], got 1.5"):
         RandomInvert(1.5)
     with pytest.raises(ValueError, match="sharpness_factor should be non-negative, got -1"):
@@ -168,7 +197,51 @@ def test_torchvisions_classes_translate_with_their_parameters(version: str) -> N
     else:
         import torchvision.transforms.v2 as T
     pipeline = [T.RandomSolarize(100, 0.2), T.RandomPosterize(3, 0.4), T.RandomInvert(0.1),
-                T.RandomAutocontrast(0.6), T.RandomEqualize(0.7), T.RandomAdjustSharpness(1.5, 0.8)]
+                T.RandomAutocontrast(0.6), T.RandomEqualize(0.7), T.RandomAdjustSharpness(1.5, 0.8),
+                T.GaussianBlur((5, 3), (0.2, 1.5)), T.GaussianBlur(7, 0.9)]
     assert to_steps(T.Compose(pipeline)).steps == (
         RandomSolarize(100.0, 0.2), RandomPosterize(3, 0.4), RandomInvert(0.1), RandomAutocontrast(0.6, version),
-        RandomEqualize(0.7), RandomAdjustSharpness(1.5, 0.8, version))
+        RandomEqualize(0.7), RandomAdjustSharpness(1.5, 0.8, version), GaussianBlur((5, 3), (0.2, 1.5)),
+        GaussianBlur((7, 7), (0.9, 0.9)))
+
+
+@pytest.mark.torchvision
+@pytest.mark.parametrize("variant", ["v1", "v2"])
+def test_blur_in_the_graph_is_within_one_level_of_torchvision(variant: str) -> None:
+    F = torchvision_api(variant)  # noqa: N806 - torchvision's alias
+    images = [im for im in images_of(np.uint8, seed=8) if min(im.shape[:2]) > 4]  # torch's reflect needs pad < size
+    exact = total = 0
+    for kernel_size in [(5, 3), (1, 3), (3, 5)]:
+        step = GaussianBlur(kernel_size, (0.1, 3.0))
+        outs, params = run_graph([step], images)
+        for i, image in enumerate(images):
+            sigma = float(params["0.sigma"][i][0])
+            theirs = center(hwc(F.gaussian_blur(chw(image), list(kernel_size), [sigma, sigma])))
+            diff = np.abs(outs[i].astype(np.int64) - theirs)
+            assert diff.max() <= 1, (kernel_size, image.shape, sigma)
+            exact, total = exact + int((diff == 0).sum()), total + diff.size
+    assert exact >= 0.999 * total
+
+
+@pytest.mark.torchvision
+def test_blur_of_float_images_is_within_3e_7_of_torchvision() -> None:
+    from stallfree.transforms import Normalize
+
+    F = torchvision_api("v2")  # noqa: N806 - torchvision's alias
+    images = [im for im in images_of(np.uint8, seed=9) if min(im.shape[:2]) > 4]
+    outs, params = run_graph([Normalize((0.0,), (1.0,)), GaussianBlur((5, 3), (0.1, 3.0))], images, "float32")
+    for i, image in enumerate(images):
+        sigma = float(params["1.sigma"][i][0])
+        theirs = center(hwc(F.gaussian_blur(chw((image / 255).astype(np.float32)), [5, 3], [sigma, sigma])))
+        np.testing.assert_allclose(outs[i], theirs, rtol=0, atol=3e-7)
+
+
+@pytest.mark.torchvision
+def test_blur_sigma_is_distributed_as_torchvisions() -> None:
+    import torch
+    import torchvision.transforms as T
+
+    torch.manual_seed(0)
+    theirs = np.array([T.GaussianBlur.get_params(0.1, 2.0) for _ in range(3000)])
+    ours = np.array([GaussianBlur(3).draw(SampleRandom(2, 0, s), (9, 9))[0]["sigma"][0] for s in range(3000)])
+    assert ks_statistic(ours, theirs) < ks_critical(3000, 3000)
