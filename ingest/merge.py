@@ -23,7 +23,8 @@ import numpy as np
 from stallfree.ingest.labels import check_labels, save_labels
 from stallfree.ingest.lock import ingest_lock
 from stallfree.ingest.manifest import LABELS, MANIFEST, REJECTED, parse_manifest, write_manifest, write_rejected
-from stallfree.ingest.remote import Retry, is_url, list_objects, open_store, read_object, redact, upload
+from stallfree.ingest.remote import Retry, is_url, list_objects, open_store, read_object, redact
+from stallfree.ingest.transfer import upload
 from stallfree.ingest.writer import RECORDS
 
 __all__ = ["merge"]

@@ -38,8 +38,8 @@ from stallfree.ingest.remote import (
     open_store,
     read_object,
     redact,
-    upload,
 )
+from stallfree.ingest.transfer import upload
 from stallfree.ingest.writer import RECORDS
 
 __all__ = ["Upload", "default_staging", "upload_target"]

@@ -18,15 +18,14 @@ import numpy as np
 from stallfree.ingest.labels import load_labels, parse_labels
 from stallfree.ingest.manifest import LABELS, file_sha256, read_manifest, schema_problem
 from stallfree.ingest.remote import (
-    ChecksumMismatch,
     Retry,
-    download,
     is_url,
     open_store,
     read_object,
     redact,
     retried,
 )
+from stallfree.ingest.transfer import ChecksumMismatch, download
 from stallfree.ingest.validate import Rejected, check_image
 
 __all__ = ["info", "verify"]

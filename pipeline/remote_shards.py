@@ -24,7 +24,8 @@ import numpy as np
 
 from stallfree.ingest.labels import parse_labels
 from stallfree.ingest.manifest import MANIFEST, read_manifest
-from stallfree.ingest.remote import Retry, download, open_store, read_object, redact
+from stallfree.ingest.remote import Retry, open_store, read_object, redact
+from stallfree.ingest.transfer import download
 from stallfree.pipeline.read_ahead import ReadAhead
 from stallfree.pipeline.reader_base import BaseReader
 from stallfree.pipeline.shard_cache import ShardCache, default_cache_dir

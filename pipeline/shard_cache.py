@@ -31,7 +31,8 @@ from typing import Any
 from stallfree.core.home import cache_dir
 from stallfree.ingest.fetch import Progress, exiting
 from stallfree.ingest.manifest import file_sha256
-from stallfree.ingest.remote import ChecksumMismatch, RemoteStoreError, Retry
+from stallfree.ingest.remote import RemoteStoreError, Retry
+from stallfree.ingest.transfer import ChecksumMismatch
 from stallfree.pipeline.shards import ShardError
 
 __all__ = ["ShardCache", "default_cache_dir"]

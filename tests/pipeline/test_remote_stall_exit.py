@@ -20,7 +20,8 @@ from typing import Any
 
 from stallfree.bench.servers import FaultProxy, RangeServer
 from stallfree.ingest.fetch import Progress
-from stallfree.ingest.remote import Retry, download, open_store
+from stallfree.ingest.remote import Retry, open_store
+from stallfree.ingest.transfer import download
 from stallfree.pipeline.shard_cache import ShardCache
 
 #: The issue asks for 5 s; the bound is generous for a loaded 2-core machine, and far below "never".
