@@ -174,6 +174,10 @@ class Loader:
         TypeError: a keyword the Loader does not take, or a transform that cannot run in the graph (named).
     """
 
+    #: As DataLoader's attribute for tools that read it (Lightning): batches are cut from the sampler's order in
+    #: the graph, not by a batch sampler.
+    batch_sampler: None = None
+
     def __init__(
         self,
         source: str | os.PathLike[str] | Reader | torch.utils.data.Dataset[Any],
@@ -336,10 +340,19 @@ class Loader:
         """Use ``epoch``'s permutation and augmentation next; it ends a pass in progress.
 
         Epochs also advance by themselves after each pass. Setting the epoch a loaded state is in keeps its
-        position.
+        position. Between ``iter()`` and the first batch of a pass (where Lightning's fit loop calls it) it chooses
+        that pass's epoch instead, as a DataLoader's order is drawn on the first ``next``: the same epoch keeps the
+        pass as it is, another restarts it at that epoch's start.
         """
         if not is_int(epoch) or epoch < 0:
             raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+        ongoing = self._current()
+        if ongoing is not None and ongoing.fresh:
+            if epoch != self._epoch:
+                self._epoch, self._split = int(epoch), 0
+                self.skipped.clear()  # the list the pass adds to
+                ongoing.restart(*self._run((0, 0, 0)))
+            return
         ended = self._end_pass("set_epoch() ended this pass")
         if ended or epoch != self._epoch:
             self._start, self._loaded, self._split = (0, 0, 0), False, 0
@@ -399,6 +412,16 @@ class Loader:
         if not self._loaded:
             self.skipped = []
         self._start, self._loaded = (0, 0, 0), False  # what it becomes once this pass ends
+        run, cursor = self._run((position, repeat, delivered))
+        delivery = Delivery(self.labels, self.reader, self.device, self.pin_memory, self.target_transform, self.columns)
+        ongoing = Pass(run, cursor, echo=self._batch_echo, delivery=delivery, skipped=self.skipped,
+                       produced=self._produced)
+        self._pass = weakref.ref(ongoing)
+        return ongoing
+
+    def _run(self, cursor: tuple[int, int, int]) -> tuple[EpochRun, tuple[int, int, int]]:
+        """The epoch run of the current epoch from ``cursor`` (the one started ahead if it fits), and the cursor."""
+        position, repeat, delivered = cursor
         if self._graph is None:
             self._graph = Graph(
                 self.compiled,
@@ -414,11 +437,7 @@ class Loader:
         parts = self._parts()
         run = self._next.take(self._epoch, self._split, position, number, self.skipped, parts) or EpochRun(
             parts, self._graph, self._epoch, self._split, position, number, self.skipped)
-        delivery = Delivery(self.labels, self.reader, self.device, self.pin_memory, self.target_transform, self.columns)
-        ongoing = Pass(run, (position, repeat, delivered), echo=self._batch_echo, delivery=delivery,
-                       skipped=self.skipped, produced=self._produced)
-        self._pass = weakref.ref(ongoing)
-        return ongoing
+        return run, cursor
 
     def close(self) -> None:
         """End a pass in progress and, for a remote source, stop its read-ahead and downloads."""

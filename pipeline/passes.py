@@ -34,16 +34,30 @@ class Pass:
 
     def __init__(self, run: EpochRun, cursor: tuple[int, int, int], *, echo: int, delivery: Delivery,
                  skipped: list[dict[str, Any]], produced: Callable[[Pass], None]):
-        self.run, self.echo, self.delivery = run, echo, delivery
+        self.echo, self.delivery = echo, delivery
         self._skipped, self._produced = skipped, produced
-        self.cursor = cursor  # after the last batch delivered: (position, repeat, batches delivered)
         self.over = False
         self._why: str | None = None
+        self._begin(run, cursor)
+
+    def _begin(self, run: EpochRun, cursor: tuple[int, int, int]) -> None:
+        self.run, self.cursor, self.fresh = run, cursor, True  # fresh: no batch taken from this iterator yet
         self._batches = iter(run)
         self._batch: tuple[Batch, Any] | None = None
         self._repeat = cursor[1]
         self._next_started = False
         weakref.finalize(self, run.stop)  # a dropped iterator stops its threads
+
+    def restart(self, run: EpochRun, cursor: tuple[int, int, int]) -> None:
+        """Take batches from ``run`` instead, starting at ``cursor``: only while :attr:`fresh` (nothing taken yet).
+
+        As a DataLoader iterator's order is drawn on its first ``next``, ``set_epoch`` between ``iter()`` and the
+        first batch (Lightning's fit loop does it) chooses this pass's epoch.
+        """
+        if not self.fresh:
+            raise RuntimeError("a pass that has delivered a batch cannot be restarted")
+        self.run.stop()
+        self._begin(run, cursor)
 
     def end(self, why: str) -> None:
         """End this pass from outside: its threads stop and its next ``next`` raises."""
@@ -59,7 +73,7 @@ class Pass:
                                "(`for batch in loader`) to go on")
         if self.over:
             raise StopIteration
-        k = self.echo
+        k, self.fresh = self.echo, False
         if self._batch is None or self._repeat == k:
             try:
                 batch = next(self._batches)

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
+import lightning  # in the test extra: CI runs this file
 import torch
 
 from stallfree import Loader
 from stallfree.transforms import CenterCrop, Normalize
-
-lightning = pytest.importorskip("lightning")
 
 
 class Tiny(lightning.LightningModule):
@@ -42,3 +40,71 @@ def test_two_epochs_under_trainer_fit(indexed_list: Path) -> None:
     first, second = model.seen
     assert sorted(first) == sorted(second) == list(range(37))  # each sample once per epoch
     assert first != second  # the second epoch draws its own order
+
+
+class Recording(lightning.LightningModule):
+    """Records each training batch's sample indices and a checksum of its pixels; validates on a second Loader."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(3 * 8 * 8, 40)
+        self.steps: list[tuple[int, list[int], float]] = []
+        self.validated: list[int] = []
+
+    def training_step(self, batch, batch_idx):
+        images, labels, extra = batch
+        self.steps.append((self.current_epoch, extra["index"].tolist(), float(images.double().sum())))
+        return torch.nn.functional.cross_entropy(self.layer(images.flatten(1)), labels)
+
+    def validation_step(self, batch, batch_idx):
+        images, labels, extra = batch
+        self.validated.extend(extra["index"].tolist())
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _loaders(indexed_list: Path) -> tuple[Loader, Loader]:
+    from stallfree.transforms import RandomHorizontalFlip, RandomResizedCrop
+
+    train = Loader(indexed_list, batch_size=4, transform=[RandomResizedCrop(8), RandomHorizontalFlip(), Normalize()],
+                   num_threads=1, seed=5, columns=["index"])
+    val = Loader(indexed_list, batch_size=8, transform=[CenterCrop(8), Normalize()], num_threads=1, shuffle=False,
+                 columns=["index"])
+    return train, val
+
+
+def _trainer(tmp_path: Path, **kwargs) -> lightning.Trainer:
+    return lightning.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                             enable_model_summary=False, default_root_dir=tmp_path, num_sanity_val_steps=0, **kwargs)
+
+
+def test_fit_with_train_and_val_loaders_and_a_bit_exact_resume_from_a_mid_epoch_checkpoint(
+    indexed_list: Path, tmp_path: Path
+) -> None:
+    # Uninterrupted: two epochs, validating after each.
+    whole = Recording()
+    train, val = _loaders(indexed_list)
+    _trainer(tmp_path / "whole", max_epochs=2, enable_checkpointing=False).fit(whole, train, val)
+    per_epoch = len(train)
+    assert len(whole.steps) == 2 * per_epoch
+    assert sorted(whole.validated) == sorted(list(range(37)) * 2)  # each validation sample once per validation
+    for epoch in (0, 1):
+        seen = [i for e, rows, _ in whole.steps if e == epoch for i in rows]
+        assert sorted(seen) == list(range(37))
+
+    # Interrupted: stop after 3 steps of the second epoch with a checkpoint there, then resume from it.
+    stop_at = per_epoch + 3
+    saver = lightning.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=stop_at,
+                                                        save_top_k=-1, save_last=False)
+    first = Recording()
+    train, val = _loaders(indexed_list)
+    _trainer(tmp_path / "first", max_steps=stop_at, callbacks=[saver]).fit(first, train, val)
+    checkpoint = next((tmp_path / "ckpt").glob("*.ckpt"))
+    saved = torch.load(checkpoint, weights_only=False)
+    assert saved["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["batches"] == 3  # the Loader's own state
+
+    second = Recording()
+    train, val = _loaders(indexed_list)  # fresh Loaders, as in a new process
+    _trainer(tmp_path / "second", max_epochs=2).fit(second, train, val, ckpt_path=checkpoint)
+    assert first.steps + second.steps == whole.steps  # the same samples, pixels and order, none lost or repeated
