@@ -226,8 +226,8 @@ class CompiledTransforms:
         if device != "cpu" or self.dtype != "float32" or self.channels != 3 or not steps:
             return False
         index, last = steps[-1]
-        if not isinstance(last, (RandomResizedCrop, Resize)):
-            return False
+        if not isinstance(last, (RandomResizedCrop, Resize)) or last.interpolation == "nearest":
+            return False  # nearest is a gather, not the resampler
         # The resampler takes uint8 only: no Normalize (a float image) before the resize.
         return not any(isinstance(step, Normalize) for _, step in steps[:-1])
 
@@ -259,6 +259,7 @@ class CompiledTransforms:
             antialias=resize.antialias,
             window=window,
             mirror=mirror,
+            cubic=resize.interpolation == "bicubic",
         )
 
     def _check_read(self, read: set[str]) -> None:

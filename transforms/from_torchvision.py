@@ -119,14 +119,20 @@ def _enum(value: Any) -> str:
     return str(getattr(value, "value", value)).lower()
 
 
-def _bilinear(where: str, t: Any) -> bool:
-    """Check torchvision's interpolation/antialias arguments; the spec's ``antialias``."""
+#: torchvision's interpolation modes (and PIL's integer codes, which it still accepts) that the spec reproduces.
+_INTERPOLATIONS: dict[str, spec.Interpolation] = {
+    "bilinear": "bilinear", "2": "bilinear", "bicubic": "bicubic", "3": "bicubic", "nearest": "nearest", "0": "nearest",
+}
+
+
+def _interpolation(where: str, t: Any) -> tuple[spec.Interpolation, bool]:
+    """Check torchvision's interpolation/antialias arguments; the spec's ``interpolation`` and ``antialias``."""
     mode = _enum(getattr(t, "interpolation", "bilinear"))
-    if mode not in ("bilinear", "2"):  # PIL's BILINEAR is 2, which torchvision still accepts
+    if mode not in _INTERPOLATIONS:
         raise ValueError(f"{where}: {type(t).__name__}(interpolation={mode!r}) is not reproduced; stallfree resizes "
-                         "bilinear (PIL's BILINEAR, torchvision's default): use InterpolationMode.BILINEAR")
+                         "as PIL's BILINEAR, BICUBIC or NEAREST: use InterpolationMode.BILINEAR, BICUBIC or NEAREST")
     antialias = getattr(t, "antialias", True)
-    return True if antialias is None else bool(antialias)  # None: torchvision antialiases PIL images
+    return _INTERPOLATIONS[mode], True if antialias is None else bool(antialias)  # None: PIL images antialias
 
 
 def _fill(where: str, t: Any) -> int | None:
@@ -240,15 +246,17 @@ class _Translation:
     # --- geometry and colour --------------------------------------------------------------------------------------
 
     def random_resized_crop(self, where: str, t: Any) -> None:
-        antialias = _bilinear(where, t)
-        step = spec.RandomResizedCrop(tuple(t.size), tuple(t.scale), tuple(t.ratio), antialias=antialias)
+        interpolation, antialias = _interpolation(where, t)
+        step = spec.RandomResizedCrop(tuple(t.size), tuple(t.scale), tuple(t.ratio), antialias=antialias,
+                                      interpolation=interpolation)
         self._emit(step, where)
 
     def resize(self, where: str, t: Any) -> None:
-        antialias = _bilinear(where, t)
+        interpolation, antialias = _interpolation(where, t)
         if t.size is None:
             raise ValueError(f"{where}: Resize(size=None, max_size=...) is not reproduced; give the shorter side")
-        self._emit(spec.Resize(_resize_size(t.size), antialias=antialias, max_size=t.max_size), where)
+        self._emit(spec.Resize(_resize_size(t.size), antialias=antialias, max_size=t.max_size,
+                               interpolation=interpolation), where)
 
     def pad(self, where: str, t: Any) -> None:
         padding = tuple(t.padding) if isinstance(t.padding, (list, tuple)) else t.padding

@@ -1,4 +1,4 @@
-"""PIL's separable triangle filter (``Image.resize(..., BILINEAR)``) as Numba kernels: the resampler's arithmetic.
+"""PIL's separable filters (``Image.resize(..., BILINEAR or BICUBIC)``) as Numba kernels: the resampler's arithmetic.
 
 Applied along one axis, then the other (in Pillow's order, see :func:`_resample`), in 22-bit fixed point with a
 uint8 image between the two passes, it equals PIL's output exactly (``tests/transforms/test_resample.py``).
@@ -19,13 +19,26 @@ _BITS = 22  # PIL's PRECISION_BITS: 32 - 8 - 2
 _HALF = 1 << (_BITS - 1)
 
 
+@numba.njit(inline="always")
+def _weight(t: float, cubic: bool) -> float:
+    """PIL's filters at distance ``t``: the triangle (BILINEAR, support 1) or the a = -0.5 cubic (BICUBIC, 2)."""
+    t = abs(t)
+    if not cubic:
+        return 1.0 - t if t < 1.0 else 0.0
+    if t < 1.0:
+        return ((-0.5 + 2.0) * t - (-0.5 + 3.0)) * t * t + 1.0
+    if t < 2.0:
+        return (((t - 5.0) * t + 8.0) * t - 4.0) * -0.5
+    return 0.0
+
+
 @numba.njit(cache=True)
-def _coefficients(in_size: int, out_size: int, antialias: bool) -> tuple[np.ndarray, np.ndarray]:
+def _coefficients(in_size: int, out_size: int, antialias: bool, cubic: bool) -> tuple[np.ndarray, np.ndarray]:
     """For each output index: the first input index and tap count, and the fixed-point weights (PIL's precompute)."""
     scale = in_size / out_size
     filter_scale = max(scale, 1.0) if antialias else 1.0
     inverse = 1.0 / filter_scale  # PIL multiplies by the inverse (dividing can round t the other way)
-    support = filter_scale  # the triangle filter's support is 1, widened by the filter scale
+    support = (2.0 if cubic else 1.0) * filter_scale  # the filter's own support, widened by the filter scale
     taps = int(math.ceil(support)) * 2 + 1
     bounds = np.empty((out_size, 2), np.int32)
     weights = np.zeros((out_size, taps), np.int32)
@@ -36,8 +49,7 @@ def _coefficients(in_size: int, out_size: int, antialias: bool) -> tuple[np.ndar
         count = min(int(center + support + 0.5), in_size) - first
         total = 0.0
         for k in range(count):
-            t = abs((k + first - center + 0.5) * inverse)
-            raw[k] = 1.0 - t if t < 1.0 else 0.0
+            raw[k] = _weight((k + first - center + 0.5) * inverse, cubic)
             total += raw[k]
         for k in range(count):
             w = raw[k] / total if total != 0.0 else 0.0
@@ -129,8 +141,11 @@ def _row_pass(packed: np.ndarray, xb: np.ndarray, xw: np.ndarray) -> np.ndarray:
 
 
 @numba.njit(cache=True)
-def _resample(out_h: int, out_w: int, image: np.ndarray, antialias: bool, mirror: bool) -> tuple[np.ndarray, bool]:
-    """The HWC uint8 ``image`` (any strides, 1-4 channels) resized as PIL's BILINEAR, as packed ``(out_h, out_w)``.
+def _resample(out_h: int, out_w: int, image: np.ndarray, antialias: bool, mirror: bool,
+              cubic: bool = False) -> tuple[np.ndarray, bool]:
+    """The HWC uint8 ``image`` (any strides, 1-4 channels) resized by PIL's filter, as packed ``(out_h, out_w)``.
+
+    The filter is BILINEAR's triangle, or BICUBIC's cubic if ``cubic``.
 
     Mirrored left to right if ``mirror`` where a row pass runs; returns whether it mirrored. Each output column of
     the row pass is its own weighted sum, so taking the columns' coefficients in reverse order writes exactly the
@@ -147,10 +162,10 @@ def _resample(out_h: int, out_w: int, image: np.ndarray, antialias: bool, mirror
         same = np.empty((height, width), np.uint32)
         _pack(same, image, 0)
         return same, False
-    xb, xw = _coefficients(width, out_w, antialias)
+    xb, xw = _coefficients(width, out_w, antialias, cubic)
     if mirror:
         xb, xw = xb[::-1].copy(), xw[::-1].copy()
-    yb, yw = _coefficients(height, out_h, antialias)
+    yb, yw = _coefficients(height, out_h, antialias, cubic)
     if height - out_h > 0 and height - out_h > 2 * (width - out_w):
         source = np.empty((height, width), np.uint32)
         _pack(source, image, 0)
@@ -191,14 +206,16 @@ def resample_normalize(out: np.ndarray, image: np.ndarray, flags: np.ndarray, mi
     """Resize the HWC RGB uint8 ``image`` as :func:`resample`, then write ``(pixel - mean) / std`` to float32 ``out``.
 
     ``flags`` is float32 ``[mean0, mean1, mean2, inv0, inv1, inv2, antialias, chw]`` (``inv = 1 / std``, both on
-    the 0..255 scale): ``out`` is ``(3, h, w)`` if ``chw`` else ``(h, w, 3)``, mirrored left to right if
-    ``mirror``. The pixels between the two are the resampler's uint8, so the result is what the resampler
-    followed by DALI's ``crop_mirror_normalize`` gives (to float32 rounding), written in one contiguous pass
-    instead of by a second operator reading the uint8 batch again.
+    the 0..255 scale), and a ninth flag, ``cubic``, where PIL's BICUBIC resizes instead of BILINEAR: ``out`` is
+    ``(3, h, w)`` if ``chw`` else ``(h, w, 3)``, mirrored left to right if ``mirror``. The pixels between the two
+    are the resampler's uint8, so the result is what the resampler followed by DALI's ``crop_mirror_normalize``
+    gives (to float32 rounding), written in one contiguous pass instead of by a second operator reading the uint8
+    batch again.
     """
     chw = flags[7] != 0
     height, width = (out.shape[1], out.shape[2]) if chw else (out.shape[0], out.shape[1])
-    packed, mirrored = _resample(height, width, image, flags[6] != 0, mirror)  # the row pass mirrors, where it runs
+    cubic = flags.shape[0] > 8 and flags[8] != 0
+    packed, mirrored = _resample(height, width, image, flags[6] != 0, mirror, cubic)  # the row pass mirrors
     reverse = mirror and not mirrored
     if chw:
         _emit_chw(out, packed.view(np.uint8), flags, reverse)

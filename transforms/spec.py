@@ -33,6 +33,8 @@ __all__ = [
 ]
 
 Size = tuple[int, int]  # (height, width), as torchvision orders sizes
+Interpolation = Literal["bilinear", "bicubic", "nearest"]
+INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
 
 
 def _size_pair(name: str, size: int | Sequence[int]) -> Size:
@@ -74,31 +76,69 @@ def size_input(size: Size) -> np.ndarray:
     return np.empty((size[0], size[1], 0), np.uint8)
 
 
-def _resize(image: Any, size: Any, state: GraphState, antialias: bool, window: Any = None) -> Any:
+def _check_interpolation(name: str, interpolation: str) -> None:
+    if interpolation not in INTERPOLATIONS:
+        raise ValueError(f"{name}: interpolation must be one of {INTERPOLATIONS} (PIL's filters of those names), "
+                         f"got {interpolation!r}")
+
+
+def nearest_table(length: int, out: int) -> np.ndarray:
+    """The source index of each of ``out`` positions resizing ``length`` ones: PIL's NEAREST.
+
+    PIL walks the source in double precision, adding the scale once per output position (``ImagingScaleAffine``);
+    the same additions here give its indices exactly, where ``floor((i + 0.5) * scale)`` differs at some sizes.
+    """
+    scale, position = length / out, length / out * 0.5
+    table = np.empty(out, np.int32)
+    for i in range(out):
+        table[i] = int(position)
+        position += scale
+    return table
+
+
+def _resize(
+    image: Any, size: Any, state: GraphState, antialias: bool, window: Any = None,
+    interpolation: Interpolation = "bilinear",
+) -> Any:
     """Resize to the per-sample ``size`` (a :func:`size_input` node), after cropping to ``window`` if given.
 
-    uint8 images on the CPU go through the Numba resampler, which computes PIL's BILINEAR (torchvision's resize
-    of PIL images) and runs 2.9x DALI's CPU resize (``stallfree bench resize``); float images and the GPU use
-    ``fn.resize``.
+    uint8 images on the CPU go through the Numba resampler, which computes PIL's BILINEAR or BICUBIC
+    (torchvision's resize of PIL images) and runs 2.9x DALI's CPU resize (``stallfree bench resize``); float
+    images and the GPU use ``fn.resize`` (its own cubic and nearest, which are not PIL's to the bit).
     """
     import nvidia.dali.fn as fn
     import nvidia.dali.types as types
 
-    if state.device == "cpu" and state.dtype == "uint8":
+    if state.device == "cpu" and state.dtype == "uint8" and interpolation != "nearest":
         from stallfree.transforms.resample import resize_node
 
-        return resize_node(image, size, antialias=antialias, window=window)
+        return resize_node(image, size, antialias=antialias, window=window, cubic=interpolation == "bicubic")
     roi: dict[str, Any] = {}
     if window is not None:
         roi = {"roi_start": window[0:2], "roi_end": window[0:2] + window[2:4], "roi_relative": False}
+    interp = {"bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC, "nearest": types.INTERP_NN}
     return fn.resize(
         image,
         size=size.shape(dtype=types.FLOAT)[0:2],
-        interp_type=types.INTERP_LINEAR,
+        interp_type=interp[interpolation],
         antialias=antialias,
         device=state.device,
         **roi,
     )
+
+
+def _nearest(image: Any, params: Mapping[str, Any], state: GraphState) -> Any:
+    """PIL's NEAREST from the drawn ``rows`` and ``cols`` tables: a gather on the CPU (exact), else ``fn.resize``."""
+    import nvidia.dali.fn as fn
+    import nvidia.dali.types as types
+
+    rows, cols = params["rows"], params["cols"]
+    if state.device == "cpu":
+        from stallfree.transforms.gather import gather_node
+
+        return gather_node(image, rows, cols, [0.0, 0.0, 0.0], dtype=state.dtype)
+    size = fn.cat(rows.shape(dtype=types.FLOAT), cols.shape(dtype=types.FLOAT))  # the tables' lengths
+    return fn.resize(image, size=size, interp_type=types.INTERP_NN, antialias=False, device=state.device)
 
 
 class Transform:
@@ -146,17 +186,25 @@ class RandomResizedCrop(Transform):
     The window is drawn as ``torchvision.transforms.RandomResizedCrop.get_params`` draws it: ten attempts at a
     window with area in ``scale`` of the image and log-uniform aspect ratio in ``ratio``, falling back to a
     centre crop clamped to ``ratio``. As the first step over encoded images, only the window is decoded.
+    ``interpolation`` as :class:`Resize`'s.
     """
 
     size: int | Sequence[int]
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     antialias: bool = True
-    params = {"window": np.float32, "size": np.uint8}  # (top, left, height, width) in pixels; see size_input
+    interpolation: Interpolation = "bilinear"
     changes_size = True
+
+    @property
+    def params(self) -> Mapping[str, type]:  # type: ignore[override]
+        if self.interpolation == "nearest":  # the window, then PIL's source rows and columns within it
+            return {"window": np.float32, "rows": np.int32, "cols": np.int32}
+        return {"window": np.float32, "size": np.uint8}  # (top, left, height, width) in pixels; see size_input
 
     def __post_init__(self) -> None:
         _size_pair("RandomResizedCrop", self.size)
+        _check_interpolation("RandomResizedCrop", self.interpolation)
         a, b = _range_pair("RandomResizedCrop", "scale", self.scale)
         if b <= 0 or b > 1:
             raise ValueError(f"RandomResizedCrop: scale must lie in (0, 1], got {self.scale!r}")
@@ -188,30 +236,55 @@ class RandomResizedCrop(Transform):
 
     def draw(self, rng: SampleRandom, size: Size) -> tuple[dict[str, Any], Size]:
         window = np.array(self.window(rng, *size), np.float32)
-        return {"window": window, "size": size_input(self.fixed_size())}, self.fixed_size()
+        out = self.fixed_size()
+        if self.interpolation == "nearest":
+            rows, cols = nearest_table(int(window[2]), out[0]), nearest_table(int(window[3]), out[1])
+            return {"window": window, "rows": rows, "cols": cols}, out
+        return {"window": window, "size": size_input(out)}, out
 
     def build(self, image: Any, params: Mapping[str, Any], state: GraphState) -> tuple[Any, GraphState]:
-        return _resize(image, params["size"], state, self.antialias, window=params["window"]), state
+        if self.interpolation == "nearest":
+            import nvidia.dali.fn as fn
+            import nvidia.dali.types as types
+
+            window = fn.cast(params["window"], dtype=types.INT32)  # whole pixels, as drawn
+            crop = fn.slice(image, start=window[0:2], shape=window[2:4], axis_names="HW", device=state.device)
+            return _nearest(crop, params, state), state
+        return _resize(image, params["size"], state, self.antialias, params["window"], self.interpolation), state
 
     def build_decoded_window(
         self, image: Any, params: Mapping[str, Any], state: GraphState
     ) -> tuple[Any, GraphState]:
         """Resize an image that was decoded to the window already (region-of-interest decoding)."""
-        return _resize(image, params["size"], state, self.antialias), state
+        if self.interpolation == "nearest":
+            return _nearest(image, params, state), state
+        return _resize(image, params["size"], state, self.antialias, interpolation=self.interpolation), state
 
 
 @dataclass(frozen=True)
 class Resize(Transform):
-    """Resize to ``size``: an int sets the shorter side (the longer keeps the aspect ratio, as torchvision)."""
+    """Resize to ``size``: an int sets the shorter side (the longer keeps the aspect ratio, as torchvision).
+
+    ``interpolation`` is PIL's filter of that name, as torchvision resizes PIL images: ``"bilinear"`` (the default)
+    and ``"bicubic"`` (the a = -0.5 cubic) run through the resampler, ``"nearest"`` picks PIL's source pixels; all
+    three equal PIL's output to the bit on the CPU graph's uint8 images.
+    """
 
     size: int | Sequence[int]
     antialias: bool = True
     max_size: int | None = None
-    params = {"size": np.uint8}  # (height, width) after resizing; see size_input
+    interpolation: Interpolation = "bilinear"
     changes_size = True
+
+    @property
+    def params(self) -> Mapping[str, type]:  # type: ignore[override]
+        if self.interpolation == "nearest":
+            return {"rows": np.int32, "cols": np.int32}  # PIL's source row of each output row, and column
+        return {"size": np.uint8}  # (height, width) after resizing; see size_input
 
     def __post_init__(self) -> None:
         _size_pair("Resize", self.size)
+        _check_interpolation("Resize", self.interpolation)
         if self.max_size is not None:
             if not isinstance(self.size, int):
                 raise ValueError(f"Resize: max_size needs an int size, got size={self.size!r}")
@@ -233,10 +306,14 @@ class Resize(Transform):
 
     def draw(self, rng: SampleRandom, size: Size) -> tuple[dict[str, Any], Size]:
         out = self.output_size(*size)
+        if self.interpolation == "nearest":
+            return {"rows": nearest_table(size[0], out[0]), "cols": nearest_table(size[1], out[1])}, out
         return {"size": size_input(out)}, out
 
     def build(self, image: Any, params: Mapping[str, Any], state: GraphState) -> tuple[Any, GraphState]:
-        return _resize(image, params["size"], state, self.antialias), state
+        if self.interpolation == "nearest":
+            return _nearest(image, params, state), state
+        return _resize(image, params["size"], state, self.antialias, interpolation=self.interpolation), state
 
 
 @dataclass(frozen=True)

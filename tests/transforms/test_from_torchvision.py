@@ -119,9 +119,13 @@ def test_other_torchvision_classes_and_lambdas_are_refused_by_name(T) -> None:
         to_steps([T.Lambda(lambda x: x)])
 
 
-def test_other_interpolations_are_refused(T) -> None:
-    with pytest.raises(ValueError, match=r"Resize\(interpolation='bicubic'\) is not reproduced.*BILINEAR"):
-        to_steps(T.Resize(8, interpolation=T.InterpolationMode.BICUBIC))
+def test_bicubic_and_nearest_translate_and_other_interpolations_are_refused(T) -> None:
+    modes = T.InterpolationMode
+    steps = to_steps([T.Resize(8, interpolation=modes.BICUBIC), T.RandomResizedCrop(6, interpolation=modes.NEAREST)])
+    assert steps.steps == (Resize(8, interpolation="bicubic"), RandomResizedCrop((6, 6), interpolation="nearest"))
+    with pytest.raises(ValueError, match=r"Resize\(interpolation='lanczos'\) is not reproduced.*BILINEAR, BICUBIC or "
+                                         r"NEAREST"):
+        to_steps(T.Resize(8, interpolation=modes.LANCZOS))
 
 
 def test_the_translation_imports_torchvision_only_for_its_objects() -> None:

@@ -15,6 +15,7 @@ import torch
 from PIL import Image
 
 from stallfree import Loader
+from stallfree.transforms import RandomResizedCrop
 from stallfree.transforms.geometry import RandomCrop
 from stallfree.transforms.random import SampleRandom
 
@@ -149,3 +150,39 @@ def test_pad_translates_with_per_channel_fill_and_mode(folder) -> None:
             (got, _), = list(Loader(dataset, batch_size=8, shuffle=False, num_threads=1))
             (ref, _), = list(DataLoader(dataset, batch_size=8, shuffle=False))
             assert torch.equal(got, ref), (M.__name__, mode)
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+@pytest.mark.parametrize("mode", ["BICUBIC", "NEAREST"])
+def test_eval_recipe_with_bicubic_or_nearest_equals_the_dataloader(folder, version, mode) -> None:
+    """The timm/ViT evaluation recipe: PIL's BICUBIC (or NEAREST) resize, a centre crop, normalized floats."""
+    from torch.utils.data import DataLoader
+    from torchvision.datasets import ImageFolder
+
+    T = api(version)
+    mean, std = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
+    to_tensor = [T.ToTensor()] if version == "v1" else [T.ToImage(), T.ToDtype(torch.float32, scale=True)]
+    recipe = T.Compose([T.Resize(30, interpolation=getattr(T.InterpolationMode, mode)), T.CenterCrop(26),
+                        *to_tensor, T.Normalize(mean, std)])
+    dataset = ImageFolder(folder, transform=recipe)
+    (got, _), *_ = list(Loader(dataset, batch_size=8, shuffle=False, num_threads=1))
+    (ref, _), *_ = list(DataLoader(dataset, batch_size=8, shuffle=False))
+    torch.testing.assert_close(got, ref, atol=1e-6, rtol=0)  # the same uint8 levels, normalized
+
+
+@pytest.mark.parametrize("mode", ["BICUBIC", "NEAREST"])
+def test_random_resized_crop_with_bicubic_or_nearest_equals_torchvision(folder, mode) -> None:
+    import torchvision.transforms as T
+    import torchvision.transforms.functional as F
+    from torchvision.datasets import ImageFolder
+
+    interpolation = getattr(T.InterpolationMode, mode)
+    recipe = T.Compose([T.RandomResizedCrop(20, scale=(0.2, 1.0), interpolation=interpolation), T.PILToTensor()])
+    plain = ImageFolder(folder)
+    loader = Loader(folder, batch_size=4, transform=recipe, seed=2, num_threads=1, layout="NHWC", columns=["index"])
+    rrc = RandomResizedCrop(20, scale=(0.2, 1.0))
+    for index, image in pixels_of(loader):
+        pil, _ = plain[index]
+        top, left, h, w = rrc.window(SampleRandom(2, 0, index), pil.height, pil.width)
+        expected = np.asarray(F.resized_crop(pil, top, left, h, w, [20, 20], interpolation))
+        assert np.array_equal(image, expected), f"sample {index}"
