@@ -19,8 +19,6 @@ last (:mod:`~stallfree.ingest.upload`).
 from __future__ import annotations
 
 import errno
-import hashlib
-import json
 import os
 import re
 import sys
@@ -31,7 +29,6 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from stallfree.core.atomic import atomic_write, remove_temporaries
 from stallfree.ingest.labels import write_labels
 from stallfree.ingest.lock import ingest_lock
 from stallfree.ingest.manifest import (
@@ -46,10 +43,11 @@ from stallfree.ingest.manifest import (
     write_rejected,
 )
 from stallfree.ingest.remote import Retry, is_url, redact
-from stallfree.ingest.sources import Item, Plan, plan_source
+from stallfree.ingest.shard_plan import check_plan, cut, job_digest, plan_digest, resume, sizes
+from stallfree.ingest.sources import Plan, plan_source
 from stallfree.ingest.upload import Upload, upload_target
 from stallfree.ingest.workers import converted
-from stallfree.ingest.writer import RECORDS, Converted, IngestOptions, _schema, record_path, write_shard
+from stallfree.ingest.writer import RECORDS, Converted, IngestOptions, _schema, write_shard
 
 __all__ = ["DiskFull", "ingest", "parse_part"]
 
@@ -81,92 +79,6 @@ class DiskFull(OSError):
 
 #: What a full disk (or quota) answers a write with.
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
-
-
-def _sizes(items: list[Item], options: IngestOptions) -> list[int]:
-    """Each item's estimated size in a shard: its source bytes, or ``height * width * 3`` with ``raw``."""
-    if options.raw:
-        return [options.raw[0] * options.raw[1] * 3] * len(items)
-    return [item.size for item in items]
-
-
-def _cut(items: list[Item], options: IngestOptions) -> list[tuple[int, int]]:
-    """Shard boundaries ``[(start, end), ...]`` over ``items``, each about ``shard_mb`` of (estimated) bytes."""
-    target = options.shard_mb * 1e6
-    bounds, start, size = [], 0, 0.0
-    for i, item_size in enumerate(_sizes(items, options)):
-        size += item_size
-        if size >= target:
-            bounds.append((start, i + 1))
-            start, size = i + 1, 0.0
-    if start < len(items) or not bounds:
-        bounds.append((start, len(items)))
-    return bounds
-
-
-def _job(plan: Plan, options: IngestOptions, count: int) -> str:
-    """What every part of one split ingest shares: the source's kind, classes and units, the options and ``N``.
-
-    Not the source's absolute path: the parts of one job may see the same data mounted at different places. Not a
-    tar folder's classes: they are ``0..`` the largest label a part's own tars hold.
-    """
-    classes = None if plan.kind == "webdataset" else plan.classes
-    shared = [plan.kind, classes, plan.units, plan.extra_columns, options.to_json(), count]
-    return hashlib.sha256(json.dumps(shared).encode()).hexdigest()
-
-
-def _digest(plan: Plan, bounds: list[tuple[int, int]], job: str, part: tuple[int, int]) -> str:
-    """This run's (or part's) plan: the job, and every sample it lists and where its shards are cut."""
-    digest = hashlib.sha256()
-    digest.update(json.dumps([job, list(part), plan.classes, bounds, plan.rejected]).encode())
-    for item in plan.items:
-        digest.update(f"\0{item.key}\0{item.label}\0{item.size}".encode())
-    return digest.hexdigest()
-
-
-def _plan_name(part: tuple[int, int]) -> str:
-    """The file, in ``.ingest``, holding the plan of a run (or of part ``(i, N)``)."""
-    return "plan.json" if part[1] == 1 else f"plan.part-{part[0]}-of-{part[1]}.json"
-
-
-def _check_plan(out: Path, digest: str, job: str, part: tuple[int, int]) -> None:
-    """Record this run's plan in ``out``, or refuse an ``out`` that holds an unfinished ingest of another plan.
-
-    Another part's plan file is left alone, but one of another job (source, options or split) is refused here, not
-    at the merge.
-    """
-    name = _plan_name(part)
-    count = part[1]
-    records = out / RECORDS
-    for other in sorted(records.glob("plan*.json")) if records.is_dir() else []:
-        previous = json.loads(other.read_text())
-        split = previous.get("part", [0, 1])[1]
-        if other.name != name and split != count:
-            raise ValueError(
-                f"{out} holds an unfinished ingest split {split} way(s) ({other.name}), not {count}; pass an empty OUT "
-                f"folder, or delete {out} to start over"
-            )
-        if (previous.get("digest") != digest) if other.name == name else (previous.get("job") != job):
-            state = "a finished" if (out / MANIFEST).is_file() else "an unfinished"
-            raise ValueError(
-                f"{out} holds {state} ingest of a different source or options (plan "
-                f"{str(previous.get('digest'))[:12]} != {digest[:12]}); pass an empty OUT folder, or delete {out} to "
-                "start over"
-            )
-    path = records / name
-    if not path.is_file():
-        records.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, json.dumps({"digest": digest, "job": job, "part": list(part)}).encode())
-
-
-def _done(out: Path, name: str) -> dict[str, Any] | None:
-    """The record of the shard file ``name`` if the shard is complete, else None (it is written again)."""
-    path = record_path(out, name)
-    if not path.is_file():
-        return None
-    record = json.loads(path.read_text())
-    shard = out / name
-    return record if shard.is_file() and shard.stat().st_size == record["bytes"] else None
 
 
 def _progress(total: int, enabled: bool) -> Any:
@@ -271,17 +183,17 @@ def _ingest(source: str | os.PathLike[str], out: Path, options: IngestOptions, w
     index, count = part
     started = time.perf_counter()
     plan = plan_source(source, max_sample_bytes=options.max_sample_bytes, part=part)
-    bounds = _cut(plan.items, options) if plan.items or count == 1 else []  # a part with nothing to list: no shard
-    job = _job(plan, options, count)
-    digest = _digest(plan, bounds, job, part)
+    bounds = cut(plan.items, options) if plan.items or count == 1 else []  # a part with nothing to list: no shard
+    job = job_digest(plan, options, count)
+    digest = plan_digest(plan, bounds, job, part)
     names = [shard_name(i, part) for i in range(len(bounds))]  # a part's shards are all its own
     last = [LABELS, REJECTED, MANIFEST] if count == 1 else [part_file(LABELS, part), part_file(MANIFEST, part)]
     records: dict[int, dict[str, Any]] = {}
     try:
-        _check_plan(out, digest, job, part)
+        check_plan(out, digest, job, part)
         if target is not None:
             target.begin(digest, MANIFEST if count == 1 else part_file(MANIFEST, part))
-        records = _resume(out, names, last, part)
+        records = resume(out, names, last, part)
         todo = [i for i in range(len(bounds)) if i not in records]
         if target is not None:
             for i in sorted(records):  # written by an earlier run: uploaded unless the store holds them
@@ -319,32 +231,15 @@ def _ingest(source: str | os.PathLike[str], out: Path, options: IngestOptions, w
     }
 
 
-def _resume(out: Path, names: list[str], last: list[str], part: tuple[int, int]) -> dict[int, dict[str, Any]]:
-    """The records, by shard index, of the shard files ``names`` already complete in ``out``.
-
-    The temporary files an earlier run of this part left when it was killed mid-write (its shards', records',
-    plan's and ``last`` files', whichever host and process wrote them) are removed first: this run holds the part's
-    lock, so no writer of them is alive. Another part's are left alone: it may be writing them now.
-    """
-    remove_temporaries(out, {*names, *last})
-    remove_temporaries(out / RECORDS, {*(record_path(out, name).name for name in names), _plan_name(part)})
-    records: dict[int, dict[str, Any]] = {}
-    for i, name in enumerate(names):
-        record = _done(out, name)
-        if record is not None:
-            records[i] = record
-    return records
-
-
 def _disk_full(out: Path, plan: Plan, options: IngestOptions, bounds: list[tuple[int, int]],
                records: dict[int, dict[str, Any]]) -> DiskFull:
     """The one-line error for a disk that filled up while ``out`` was written (``records``: the shards done)."""
     import shutil
 
     left = [i for i in range(len(bounds)) if i not in records]
-    sizes = _sizes(plan.items, options)
+    estimates = sizes(plan.items, options)
     # the shards left, from the estimate that cut them; then labels.npy (8 bytes a row at most) and the manifest
-    need = sum(sum(sizes[slice(*bounds[i])]) for i in left) + 8 * len(plan.items) + (1 << 16)
+    need = sum(sum(estimates[slice(*bounds[i])]) for i in left) + 8 * len(plan.items) + (1 << 16)
     free = shutil.disk_usage(out).free
     return DiskFull(f"no space left on device in {out}: about {_shown(need)} more are needed for the {len(left)} "
                     f"shard(s) not yet written and the manifest, {_shown(free)} are free; free some space (or quota) "
