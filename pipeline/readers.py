@@ -20,6 +20,7 @@ from stallfree.ingest.folders import inside_root, scan_image_folder
 from stallfree.ingest.images import Exif
 from stallfree.ingest.labels import class_numbers, label_array, label_column
 from stallfree.ingest.remote import is_url
+from stallfree.pipeline.hf_reader import HuggingFaceReader, is_hf_dataset
 from stallfree.pipeline.reader_base import BaseReader, Reader, as_reader
 from stallfree.pipeline.shards import ShardReader, Verify, is_shard_folder
 from stallfree.pipeline.webdataset import is_webdataset
@@ -299,6 +300,8 @@ def open_source(source: str | os.PathLike[str] | Reader | Any, *, exif: Exif = "
     reader = as_reader(source)
     if reader is not None:
         return _check_raw(reader, exif)
+    if is_hf_dataset(source):
+        return HuggingFaceReader(source)
     if not isinstance(source, (str, os.PathLike)):
         dataset = DatasetReader(source)
         dataset.exif = exif

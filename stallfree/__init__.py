@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from stallfree.core.resume import Resumable
     from stallfree.ingest.remote import RemoteStoreError
+    from stallfree.pipeline.hf_reader import HuggingFaceReader
     from stallfree.pipeline.loader import Loader
+    from stallfree.pipeline.reader_base import BaseReader
     from stallfree.pipeline.readers import DatasetReader
     from stallfree.pipeline.samples import BadSampleError
     from stallfree.pipeline.shards import ShardReader
@@ -25,7 +27,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BadSampleError",
+    "BaseReader",
     "DatasetReader",
+    "HuggingFaceReader",
     "Loader",
     "RemoteStoreError",
     "Resumable",
@@ -42,7 +46,9 @@ __version__ = "0.1.0"
 
 _HOMES = {
     "BadSampleError": "stallfree.pipeline.samples",
+    "BaseReader": "stallfree.pipeline.reader_base",
     "DatasetReader": "stallfree.pipeline.readers",
+    "HuggingFaceReader": "stallfree.pipeline.hf_reader",
     "Loader": "stallfree.pipeline.loader",
     "RemoteStoreError": "stallfree.ingest.remote",
     "Resumable": "stallfree.core.resume",

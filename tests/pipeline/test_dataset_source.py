@@ -201,7 +201,7 @@ def test_a_base_reader_gets_every_hook_and_its_rules_checked() -> None:
     assert images.shape == (3, 3, 4, 4) and labels.tolist() == [0, 1, 0]
     with pytest.raises(TypeError, match=r"Pngs.classes must be a list of class names"):
         Loader(Pngs("ab"), batch_size=1, transform=[CenterCrop(4)])
-    with pytest.raises(ValueError, match="shuffle='block' shuffles the shards of ingested data, but the source is a Pngs"):
+    with pytest.raises(ValueError, match="shuffles the shards of ingested data, but the source is a Pngs"):
         Loader(good, batch_size=1, transform=[CenterCrop(4)], shuffle="block")
 
 
