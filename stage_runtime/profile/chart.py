@@ -2,17 +2,36 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
-from stallfree.stage_runtime.profile.report import headline
+from stallfree.stage_runtime.profile.report import NOT_INPUT_BOUND, headline
 
-__all__ = ["draw_profile", "title"]
+__all__ = ["colours", "draw_profile", "title"]
 
 
-def title(result: dict[str, Any]) -> str:
-    """The chart's title: the model, the batch and the report's headline (which names only stalls the run had)."""
-    return f"{result['model']} on {result['device']}, batch {result['batch_size']}: {headline(result['stalls'])}"
+def title(result: dict[str, Any], width: int = 100) -> str:
+    """The chart's title, wrapped to ``width``: what ran the step, the batch, and the report's headline.
+
+    The step is the model on its device, or the simulated device (``--accelerator sim:R``) when there was one: the
+    model then never ran.
+    """
+    device = result.get("accelerator")
+    ran = (f"a simulated device of {device['images_per_s']:g} img/s ({device['name']})" if device else
+           f"{result['model']} on {result['device']}")
+    return textwrap.fill(f"{ran}, batch {result['batch_size']}: {headline(result['stalls'])}", width)
+
+
+def colours(values: list[float], ideal: float, input_bound: bool) -> list[str]:
+    """A bar is red only where the run waited for input and the bar is slower than the step; else neutral.
+
+    On a compute-bound run a stage slower than the ideal step stalls nothing (the real run kept up), so it is not
+    drawn as a fault.
+    """
+    if not input_bound:
+        return ["tab:blue"] * len(values)
+    return ["tab:red" if v < ideal else "tab:green" for v in values]
 
 
 def draw_profile(result: dict[str, Any], path: str | Path) -> Path:
@@ -37,14 +56,15 @@ def draw_profile(result: dict[str, Any], path: str | Path) -> Path:
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 8), gridspec_kw={"height_ratios": [1.2, 1]})
     names = [n for n, _ in rates]
     values = [v for _, v in rates]
-    colours = ["tab:red" if v < ideal else "tab:green" for v in values]
-    top.barh(names, values, color=colours)
-    top.axvline(ideal, color="black", linestyle="--", label=f"ideal (model on synthetic data): {ideal:.0f} img/s")
+    input_bound = result["stalls"]["measured_stall_share"] >= NOT_INPUT_BOUND
+    top.barh(names, values, color=colours(values, ideal, input_bound))
+    step = "simulated device" if result.get("accelerator") else "model on synthetic data"
+    top.axvline(ideal, color="black", linestyle="--", label=f"ideal ({step}): {ideal:.0f} img/s")
     if max(values + [ideal]) > 20 * max(1e-9, min(values + [ideal])):
         top.set_xscale("log")  # storage and compute rates often differ by orders of magnitude
     top.invert_yaxis()
     top.set_xlabel("images / s")
-    top.set_title(title(result), fontsize=9)
+    top.set_title(title(result), fontsize=9, loc="left")
     top.legend(loc="lower right")
 
     samples = result["resources"]
@@ -76,3 +96,4 @@ def draw_profile(result: dict[str, Any], path: str | Path) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+

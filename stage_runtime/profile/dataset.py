@@ -31,7 +31,7 @@ from stallfree.core.atomic import atomic_write
 from stallfree.stage_runtime.accelerator import SimAccelerator, parse_accelerator
 from stallfree.stage_runtime.clock import StageClock
 from stallfree.stage_runtime.profile.phases import MODEL_ALIASES
-from stallfree.stage_runtime.profile.report import Observed, headline
+from stallfree.stage_runtime.profile.report import Observed, headline, input_cost
 
 __all__ = ["DatasetProfile", "profile_dataset"]
 
@@ -211,7 +211,7 @@ class _Run:
         from stallfree.pipeline.loader import Loader
 
         return Loader(source, self.batch, transform=self.transform, drop_last=True,
-                      **{"num_threads": self.threads, "device": self.device, **settings})
+                      **{"shuffle": True, "num_threads": self.threads, "device": self.device, **settings})
 
     def timed(self, name: str, loader: Any) -> Any:
         from stallfree.stage_runtime.profile.loop import profile
@@ -283,8 +283,9 @@ class _Run:
                 "preparation": {"points": [vars(p) for p in prep], "in_memory_images": len(self.in_memory),
                                 "in_memory_bytes": self.in_memory.nbytes},
                 "compute": vars(compute),
-                "real_run": {**real.to_dict(), "cold": cold.dropped, "cold_note": cold.note},
-                "cached_run": cached.to_dict(),
+                "real_run": {**real.to_dict(), **input_cost(compute.step_s, real.to_dict()), "cold": cold.dropped,
+                             "cold_note": cold.note},
+                "cached_run": {**cached.to_dict(), **input_cost(compute.step_s, cached.to_dict())},
             },
             # the step in the real run against the step alone: what the Loader's host work cost the step itself
             "step_slowdown": _slowdown(real.to_dict()["step_s"]["mean"], compute.step_s),
@@ -296,7 +297,8 @@ class _Run:
             labels = [int(x) for x in self.reader.labels()]
             files = [(str(path), label) for path, label in zip(self.paths, labels, strict=True)]
             loader = torch_dataloader(files, batch_size=batch, image_size=self.image_size, workers=self.threads)
-            out["compare"] = {"torch": {**self.timed("6 torch DataLoader", loader).to_dict(),
+            torch_run = self.timed("6 torch DataLoader", loader).to_dict()
+            out["compare"] = {"torch": {**torch_run, **input_cost(compute.step_s, torch_run),
                                         "transform": transform_label()}}
         return out
 

@@ -6,9 +6,11 @@ step time, and ``wait`` over it is the *stall share* that TensorFlow's input-pip
 input-bound, 5-20% moderately, over 20% highly.
 
 A loader that reports stage spans (it has a ``clock`` attribute, as :class:`stallfree.Loader` has) also says which
-input stage the stall comes from. Each stage's *effective time per batch* is the length of the union of its busy
-spans over the batches delivered (so a stage run by 8 workers in parallel counts once, not 8 times), and the
-stages are pipelined, so the loop runs at the pace of the slowest one. Following DS-Analyzer's differential
+input stage the stall comes from. Each stage's *time per batch* is per batch of the stage itself: the length of
+the union of the busy spans it finished inside the timed loop, over the number of batches those spans worked on
+(so a stage run by 8 workers in parallel counts once, not 8 times, and a stage that ran ahead of the loop, or
+behind it, is not divided by the loop's own batch count). The stages are pipelined, so the loop runs at the pace
+of the slowest one. Following DS-Analyzer's differential
 definitions (Mohan et al., VLDB 2021)::
 
     prep stall  = max(0, t_prep - t_step)                          # what remains if fetching were free
@@ -19,10 +21,14 @@ and the measured wait is split between the two in that proportion.
 
 from __future__ import annotations
 
+import json
+import math
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from stallfree.stage_runtime.clock import Span, StageClock, percentile
@@ -84,8 +90,8 @@ class LoaderProfile:
     prep_stall_share: float
     verdict: Verdict | Literal["no step given"]
     bottleneck: Bottleneck
-    stage_time_per_batch_s: dict[str, float]  # effective (union of busy spans) per delivered batch
-    stage_utilization: dict[str, float]  # union of busy spans / wall time
+    stage_time_per_batch_s: dict[str, float]  # union of the stage's busy spans / the batches they worked on
+    stage_utilization: dict[str, float]  # union of busy spans inside the loop / its wall time
     cpu_cores_used: float  # mean CPU seconds per second of this process and its workers
     clock: StageClock = field(repr=False, compare=False)
     sampler: ResourceSampler = field(repr=False, compare=False)
@@ -114,6 +120,25 @@ class LoaderProfile:
             "cpu_cores_used": self.cpu_cores_used,
         }
 
+    def save(self, folder: str | os.PathLike[str]) -> list[Path]:
+        """Write ``profile.json``, ``trace.json`` and ``profile.png`` to ``folder``.
+
+        ``profile.json`` is :meth:`to_dict`; ``trace.json`` the clock's spans (open it in https://ui.perfetto.dev);
+        ``profile.png`` each stage's time per batch beside the step's, and the wait of every timed batch.
+
+        Returns:
+            the three paths.
+        """
+        from stallfree.core.atomic import atomic_write
+        from stallfree.stage_runtime.profile.loader_chart import draw_loader_profile
+
+        out = Path(folder)
+        out.mkdir(parents=True, exist_ok=True)
+        result = self.to_dict()
+        atomic_write(out / "profile.json", json.dumps(result, indent=2).encode())
+        self.clock.to_chrome_trace(out / "trace.json")
+        return [out / "profile.json", out / "trace.json", draw_loader_profile(result, self.wait_s, out / "profile.png")]
+
     def report(self) -> str:
         """A few human lines."""
         w = self.wait_percentiles()
@@ -127,7 +152,8 @@ class LoaderProfile:
         if self.stage_time_per_batch_s:
             stages = ", ".join(f"{k} {v * 1e3:.1f} ms ({self.stage_utilization[k]:.0%} busy)"
                                for k, v in self.stage_time_per_batch_s.items())
-            lines.append(f"  stage time per batch: {stages}")
+            lines.append(f"  time per batch of each stage (parallel workers counted once): {stages}; the step "
+                         f"{statistics.fmean(self.step_s) * 1e3 if self.step_s else 0.0:.1f} ms")
         return "\n".join(lines)
 
 
@@ -239,11 +265,13 @@ def _analyse(waits: list[float], steps: list[float], samples: int, start: float,
     for stage in clock.stages():
         if stage in ("wait", "step"):
             continue
-        busy = [s for s in clock.spans(stage) if s.state == "busy"]
-        union = _union(busy, start, end)
-        if union > 0:  # stages of other runs in the same clock lie outside this window
-            per_batch[stage] = union / n
-            utilization[stage] = union / wall if wall > 0 else 0.0
+        # the spans finished inside the loop (stages of other runs in the same clock lie outside it)
+        busy = [s for s in clock.spans(stage) if s.state == "busy" and start < s.end <= end]
+        whole = _union(busy, -math.inf, math.inf)
+        if whole > 0:
+            handled = len({s.batch for s in busy if s.batch is not None}) or len(busy)
+            per_batch[stage] = whole / handled
+            utilization[stage] = _union(busy, start, end) / wall if wall > 0 else 0.0
     t_fetch = sum(per_batch.get(s, 0.0) for s in FETCH_STAGES)
     # Preparation stages run one after another in one graph thread per batch, so their times add.
     t_prep = sum(per_batch.get(s, 0.0) for s in PREP_STAGES)

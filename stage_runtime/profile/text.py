@@ -28,19 +28,24 @@ def _rows(r: Mapping[str, Any]) -> list[tuple[str, float, str]]:
                      f"{r['model']} on {r['device']}, synthetic, {r['torch_threads']} torch thread(s)"))
     real = p["real_run"]
     real_note = "" if real["cold_note"] is None else f"; {real['cold_note']}"
-    rows.append(("4 real run", real["samples_per_s"], f"waited {real['stall_share']:.0%} ({real['verdict']})"
-                 + real_note))
-    rows.append(("5 real run, from memory", p["cached_run"]["samples_per_s"],
-                 f"waited {p['cached_run']['stall_share']:.0%}"))
+    rows.append(("4 real run", real["samples_per_s"], _cost(real) + real_note))
+    rows.append(("5 real run, from memory", p["cached_run"]["samples_per_s"], _cost(p["cached_run"])))
     for name, run in r.get("compare", {}).items():
-        rows.append((f"6 {name} DataLoader", run["samples_per_s"],
-                     f"waited {run['stall_share']:.0%} ({run['verdict']}); {run['transform']}"))
+        rows.append((f"6 {name} DataLoader", run["samples_per_s"], f"{_cost(run)}; {run['transform']}"))
     return rows
+
+
+def _cost(run: Mapping[str, Any]) -> str:
+    """A run's note: its wait, and its input cost against the step alone (one yardstick for every loader)."""
+    if "input_cost_share" not in run:  # a profile.json written before the input cost
+        return f"waited {run['stall_share']:.0%} ({run['verdict']})"
+    return (f"waited {run['stall_share']:.0%}; input cost {run['input_cost_share']:.0%} of its time per batch "
+            f"({run['input_cost_verdict']})")
 
 
 def _what_ifs(w: Mapping[str, Any]) -> list[str]:
     c, pc, m, e = w["cores"], w["page_cache"], w["max_side"], w["echo"]
-    lines = []
+    lines = [f"note: {n}" for n in w["observed"].get("notes", [])]
     if c["needed_to_remove_prep_stall"] is not None:
         lines.append(f"what if: {c['needed_to_remove_prep_stall']} preparation thread(s) keep up with the step "
                      f"(this process has {c['have']} core(s); {c['how']}).")
@@ -67,14 +72,17 @@ def _what_ifs(w: Mapping[str, Any]) -> list[str]:
     else:
         steps = ", ".join(f"k={k}: {1e3 * t:.1f} ms" for k, t in e["predicted_step_s"].items())
         lines.append(f"what if: echo=k, {e['mode']}: predicted step {steps}; k={e['k_to_remove_input_stall']} "
-                     f"removes the input stall (assumes {e['assumes']}).")
+                     f"removes the input stall (assumes {e['assumes']}). It changes training: "
+                     f"{e['changes_training']}.")
     top = w["top"]
     if top is None:
         lines.append("try first: nothing; no what-if predicts a gain over 5%.")
     else:
         setting = ", ".join(f"{k}={v!r}" for k, v in top["setting"].items())
+        changes = (" It changes what the model sees (each batch used several times): nothing that leaves training "
+                   "as it is predicts a gain over 5%." if top.get("changes_training") else "")
         lines.append(f"try first: {top['what_if']} ({setting}): predicted {top['speedup']:.2f}x "
-                     "(check it: stallfree profile --verify).")
+                     f"(check it: stallfree profile --verify).{changes}")
     return lines
 
 
@@ -97,6 +105,9 @@ def report(r: Mapping[str, Any]) -> str:
     lines = [f"| {'phase':<26} | {'img/s':>8} | {'ms/batch':>8} | note", f"|{'-' * 28}|{'-' * 9}:|{'-' * 9}:|------"]
     lines += [f"| {name:<26} | {rate:>8.0f} | {1e3 * batch / rate if rate else 0:>8.1f} | {note}"
               for name, rate, note in _rows(r)]
+    lines.append("input cost: a run's time per batch beyond the step alone (3), as a share of it: its wait for input "
+                 "plus the step slowed by the loader's work on the same CPU; graded as the wait is (<5% not, 5-20% "
+                 "moderately, >20% highly input-bound)")
     lines.append("")
     lines.append(f"{headline(s)}. Step time {s['real_step_s'] * 1e3:.1f} ms (ideal {s['ideal_step_s'] * 1e3:.1f} "
                  f"ms, from memory {s['cached_step_s'] * 1e3:.1f} ms).")

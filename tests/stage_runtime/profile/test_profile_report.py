@@ -115,9 +115,11 @@ def test_what_ifs(tmp_path: Path) -> None:
     assert out["max_side"]["suggested"] and out["max_side"]["warning"] is None
     assert out["echo"]["k_to_remove_input_stall"] == 4
     assert out["echo"]["predicted_step_s"]["2"] == pytest.approx(0.02)
-    # max-side predicts 3x, echo=4 4x: echo is the one to try first.
-    assert out["top"] == {"what_if": "echo", "setting": {"echo": 4, "echo_mode": "batch"},
-                          "predicted_step_s": pytest.approx(0.01), "speedup": pytest.approx(4.0)}
+    # max-side predicts 3x, echo=4 4x: max-side comes first, since echo changes what the model sees (issue 35,
+    # item 6: "the top suggestion is 'echo=6, batch mode', which changes training, before --max-side").
+    assert out["top"] == {"what_if": "max_side", "setting": {"max_side": 256},
+                          "predicted_step_s": pytest.approx(0.04 * ratio), "speedup": pytest.approx(1 / ratio),
+                          "changes_training": False}
     assert out["observed"]["overhead_s"] == 0
 
 
@@ -208,3 +210,27 @@ def test_storage_and_in_memory_reader(tmp_path: Path) -> None:
     memory = InMemoryReader(Source(), rows=2)
     assert len(memory) == 2 and memory.read(1).tobytes() == paths[1].read_bytes()
     assert memory.describe(0).endswith("(in memory)")
+
+
+def test_echo_is_suggested_only_when_nothing_that_leaves_training_as_it_is_helps() -> None:
+    # Reads set the pace; one core, already used; no image headers (no --max-side estimate): echo alone helps.
+    seen = Observed(step_s=0.04, compute_s=0.01, read_s=0.04, prep_s=0.005, threads=1)
+    out = _what_ifs(seen, [(1, 5000.0)], cores=1)
+    assert out["top"] == {"what_if": "echo", "setting": {"echo": 4, "echo_mode": "batch"},
+                          "predicted_step_s": pytest.approx(0.01), "speedup": pytest.approx(4.0),
+                          "changes_training": True}
+    assert "sees each batch k times" in out["echo"]["changes_training"]
+
+
+def test_a_stage_slower_than_the_loop_it_fed_is_capped_at_the_loops_pace_and_said() -> None:
+    # Issue 35, item 6: "prepare 721.1 ms per batch" beside a loop that ran far faster: spans that held a finished
+    # batch waiting for a full queue. The loop delivered every batch, so no stage took longer per batch than it.
+    run = {"wall_s": 1.0, "batches": 10, "step_s": {"mean": 0.097},
+           "stage_time_per_batch_s": {"read": 0.01, "augment": 0.7, "h2d": 0.02}}
+    seen = Observed.from_run(run, threads=2)
+    assert seen.prep_s == pytest.approx(0.1) and seen.read_s == pytest.approx(0.01)
+    assert seen.capped == (("prepare", pytest.approx(0.72)),)
+    assert "prepare spans add up to 720.0 ms per batch, longer than the loop's 100.0 ms" in seen.notes()[0]
+    out = _what_ifs(seen, [(1, 2000.0), (2, 4000.0)])
+    assert out["observed"]["notes"] == seen.notes()
+    assert out["echo"]["k_to_remove_input_stall"] == 1  # 100 ms against a 97 ms step: within 5%, no stall
