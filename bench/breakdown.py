@@ -166,7 +166,8 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
     if min(args.batch_size, args.batches, args.repeats, args.threads) < 1:
         raise ValueError("--batch-size, --batches, --repeats and --threads must all be >= 1")
     write_synthetic(args.data, args.synthetic)
-    with tqdm(total=8, desc="breakdown", unit="stage", file=sys.stderr, leave=False) as bar:
+    with tqdm(total=8, desc="breakdown", unit="stage", file=sys.stderr, leave=False,
+              disable=not getattr(args, "progress", True)) as bar:
         us = _stages(args, bar)
     loader_runs = measure_runs([("stallfree", "stallfree", args.data)], argparse.Namespace(**vars(args), device="cpu"))
     rate = statistics.median(loader_runs["stallfree"])

@@ -87,6 +87,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="cpu, or cuda[:N] (as bench loader's --device)")
     parser.add_argument("--png", type=Path, metavar="PATH",
                         help="the chart (default: e2e.png beside --json-file, else in the current folder)")
+    # The demo shows the sweep without the project's own throughput goals, which are this benchmark's business.
+    parser.add_argument("--no-goals", dest="goals", action="store_false", help=argparse.SUPPRESS)
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -136,7 +138,8 @@ def _sweep(label: str, contender: str, args: argparse.Namespace, speeds: list[fl
     per_speed = SETTLE + args.repeats * args.batches
     total = args.warmup + args.repeats * args.batches + per_speed * (len(speeds) + target)
     with (contender_stream(contender, args) as stream,
-          tqdm(total=total, desc=label, unit="batch", file=sys.stderr, mininterval=1.0, leave=False) as bar):
+          tqdm(total=total, desc=label, unit="batch", file=sys.stderr, mininterval=1.0, leave=False,
+               disable=not getattr(args, "progress", True)) as bar):
         for _ in range(args.warmup):
             next(stream)
             bar.update()
@@ -193,7 +196,7 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
               "repeats": args.repeats, "threads": args.threads, "device": args.device,
               "cores": len(os.sched_getaffinity(0)), "speeds": speeds, "target_speed": target_speed,
               "feeds": feeds, "target": _target(feeds, target_speed), "torch_transform": transform_label()}
-    _print(result, out)
+    _print(result, out, goals=args.goals)
     png = args.png or (args.json_file.parent if getattr(args, "json_file", None) else Path()) / "e2e.png"
     result["png"] = str(draw(result, png))
     print(f"chart: {png}", file=out)
@@ -220,7 +223,7 @@ def _target(feeds: dict[str, Any], speed: float | None) -> dict[str, Any] | None
     return check
 
 
-def _print(result: dict[str, Any], out: TextIO) -> None:
+def _print(result: dict[str, Any], out: TextIO, goals: bool = True) -> None:
     speeds, target = result["speeds"], result["target_speed"]
     print(f"{result['images']} JPEGs ({result['mean_mp']:.2f} MP, {result['mean_kib']:.0f} KiB mean), batch "
           f"{result['batch_size']}, {result['threads']} threads on {result['cores']} cores, {result['device']}; "
@@ -248,7 +251,7 @@ def _print(result: dict[str, Any], out: TextIO) -> None:
             print(f"| {label:<33} | {r:>7} | {c['delivered']:>9.0f} | {spread:>11} | {share:>5} "
                   f"| {100 * c['stall_share']:>4.0f}% | {c['cpu_cores']:>4.2f} |", file=out)
     check = result["target"]
-    if check is not None:
+    if check is not None and goals:
         vs = ("torch DataLoader not run" if check["vs_torch"] is None else
               f"{check['vs_torch']:.2f}x torch DataLoader's {check['torch']:.0f} (goal >= {TARGET['vs_torch']}x)")
         print(f"\ntarget (issue 11) at R = {check['speed']:.0f} img/s (80% of stallfree's stand-alone rate): "

@@ -128,7 +128,8 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
     start = time.perf_counter()
     endings: Counter[str] = Counter()
     failures: list[dict[str, Any]] = []
-    with ThreadPoolExecutor(args.parallel) as pool, tqdm(total=args.runs, desc="runs", file=sys.stderr) as bar:
+    with ThreadPoolExecutor(args.parallel) as pool, tqdm(total=args.runs, desc="runs", file=sys.stderr,
+                                                         disable=not getattr(args, "progress", True)) as bar:
         for seed, (code, stderr) in enumerate(pool.map(lambda s: _one(_RUN, data, s, args.epochs), range(args.runs))):
             endings[_ending(code)] += 1
             if code != 0:

@@ -137,7 +137,7 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
     }
     reference = _pil(args.threads)(batches[0])
     with tqdm(total=len(contenders) * args.repeats * args.batches, desc="resize", unit="batch", file=sys.stderr,
-              mininterval=1.0, leave=False) as bar:
+              mininterval=1.0, leave=False, disable=not getattr(args, "progress", True)) as bar:
         runners = {name: make() for name, make in contenders.items()}
         worst = {}
         for name, run_batch in runners.items():  # the warm-up (Numba compiles there), checked against PIL

@@ -228,7 +228,8 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
     steps, ops = _steps(), _torch_ops()
     rows: list[dict[str, Any]] = []
     total = len(names) * 2 * args.repeats * args.batches
-    with tqdm(total=total, desc="transforms", unit="batch", file=sys.stderr, mininterval=1.0, leave=False) as bar:
+    with tqdm(total=total, desc="transforms", unit="batch", file=sys.stderr, mininterval=1.0, leave=False,
+              disable=not getattr(args, "progress", True)) as bar:
         for name in names:
             dali = _time(_dali_runner(steps[name], args.batch_size, args.threads), steps[name], images, args, bar)
             ref = _time(_torch_runner(ops[name]), steps[name], images, args, bar)

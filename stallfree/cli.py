@@ -19,6 +19,7 @@ import re
 import sys
 from collections.abc import Iterator, Sequence
 
+from stallfree import __version__
 from stallfree.commands import CliError
 from stallfree.core.dali import DaliMissing
 from stallfree.ingest.remote import RemoteStoreError
@@ -88,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Run `stallfree COMMAND --help` for each command's options.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"stallfree {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         importlib.import_module(f"stallfree.commands.{name}").register(sub)

@@ -9,12 +9,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from stallfree.commands.output import add_json_arguments, emit, human
+from stallfree.commands.output import add_json_arguments, add_progress_argument, emit, human
 
 __all__ = ["register"]
 
@@ -29,12 +30,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         "  stallfree demo --skip-bench --json | jq .train.eval_top1",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--out", type=Path, help="where to write data and results (default: a temporary folder)")
+    parser.add_argument("--out", type=Path, default=Path("stallfree-demo"),
+                        help="where the results stay: the chart (e2e.png), the training run (run/: summary.json, "
+                        "trace.json, checkpoints) and demo.json (default ./stallfree-demo)")
+    parser.add_argument("--keep-data", action="store_true",
+                        help="keep the generated datasets under OUT/data (default: a temporary folder, removed at the "
+                        "end)")
     parser.add_argument("--images", type=int, default=640,
                         help="ImageNet-sized JPEGs for the loader comparison (default 640)")
     parser.add_argument("--epochs", type=int, default=6, help="training epochs (default 6)")
     parser.add_argument("--skip-bench", action="store_true", help="skip step 1, the end-to-end comparison")
     add_json_arguments(parser)
+    add_progress_argument(parser)
     parser.set_defaults(func=_demo)
 
 
@@ -43,11 +50,13 @@ def _step(title: str) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from stallfree.core.atomic import atomic_write
     from stallfree.core.dali import require_dali
 
     require_dali()  # before minutes of writing JPEGs, not after
     from stallfree.bench import e2e
     from stallfree.commands.bench import options
+    from stallfree.commands.kernels import load_kernels
     from stallfree.ingest.runner import ingest
     from stallfree.ingest.synthetic import make_image_folder
     from stallfree.stage_runtime.train.report import format_summary, with_prediction
@@ -57,31 +66,38 @@ def _demo(args: argparse.Namespace) -> int:
         raise ValueError(f"--images must be at least one batch of 64, got {args.images}")
     if args.epochs < 1:
         raise ValueError(f"--epochs must be positive, got {args.epochs}")
+    load_kernels(args.progress)
     out = human(args)
-    result: dict[str, Any] = {"bench": None, "ingest": {}}
+    result: dict[str, Any] = {"bench": None, "ingest": {}, "out": str(args.out)}
+    args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="stallfree-demo-") as tmp:
-        root = args.out or Path(tmp)
+        data = args.out / "data" if args.keep_data else Path(tmp)
         if not args.skip_bench:
             _step("1/3 end to end: a simulated accelerator at 80% of stallfree's stand-alone rate, fed by torch's "
                   "DataLoader and by stallfree (ImageNet-sized synthetic JPEGs)")
-            bench_args = options("e2e", root / "imagenet-like", synthetic=args.images, speeds=[],
+            bench_args = options("e2e", data / "imagenet-like", synthetic=args.images, speeds=[],
                                  feeds=["stallfree", "torch"], batches=max(1, args.images // 64 // 2), warmup=5,
-                                 png=root / "e2e.png")
+                                 png=args.out / "e2e.png", goals=False, progress=args.progress)
             result["bench"] = e2e.run(bench_args, out)
         _step("2/3 ingest a learnable synthetic dataset (shapes in random colours) into Arrow shards")
         for split, per_class, seed in (("train", 150, 0), ("val", 25, 1)):
-            folder = make_image_folder(root / "shapes" / split, num_classes=4, per_class=per_class, size=(48, 48),
+            folder = make_image_folder(data / "shapes" / split, num_classes=4, per_class=per_class, size=(48, 48),
                                        seed=seed)
-            summary = ingest(folder, root / "shards" / split, workers=1, progress=True)
+            summary = ingest(folder, data / "shards" / split, workers=1, progress=args.progress)
             result["ingest"][split] = summary
             print(f"{split}: {summary['images']} images into {summary['shards']} shard(s)", file=sys.stderr)
         _step("3/3 train a small CNN in 2 pipeline stages with 1F1B, fed by the Loader over the shards")
-        config = demo_config(str(root / "shards" / "train"), str(root / "shards" / "val"), str(root / "run"),
-                             epochs=args.epochs)
+        config = demo_config(str(data / "shards" / "train"), str(data / "shards" / "val"), str(args.out / "run"),
+                             epochs=args.epochs, progress=args.progress)
         result["train"] = with_prediction(config, train(config))  # the simulator's bubble beside the measured one
         print(format_summary(result["train"]), file=out)
         accuracy = result["train"].get("eval_top1")
         if accuracy is not None:
             print(f"\neval top-1 {accuracy:.1%} against 25.0% for chance (4 classes)", file=out)
+    atomic_write(args.out / "demo.json", (json.dumps(result, indent=1, default=str) + "\n").encode())
+    kept = ["e2e.png (the chart)"] if result["bench"] else []
+    kept += ["run/ (summary.json, trace.json for https://ui.perfetto.dev, checkpoints)", "demo.json"]
+    kept += ["data/ (the generated datasets)"] if args.keep_data else []
+    print(f"\nresults in {args.out}: {', '.join(kept)}", file=out)
     emit(args, result)
     return 0

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stallfree.commands.output import add_json_arguments, emit, human
+from stallfree.commands.output import add_json_arguments, add_progress_argument, emit, human
 
 __all__ = ["register"]
 
@@ -99,7 +99,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "removed once the manifest is uploaded)")
     _add_storage_options(parser)
     add_json_arguments(parser)
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_progress_argument(parser, quiet=True)
     parser.set_defaults(func=_ingest)
 
     verify = sub.add_parser(
@@ -114,7 +114,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     verify.add_argument("out", help="an ingested folder (holding manifest.json), or its URL")
     verify.add_argument("--decode", action="store_true", help="also decode every image")
-    verify.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_progress_argument(verify, quiet=True)
     _add_storage_options(verify)
     add_json_arguments(verify)
     verify.set_defaults(func=_verify)
@@ -174,7 +174,7 @@ def _ingest(args: argparse.Namespace) -> int:
     extra = {"staging": args.staging, "storage_options": args.storage_options} if remote else {}
     try:
         summary = ingest(Path(src), out if remote else Path(out), options, workers=args.workers,
-                         part=parse_part(args.part), progress=not args.quiet and sys.stderr.isatty(), **extra)
+                         part=parse_part(args.part), progress=args.progress and sys.stderr.isatty(), **extra)
     except DiskFull as err:  # not a usage error (exit 2): the same command succeeds once there is room
         print(f"stallfree ingest: error: {err}", file=sys.stderr)
         return 1
@@ -210,7 +210,7 @@ def _verify(args: argparse.Namespace) -> int:
 
     out = args.out if is_url(args.out) else Path(args.out)
     problems = verify(out, decode=args.decode, storage_options=args.storage_options,
-                      progress=not args.quiet and sys.stderr.isatty())
+                      progress=args.progress and sys.stderr.isatty())
     for problem in problems:
         print(problem, file=human(args))
     print(f"{_shown(args.out)}: {'OK' if not problems else f'{len(problems)} problem(s)'}", file=sys.stderr)

@@ -2,7 +2,9 @@
 
 - without flags: the human text on stdout, progress on stderr;
 - ``--json``: the result as JSON alone on stdout (so ``| jq`` works), the human text and progress on stderr;
-- ``--json-file PATH``: the result also written to PATH (atomically), whichever of the above prints.
+- ``--json-file PATH``: the result also written to PATH (atomically), whichever of the above prints;
+- ``--no-progress``: no progress bars or progress lines on stderr, on every command (``--quiet`` too, where
+  ``ingest`` and ``verify`` named it so before).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-__all__ = ["add_json_arguments", "emit", "human"]
+__all__ = ["add_json_arguments", "add_progress_argument", "emit", "human"]
 
 
 def add_json_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,6 +23,13 @@ def add_json_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true",
                         help="print the result as JSON alone on stdout (the text and progress go to stderr)")
     parser.add_argument("--json-file", type=Path, metavar="PATH", help="also write the result as JSON to PATH")
+
+
+def add_progress_argument(parser: argparse.ArgumentParser, *, quiet: bool = False) -> None:
+    """Add ``--no-progress`` (``args.progress``, true by default); ``quiet`` keeps ``--quiet`` as its alias."""
+    names = ["--no-progress", "--quiet"] if quiet else ["--no-progress"]
+    parser.add_argument(*names, dest="progress", action="store_false",
+                        help="no progress bars or progress lines on stderr (the result still prints)")
 
 
 def human(args: argparse.Namespace) -> TextIO:

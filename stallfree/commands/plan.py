@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from stallfree.commands.output import add_progress_argument
+
 if TYPE_CHECKING:
     from stallfree.stage_runtime.plan.plan import PlanResult
 
@@ -96,6 +98,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="leave out the asynchronous schedules")
     p.add_argument("--out", type=Path, default=Path("stallfree-plan"), help="output folder (default ./stallfree-plan)")
     p.add_argument("--json", action="store_true", help="print plan.json alone on stdout (the table goes to stderr)")
+    add_progress_argument(p)
     p.set_defaults(func=run)
 
 
@@ -109,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
                   calibration=args.calibration, pilots=args.pilots or (), schedules=args.schedules,
                   microbatches=args.microbatches, virtual_stages=args.virtual_stages, device=args.device,
                   threads=args.threads, cores=args.cores, top=args.top, asynchronous=args.asynchronous,
-                  progress=lambda line: print(line, file=sys.stderr))
+                  progress=(lambda line: print(line, file=sys.stderr)) if args.progress else None)
     out = sys.stderr if args.json else sys.stdout
     _print(args, result, out)
     path, png = result.write(args.out)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from stallfree.commands.output import add_json_arguments, emit, human
+from stallfree.commands.output import add_json_arguments, add_progress_argument, emit, human
 
 __all__ = ["register"]
 
@@ -55,17 +55,28 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="run a what-if for real (default: the one it suggests first) and print its predicted "
                         "against its measured throughput")
     add_json_arguments(parser)
+    add_progress_argument(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Profile ``args.data``, write the three files, print the report; returns the exit code."""
+    from stallfree.commands.kernels import load_kernels
     from stallfree.stage_runtime.profile.dataset import profile_dataset
+    from stallfree.stage_runtime.profile.phases import MODEL_ALIASES
+    from stallfree.stage_runtime.train.devices import check_device
+    from stallfree.stage_runtime.train.models import resolve
 
+    # What fails in one line fails before the kernels compile (profile_dataset checks them again, for Python users).
+    check_device(args.device)
+    if args.accelerator is None:
+        resolve(MODEL_ALIASES.get(args.model, args.model))
+    load_kernels(args.progress)
     profiled = profile_dataset(args.data, model=args.model, batch_size=args.batch_size, image_size=args.image_size,
                                batches=args.batches, threads=args.threads, torch_threads=args.torch_threads,
                                device=args.device, compare=args.compare, max_side=args.max_side,
-                               storage_files=args.storage_files, verify=args.verify, accelerator=args.accelerator)
+                               storage_files=args.storage_files, verify=args.verify, accelerator=args.accelerator,
+                               progress=args.progress)
     written = profiled.save(args.out)
     out = human(args)
     print(profiled.table(), file=out)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stallfree.commands.output import add_json_arguments, emit, human
+from stallfree.commands.output import add_json_arguments, add_progress_argument, emit, human
 
 __all__ = ["register"]
 
@@ -96,9 +96,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
     p.add_argument("--timeout", dest="timeout_s", type=float, default=d["timeout_s"],
                    help="seconds a collective may wait before the job fails instead of hanging")
-    p.add_argument("--no-progress", dest="progress", action="store_false",
-                   help="no progress bars (the summary still prints)")
     add_json_arguments(p)
+    add_progress_argument(p)
     p.set_defaults(func=_train)
 
 
