@@ -148,7 +148,8 @@ def _measure(name: str, args: argparse.Namespace, cores: list[float] | None = No
     rates = []
     total = args.batches * (args.repeats + 1)
     with (contender_stream(name, args) as stream,
-          tqdm(total=total, desc=LABELS[name], unit="batch", file=sys.stderr, mininterval=1.0, leave=False) as bar):
+          tqdm(total=total, desc=LABELS[name], unit="batch", file=sys.stderr, mininterval=1.0, leave=False,
+               disable=not getattr(args, "progress", True)) as bar):
         for timed in [False] + [True] * args.repeats:
             start, cpu_start = time.perf_counter(), cpu_seconds()
             for _ in range(args.batches):
@@ -195,10 +196,10 @@ def shard_runs(args: argparse.Namespace, work: Path) -> list[tuple[str, str, Pat
     from stallfree.ingest.runner import ingest
     from stallfree.ingest.writer import IngestOptions
 
-    workers = len(os.sched_getaffinity(0))
+    workers, shown = len(os.sched_getaffinity(0)), getattr(args, "progress", True)
     shards, small = work / "shards", work / "shards-max-side-256"
-    ingest(args.data, shards, IngestOptions(shard_mb=64), workers=workers, progress=True)
-    ingest(args.data, small, IngestOptions(shard_mb=64, max_side=256), workers=workers, progress=True)
+    ingest(args.data, shards, IngestOptions(shard_mb=64), workers=workers, progress=shown)
+    ingest(args.data, small, IngestOptions(shard_mb=64, max_side=256), workers=workers, progress=shown)
     return [("stallfree, shards", "stallfree", shards), ("stallfree, shards --max-side 256", "stallfree", small)]
 
 
