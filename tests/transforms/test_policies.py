@@ -80,8 +80,64 @@ def test_torchvision_names_and_checks() -> None:
 def test_policies_refuse_float_images_when_the_graph_is_built() -> None:
     with pytest.raises(ValueError, match="needs a uint8 image; put it before Normalize"):
         TrivialAugmentWide().build(None, {}, GraphState("cpu", "float32"))
-    with pytest.raises(ValueError, match="fill must be one int"):
-        RandAugment(fill=(1, 2, 3)).build(None, {}, GraphState("cpu", "uint8"))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"fill must be a value in \[0, 255\] or one per channel \(3\), got \(1, 2\)"):
+        RandAugment(fill=(1, 2))
+
+
+def test_autoaugment_imagenet_warns_that_it_is_not_torchvisions_table() -> None:
+    with pytest.warns(UserWarning, match="not torchvision's AutoAugmentPolicy.IMAGENET"):
+        AutoAugment("imagenet")
+
+
+def test_per_channel_fill_fills_each_channel() -> None:
+    import nvidia.dali.fn as fn
+    import nvidia.dali.types as types
+    from nvidia.dali import pipeline_def
+    from nvidia.dali.auto_aug import augmentations
+
+    from stallfree.transforms.policies import _channel_fill
+
+    rotate, invert = _channel_fill([augmentations.rotate, augmentations.invert])
+    assert invert is augmentations.invert  # what does not warp keeps DALI's augmentation
+
+    @pipeline_def(batch_size=2, num_threads=1, device_id=None)
+    def pipe() -> Any:
+        image = fn.external_source(name="images", dtype=types.UINT8, layout="HWC")
+        return rotate(image, magnitude_bin=30, num_magnitude_bins=31, fill_value=(124, 116, 104),
+                      interp_type=types.INTERP_NN)
+
+    p = pipe()
+    p.build()
+    p.feed_input("images", [np.full((20, 20, 3), 7, np.uint8), np.full((15, 15, 3), 250, np.uint8)])
+    (out,) = p.run()
+    for i, value in enumerate((7, 250)):
+        pixels = np.array(out[i]).reshape(-1, 3)
+        assert pixels[0].tolist() == [124, 116, 104]  # a square's corner rotated by 30 degrees leaves it
+        assert {tuple(v) for v in pixels.tolist()} == {(124, 116, 104), (value,) * 3}
+
+
+def test_policies_with_a_per_channel_fill_run_in_the_graph() -> None:
+    import nvidia.dali.fn as fn
+    import nvidia.dali.types as types
+    from nvidia.dali import pipeline_def
+
+    fill = (124, 116, 104)
+    steps = [RandAugment(num_ops=2, magnitude=30, fill=fill, seed=2), CenterCrop(16)]
+    compiled = CompiledTransforms(steps, dtype="uint8", layout="NHWC")
+
+    @pipeline_def(batch_size=8, num_threads=1, device_id=None, exec_dynamic=True, enable_conditionals=True, seed=4)
+    def pipe() -> Any:
+        source = fn.external_source(name="images", dtype=types.UINT8, layout="HWC")
+        anchor = fn.external_source(name="1.anchor", dtype=types.INT32)
+        return compiled.build(source, {"1.anchor": anchor}, device="cpu", encoded=False)
+
+    p = pipe()
+    p.build()
+    p.feed_input("images", [np.full((16, 16, 3), 200, np.uint8)] * 8)
+    p.feed_input("1.anchor", compiled.draw(batch_random(0, 0, range(8)), [(16, 16)] * 8)["1.anchor"])
+    (out,) = p.run()
+    filled = [bool((np.array(out[i]).reshape(-1, 3) == fill).all(1).any()) for i in range(8)]
+    assert any(filled)  # the warps among the drawn operations fill with (124, 116, 104)
 
 
 def test_policies_run_inside_the_loader(image_folder) -> None:
