@@ -124,11 +124,7 @@ class CompiledTransforms:
     def _output_size(self) -> Size:
         size: Size | None = None
         for step in self.steps:
-            fixed = step.fixed_size()
-            if fixed is not None:
-                size = fixed
-            elif step.changes_size:
-                size = None
+            size = step.size_after(size)
         if size is None:
             raise ValueError(
                 "the transforms must give every sample the same size so that they batch; end with CenterCrop(...) "

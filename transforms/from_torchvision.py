@@ -31,6 +31,7 @@ from stallfree.transforms.bundled import RandomErasing, RandomGrayscale
 from stallfree.transforms.color import ColorJitter
 from stallfree.transforms.compile import Dtype
 from stallfree.transforms.compose import Compose
+from stallfree.transforms.containers import RandomApply, RandomChoice
 from stallfree.transforms.geometry import Pad, RandomCrop
 from stallfree.transforms.grayscale import Grayscale
 from stallfree.transforms.photometric import TRANSLATORS as _PHOTOMETRIC
@@ -180,22 +181,47 @@ class _Translation:
 
     def run(self, flat: list[tuple[str, Any]]) -> Spec:
         for where, obj in flat:
-            if isinstance(obj, spec.Transform):
-                self._emit(obj, where)
-                continue
-            name = type(obj).__name__
-            handler = _HANDLERS.get(name)
-            if handler is not None:
-                handler(self, where, obj)
-            elif name in _PHOTOMETRIC:
-                self._emit(_PHOTOMETRIC[name](where, obj), where)
-            else:
-                raise _refuse(where, obj, f"torchvision's {name} has no stallfree counterpart yet")
+            self._step(where, obj)
         if self.pixels == "float255":
             self.steps.append(spec.Normalize((0.0,), (1 / 255,)))  # x / 255 / (1 / 255): the 0-255 floats themselves
         elif self.pixels == "uint8" and self.tensor:
             self.dtype = "uint8"
         return Spec(tuple(self.steps), self.dtype)
+
+    def _step(self, where: str, obj: Any) -> None:
+        if isinstance(obj, spec.Transform):
+            self._emit(obj, where)
+            return
+        name = type(obj).__name__
+        handler = _HANDLERS.get(name)
+        if handler is not None:
+            handler(self, where, obj)
+        elif name in _PHOTOMETRIC:
+            self._emit(_PHOTOMETRIC[name](where, obj), where)
+        else:
+            raise _refuse(where, obj, f"torchvision's {name} has no stallfree counterpart yet")
+
+    def _inner(self, where: str, t: Any) -> tuple[spec.Transform, ...]:
+        """The steps inside a container (``RandomApply``, ``RandomChoice``), on the pixels the pipeline holds here.
+
+        A pending float conversion is made before the container (both branches see the same floats); a type
+        conversion inside one is refused, since the branches would give different types.
+        """
+        if self.pixels in ("float01", "float255"):
+            scale = 1.0 if self.pixels == "float01" else 1 / 255
+            self.steps.append(spec.Normalize((0.0,), (scale,)))
+            self.pixels = "float"
+        inner = _Translation()
+        inner.pixels, inner.tensor = self.pixels, self.tensor
+        flat: list[tuple[str, Any]] = []
+        for i, step in enumerate(t.transforms):
+            _flatten(f"{where}.transforms[{i}]", step, flat)
+        for inner_where, obj in flat:
+            inner._step(inner_where, obj)
+        if inner.pixels != self.pixels or inner.dtype is not None:
+            raise ValueError(f"{where}: {type(t).__name__} with a type conversion (ToTensor, ToDtype, Normalize) "
+                             "inside is not reproduced; put the conversion before or after it")
+        return tuple(inner.steps)
 
     def _emit(self, step: spec.Transform, where: str) -> None:
         if isinstance(step, spec.Normalize):
@@ -301,6 +327,13 @@ class _Translation:
             value = value[0] if len(value) == 1 else tuple(value)  # v2 keeps value=0 as [0.0]
         self._emit(RandomErasing(float(t.p), tuple(t.scale), tuple(t.ratio), value), where)
 
+    def random_apply(self, where: str, t: Any) -> None:
+        self._emit(RandomApply(self._inner(where, t), float(t.p)), where)
+
+    def random_choice(self, where: str, t: Any) -> None:
+        weights = None if t.p is None else tuple(float(w) for w in t.p)
+        self._emit(RandomChoice(self._inner(where, t), weights), where)
+
     # --- policies -------------------------------------------------------------------------------------------------
 
     def auto_augment(self, where: str, t: Any) -> None:
@@ -331,6 +364,8 @@ _HANDLERS: dict[str, Callable[[_Translation, str, Any], None]] = {
     "Resize": _Translation.resize,
     "CenterCrop": _Translation.center_crop,
     "Pad": _Translation.pad,
+    "RandomApply": _Translation.random_apply,
+    "RandomChoice": _Translation.random_choice,
     "RandomCrop": _Translation.random_crop,
     "RandomHorizontalFlip": _Translation.hflip,
     "RandomVerticalFlip": _Translation.vflip,

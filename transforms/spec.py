@@ -170,6 +170,13 @@ class Transform:
         """The output ``(height, width)`` if this step makes every sample the same size, else ``None``."""
         return None
 
+    def size_after(self, size: Size | None) -> Size | None:
+        """The size every sample has after this step, given the size every sample has before (``None``: it varies)."""
+        fixed = self.fixed_size()
+        if fixed is not None:
+            return fixed
+        return None if self.changes_size else size
+
     def is_identity(self) -> bool:
         """Whether the step leaves every image as it is, whatever it draws (``p=0``, a ``ColorJitter()``).
 
