@@ -15,7 +15,7 @@ from stallfree.transforms.bundled import (
     RandomSolarize,
     Solarize,
 )
-from stallfree.transforms.color import ColorJitter
+from stallfree.transforms.color import ColorJitter, RandomPhotometricDistort
 from stallfree.transforms.compose import Compose
 from stallfree.transforms.grayscale import Grayscale
 from stallfree.transforms.kernels import Kernel, KernelError, KernelTransform, kernel, normal_at, uniform_at
@@ -61,6 +61,7 @@ __all__ = [
     "RandomGrayscale",
     "RandomHorizontalFlip",
     "RandomInvert",
+    "RandomPhotometricDistort",
     "RandomPosterize",
     "RandomResizedCrop",
     "RandomSolarize",

@@ -30,17 +30,22 @@ from numba import float64
 from nvidia.dali.pipeline import do_not_convert
 
 from stallfree.transforms.color_kernels import (
+    BRIGHTNESS,
+    CONTRAST,
+    HUE,
+    SATURATION,
     apply_steps,
     contrast_at,
     gray,
     jitter,
 )
+from stallfree.transforms.kernels import kernel
 from stallfree.transforms.numba_cpu import compile_cpu
 from stallfree.transforms.numba_dali import numba_node
 from stallfree.transforms.random import SampleRandom
 from stallfree.transforms.spec import GraphState, Size, Transform
 
-__all__ = ["ColorJitter", "jitter_cuda_function", "jitter_function"]
+__all__ = ["ColorJitter", "RandomPhotometricDistort", "jitter_cuda_function", "jitter_function", "jitter_node"]
 
 cuda: Any = _numba_cuda  # a module global, so that the CUDA simulator can stand in for it
 GPU_THREADS = 256  # one block per sample; the reduction's shared array has this many slots
@@ -118,6 +123,24 @@ def jitter_cuda_function(integral: bool) -> Any:
     return run
 
 
+@do_not_convert
+def jitter_node(image: Any, order: Any, factors: Any, state: GraphState) -> Any:
+    """The ColorJitter kernel as a DALI node: the steps ``order`` (ids, -1 for none) with ``factors`` (b, c, s, h)."""
+    integral = state.dtype == "uint8"
+    image_dtype = np.uint8 if integral else np.float32
+    if state.device == "gpu":
+        return numba_node(
+            jitter_cuda_function(integral), image, [order, factors], image_dtype=image_dtype,
+            param_dtypes=[np.int32, np.float64], device="gpu", blocks=(1, 1, 1), threads_per_block=(GPU_THREADS, 1, 1),
+        )
+    from stallfree.transforms.numba_abi import JITTER_ENTRIES  # cached on disk: no compile per process
+
+    return numba_node(
+        jitter_function(integral), image, [order, factors], image_dtype=image_dtype,
+        param_dtypes=[np.int32, np.float64], device="cpu", entries=JITTER_ENTRIES[integral],
+    )
+
+
 _COMPILED: dict[bool, Any] = {}
 
 
@@ -181,23 +204,7 @@ class ColorJitter(Transform):
     def build(self, image: Any, params: Mapping[str, Any], state: GraphState) -> tuple[Any, GraphState]:
         if self.is_identity():  # the compiler leaves it out; kept for a direct call
             return image, state
-        integral = state.dtype == "uint8"
-        image_dtype = np.uint8 if integral else np.float32
-        if state.device == "gpu":
-            node = numba_node(
-                jitter_cuda_function(integral), image, [params["order"], params["factors"]],
-                image_dtype=image_dtype, param_dtypes=[np.int32, np.float64], device="gpu",
-                blocks=(1, 1, 1), threads_per_block=(GPU_THREADS, 1, 1),
-            )
-        else:
-            from stallfree.transforms.numba_abi import JITTER_ENTRIES  # cached on disk: no compile per process
-
-            node = numba_node(
-                jitter_function(integral), image, [params["order"], params["factors"]],
-                image_dtype=image_dtype, param_dtypes=[np.int32, np.float64], device="cpu",
-                entries=JITTER_ENTRIES[integral],
-            )
-        return node, state
+        return jitter_node(image, params["order"], params["factors"], state), state
 
     def apply(self, image: np.ndarray, order: np.ndarray, factors: np.ndarray) -> np.ndarray:
         """Run the CPU kernel outside DALI on one HWC image with explicit parameters (as :meth:`draw` makes them)."""
@@ -207,3 +214,76 @@ class ColorJitter(Transform):
         out = np.empty_like(image)
         _compiled(image.dtype == np.uint8)(out, image, np.asarray(order, np.int32), np.asarray(factors, np.float64))
         return out
+
+
+@kernel(name="RandomPhotometricDistort.permute")
+def _permute(out: Any, image: Any, y: int, x: int, perm: Any) -> None:
+    for c in range(image.shape[2]):  # perm: (apply, then the source channel of each output channel)
+        out[y, x, c] = image[y, x, perm[1 + c]] if perm[0] != 0 else image[y, x, c]
+
+
+def _pair(name: str, arg: str, value: Sequence[float], bound: tuple[float, float]) -> tuple[float, float]:
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise TypeError(f"{name}: {arg} should be a (min, max) pair, got {value!r}")
+    lo, hi = float(value[0]), float(value[1])
+    if not bound[0] <= lo <= hi <= bound[1]:
+        raise ValueError(f"{name}: {arg} values should be between {bound}, but got {[lo, hi]}")
+    return lo, hi
+
+
+@dataclass(frozen=True)
+class RandomPhotometricDistort(Transform):
+    """SSD's photometric distortion (torchvision v2's ``RandomPhotometricDistort``), on RGB images.
+
+    Each of brightness, contrast, saturation and hue is applied with probability ``p``, its factor uniform in its
+    range; contrast comes first or last (even odds); then, with probability ``p``, the channels are permuted at
+    random. The four adjustments are :class:`ColorJitter`'s kernel (torchvision's v1 arithmetic, which v2 computes
+    with fused multiply-adds: values differ by a level at times), the permutation a kernel of its own.
+    """
+
+    brightness: Sequence[float] = (0.875, 1.125)
+    contrast: Sequence[float] = (0.5, 1.5)
+    saturation: Sequence[float] = (0.5, 1.5)
+    hue: Sequence[float] = (-0.05, 0.05)
+    p: float = 0.5
+    params = {"order": np.int32, "factors": np.float64, "perm": np.int32}  # perm: (apply, 3 source channels)
+
+    def __post_init__(self) -> None:
+        self.ranges()
+        if not 0.0 <= self.p <= 1.0:
+            raise ValueError(f"RandomPhotometricDistort: p must be in [0, 1], got {self.p}")
+
+    def ranges(self) -> tuple[tuple[float, float], ...]:
+        """The checked ``(min, max)`` of brightness, contrast, saturation and hue."""
+        name, positive = "RandomPhotometricDistort", (0.0, math.inf)
+        return (_pair(name, "brightness", self.brightness, positive), _pair(name, "contrast", self.contrast, positive),
+                _pair(name, "saturation", self.saturation, positive), _pair(name, "hue", self.hue, (-0.5, 0.5)))
+
+    def is_identity(self) -> bool:
+        return self.p == 0
+
+    def draw(self, rng: SampleRandom, size: Size) -> tuple[dict[str, Any], Size]:
+        # torchvision's make_params: per adjustment rand(1) < p then its factor, contrast_before, rand(1) < p, randperm
+        factors = [rng.uniform(lo, hi) if rng.random() < self.p else None for lo, hi in self.ranges()]
+        contrast_before = rng.random() < 0.5
+        perm = [1, *rng.permutation(3)] if rng.random() < self.p else [0, 0, 1, 2]
+        steps = [BRIGHTNESS, CONTRAST, SATURATION, HUE] if contrast_before else [BRIGHTNESS, SATURATION, HUE, CONTRAST]
+        order = [k if factors[k] is not None else -1 for k in steps]
+        values = [0.0 if f is None else f for f in factors]
+        params = {"order": np.array(order, np.int32), "factors": np.array(values, np.float64),
+                  "perm": np.array(perm, np.int32)}
+        return params, size
+
+    def prepare(self, state: GraphState) -> None:
+        ColorJitter(brightness=1.0).prepare(state)
+        _permute.compile(np.dtype(state.dtype).type, [np.int32])
+
+    @do_not_convert
+    def build(self, image: Any, params: Mapping[str, Any], state: GraphState) -> tuple[Any, GraphState]:
+        jittered = jitter_node(image, params["order"], params["factors"], state)
+        return _permute.node(jittered, [params["perm"]], [np.int32], state), state
+
+    def apply(self, image: np.ndarray, params: Mapping[str, Any]) -> np.ndarray:
+        """Run the step's CPU kernels outside DALI on one HWC RGB image, with parameters as :meth:`draw` makes them."""
+        jittered = ColorJitter(brightness=1.0).apply(image, params["order"], params["factors"])
+        return _permute(jittered, np.asarray(params["perm"], np.int32))

@@ -30,6 +30,7 @@ from nvidia.dali.pipeline import do_not_convert
 
 from stallfree.transforms import spec
 from stallfree.transforms.bundled import RandomPosterize, RandomSolarize
+from stallfree.transforms.color import RandomPhotometricDistort
 from stallfree.transforms.kernels import Kernel, KernelTransform, kernel
 from stallfree.transforms.random import SampleRandom
 from stallfree.transforms.spec import GraphState, Size
@@ -471,6 +472,8 @@ TRANSLATORS: dict[str, Callable[[str, Any], spec.Transform]] = {
     "RandomAutocontrast": lambda where, t: RandomAutocontrast(float(t.p), _api(t)),
     "RandomEqualize": lambda where, t: RandomEqualize(float(t.p)),
     "RandomAdjustSharpness": lambda where, t: RandomAdjustSharpness(float(t.sharpness_factor), float(t.p), _api(t)),
+    "RandomPhotometricDistort": lambda where, t: RandomPhotometricDistort(
+        tuple(t.brightness), tuple(t.contrast), tuple(t.saturation), tuple(t.hue), float(t.p)),
     "GaussianBlur": lambda where, t: GaussianBlur(tuple(int(k) for k in t.kernel_size),
                                                   tuple(float(s) for s in t.sigma)),
 }
