@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from stallfree.ingest.folders import image_folder_classes, outside_root, scan_image_folder
+from stallfree.ingest.hf_parquet import EMBED_HINT, check_class_labels, hf_columns
 from stallfree.ingest.labels import class_numbers, label_column
 from stallfree.ingest.tars import compressed, label_bytes, members, samples, too_large
 
@@ -78,16 +79,16 @@ def _folder(root: Path, part: tuple[int, int]) -> Plan:
     return plan
 
 
-def _image_column(table: Any) -> str | None:
-    """The column holding image bytes: an ``image`` struct with ``bytes``, or a binary column."""
+def _image_column(schema: Any) -> str | None:
+    """The column holding image bytes: a struct with ``bytes`` (``{bytes, path}``), or a binary column."""
     import pyarrow as pa
 
-    for name in table.schema.names:
-        kind = table.schema.field(name).type
+    for name in schema.names:
+        kind = schema.field(name).type
         if pa.types.is_struct(kind) and kind.get_field_index("bytes") >= 0:
             return name
-    binary = [n for n in table.schema.names if pa.types.is_binary(table.schema.field(n).type)
-              or pa.types.is_large_binary(table.schema.field(n).type)]
+    binary = [n for n in schema.names if pa.types.is_binary(schema.field(n).type)
+              or pa.types.is_large_binary(schema.field(n).type)]
     for preferred in ("image", "bytes", "jpg", "png"):
         if preferred in binary:
             return preferred
@@ -112,13 +113,14 @@ def _extras(table: Any, skip: set[str]) -> tuple[list[tuple[str, str]], list[tup
 
 
 def _table_source(path: Path, part: tuple[int, int]) -> Plan:
-    import pyarrow as pa
-
     if path.suffix.lower() == ".parquet":
         import pyarrow.parquet as pq
 
         schema = pq.read_schema(path)
-        image_column = _image_column(pa.table({n: pa.array([], schema.field(n).type) for n in schema.names}))
+        hf = hf_columns(schema, f"Parquet {path}")
+        if hf is not None:
+            return _bytes_table(path, hf.image, part, hf.label, hf.classes)
+        image_column = _image_column(schema)
         if image_column is not None:
             return _bytes_table(path, image_column, part)
     table = _table(path)
@@ -139,57 +141,98 @@ def _table_source(path: Path, part: tuple[int, int]) -> Plan:
         if problem is not None:
             plan.rejected.append({"path": key, "reason": problem})
             continue
-        file = os.path.join(root, os.path.normpath(key))  # strings, not a Path per row: a list may hold millions
-        try:
-            found = os.stat(file)
-        except (FileNotFoundError, NotADirectoryError):
-            found = None
-        except OSError as err:
-            plan.rejected.append({"path": key, "reason": f"unreadable: {err.strerror or err}"})
-            continue
-        if found is None or not stat.S_ISREG(found.st_mode):
-            plan.rejected.append({"path": key, "reason": "missing file"})
+        file, size = _regular_file(root, key)
+        if isinstance(size, str):
+            plan.rejected.append({"path": key, "reason": size})
         else:
-            plan.items.append(Item(key, label, ("file", file), found.st_size, extra))
+            plan.items.append(Item(key, label, ("file", file), size, extra))
     return plan
 
 
-def _bytes_table(path: Path, image_column: str, part: tuple[int, int]) -> Plan:
-    """A Parquet file of image bytes, listed one row group at a time (its images never all sit in memory).
+def _regular_file(root: str, key: str) -> tuple[str, int | str]:
+    """The file ``key`` names under ``root`` (checked by :func:`outside_root`), and its size or why it is refused."""
+    file = os.path.join(root, os.path.normpath(key))  # strings, not a Path per row: a list may hold millions
+    try:
+        found = os.stat(file)
+    except (FileNotFoundError, NotADirectoryError):
+        return file, "missing file"
+    except OSError as err:
+        return file, f"unreadable: {err.strerror or err}"
+    return file, found.st_size if stat.S_ISREG(found.st_mode) else "missing file"
+
+
+def _bytes_table(path: Path, image_column: str, part: tuple[int, int], label: str = "label",
+                 classes: list[str] | None = None) -> Plan:
+    """A Parquet file of images, listed one row group at a time (its images never all sit in memory).
 
     Its units are row groups: the image sizes come from reading the images, so a part reads only its own groups'.
+    A ``{bytes, path}`` cell (a Hugging Face ``Image``) gives its bytes, else the file its path names under the
+    Parquet file's folder (:func:`~stallfree.ingest.folders.outside_root`'s rule). ``classes``: the label column's
+    class names (a ``ClassLabel``'s), else its numbers or names decide them.
     """
-    import pyarrow as pa
-    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     parquet = pq.ParquetFile(path)
     others = [n for n in parquet.schema_arrow.names if n != image_column]
-    if "label" not in others:
-        raise ValueError(f"Parquet {path} holds images in {image_column!r} but has no 'label' column")
+    if label not in others:
+        raise ValueError(f"Parquet {path} holds images in {image_column!r} but has no {label!r} column")
     table = parquet.read(columns=others)
-    labels, classes = label_column(table.column("label"), f"Parquet {path}")
+    where = f"Parquet {path}"
+    if classes is None:
+        labels, classes = label_column(table.column(label), where)
+    else:
+        labels = check_class_labels(table.column(label).combine_chunks(), classes, where, label)
     groups = part_units(parquet.num_row_groups, part)
     first = sum(parquet.metadata.row_group(g).num_rows for g in range(groups.start))
     table = table.slice(first, sum(parquet.metadata.row_group(g).num_rows for g in groups))
-    names: list[Any] = []
-    sizes: list[int] = []
-    for batch in parquet.iter_batches(columns=[image_column], batch_size=4096, row_groups=list(groups)):
-        column = batch.column(0)
-        if pa.types.is_struct(column.type):
-            fields = [column.type.field(i).name for i in range(column.type.num_fields)]
-            names.extend(pc.struct_field(column, "path").to_pylist() if "path" in fields else [None] * len(column))
-            column = pc.struct_field(column, "bytes")
-        else:
-            names.extend([None] * len(column))
-        sizes.extend(pc.fill_null(pc.binary_length(column), 0).to_pylist())
-    kinds, extras = _extras(table, {"label"})
+    names, sizes = _cells(parquet, image_column, list(groups))
+    kinds, extras = _extras(table, {label})
     plan = Plan("parquet_bytes", str(path.resolve()), classes, extra_columns=kinds, units=parquet.num_row_groups)
     mine = labels[first:first + table.num_rows].tolist()
-    for row, (name, label, size, extra) in enumerate(zip(names, mine, sizes, extras, strict=True), start=first):
+    # the rows without bytes read their path: checked all at once, as a file list's are
+    problems = iter(outside_root(path.parent, [name for name, size in zip(names, sizes, strict=True)
+                                               if size is None and name]))
+    located = str(path.resolve())
+    for row, (name, label_value, size, extra) in enumerate(zip(names, mine, sizes, extras, strict=True), start=first):
         key = f"{path.name}:{row}" if name is None else f"{path.name}:{row}:{name}"
-        plan.items.append(Item(key, label, ("parquet", str(path.resolve()), row, image_column), int(size), extra))
+        if size is not None:
+            plan.items.append(Item(key, label_value, ("parquet", located, row, image_column), size, extra))
+            continue
+        if not name:
+            why = f"row {row}: its {image_column!r} cell holds neither image bytes nor a path"
+            plan.rejected.append({"path": key, "reason": why})
+            continue
+        problem = next(problems)
+        file, found = (None, problem) if problem is not None else _regular_file(os.fspath(path.parent), name)
+        if isinstance(found, str):
+            hint = (f"; give paths relative to the Parquet file's folder, or {EMBED_HINT}"
+                    if problem is not None and os.path.isabs(name) else "")
+            why = (f"row {row}: no image bytes, and its path {name!r} (read under the Parquet file's folder) is "
+                   f"refused: {found}{hint}")
+            plan.rejected.append({"path": key, "reason": why})
+        else:
+            plan.items.append(Item(key, label_value, ("file", file), found, extra))
     return plan
+
+
+def _cells(parquet: Any, image_column: str, groups: list[int]) -> tuple[list[str | None], list[int | None]]:
+    """Each row's image path (a ``{bytes, path}`` struct's, else ``None``) and its bytes' size (``None``: null)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    names: list[str | None] = []
+    sizes: list[int | None] = []
+    for batch in parquet.iter_batches(columns=[image_column], batch_size=4096, row_groups=groups):
+        column = batch.column(0)
+        if pa.types.is_struct(column.type):
+            has_path = column.type.get_field_index("path") >= 0
+            names.extend(pc.struct_field(column, "path").to_pylist() if has_path else [None] * len(column))
+            # a null struct is a null cell: its fields' values do not count
+            column = pc.if_else(pc.is_valid(column), pc.struct_field(column, "bytes"), None)
+        else:
+            names.extend([None] * len(column))
+        sizes.extend(pc.binary_length(column).to_pylist())
+    return names, sizes
 
 
 def _tars(source: Path, part: tuple[int, int]) -> tuple[list[Path], int]:
