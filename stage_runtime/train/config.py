@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from stallfree.stage_runtime.accelerator import SimAccelerator, parse_accelerator
+from stallfree.stage_runtime.train.optim import LR_SCHEDULES, OPTIMIZERS, LrSchedule, Optimizer
 from stallfree.stage_runtime.train.schedules import ScheduleSpec, schedule_spec
 
 __all__ = ["BUNDLED_MODELS", "VERIFY_MODES", "TrainConfig", "Verify", "stage_threads"]
@@ -53,9 +54,15 @@ class TrainConfig:
     batch_size: int = 32  # per replica and step, split into `microbatches`
     epochs: int = 1
     max_steps: int | None = None  # stop after this many steps in all
-    lr: float = 0.01
-    momentum: float = 0.9
+    # the training augmentation: a torchvision-style spec ("RandomResizedCrop(32), RandomHorizontalFlip()") or
+    # package.module:factory (stallfree.stage_runtime.train.augment); None: augment.DEFAULT at image_size
+    transform: str | None = None
+    optimizer: Optimizer = "sgd"  # or "adamw" (torch's betas and eps)
+    lr: float = 0.01  # the peak rate, after any warm-up
+    momentum: float = 0.9  # SGD only
     weight_decay: float = 0.0
+    lr_schedule: LrSchedule = "constant"  # or "cosine": from lr after the warm-up towards 0 at the last step
+    warmup_steps: int = 0  # steps of linear warm-up to lr (stallfree.stage_runtime.train.optim)
     seed: int = 0
     device: str = "cpu"  # "cuda" gives rank r the GPU LOCAL_RANK and NCCL
     threads: int | None = None  # torch threads per process (default: cores / processes)
@@ -83,12 +90,30 @@ class TrainConfig:
             raise ValueError(f"feed must be 'stallfree' or 'torch', got {self.feed!r}")
         if self.verify not in VERIFY_MODES:
             raise ValueError(f"verify must be one of {VERIFY_MODES}, got {self.verify!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        for name in ("weight_decay", "momentum", "warmup_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.transform is not None and (self.data is None or self.feed == "torch"):
+            what = "--synthetic generates tensors" if self.data is None else "--feed torch uses the baseline's own"
+            raise ValueError(f"transform applies to the Loader's images of a dataset, but {what}: drop --transform "
+                             "or give a dataset fed by stallfree")
         # the one place the string is parsed: the CLI, a Python user and a summary's JSON form all enter here
         object.__setattr__(self, "accelerator", parse_accelerator(self.accelerator))
 
     def to_json(self) -> dict[str, Any]:
         """The fields as JSON values (``accelerator`` as its ``sim:R`` string); ``TrainConfig(**it)`` rebuilds it."""
         return {**asdict(self), "accelerator": None if self.accelerator is None else str(self.accelerator)}
+
+    def total_steps(self, steps_per_epoch: int) -> int:
+        """Optimizer steps the run takes: every epoch's, or ``max_steps`` if fewer."""
+        every = self.epochs * steps_per_epoch
+        return every if self.max_steps is None else min(self.max_steps, every)
 
     @property
     def spec(self) -> ScheduleSpec:

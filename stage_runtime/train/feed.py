@@ -176,13 +176,16 @@ def _next_epoch(epoch: int, position: int, loaded: bool, new: int) -> tuple[int,
 
 def make_feed(data: str | None, *, train: bool, batch_size: int, image_size: int, num_classes: int, seed: int,
               replica: int, replicas: int, samples: int, device: str, clock: Any = None,
-              kind: str = "stallfree", workers: int | None = None, verify: Verify = "first-use") -> Any:
+              kind: str = "stallfree", workers: int | None = None, verify: Verify = "first-use",
+              transform: str | None = None) -> Any:
     """The training (``train=True``) or evaluation feed of one pipeline replica.
 
     ``data`` is an ImageFolder tree, a file list or an ingested shard folder read by the Loader (``kind`` is
     ``"stallfree"``) or by torch's DataLoader (``"torch"``, ImageFolder only, ``workers`` processes); ``None``
     generates :class:`TensorBatches` (``samples`` of them; evaluation draws another split: a held-out set).
     ``verify`` is the Loader's: when a shard's SHA-256 is checked (``"first-use"``, ``"open"`` or ``"none"``).
+    ``transform`` is ``--transform`` for the training feed (:func:`.augment.training_transform`; ``None``: the
+    baseline's augmentation); evaluation always resizes and centre-crops.
     """
     if data is not None and kind == "torch":
         return TorchFeed(data, batch_size, image_size, train=train, seed=seed, replica=replica, replicas=replicas,
@@ -195,14 +198,13 @@ def make_feed(data: str | None, *, train: bool, batch_size: int, image_size: int
                              shuffle=train, split=0 if train else 1)
     from stallfree.pipeline.loader import Loader
     from stallfree.stage_runtime.baseline import MEAN, STD
-    from stallfree.transforms import CenterCrop, Normalize, RandomHorizontalFlip, RandomResizedCrop, Resize
+    from stallfree.stage_runtime.train.augment import training_transform
+    from stallfree.transforms import CenterCrop, Normalize, Resize
 
-    # the baseline's augmentation, so that a run fed by torch's DataLoader does the same work per image
-    if train:
-        transform = [RandomResizedCrop(image_size), RandomHorizontalFlip(), Normalize(MEAN, STD)]
-    else:
-        transform = [Resize(image_size * 256 // 224), CenterCrop(image_size), Normalize(MEAN, STD)]
-    return Loader(data, batch_size, transform=transform, shuffle=train, seed=seed, drop_last=train, rank=replica,
+    # by default the baseline's augmentation, so that a run fed by torch's DataLoader does the same work per image
+    steps = (training_transform(transform, image_size) if train else
+             [Resize(image_size * 256 // 224), CenterCrop(image_size), Normalize(MEAN, STD)])
+    return Loader(data, batch_size, transform=steps, shuffle=train, seed=seed, drop_last=train, rank=replica,
                   world_size=replicas, device=device, clock=clock, num_threads=workers,
                   verify=verify)
 

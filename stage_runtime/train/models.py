@@ -7,11 +7,12 @@ A pipeline stage is a contiguous run of these layers, so every layer takes one t
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 
 import torch
 from torch import nn
+
+from stallfree.stage_runtime.train.factories import import_factory
 
 __all__ = ["MODELS", "build_model", "mlp", "resnet18", "resnet50", "resnet_cifar", "resolve", "small_cnn", "vit_small"]
 
@@ -173,14 +174,7 @@ def resolve(name: str) -> Factory:
         return MODELS[name]
     if ":" not in name:
         raise ValueError(f"unknown model {name!r}: use one of {sorted(MODELS)} or 'package.module:factory'")
-    module_name, attr = name.split(":", 1)
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as err:
-        raise ValueError(f"--model {name!r}: cannot import {attr!r} from {module_name!r} ({err})") from err
-    if not callable(factory):
-        raise ValueError(f"--model {name!r}: {attr!r} is not callable")
-    return factory
+    return import_factory(name, "--model")
 
 
 def build_model(name: str, num_classes: int, image_size: int, **kwargs: object) -> nn.Sequential:

@@ -23,6 +23,7 @@ from stallfree.stage_runtime.clock import StageClock
 from stallfree.stage_runtime.train import checkpoint as ckpt
 from stallfree.stage_runtime.train.feed import make_feed, unpadded_samples
 from stallfree.stage_runtime.train.models import build_model
+from stallfree.stage_runtime.train.optim import build_optimizer, build_scheduler
 from stallfree.stage_runtime.train.partition import LayerCost, plan
 from stallfree.stage_runtime.train.schedules import build_schedule
 from stallfree.stage_runtime.train.stage import SimulatedCompute, TimedStage, chain_forward
@@ -87,7 +88,7 @@ class Rank:
                 "replicas": c.dp, "samples": c.samples, "device": str(self.device),
                 "num_classes": c.num_classes or 10, "kind": c.feed, "workers": c.loader_threads, "verify": c.verify,
             }
-            self.feed = make_feed(c.data, train=True, clock=self.clock, **common)
+            self.feed = make_feed(c.data, train=True, clock=self.clock, transform=c.transform, **common)
             if c.eval_data is not None or c.data is None:
                 self.eval_feed = make_feed(c.eval_data, train=False, **common)
             info[0] = len(self.feed)
@@ -139,9 +140,11 @@ class Rank:
                        for s, m in self.modules.items()]
         self.schedule = build_schedule(c.schedule, self.stages, c.microbatches, nn.functional.cross_entropy)
         self.params = [p for m in self.modules.values() for p in m.parameters()]
-        # A rank whose stages hold no parameters (a Flatten alone) has nothing to step; SGD refuses an empty list.
-        self.optimizer = (torch.optim.SGD(self.params, lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay)
-                          if self.params else None)
+        # A rank whose stages hold no parameters (a Flatten alone) has nothing to step; torch refuses an empty list.
+        self.optimizer = (build_optimizer(self.params, c.optimizer, lr=c.lr, momentum=c.momentum,
+                                          weight_decay=c.weight_decay) if self.params else None)
+        self.scheduler = (build_scheduler(self.optimizer, total=c.total_steps(self.steps_per_epoch),
+                                          warmup=c.warmup_steps, schedule=c.lr_schedule) if self.optimizer else None)
 
     @property
     def first(self) -> bool:
@@ -184,6 +187,7 @@ class Rank:
         c = self.config
         state = {"modules": {str(s): m.state_dict() for s, m in self.modules.items()},
                  "optimizer": self.optimizer.state_dict() if self.optimizer else {}, "torch_rng": torch.get_rng_state(),
+                 "scheduler": self.scheduler.state_dict() if self.scheduler else {},
                  "feed": json.dumps(self.feed.state_dict()) if self.feed is not None else ""}
         if self.device.type == "cuda":
             state["cuda_rng"] = torch.cuda.get_rng_state(self.device)
@@ -216,6 +220,8 @@ class Rank:
             m.load_state_dict(state["modules"][str(s)])
         if self.optimizer is not None:
             self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state.get("scheduler"):  # checkpoints before the schedule have none
+            self.scheduler.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["torch_rng"])
         if "cuda_rng" in state and self.device.type == "cuda":
             torch.cuda.set_rng_state(state["cuda_rng"], self.device)
@@ -259,6 +265,8 @@ class Rank:
         if self.optimizer is not None:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
+        if self.scheduler is not None:
+            self.scheduler.step()
         busy = sum(s.take_busy() for s in self.stages)
         loss = float(sum(x.item() for x in losses) / len(losses)) if losses else 0.0
         return loss, pipe_s, busy

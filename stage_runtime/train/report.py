@@ -51,8 +51,8 @@ class Report:
                              dynamic_ncols=True, leave=True)
 
     def step(self, step: int, epoch: int, loss: float, wait_s: float, pipe_s: float, busy_s: float,
-             images: int) -> None:
-        """Add one step: stage 0's input wait, the schedule's wall time, the ranks' summed busy time."""
+             images: int, lr: float | None = None) -> None:
+        """Add one step: stage 0's input wait, the schedule's wall time, the ranks' summed busy time, its rate."""
         # The first step of a run pays for warm-up (DataLoader workers starting, first sends, allocations); the
         # summary leaves it out when there are others, train.jsonl keeps it.
         figures = {"wait_s": wait_s, "compute_step_s": pipe_s, "step_s": wait_s + pipe_s, "busy_s": busy_s,
@@ -72,6 +72,8 @@ class Report:
             "step_s": round(step_s, 5),
             "compute_step_s": round(pipe_s, 5),  # the schedule's step alone, what the plan simulator predicts
         }
+        if lr is not None:
+            row["lr"] = lr
         if step % self.log_every == 0:
             self._file.write(json.dumps(row) + "\n")
             self._file.flush()

@@ -32,6 +32,7 @@ from stallfree.stage_runtime.train.config import TrainConfig, stage_threads
 from stallfree.stage_runtime.train.devices import check_device
 from stallfree.stage_runtime.train.launcher import PeerWatch, StageFailure, failure, free_port, launch, torchrun_env
 from stallfree.stage_runtime.train.models import build_model, resolve
+from stallfree.stage_runtime.train.optim import lr_factor
 from stallfree.stage_runtime.train.rank import Rank
 from stallfree.stage_runtime.train.report import Report
 
@@ -109,6 +110,8 @@ def check(config: TrainConfig) -> None:
                              "ingested shard folder") from None
         if len(reader) == 0:
             raise ValueError(f"{name} {data}: holds no images; give a dataset with at least one batch")
+    if config.transform is not None:
+        _check_transform(config)
     resolve(config.model)
     layers = len(build_model(config.model, config.num_classes or 10, config.image_size, **config.model_kwargs))
     stages = config.model_stages
@@ -123,6 +126,18 @@ def check(config: TrainConfig) -> None:
         if sum(config.balance) != layers or min(config.balance) < 1:
             raise ValueError(f"--balance {text} sums to {sum(config.balance)} but {config.model} has {layers} "
                              f"layers; give {stages} counts >= 1 that sum to {layers}, or leave --balance out")
+
+
+def _check_transform(config: TrainConfig) -> None:
+    """Build ``--transform`` and translate it as the Loader will, so that a bad one fails before any process."""
+    from stallfree.stage_runtime.train.augment import training_transform
+    from stallfree.transforms.from_torchvision import to_steps
+
+    transform = training_transform(config.transform, config.image_size)
+    try:
+        to_steps(transform)
+    except TypeError as err:
+        raise ValueError(f"--transform {config.transform!r}: {err}") from None
 
 
 def _stages_of(config: TrainConfig, rank: int) -> list[int]:
@@ -157,8 +172,7 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
     out = Path(c.out_dir)
     report = Report(out, c.stages, c.dp, c.progress and rank == 0, c.log_every,
                     resume_step=step if c.resume else None) if rank == 0 else None
-    total_steps = c.epochs * job.steps_per_epoch if c.max_steps is None else min(c.max_steps,
-                                                                                  c.epochs * job.steps_per_epoch)
+    total_steps = c.total_steps(job.steps_per_epoch)
     wall0, accuracy, epoch = time.perf_counter(), None, start_epoch
     for epoch in range(start_epoch, c.epochs):
         if step >= total_steps:
@@ -178,6 +192,7 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
             wait = time.perf_counter() - t0
             if job.feed is not None and not hasattr(job.feed, "clock"):
                 job.clock.record("input", "waiting", t0, t0 + wait, step)
+            lr = c.lr * lr_factor(step, total_steps, c.warmup_steps, c.lr_schedule)  # what this step uses
             loss, pipe_s, busy = job.train_step(images, labels)
             step += 1
             if c.crash_at is not None and tuple(c.crash_at[:2]) == (rank, step):
@@ -187,7 +202,7 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
             dist.all_reduce(stats, group=job.pp_group)
             if report is not None:
                 report.step(step, epoch, float(stats[0]), float(stats[1]), float(stats[3]), float(stats[2]),
-                            c.batch_size)
+                            c.batch_size, lr=lr)
             if c.checkpoint_every and step % c.checkpoint_every == 0 and step < total_steps:
                 job.save(step, epoch if step % job.steps_per_epoch else epoch + 1)
         accuracy = job.evaluate()

@@ -18,6 +18,8 @@ EXAMPLES = """examples:
   stallfree train ./data/train --out ./run --resume            # continue exactly from ./run/checkpoints
   stallfree train --synthetic 4096 --model mlp --schedule interleaved-1f1b --stages 2 --microbatches 8
   stallfree train ./data/train --accelerator sim:1000 --feed torch   # would a 1,000 img/s device wait for data?
+  stallfree train ./data/train --model mypkg.nets:resnet --transform "RandomResizedCrop(32), RandomHorizontalFlip(), \\
+      Normalize()" --optimizer adamw --lr 1e-3 --weight-decay 0.05 --lr-schedule cosine --warmup-steps 100
   stallfree train ./shards/train --verify none          # trust the shards: no SHA-256 read before the batches
   stallfree train ./data/train --no-progress --json | jq .images_per_s   # the summary alone on stdout
   torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint host:29500 -m stallfree.cli train ./data/train \\
@@ -37,6 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add ``stallfree train``."""
     # Neither imports torch: `stallfree --help` builds this parser.
     from stallfree.stage_runtime.train.config import BUNDLED_MODELS, VERIFY_MODES, TrainConfig
+    from stallfree.stage_runtime.train.optim import LR_SCHEDULES, OPTIMIZERS
     from stallfree.stage_runtime.train.schedules import SCHEDULES
 
     d = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
@@ -71,9 +74,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=d["batch_size"], help="per replica and step")
     p.add_argument("--epochs", type=int, default=d["epochs"], help="passes over the training data")
     p.add_argument("--max-steps", type=int, help="stop after this many steps in all (default: run every epoch)")
-    p.add_argument("--lr", type=float, default=d["lr"], help="SGD learning rate")
-    p.add_argument("--momentum", type=float, default=d["momentum"], help="SGD momentum")
-    p.add_argument("--weight-decay", type=float, default=d["weight_decay"], help="SGD weight decay")
+    p.add_argument("--transform", metavar="SPEC",
+                   help="the training augmentation: torchvision-style steps, e.g. \"RandomResizedCrop(32, scale=(0.5, "
+                   "1.0)), RandomHorizontalFlip(), Normalize()\", or package.module:factory returning a transform "
+                   "(stallfree's or torchvision's); it must end at --image-size (default: RandomResizedCrop("
+                   "image-size), RandomHorizontalFlip(), Normalize(ImageNet mean and std))")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default=d["optimizer"],
+                   help="sgd (with --momentum) or adamw (torch's betas 0.9, 0.999 and eps 1e-8)")
+    p.add_argument("--lr", type=float, default=d["lr"], help="the learning rate (the peak, after any warm-up)")
+    p.add_argument("--momentum", type=float, default=d["momentum"], help="SGD's momentum (sgd only)")
+    p.add_argument("--weight-decay", type=float, default=d["weight_decay"],
+                   help="weight decay (AdamW's decoupled decay with adamw)")
+    p.add_argument("--lr-schedule", choices=LR_SCHEDULES, default=d["lr_schedule"],
+                   help="constant, or cosine: from --lr after the warm-up down towards 0 at the last step")
+    p.add_argument("--warmup-steps", type=int, default=d["warmup_steps"],
+                   help="steps of linear warm-up from --lr / N to --lr before the schedule")
     p.add_argument("--seed", type=int, default=d["seed"], help="seeds the model, the data order and augmentation")
     p.add_argument("--device", default=d["device"], help="cpu (gloo) or cuda (NCCL, one GPU per rank)")
     p.add_argument("--threads", type=int, help="torch threads per process (default: cores / processes)")
