@@ -334,6 +334,8 @@ _RUN = {"type": "object", "required": ["batches", "samples", "wall_s", "samples_
                                        "cpu_cores_used"],
         "properties": {"batches": {"type": "integer"}, "stall_share": _NUM, "verdict": {"type": "string"},
                        "wait_s": {"type": "object", "required": ["total", "mean", "p50", "p90", "p99", "max"]}}}
+# runs 4, 5 and 6 also carry their input cost (input_cost)
+_COSTED = {**_RUN, "required": [*_RUN["required"], "input_cost_share", "input_cost_verdict"]}
 PROFILE_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["format", "data", "model", "device", "batch_size", "image_size", "cores", "phases", "stalls",
@@ -350,7 +352,7 @@ PROFILE_SCHEMA: dict[str, Any] = {
                                        "properties": {"points": {"type": "array", "items": {
                                            "type": "object", "required": ["threads", "images_per_s"]}}}},
                        "compute": {"type": "object", "required": ["step_s", "images_per_s"]},
-                       "real_run": _RUN, "cached_run": _RUN}},
+                       "real_run": _COSTED, "cached_run": _COSTED}},
         "stalls": {"type": "object", "required": ["ideal_step_s", "cached_step_s", "real_step_s",
                                                   "fetch_stall_share", "prep_stall_share",
                                                   "measured_stall_share", "fetch_diff_share", "prep_diff_share",
@@ -358,7 +360,7 @@ PROFILE_SCHEMA: dict[str, Any] = {
         "what_if": {"type": "object", "required": ["cores", "page_cache", "max_side", "echo", "observed", "top"]},
         "resources": {"type": "array", "items": {"type": "object", "required": [
             "t", "phase", "cpu_percent_per_core", "process_cores", "rss_bytes", "disk_read_bytes_per_s"]}},
-        "compare": {"type": "object"},
+        "compare": {"type": "object", "properties": {"torch": _COSTED}},
         "step_slowdown": {"type": "number"},
         "accelerator": {"type": "object"},  # with --accelerator only
     },

@@ -37,8 +37,6 @@ def _rows(r: Mapping[str, Any]) -> list[tuple[str, float, str]]:
 
 def _cost(run: Mapping[str, Any]) -> str:
     """A run's note: its wait, and its input cost against the step alone (one yardstick for every loader)."""
-    if "input_cost_share" not in run:  # a profile.json written before the input cost
-        return f"waited {run['stall_share']:.0%} ({run['verdict']})"
     return (f"waited {run['stall_share']:.0%}; input cost {run['input_cost_share']:.0%} of its time per batch "
             f"({run['input_cost_verdict']})")
 
