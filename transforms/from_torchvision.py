@@ -36,6 +36,7 @@ from stallfree.transforms.geometry import Pad, RandomCrop
 from stallfree.transforms.grayscale import Grayscale
 from stallfree.transforms.photometric import TRANSLATORS as _PHOTOMETRIC
 from stallfree.transforms.policies import AutoAugment, RandAugment, TrivialAugmentWide
+from stallfree.transforms.warp import RandomAffine, RandomPerspective, RandomRotation
 
 __all__ = ["Spec", "is_torchvision", "to_steps"]
 
@@ -327,6 +328,29 @@ class _Translation:
             value = value[0] if len(value) == 1 else tuple(value)  # v2 keeps value=0 as [0.0]
         self._emit(RandomErasing(float(t.p), tuple(t.scale), tuple(t.ratio), value), where)
 
+    def _warp_interpolation(self, where: str, t: Any) -> Any:
+        mode = _INTERPOLATIONS.get(_enum(t.interpolation))
+        if mode is None:
+            raise ValueError(f"{where}: {type(t).__name__}(interpolation={_enum(t.interpolation)!r}) is not "
+                             "reproduced; PIL transforms with NEAREST, BILINEAR or BICUBIC: use one of those")
+        return mode
+
+    def random_rotation(self, where: str, t: Any) -> None:
+        center = None if t.center is None else tuple(float(c) for c in t.center)
+        self._emit(RandomRotation(tuple(float(d) for d in t.degrees), self._warp_interpolation(where, t),
+                                  bool(t.expand), center, _fill_values(where, t)), where)
+
+    def random_affine(self, where: str, t: Any) -> None:
+        def floats(value: Any) -> Any:
+            return None if value is None else tuple(float(v) for v in value)
+
+        self._emit(RandomAffine(floats(t.degrees), floats(t.translate), floats(t.scale), floats(t.shear),
+                                self._warp_interpolation(where, t), _fill_values(where, t), floats(t.center)), where)
+
+    def random_perspective(self, where: str, t: Any) -> None:
+        self._emit(RandomPerspective(float(t.distortion_scale), float(t.p), self._warp_interpolation(where, t),
+                                     _fill_values(where, t)), where)
+
     def random_apply(self, where: str, t: Any) -> None:
         self._emit(RandomApply(self._inner(where, t), float(t.p)), where)
 
@@ -365,6 +389,9 @@ _HANDLERS: dict[str, Callable[[_Translation, str, Any], None]] = {
     "CenterCrop": _Translation.center_crop,
     "Pad": _Translation.pad,
     "RandomApply": _Translation.random_apply,
+    "RandomRotation": _Translation.random_rotation,
+    "RandomAffine": _Translation.random_affine,
+    "RandomPerspective": _Translation.random_perspective,
     "RandomChoice": _Translation.random_choice,
     "RandomCrop": _Translation.random_crop,
     "RandomHorizontalFlip": _Translation.hflip,
