@@ -7,10 +7,13 @@ their Python functions call :func:`check_device` first, so the error is one line
 
 from __future__ import annotations
 
-__all__ = ["check_device"]
+__all__ = ["SIMULATE", "check_device"]
 
 
-def check_device(device: str | None, *, processes: int = 1, what: str = "--device") -> str:
+SIMULATE = "--accelerator sim:IMG_PER_S to simulate a device of that speed"
+
+
+def check_device(device: str | None, *, processes: int = 1, what: str = "--device", instead: str = SIMULATE) -> str:
     """``device`` as torch spells it, checked here: ``cpu``, or a CUDA device that this machine has.
 
     Args:
@@ -18,6 +21,7 @@ def check_device(device: str | None, *, processes: int = 1, what: str = "--devic
         processes: how many processes on this machine each take one GPU (``cuda`` with ``N`` pipeline ranks
             needs ``N`` GPUs); ``cuda:N`` names one GPU for a single process.
         what: the argument's name, for the message.
+        instead: what else to do without a GPU, for the message (besides ``--device cpu``).
 
     Returns:
         the device's name (``"cpu"``, ``"cuda"``, ``"cuda:1"``).
@@ -40,8 +44,7 @@ def check_device(device: str | None, *, processes: int = 1, what: str = "--devic
     if not torch.cuda.is_available():
         built = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "built without CUDA"
         raise ValueError(f"{what} {device}: torch sees no CUDA GPU on this machine (torch {torch.__version__}, "
-                         f"{built}); use --device cpu, or --accelerator sim:IMG_PER_S to simulate a device of "
-                         "that speed")
+                         f"{built}); use --device cpu, or {instead}")
     count = torch.cuda.device_count()
     if parsed.index is not None and parsed.index >= count:
         raise ValueError(f"{what} {device}: this machine has {count} CUDA GPU(s), cuda:0..cuda:{count - 1}")

@@ -105,7 +105,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Plan (:func:`stallfree.plan`), print the table, write plan.json and timeline.png; returns the exit code."""
     from stallfree.stage_runtime.plan.plan import plan
+    from stallfree.stage_runtime.train.devices import check_device
 
+    if args.costs is None:  # measured here: a GPU this machine lacks fails in one line, before any measurement
+        check_device(args.device, instead="--costs FILE with the per-layer costs measured on a GPU")
     result = plan(args.model, costs=args.costs, image_size=args.image_size, classes=args.classes,
                   batch_size=args.batch_size, devices=args.devices, sites=args.sites, link=args.link,
                   cross_link=args.cross_link, memory_per_device=args.memory_per_device,

@@ -66,3 +66,12 @@ def test_a_rank_failing_outside_its_own_handler_keeps_the_cause() -> None:
                        r"join the process group") as info:
         launch(_fails_before_its_guard, 1, (), stages_of=lambda r: [r])
     assert "ProcessRaisedException" not in str(info.value)
+
+
+@no_gpu
+def test_plan_device_cuda_fails_before_measuring(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["plan", "--device", "cuda", "--devices", "2", "--out", str(tmp_path / "plan")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert "stallfree plan: error: --device cuda: torch sees no CUDA GPU" in err and "--costs FILE" in err
+    assert not (tmp_path / "plan").exists()
