@@ -4,6 +4,14 @@ from stallfree.core.dali import require_dali
 
 require_dali()  # before the modules that import DALI: without it, one line naming the extra, not a deep traceback
 
+from stallfree.transforms.adjust import (
+    GaussianBlur,
+    RandomAdjustSharpness,
+    RandomAutocontrast,
+    RandomEqualize,
+    RandomInvert,
+)
+from stallfree.transforms.augmix import AugMix
 from stallfree.transforms.batch import CutMix, MixUp
 from stallfree.transforms.bundled import (
     Cutout,
@@ -19,13 +27,6 @@ from stallfree.transforms.color import ColorJitter, RandomPhotometricDistort
 from stallfree.transforms.compose import Compose
 from stallfree.transforms.grayscale import Grayscale
 from stallfree.transforms.kernels import Kernel, KernelError, KernelTransform, kernel, normal_at, uniform_at
-from stallfree.transforms.photometric import (
-    GaussianBlur,
-    RandomAdjustSharpness,
-    RandomAutocontrast,
-    RandomEqualize,
-    RandomInvert,
-)
 from stallfree.transforms.policies import AutoAugment, RandAugment, TrivialAugmentWide
 from stallfree.transforms.spec import (
     CenterCrop,
@@ -38,6 +39,7 @@ from stallfree.transforms.spec import (
 )
 
 __all__ = [
+    "AugMix",
     "AutoAugment",
     "CenterCrop",
     "ColorJitter",

@@ -40,13 +40,13 @@ def images_of(dtype: type, seed: int = 0) -> list[np.ndarray]:
     return out
 
 
-def run_graph(steps: list[Any], images: list[np.ndarray],
-              dtype: Any = "uint8") -> tuple[list[np.ndarray], dict[str, list[np.ndarray]]]:
+def run_graph(steps: list[Any], images: list[np.ndarray], dtype: Any = "uint8",
+              crop: Any = CROP) -> tuple[list[np.ndarray], dict[str, list[np.ndarray]]]:
     import nvidia.dali.fn as fn
     import nvidia.dali.types as types
     from nvidia.dali import pipeline_def
 
-    compiled = CompiledTransforms([*steps, CenterCrop(CROP)], dtype=dtype, layout="NHWC")
+    compiled = CompiledTransforms([*steps, CenterCrop(crop)], dtype=dtype, layout="NHWC")
 
     @pipeline_def(batch_size=len(images), num_threads=2, device_id=None, exec_dynamic=True, enable_conditionals=True)
     def pipe() -> Any:
