@@ -36,6 +36,7 @@ from stallfree.transforms.geometry import Pad, RandomCrop
 from stallfree.transforms.grayscale import Grayscale
 from stallfree.transforms.photometric import TRANSLATORS as _PHOTOMETRIC
 from stallfree.transforms.policies import AutoAugment, RandAugment, TrivialAugmentWide
+from stallfree.transforms.rescale import RandomResize, RandomShortestSize, ScaleJitter
 from stallfree.transforms.warp import RandomAffine, RandomPerspective, RandomRotation
 
 __all__ = ["Spec", "is_torchvision", "to_steps"]
@@ -351,6 +352,20 @@ class _Translation:
         self._emit(RandomPerspective(float(t.distortion_scale), float(t.p), self._warp_interpolation(where, t),
                                      _fill_values(where, t)), where)
 
+    def random_resize(self, where: str, t: Any) -> None:
+        mode, antialias = _interpolation(where, t)
+        self._emit(RandomResize(int(t.min_size), int(t.max_size), mode, antialias), where)
+
+    def scale_jitter(self, where: str, t: Any) -> None:
+        mode, antialias = _interpolation(where, t)
+        target = (int(t.target_size[0]), int(t.target_size[1]))
+        scale = (float(t.scale_range[0]), float(t.scale_range[1]))
+        self._emit(ScaleJitter(target, scale, mode, antialias), where)
+
+    def random_shortest_size(self, where: str, t: Any) -> None:
+        mode, antialias = _interpolation(where, t)
+        self._emit(RandomShortestSize(tuple(int(s) for s in t.min_size), t.max_size, mode, antialias), where)
+
     def random_apply(self, where: str, t: Any) -> None:
         self._emit(RandomApply(self._inner(where, t), float(t.p)), where)
 
@@ -389,6 +404,9 @@ _HANDLERS: dict[str, Callable[[_Translation, str, Any], None]] = {
     "CenterCrop": _Translation.center_crop,
     "Pad": _Translation.pad,
     "RandomApply": _Translation.random_apply,
+    "RandomResize": _Translation.random_resize,
+    "ScaleJitter": _Translation.scale_jitter,
+    "RandomShortestSize": _Translation.random_shortest_size,
     "RandomRotation": _Translation.random_rotation,
     "RandomAffine": _Translation.random_affine,
     "RandomPerspective": _Translation.random_perspective,
