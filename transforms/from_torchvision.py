@@ -44,9 +44,30 @@ __all__ = ["Spec", "is_torchvision", "to_steps"]
 Pixels = Literal["uint8", "float01", "float255", "float"]  # what torchvision's pipeline holds at a point
 
 _KERNEL_HINT = (
-    "write it as a per-pixel @kernel (stallfree.transforms.kernel plus a KernelTransform subclass whose sample() "
-    "draws its random parameters; see docs/kernels.md), or apply it to the output batch yourself"
+    "if it changes each pixel where it stands, write it as a per-pixel @kernel (stallfree.transforms.kernel plus a "
+    "KernelTransform subclass whose sample() draws its random parameters; see docs/kernels.md); if it moves pixels "
+    "or changes the size, which a kernel cannot, apply it to the output batch yourself"
 )
+_BATCH = "apply it to the Loader's output batch yourself (a torch tensor, on the training device)"
+#: What to do instead, for torchvision's classes that stallfree does not translate and a @kernel cannot replace.
+_INSTEAD: dict[str, str] = {
+    "ElasticTransform": "its displacement field moves pixels, which a per-pixel @kernel cannot do; " + _BATCH,
+    "FiveCrop": "it makes five images of each sample, and a batch holds one image a sample; " + _BATCH
+                + " (torchvision.transforms.v2.functional.five_crop takes batches)",
+    "TenCrop": "it makes ten images of each sample, and a batch holds one image a sample; " + _BATCH
+               + " (torchvision.transforms.v2.functional.ten_crop takes batches)",
+    "RandomOrder": "it applies its steps in a random order; write the orders you want as "
+                   "T.RandomChoice([T.Compose([...]), T.Compose([...])]), which stallfree translates",
+    "RandomIoUCrop": "it crops around the sample's bounding boxes, which the Loader does not carry; " + _BATCH,
+    "RandomZoomOut": "it moves the sample's bounding boxes with the image, which the Loader does not carry; "
+                     "for images alone use Pad(..., fill) and RandomCrop, which stallfree translates",
+    "LinearTransformation": "it mixes every pixel of the flattened image (a whitening matrix), which a per-pixel "
+                            "@kernel cannot do; " + _BATCH,
+    "MixUp": "it mixes the samples of a batch: mix the output batch with stallfree.transforms.MixUp "
+             "(mix = MixUp(alpha, num_classes); images, targets = mix(images, labels))",
+    "CutMix": "it mixes the samples of a batch: mix the output batch with stallfree.transforms.CutMix "
+              "(mix = CutMix(alpha, num_classes); images, targets = mix(images, labels))",
+}
 _FLOAT_DTYPES: dict[str, Dtype] = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
 
 
@@ -81,6 +102,9 @@ def _name(obj: Any) -> str:
 
 
 def _refuse(where: str, obj: Any, why: str = "") -> TypeError:
+    instead = _INSTEAD.get(type(obj).__name__) if is_torchvision(obj) else None
+    if instead:
+        return TypeError(f"{where} is {_name(obj)}: stallfree does not reproduce it: {instead}")
     reason = why or "it is not a stallfree transform, and Python code cannot run inside the DALI graph"
     return TypeError(f"{where} is {_name(obj)}: {reason}; {_KERNEL_HINT}")
 
@@ -203,27 +227,30 @@ class _Translation:
         else:
             raise _refuse(where, obj, f"torchvision's {name} has no stallfree counterpart yet")
 
-    def _inner(self, where: str, t: Any) -> tuple[spec.Transform, ...]:
-        """The steps inside a container (``RandomApply``, ``RandomChoice``), on the pixels the pipeline holds here.
+    def _inner(self, where: str, t: Any) -> list[tuple[spec.Transform, ...]]:
+        """The steps of each branch of a container (``RandomApply``, ``RandomChoice``), on the pixels held here.
 
-        A pending float conversion is made before the container (both branches see the same floats); a type
-        conversion inside one is refused, since the branches would give different types.
+        Each of ``t.transforms`` is one branch (a ``Compose`` among them, several steps). A pending float conversion
+        is made before the container (every branch sees the same floats); a type conversion inside one is refused,
+        since the branches would give different types.
         """
         if self.pixels in ("float01", "float255"):
             scale = 1.0 if self.pixels == "float01" else 1 / 255
             self.steps.append(spec.Normalize((0.0,), (scale,)))
             self.pixels = "float"
-        inner = _Translation()
-        inner.pixels, inner.tensor = self.pixels, self.tensor
-        flat: list[tuple[str, Any]] = []
+        branches = []
         for i, step in enumerate(t.transforms):
+            inner = _Translation()
+            inner.pixels, inner.tensor = self.pixels, self.tensor
+            flat: list[tuple[str, Any]] = []
             _flatten(f"{where}.transforms[{i}]", step, flat)
-        for inner_where, obj in flat:
-            inner._step(inner_where, obj)
-        if inner.pixels != self.pixels or inner.dtype is not None:
-            raise ValueError(f"{where}: {type(t).__name__} with a type conversion (ToTensor, ToDtype, Normalize) "
-                             "inside is not reproduced; put the conversion before or after it")
-        return tuple(inner.steps)
+            for inner_where, obj in flat:
+                inner._step(inner_where, obj)
+            if inner.pixels != self.pixels or inner.dtype is not None:
+                raise ValueError(f"{where}: {type(t).__name__} with a type conversion (ToTensor, ToDtype, Normalize) "
+                                 "inside is not reproduced; put the conversion before or after it")
+            branches.append(tuple(inner.steps))
+        return branches
 
     def _emit(self, step: spec.Transform, where: str) -> None:
         if isinstance(step, spec.Normalize):
@@ -367,11 +394,14 @@ class _Translation:
         self._emit(RandomShortestSize(tuple(int(s) for s in t.min_size), t.max_size, mode, antialias), where)
 
     def random_apply(self, where: str, t: Any) -> None:
-        self._emit(RandomApply(self._inner(where, t), float(t.p)), where)
+        steps = tuple(step for branch in self._inner(where, t) for step in branch)  # applied together, in order
+        self._emit(RandomApply(steps, float(t.p)), where)
 
     def random_choice(self, where: str, t: Any) -> None:
         weights = None if t.p is None else tuple(float(w) for w in t.p)
-        self._emit(RandomChoice(self._inner(where, t), weights), where)
+        # A branch of several steps (a Compose) is a RandomApply that always applies: one branch, in order.
+        branches = [steps[0] if len(steps) == 1 else RandomApply(steps, 1.0) for steps in self._inner(where, t)]
+        self._emit(RandomChoice(branches, weights), where)
 
     # --- policies -------------------------------------------------------------------------------------------------
 

@@ -19,7 +19,9 @@ from stallfree.transforms import (
     Resize,
     TrivialAugmentWide,
 )
+from stallfree.transforms.containers import RandomApply
 from stallfree.transforms.from_torchvision import to_steps
+from stallfree.transforms.geometry import Pad
 
 pytestmark = pytest.mark.torchvision
 
@@ -112,11 +114,40 @@ def test_normalize_before_to_tensor_is_refused(T) -> None:
 
 
 def test_other_torchvision_classes_and_lambdas_are_refused_by_name(T) -> None:
-    with pytest.raises(TypeError, match=r"transform\[1\] is torchvision.*GaussianBlur: .*no stallfree counterpart.*"
-                                        r"@kernel"):
-        to_steps(T.Compose([T.CenterCrop(8), T.GaussianBlur(3)]))
     with pytest.raises(TypeError, match=r"transform\[0\] is torchvision.*Lambda: .*@kernel"):
         to_steps([T.Lambda(lambda x: x)])
+
+
+def test_refusals_of_geometric_steps_say_what_to_do_and_do_not_advise_a_kernel(T) -> None:
+    advice = {
+        T.ElasticTransform(): r"its displacement field moves pixels, which a per-pixel @kernel cannot do; apply it to "
+                              r"the Loader's output batch",
+        T.FiveCrop(8): r"it makes five images of each sample.*five_crop takes batches",
+        T.TenCrop(8): r"it makes ten images of each sample",
+        T.RandomOrder([T.RandomHorizontalFlip()]): r"it applies its steps in a random order; write the orders you "
+                                                   r"want as T.RandomChoice\(\[T.Compose",
+    }
+    for step, match in advice.items():
+        with pytest.raises(TypeError, match=rf"transform\[1\] is torchvision.*{type(step).__name__}: stallfree "
+                                            rf"does not reproduce it: {match}") as caught:
+            to_steps([T.CenterCrop(8), step])
+        assert "write it as a per-pixel @kernel" not in str(caught.value)
+
+
+def test_batch_mixing_points_to_stallfrees_batch_ops() -> None:
+    import torchvision.transforms.v2 as T2
+
+    with pytest.raises(TypeError, match=r"MixUp: stallfree does not reproduce it: .*stallfree.transforms.MixUp"):
+        to_steps([T2.MixUp(num_classes=10)])
+    with pytest.raises(TypeError, match=r"RandomIoUCrop: .*bounding boxes, which the Loader does not carry"):
+        to_steps([T2.RandomIoUCrop()])
+
+
+def test_random_choice_keeps_a_compose_as_one_branch(T) -> None:
+    steps = to_steps([T.RandomChoice([T.Compose([T.Pad(2), T.CenterCrop(10)]), T.RandomHorizontalFlip(1.0)]),
+                      T.CenterCrop(10)]).steps
+    choice = steps[0]
+    assert choice.transforms == (RandomApply((Pad(2), CenterCrop((10, 10))), 1.0), RandomHorizontalFlip(1.0))
 
 
 def test_bicubic_and_nearest_translate_and_other_interpolations_are_refused(T) -> None:
