@@ -5,7 +5,6 @@ from stallfree.core.dali import require_dali
 require_dali()  # before the modules that import DALI: without it, one line naming the extra, not a deep traceback
 
 from stallfree.transforms.adjust import (
-    GaussianBlur,
     RandomAdjustSharpness,
     RandomAutocontrast,
     RandomEqualize,
@@ -13,6 +12,7 @@ from stallfree.transforms.adjust import (
 )
 from stallfree.transforms.augmix import AugMix
 from stallfree.transforms.batch import CutMix, MixUp
+from stallfree.transforms.blur import GaussianBlur
 from stallfree.transforms.bundled import (
     Cutout,
     GaussianNoise,

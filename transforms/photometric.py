@@ -2,7 +2,7 @@
 
 ``TRANSLATORS`` maps a torchvision class name to the function that turns one of its instances into a stallfree
 step; ``from_torchvision`` consults it for the names it does not handle itself. The steps live in
-:mod:`.adjust` (invert, autocontrast, equalize, sharpness, blur), :mod:`.bundled` (solarize, posterize),
+:mod:`.adjust` (invert, autocontrast, equalize, sharpness), :mod:`.blur`, :mod:`.bundled` (solarize, posterize),
 :mod:`.color` (the photometric distortion) and :mod:`.augmix`. A v2 class gets v2's arithmetic where the two
 APIs round differently.
 """
@@ -14,13 +14,13 @@ from typing import Any, Literal
 
 from stallfree.transforms import spec
 from stallfree.transforms.adjust import (
-    GaussianBlur,
     RandomAdjustSharpness,
     RandomAutocontrast,
     RandomEqualize,
     RandomInvert,
 )
 from stallfree.transforms.augmix import AugMix
+from stallfree.transforms.blur import GaussianBlur
 from stallfree.transforms.bundled import RandomPosterize, RandomSolarize
 from stallfree.transforms.color import RandomPhotometricDistort
 
