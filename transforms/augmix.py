@@ -251,7 +251,7 @@ class AugMix(Transform):
 
         if state.dtype != "uint8":
             raise ValueError("AugMix needs a uint8 image (as torchvision's); put it before ToTensor / Normalize")
-        weights = params["weights"]
+        weights = params["weights"].gpu() if state.device == "gpu" else params["weights"]  # beside the image
         mix = fn.cast(image, dtype=types.FLOAT) * weights[0]
         for chain in range(self.mixture_width):
             aug = image

@@ -1,4 +1,4 @@
-"""On a real GPU: the photometric steps and AugMix inside DALI's GPU graph give the CPU graph's pixels (marked `gpu`)."""
+"""On a real GPU: the photometric steps and AugMix in DALI's GPU graph give the CPU graph's pixels (marked `gpu`)."""
 
 from __future__ import annotations
 
