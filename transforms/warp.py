@@ -7,8 +7,9 @@ size, torchvision's ``_get_inverse_affine_matrix`` and ``_get_perspective_coeffs
 with them by :mod:`.warp_kernels`, PIL's engines, so the pixels equal torchvision's on PIL images
 (``tests/transforms/test_warp.py``; for perspective, to the float32 rounding of the least-squares coefficients).
 
-uint8 images on the CPU graph: torchvision's float-tensor path (``grid_sample``) is another computation, and DALI's
-``warp_affine`` another again, so a step placed after ``Normalize`` or in a GPU graph is refused with the fix.
+On uint8 images: torchvision's float-tensor path (``grid_sample``) is another computation, so a step placed after
+``Normalize`` is refused with the fix. The GPU graph warps with DALI's ``warp_perspective`` and the same
+coefficients, equal to PIL's but at the image's edges (:func:`dali_warp`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ __all__ = ["RandomAffine", "RandomPerspective", "RandomRotation", "affine_matrix
 
 WarpInterpolation = Literal["nearest", "bilinear", "bicubic"]
 _FILTERS = {"nearest": NEAREST, "bilinear": BILINEAR, "bicubic": BICUBIC}
-_IDENTITY = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0)
+_IDENTITY = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0)  # a0 .. a7 and the matrix's last 1
 
 
 def _range(name: str, arg: str, value: float | Sequence[float], sizes: tuple[int, ...] = (2,)) -> tuple[float, ...]:
@@ -125,7 +126,7 @@ def perspective_coefficients(start: Sequence[Sequence[int]], end: Sequence[Seque
 class _Warp(Transform):
     """A step whose pixels are PIL's ``Image.transform`` of per-sample coefficients: the graph's part."""
 
-    params = {"size": np.uint8, "warp": np.float64}  # see size_input; [method, filter, a0..a7, fill r, g, b]
+    params = {"size": np.uint8, "warp": np.float64}  # see size_input; [method, filter, a0..a7, 1, fill r, g, b]
     interpolation: str
     fill: Fill
 
@@ -147,13 +148,40 @@ class _Warp(Transform):
 
     def build(self, image: Any, params: Mapping[str, Any], state: GraphState) -> tuple[Any, GraphState]:
         if state.device != "cpu":
-            raise ValueError(f"{type(self).__name__} runs on the CPU graph only (PIL's transform, which DALI's "
-                             "warp_affine does not reproduce); run the Loader's graph on the CPU")
+            fill = _fill(type(self).__name__, self.fill)
+            return dali_warp(image, params, self.interpolation, fill, state.device), state
         from stallfree.transforms.numba_dali import numba_operator
 
         operator = numba_operator(_run, _setup, in_types=[np.uint8, np.uint8, np.float64], ins_ndim=[3, 3, 1],
                                   out_type=np.uint8, entries=entries())
         return operator(params["size"], image, params["warp"]), state
+
+
+def dali_warp(image: Any, params: Mapping[str, Any], interpolation: str, fill: Sequence[float], device: str) -> Any:
+    """The same warp by DALI's ``warp_perspective`` (the GPU graph's): PIL's pixels but at the image's edges.
+
+    It maps each output pixel's centre with the same matrix (``pixel_origin="corner"``, PIL's convention) and
+    samples in float32, rounding where PIL truncates: nearest picks PIL's pixel but where a coordinate falls within
+    float32 rounding of a pixel boundary; bilinear is within one level of PIL's where the source point lies a pixel
+    or more inside the image, and differs near the edges, where PIL repeats the border row and DALI blends in the
+    fill (``tests/transforms/test_warp.py``).
+    """
+    import nvidia.dali.fn as fn
+    import nvidia.dali.types as types
+
+    interp = {"nearest": types.INTERP_NN, "bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC}
+    matrix = fn.reshape(fn.cast(params["warp"][2:11], dtype=types.FLOAT), shape=[3, 3])
+    return fn.experimental.warp_perspective(
+        image,
+        matrix=matrix,
+        size=params["size"].shape(dtype=types.FLOAT)[0:2],
+        fill_value=[float(v) for v in fill],
+        interp_type=interp[interpolation],
+        pixel_origin="corner",
+        border_mode="constant",
+        inverse_map=True,
+        device=device,
+    )
 
 
 def _run(out: np.ndarray, _size: np.ndarray, image: np.ndarray, params: np.ndarray) -> None:

@@ -11,8 +11,9 @@ arithmetic differs in the last bits, so this kernel follows the same choice to g
     BILINEAR / BICUBIC, and every PERSPECTIVE        the generic engine: each pixel mapped on its own, filtered
                                                      with the border rows and columns repeated, truncated to uint8
 
-Parameters come as one float64 vector per sample, ``[method, filter, a0 .. a7, fill_r, fill_g, fill_b]`` (method
-0: affine, 1: perspective; filter 0: nearest, 1: bilinear, 2: bicubic); the output size as the shape of an empty
+Parameters come as one float64 vector per sample, ``[method, filter, a0 .. a7, 1, fill_r, fill_g, fill_b]`` (method
+0: affine, 1: perspective; filter 0: nearest, 1: bilinear, 2: bicubic; ``a0 .. a7, 1`` the 3 x 3 matrix, row by row,
+that DALI's ``warp_perspective`` takes on the GPU); the output size as the shape of an empty
 ``(h, w, 0)`` array (:func:`stallfree.transforms.spec.size_input`), so one compiled operator serves every size.
 The entry points are ``cfunc``s cached on disk beside this file, whose stamp Numba checks (:func:`entries`).
 """
@@ -217,7 +218,7 @@ def warp(out: np.ndarray, image: np.ndarray, params: np.ndarray) -> None:
     method, kind = int(params[0]), int(params[1])
     a = params[2:10]
     for c in range(out.shape[2]):  # the fill colour, where no source pixel lands (torchvision always passes one)
-        fill = np.uint8(int(params[10 + c]))
+        fill = np.uint8(int(params[11 + c]))
         for y in range(out.shape[0]):
             for x in range(out.shape[1]):
                 out[y, x, c] = fill

@@ -76,7 +76,7 @@ def test_whole_turns_take_pils_fast_paths(angle, expand) -> None:
     for center in (None, (3.0, 2.0)):
         m, (h, w) = rotation_matrix(angle, 7, 11, expand, center)
         out = np.empty((h, w, 3), np.uint8)
-        warp(out, image, np.array([0, 0, *m, 0, 0, 0, 0, 0], np.float64))
+        warp(out, image, np.array([0, 0, *m, 0, 0, 1, 0, 0, 0], np.float64))
         ref = Image.fromarray(image).rotate(angle, Image.Resampling.NEAREST, expand, center)
         assert np.array_equal(out, np.asarray(ref)), (angle, expand, center)
 
@@ -156,3 +156,40 @@ def test_refusals_name_the_fix(pngs) -> None:
         RandomRotation(-3)
     with pytest.raises(ValueError, match=r"RandomAffine: shear must be a number or a sequence of length 2 or 4"):
         RandomAffine(0, shear=(1, 2, 3))
+
+
+@pytest.mark.parametrize("interpolation", ["nearest", "bilinear"])
+def test_the_gpu_graphs_warp_is_pils_but_at_the_edges(interpolation) -> None:
+    """dali_warp (DALI's warp_perspective, which the GPU graph runs) on DALI's CPU backend, against PIL."""
+    from nvidia.dali import fn, pipeline_def
+
+    from stallfree.transforms.warp import dali_warp
+
+    rng = np.random.default_rng(11)
+    images = [rng.integers(0, 256, (30, 40, 3), dtype=np.uint8) for _ in range(6)]
+    step = RandomAffine(40, translate=(0.1, 0.1), scale=(0.8, 1.2), shear=10, interpolation=interpolation, fill=9)
+    drawn = [step.draw(SampleRandom(0, 0, i), (30, 40))[0] for i in range(6)]
+
+    @pipeline_def(batch_size=6, num_threads=1, device_id=None)
+    def pipeline():
+        params = {"size": fn.external_source(name="size"), "warp": fn.external_source(name="warp")}
+        return dali_warp(fn.external_source(name="image", layout="HWC"), params, interpolation, (9, 9, 9), "cpu")
+
+    pipe = pipeline()
+    pipe.build()
+    pipe.feed_input("image", images)
+    pipe.feed_input("size", [d["size"] for d in drawn])
+    pipe.feed_input("warp", [d["warp"] for d in drawn])
+    (out,) = pipe.run()
+    y, x = np.mgrid[0:30, 0:40] + 0.5
+    for k in range(6):
+        a = drawn[k]["warp"][2:8]
+        ref = np.asarray(Image.fromarray(images[k]).transform((40, 30), Image.Transform.AFFINE, a,
+                                                              PIL_FILTERS[interpolation], fillcolor=(9, 9, 9)))
+        diff = np.abs(np.asarray(out[k]).astype(int) - ref).max(-1)
+        if interpolation == "nearest":
+            assert (diff == 0).mean() > 0.998  # float32 coordinates, where a pixel boundary is within rounding
+        else:
+            sx, sy = a[0] * x + a[1] * y + a[2], a[3] * x + a[4] * y + a[5]
+            inside = (sx >= 1.5) & (sx <= 38.5) & (sy >= 1.5) & (sy <= 28.5)
+            assert diff[inside].max() <= 1 and inside.mean() > 0.5  # rounds where PIL truncates
