@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
+from nvidia.dali.pipeline import do_not_convert
 
 from stallfree.transforms.spec import GraphState, Transform
 
@@ -66,6 +67,7 @@ def _common(name: str, state: GraphState, interpolation: str, fill: Fill) -> dic
     return {"fill_value": 0 if value is None else value, "interp_type": interp}
 
 
+@do_not_convert
 def _channel_fill(augmentations: list[Any]) -> list[Any]:
     """The augmentations, with those that fill (the warps) taking one fill value per channel."""
     import inspect
@@ -95,6 +97,7 @@ def _check_bins(name: str, num_magnitude_bins: int) -> None:
         raise ValueError(f"{name}: num_magnitude_bins must be an int >= 2, got {num_magnitude_bins!r}")
 
 
+@do_not_convert  # DALI's AutoGraph (enable_conditionals=True) has no zip(strict=...); nothing here branches on data
 def _policy_with_channel_fill(policy: Any) -> Any:
     """``policy`` with its warps taking one fill value per channel (each augmentation wrapped once)."""
     from nvidia.dali.auto_aug.core import Policy

@@ -122,19 +122,20 @@ def test_policies_with_a_per_channel_fill_run_in_the_graph() -> None:
     from nvidia.dali import pipeline_def
 
     fill = (124, 116, 104)
-    steps = [RandAugment(num_ops=2, magnitude=30, fill=fill, seed=2), CenterCrop(16)]
+    steps = [RandAugment(num_ops=2, magnitude=30, fill=fill, seed=2), AutoAugment("svhn", fill=fill, seed=1),
+             CenterCrop(16)]
     compiled = CompiledTransforms(steps, dtype="uint8", layout="NHWC")
 
     @pipeline_def(batch_size=8, num_threads=1, device_id=None, exec_dynamic=True, enable_conditionals=True, seed=4)
     def pipe() -> Any:
         source = fn.external_source(name="images", dtype=types.UINT8, layout="HWC")
-        anchor = fn.external_source(name="1.anchor", dtype=types.INT32)
-        return compiled.build(source, {"1.anchor": anchor}, device="cpu", encoded=False)
+        anchor = fn.external_source(name="2.anchor", dtype=types.INT32)
+        return compiled.build(source, {"2.anchor": anchor}, device="cpu", encoded=False)
 
     p = pipe()
     p.build()
     p.feed_input("images", [np.full((16, 16, 3), 200, np.uint8)] * 8)
-    p.feed_input("1.anchor", compiled.draw(batch_random(0, 0, range(8)), [(16, 16)] * 8)["1.anchor"])
+    p.feed_input("2.anchor", compiled.draw(batch_random(0, 0, range(8)), [(16, 16)] * 8)["2.anchor"])
     (out,) = p.run()
     filled = [bool((np.array(out[i]).reshape(-1, 3) == fill).all(1).any()) for i in range(8)]
     assert any(filled)  # the warps among the drawn operations fill with (124, 116, 104)
