@@ -1,4 +1,4 @@
-"""``RandomApply`` and ``RandomChoice``: steps applied to some samples only, chosen per sample (the SimCLR recipe).
+"""``RandomApply``, ``RandomChoice``, ``RandomOrder``: steps chosen per sample (the SimCLR recipe's containers).
 
 The choice is drawn on the host like every other parameter, from the sample's keyed stream, as torchvision draws
 it: ``RandomApply`` applies its steps where a uniform ``u`` has ``u <= p`` (torchvision skips them where
@@ -10,6 +10,8 @@ graph the choice is a per-sample input that selects a branch with DALI's conditi
 
 so the samples that skip a step skip its work too: DALI splits the batch by the predicate, runs each branch on
 its part and merges the parts back in order (the pipeline is then defined with ``enable_conditionals=True``).
+``RandomOrder`` draws a permutation (uniform, as torchvision's shuffle) and applies, at each position, the step the
+permutation puts there: n positions of n branches, each sample running each step once.
 
 Every sample still draws the parameters of every inner step, applied or not (they are inputs of the graph, one per
 sample), so a step's draws never depend on whether the one before it was applied. An inner step may change the
@@ -29,7 +31,7 @@ import numpy as np
 from stallfree.transforms.random import SampleRandom
 from stallfree.transforms.spec import GraphState, Normalize, Size, Transform
 
-__all__ = ["RandomApply", "RandomChoice"]
+__all__ = ["RandomApply", "RandomChoice", "RandomOrder"]
 
 
 class _Inner(Mapping[str, Any]):
@@ -221,4 +223,53 @@ class RandomChoice(Transform):
         for k, step in enumerate(self.transforms):
             if choice == k:
                 out, _ = step.build(image, _Inner(params, k), state)
+        return out, state
+
+
+@dataclass(frozen=True)
+class RandomOrder(Transform):
+    """Apply all of ``transforms``, in an order drawn per sample uniformly among all orders (torchvision's)."""
+
+    transforms: Sequence[Transform]
+    conditionals = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "transforms", _steps("RandomOrder", self.transforms))
+
+    @property
+    def params(self) -> Mapping[str, type]:  # type: ignore[override]
+        return {"order": np.int32, **_inner_params(self.transforms)}
+
+    @property
+    def changes_size(self) -> bool:  # type: ignore[override]
+        return any(step.changes_size for step in _live(self.transforms))
+
+    def size_after(self, size: Size | None) -> Size | None:
+        return size if not self.changes_size else None  # the order decides the size when a step changes it
+
+    def is_identity(self) -> bool:
+        return not _live(self.transforms)
+
+    def prepare(self, state: GraphState) -> None:
+        for step in self.transforms:
+            step.prepare(state)
+
+    def draw(self, rng: SampleRandom, size: Size) -> tuple[dict[str, Any], Size]:
+        live = _live(self.transforms)
+        order = rng.permutation(len(live))
+        params: dict[str, Any] = {"order": np.array(order, np.int32)}
+        for k in order:  # each step sees the size the steps before it in this order leave
+            drawn, size = live[k].draw(rng, size)
+            params.update({f"{k}.{name}": value for name, value in drawn.items()})
+        return params, size
+
+    def build(self, image: Any, params: Mapping[str, Any], state: GraphState) -> tuple[Any, GraphState]:
+        live = _live(self.transforms)
+        order = params["order"]
+        out = image
+        for position in range(len(live)):
+            current = out
+            for k, step in enumerate(live):
+                if order[position] == k:
+                    out, _ = step.build(current, _Inner(params, k), state)
         return out, state

@@ -31,7 +31,7 @@ from stallfree.transforms.bundled import RandomErasing, RandomGrayscale
 from stallfree.transforms.color import ColorJitter
 from stallfree.transforms.compile import Dtype
 from stallfree.transforms.compose import Compose
-from stallfree.transforms.containers import RandomApply, RandomChoice
+from stallfree.transforms.containers import RandomApply, RandomChoice, RandomOrder
 from stallfree.transforms.geometry import Pad, RandomCrop
 from stallfree.transforms.grayscale import Grayscale
 from stallfree.transforms.photometric import TRANSLATORS as _PHOTOMETRIC
@@ -56,8 +56,6 @@ _INSTEAD: dict[str, str] = {
                 + " (torchvision.transforms.v2.functional.five_crop takes batches)",
     "TenCrop": "it makes ten images of each sample, and a batch holds one image a sample; " + _BATCH
                + " (torchvision.transforms.v2.functional.ten_crop takes batches)",
-    "RandomOrder": "it applies its steps in a random order; write the orders you want as "
-                   "T.RandomChoice([T.Compose([...]), T.Compose([...])]), which stallfree translates",
     "RandomIoUCrop": "it crops around the sample's bounding boxes, which the Loader does not carry; " + _BATCH,
     "RandomZoomOut": "it moves the sample's bounding boxes with the image, which the Loader does not carry; "
                      "for images alone use Pad(..., fill) and RandomCrop, which stallfree translates",
@@ -397,6 +395,10 @@ class _Translation:
         steps = tuple(step for branch in self._inner(where, t) for step in branch)  # applied together, in order
         self._emit(RandomApply(steps, float(t.p)), where)
 
+    def random_order(self, where: str, t: Any) -> None:
+        branches = [steps[0] if len(steps) == 1 else RandomApply(steps, 1.0) for steps in self._inner(where, t)]
+        self._emit(RandomOrder(branches), where)
+
     def random_choice(self, where: str, t: Any) -> None:
         weights = None if t.p is None else tuple(float(w) for w in t.p)
         # A branch of several steps (a Compose) is a RandomApply that always applies: one branch, in order.
@@ -441,6 +443,7 @@ _HANDLERS: dict[str, Callable[[_Translation, str, Any], None]] = {
     "RandomAffine": _Translation.random_affine,
     "RandomPerspective": _Translation.random_perspective,
     "RandomChoice": _Translation.random_choice,
+    "RandomOrder": _Translation.random_order,
     "RandomCrop": _Translation.random_crop,
     "RandomHorizontalFlip": _Translation.hflip,
     "RandomVerticalFlip": _Translation.vflip,

@@ -11,7 +11,7 @@ from PIL import Image
 
 from stallfree import Loader
 from stallfree.transforms import CenterCrop, ColorJitter, Normalize, RandomHorizontalFlip, RandomVerticalFlip, Resize
-from stallfree.transforms.containers import RandomApply, RandomChoice
+from stallfree.transforms.containers import RandomApply, RandomChoice, RandomOrder
 from stallfree.transforms.geometry import Pad
 from stallfree.transforms.random import SampleRandom
 
@@ -89,6 +89,26 @@ def test_random_choice_gives_each_sample_its_drawn_branch(pngs) -> None:
         assert np.array_equal(image, expected), f"sample {label} branch {k}"
         chosen.add(k)
     assert chosen == {0, 1, 2}
+
+
+def test_random_order_applies_every_step_in_the_drawn_order(pngs) -> None:
+    # Padding and contrast do not commute (contrast blends towards the image's mean, which the padding moves).
+    source, originals = pngs
+    pad, contrast = Pad(3, fill=200), ColorJitter(contrast=(0.2, 0.5))
+    orders = set()
+    for label, image in run(source, [CenterCrop(16), RandomOrder([pad, contrast]), CenterCrop(22)], seed=7):
+        out = center(originals[label], 16)
+        rng = SampleRandom(7, 0, label)
+        order = rng.permutation(2)
+        for k in order:
+            if k == 0:
+                out = np.pad(out, ((3, 3), (3, 3), (0, 0)), constant_values=200)
+            else:
+                params, _ = contrast.draw(rng, out.shape[:2])
+                out = contrast.apply(out, params["order"], params["factors"])
+        assert np.array_equal(image, out), f"sample {label} order {order}"
+        orders.add(tuple(order))
+    assert orders == {(0, 1), (1, 0)}
 
 
 def test_nested_containers_and_a_float_image(pngs) -> None:

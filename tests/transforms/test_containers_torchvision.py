@@ -10,8 +10,8 @@ import torch
 from PIL import Image
 
 from stallfree import Loader
-from stallfree.transforms import ColorJitter, RandomHorizontalFlip
-from stallfree.transforms.containers import RandomApply, RandomChoice
+from stallfree.transforms import CenterCrop, ColorJitter, RandomHorizontalFlip
+from stallfree.transforms.containers import RandomApply, RandomChoice, RandomOrder
 from stallfree.transforms.from_torchvision import to_steps
 from stallfree.transforms.geometry import Pad
 from stallfree.transforms.random import SampleRandom
@@ -59,6 +59,14 @@ def test_containers_translate_with_their_steps_and_weights(version) -> None:
     assert RandomChoice(steps[1].transforms, steps[1].p).weights() == [0.25, 0.75]  # v2 keeps p normalized
     with pytest.raises(ValueError, match=r"transform\[0\]: RandomApply with a type conversion .* inside"):
         to_steps([T.RandomApply([T.ToTensor() if version == "v1" else T.ToDtype(torch.float32, scale=True)])])
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_random_order_translates_each_branch(version) -> None:
+    T = api(version)
+    steps = to_steps([T.RandomOrder([T.RandomHorizontalFlip(1.0), T.Compose([T.Pad(1), T.CenterCrop(8)])]),
+                      T.CenterCrop(8)]).steps
+    assert steps[0] == RandomOrder((RandomHorizontalFlip(1.0), RandomApply((Pad(1), CenterCrop((8, 8))), 1.0)))
 
 
 def test_simclr_colour_recipe_equals_torchvision_on_the_drawn_parameters(folder) -> None:
@@ -136,3 +144,11 @@ def test_draws_match_torchvision_by_ks(version) -> None:
     bound = 1.95 * np.sqrt(2 / n)  # the two-sample statistic's 0.001 critical value
     assert ks_statistic(ours_apply, theirs_apply) < bound
     assert ks_statistic(ours_choice, theirs_choice) < bound
+    # RandomOrder: each of the 6 orders of 3 steps, read off as the digits the steps append in turn.
+    append = [T.Lambda(lambda x, k=k: x * 10 + k) for k in range(3)]
+    theirs_order = np.array([float(T.RandomOrder(append)(torch.zeros(1, dtype=torch.float64))) for _ in range(n)])
+    order = RandomOrder([RandomHorizontalFlip(1.0)] * 3)
+    ours_order = np.array([float("".join(map(str, order.draw(SampleRandom(0, 2, i), (4, 4))[0]["order"])))
+                           for i in range(n)])
+    assert set(ours_order) == set(theirs_order) and len(set(ours_order)) == 6
+    assert ks_statistic(ours_order, theirs_order) < bound

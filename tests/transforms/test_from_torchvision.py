@@ -124,8 +124,6 @@ def test_refusals_of_geometric_steps_say_what_to_do_and_do_not_advise_a_kernel(T
                               r"the Loader's output batch",
         T.FiveCrop(8): r"it makes five images of each sample.*five_crop takes batches",
         T.TenCrop(8): r"it makes ten images of each sample",
-        T.RandomOrder([T.RandomHorizontalFlip()]): r"it applies its steps in a random order; write the orders you "
-                                                   r"want as T.RandomChoice\(\[T.Compose",
     }
     for step, match in advice.items():
         with pytest.raises(TypeError, match=rf"transform\[1\] is torchvision.*{type(step).__name__}: stallfree "
