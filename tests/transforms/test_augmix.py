@@ -171,3 +171,16 @@ def test_torchvisions_augmix_translates(version: str) -> None:
         import torchvision.transforms.v2 as T
     steps = to_steps(T.AugMix(severity=5, mixture_width=2, chain_depth=2, alpha=0.5, all_ops=False)).steps
     assert steps == (AugMix(5, 2, 2, 0.5, False, "bilinear", None, version),)
+
+
+@pytest.mark.torchvision
+def test_augmix_with_a_per_channel_fill_is_refused_by_name() -> None:
+    import torchvision.transforms.v2 as T
+
+    from stallfree.transforms.from_torchvision import to_steps
+
+    assert to_steps(T.AugMix(fill=7)).steps == (AugMix(fill=7.0, variant="v2"),)
+    with pytest.raises(ValueError, match=r"transform\[0\]: AugMix\(fill=\[1, 2, 3\]\) is not reproduced"):
+        to_steps([T.AugMix(fill=[1, 2, 3])])
+    with pytest.raises(ValueError, match=r"AugMix\(interpolation='bicubic'\) is not reproduced; use NEAREST"):
+        to_steps([T.AugMix(interpolation=T.InterpolationMode.BICUBIC)])
