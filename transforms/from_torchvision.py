@@ -32,7 +32,7 @@ from stallfree.transforms.color import ColorJitter
 from stallfree.transforms.compile import Dtype
 from stallfree.transforms.compose import Compose
 from stallfree.transforms.containers import RandomApply, RandomChoice, RandomOrder
-from stallfree.transforms.geometry import Pad, RandomCrop
+from stallfree.transforms.geometry import Pad, RandomCrop, RandomZoomOut
 from stallfree.transforms.grayscale import Grayscale
 from stallfree.transforms.photometric import TRANSLATORS as _PHOTOMETRIC
 from stallfree.transforms.policies import AutoAugment, RandAugment, TrivialAugmentWide
@@ -57,8 +57,6 @@ _INSTEAD: dict[str, str] = {
     "TenCrop": "it makes ten images of each sample, and a batch holds one image a sample; " + _BATCH
                + " (torchvision.transforms.v2.functional.ten_crop takes batches)",
     "RandomIoUCrop": "it crops around the sample's bounding boxes, which the Loader does not carry; " + _BATCH,
-    "RandomZoomOut": "it moves the sample's bounding boxes with the image, which the Loader does not carry; "
-                     "for images alone use Pad(..., fill) and RandomCrop, which stallfree translates",
     "LinearTransformation": "it mixes every pixel of the flattened image (a whitening matrix), which a per-pixel "
                             "@kernel cannot do; " + _BATCH,
     "MixUp": "it mixes the samples of a batch: mix the output batch with stallfree.transforms.MixUp "
@@ -315,6 +313,10 @@ class _Translation:
         padding = tuple(t.padding) if isinstance(t.padding, (list, tuple)) else t.padding
         self._emit(Pad(padding, _fill_values(where, t), t.padding_mode), where)
 
+    def random_zoom_out(self, where: str, t: Any) -> None:
+        side_range = (float(t.side_range[0]), float(t.side_range[1]))
+        self._emit(RandomZoomOut(_fill_values(where, t), side_range, float(t.p)), where)
+
     def random_crop(self, where: str, t: Any) -> None:
         padding = t.padding
         if isinstance(padding, (list, tuple)):
@@ -445,6 +447,7 @@ _HANDLERS: dict[str, Callable[[_Translation, str, Any], None]] = {
     "RandomChoice": _Translation.random_choice,
     "RandomOrder": _Translation.random_order,
     "RandomCrop": _Translation.random_crop,
+    "RandomZoomOut": _Translation.random_zoom_out,
     "RandomHorizontalFlip": _Translation.hflip,
     "RandomVerticalFlip": _Translation.vflip,
     "ColorJitter": _Translation.color_jitter,

@@ -24,7 +24,7 @@ import numpy as np
 from stallfree.transforms.random import SampleRandom
 from stallfree.transforms.spec import GraphState, Size, Transform, _size_pair
 
-__all__ = ["Pad", "RandomCrop", "padding_table"]
+__all__ = ["Pad", "RandomCrop", "RandomZoomOut", "padding_table"]
 
 PaddingMode = Literal["constant", "edge", "reflect", "symmetric"]
 MODES = ("constant", "edge", "reflect", "symmetric")
@@ -246,3 +246,53 @@ class RandomCrop(Transform):
         node = _window_node("RandomCrop", image, window, tables, _fill("RandomCrop", self.fill), self.padding_mode,
                             state)
         return node, state
+
+
+@dataclass(frozen=True)
+class RandomZoomOut(Transform):
+    """With probability ``p``, place the image at a random spot of a canvas ``side_range`` times its size (v2's).
+
+    The canvas is filled with ``fill``; its scale and the image's place are drawn as torchvision's ``make_params``
+    draws them, in its float32 (``torch.rand`` tensors), so that the sizes and offsets are torchvision's to the
+    pixel given the same uniforms. The size varies per sample: a later step must fix it.
+    """
+
+    fill: Fill = 0
+    side_range: tuple[float, float] = (1.0, 4.0)
+    p: float = 0.5
+    params = {"window": np.int32}  # (top, left, height, width) in the image's pixels, as Pad's
+    changes_size = True
+
+    def __post_init__(self) -> None:
+        _fill("RandomZoomOut", self.fill)
+        if len(self.side_range) != 2 or not 1.0 <= self.side_range[0] <= self.side_range[1]:
+            raise ValueError(f"RandomZoomOut: side_range must be (min, max) with 1 <= min <= max, "
+                             f"got {self.side_range!r}")
+        if not 0 <= self.p <= 1:
+            raise ValueError(f"RandomZoomOut: p must be in [0, 1], got {self.p}")
+
+    def is_identity(self) -> bool:
+        return self.p == 0
+
+    def prepare(self, state: GraphState) -> None:
+        _check_fill("RandomZoomOut", _fill("RandomZoomOut", self.fill), state)
+
+    def padding(self, rng: SampleRandom, height: int, width: int) -> tuple[int, int, int, int]:
+        """``(left, top, right, bottom)``: zero where the draw keeps the image as it is."""
+        if not rng.random() < self.p:
+            return 0, 0, 0, 0
+        low, high = self.side_range
+        r = np.float32(low) + np.float32(rng.random()) * np.float32(high - low)
+        canvas_w, canvas_h = int(np.float32(width) * r), int(np.float32(height) * r)
+        left = int(np.float32(canvas_w - width) * np.float32(rng.random()))
+        top = int(np.float32(canvas_h - height) * np.float32(rng.random()))
+        return left, top, canvas_w - (left + width), canvas_h - (top + height)
+
+    def draw(self, rng: SampleRandom, size: Size) -> tuple[dict[str, Any], Size]:
+        left, top, right, bottom = self.padding(rng, *size)
+        height, width = size[0] + top + bottom, size[1] + left + right
+        return {"window": np.array([-top, -left, height, width], np.int32)}, (height, width)
+
+    def build(self, image: Any, params: Mapping[str, Any], state: GraphState) -> tuple[Any, GraphState]:
+        fill = _fill("RandomZoomOut", self.fill)
+        return _window_node("RandomZoomOut", image, params["window"], None, fill, "constant", state), state

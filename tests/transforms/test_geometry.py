@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from stallfree import Loader
-from stallfree.transforms.geometry import Pad, RandomCrop, padding_table
+from stallfree.transforms.geometry import Pad, RandomCrop, RandomZoomOut, padding_table
 from stallfree.transforms.random import SampleRandom
 
 SIZES = [(30, 40), (41, 23), (17, 50), (32, 32)]
@@ -85,6 +85,24 @@ def test_pad_alone_gives_each_sample_its_padded_size(noise) -> None:
     assert Pad(2).draw(SampleRandom(0, 0, 0), (30, 40))[1] == (34, 44)
 
 
+def test_zoom_out_places_the_image_on_a_filled_canvas(noise) -> None:
+    source, originals = noise
+    zoom = RandomZoomOut(fill=(1, 2, 3), side_range=(1.2, 2.0), p=1.0)
+    images, labels = run(source, [zoom, RandomCrop(44, pad_if_needed=True, fill=(1, 2, 3))], seed=2)
+    for image, label in zip(images, labels.tolist(), strict=True):
+        src = originals[label]
+        rng = SampleRandom(2, 0, label)
+        left, top, right, bottom = zoom.padding(rng, *src.shape[:2])
+        canvas = padded(src, left, top, right, bottom, "constant", (1, 2, 3))
+        crop = RandomCrop(44, pad_if_needed=True)
+        rows, cols = crop.stages(*canvas.shape[:2])
+        (top_pad, bottom_pad), (left_pad, right_pad) = rows[0], cols[0]
+        ref = padded(canvas, left_pad, top_pad, right_pad, bottom_pad, "constant", (1, 2, 3))
+        y, x = crop.window(rng, *canvas.shape[:2])
+        assert min(left, top, right, bottom) >= 0 and right + left > 0
+        assert np.array_equal(image.numpy(), ref[y : y + 44, x : x + 44]), f"sample {label}"
+
+
 def test_cifar_recipe_draws_cover_every_offset() -> None:
     crop = RandomCrop(32, padding=4)
     offsets = np.array([crop.window(SampleRandom(0, 0, i), 32, 32) for i in range(4000)])
@@ -113,6 +131,8 @@ def test_bad_arguments_are_refused_by_name(noise) -> None:
         Pad(1, fill=(1, 2))
     with pytest.raises(ValueError, match=r"required crop size \(40, 40\) is larger than the input image size"):
         RandomCrop(40).window(SampleRandom(0, 0, 0), 30, 50)
+    with pytest.raises(ValueError, match=r"RandomZoomOut: side_range must be \(min, max\) with 1 <= min <= max"):
+        RandomZoomOut(side_range=(0.5, 2.0))
     source, _ = noise
     with pytest.raises(ValueError, match=r"Pad: fill \(300.0, 300.0, 300.0\) is outside a uint8 image's 0..255"):
         Loader(source, batch_size=4, transform=[Pad(1, fill=300), RandomCrop(8)])

@@ -16,7 +16,7 @@ from PIL import Image
 
 from stallfree import Loader
 from stallfree.transforms import RandomResizedCrop
-from stallfree.transforms.geometry import RandomCrop
+from stallfree.transforms.geometry import RandomCrop, RandomZoomOut
 from stallfree.transforms.random import SampleRandom
 
 pytestmark = pytest.mark.torchvision
@@ -186,3 +186,45 @@ def test_random_resized_crop_with_bicubic_or_nearest_equals_torchvision(folder, 
         top, left, h, w = rrc.window(SampleRandom(2, 0, index), pil.height, pil.width)
         expected = np.asarray(F.resized_crop(pil, top, left, h, w, [20, 20], interpolation))
         assert np.array_equal(image, expected), f"sample {index}"
+
+
+def test_zoom_out_equals_torchvision_on_the_drawn_canvas(folder) -> None:
+    import torchvision.transforms.v2 as T
+    import torchvision.transforms.v2.functional as F
+    from torchvision.datasets import ImageFolder
+
+    recipe = T.Compose([T.RandomZoomOut(fill=(10, 20, 30), side_range=(1.0, 2.5), p=0.7), T.CenterCrop(60),
+                        T.ToImage()])
+    ours = RandomZoomOut((10, 20, 30), (1.0, 2.5), 0.7)
+    plain = ImageFolder(folder)
+    loader = Loader(folder, batch_size=4, transform=recipe, seed=6, num_threads=1, layout="NHWC", columns=["index"])
+    zoomed = 0
+    for index, image in pixels_of(loader):
+        pil, _ = plain[index]
+        padding = list(ours.padding(SampleRandom(6, 0, index), pil.height, pil.width))
+        zoomed += any(padding)
+        expected = np.asarray(F.center_crop(F.pad(pil, padding, fill=[10, 20, 30]), [60, 60]))
+        assert np.array_equal(image, expected), f"sample {index} padding {padding}"
+    assert 0 < zoomed < 8
+
+
+def test_zoom_out_canvas_is_torchvisions_float32_arithmetic() -> None:
+    import torchvision.transforms.v2 as T
+
+    theirs, ours = T.RandomZoomOut(side_range=(1.0, 4.0), p=1.0), RandomZoomOut(side_range=(1.0, 4.0), p=1.0)
+    n = 3000
+    torch.manual_seed(0)
+    pil = Image.new("RGB", (37, 23))
+    theirs_pads = np.array([theirs.make_params([pil])["padding"] for _ in range(n)], float)
+    ours_pads = np.array([ours.padding(SampleRandom(0, 0, i), 23, 37) for i in range(n)], float)
+    for k in range(4):
+        assert ks_statistic(ours_pads[:, k], theirs_pads[:, k]) < ks_bound(n, n), f"padding {k}"
+    for i in range(500):  # the same uniforms through torch's float32 give the same canvas and place
+        rng = SampleRandom(0, 1, i)
+        stream = [rng.random() for _ in range(4)]  # p's draw, the scale's, then the place's two
+        r = 1.0 + torch.tensor([stream[1]], dtype=torch.float32) * (4.0 - 1.0)
+        canvas_w, canvas_h = int(37 * r), int(23 * r)
+        left = int((canvas_w - 37) * torch.tensor(stream[2], dtype=torch.float32))
+        top = int((canvas_h - 23) * torch.tensor(stream[3], dtype=torch.float32))
+        expected = (left, top, canvas_w - left - 37, canvas_h - top - 23)
+        assert ours.padding(SampleRandom(0, 1, i), 23, 37) == expected
