@@ -56,7 +56,7 @@ TRANSLATORS: dict[str, Callable[[str, Any], spec.Transform]] = {
     "RandomAdjustSharpness": lambda where, t: RandomAdjustSharpness(float(t.sharpness_factor), float(t.p), _api(t)),
     "RandomPhotometricDistort": lambda where, t: RandomPhotometricDistort(
         tuple(t.brightness), tuple(t.contrast), tuple(t.saturation), tuple(t.hue), float(t.p)),
-    "AugMix": lambda where, t: _augmix(where, t),
+    "AugMix": _augmix,
     "GaussianBlur": lambda where, t: GaussianBlur(tuple(int(k) for k in t.kernel_size),
                                                   tuple(float(s) for s in t.sigma)),
 }
