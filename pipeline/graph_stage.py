@@ -64,6 +64,7 @@ class GraphStage:
         self._credit = 0  # replacements asked for by batches that gave their samples back
         self._broken: Exception | None = None  # the reader's failure, raised wherever the stream reaches it
         self._graph_free = 0.0  # when the graph finished the batch before (the start of the next one's busy span)
+        self._sent = 0.0  # when the batch before was on the output queue (the stage waited for the loop until then)
 
     def loop(self, first: int) -> None:
         with self.run.graph.lock:  # a pass ended from outside may still be finishing its batch in the graph
@@ -107,7 +108,9 @@ class GraphStage:
     def _deliver(self, take: _Take, following: _Take | None) -> bool:
         """Batch ``take`` out of the graph (:meth:`_finish`) and onto the output queue; ``False`` once stopped."""
         batch = self._finish(take, following)
-        return batch is not None and self._send(batch)
+        sent = batch is not None and self._send(batch)
+        self._sent = time.perf_counter()
+        return sent
 
     def _send(self, batch: Batch) -> bool:
         run, device = self.run, self.config.device
@@ -220,7 +223,9 @@ class GraphStage:
         while True:
             images, params = take.inputs or self._inputs(take)
             rows = parts.sampler.rows(np.asarray([t[1] for t in take.taken], np.int64))
-            start_time = max(take.fed, self._graph_free)  # the graph's busy span, not the wait for the reader
+            # The graph's busy span: not the wait for the reader, nor the wait for room on the output queue (a slow
+            # training step), which the queue's own "waiting" span counts.
+            start_time = max(take.fed, self._graph_free, self._sent)
             try:
                 if take.ticket is not None:
                     ticket, take.ticket = take.ticket, None
