@@ -78,7 +78,7 @@ def _stallfree(args: argparse.Namespace) -> Iterable[Any]:
     from stallfree.transforms import Normalize, RandomHorizontalFlip, RandomResizedCrop
 
     loader = Loader(args.data, args.batch_size, transform=[RandomResizedCrop(224), RandomHorizontalFlip(),
-                    Normalize(MEAN, STD)], num_threads=args.threads, drop_last=True, device=args.device,
+                    Normalize(MEAN, STD)], shuffle=True, num_threads=args.threads, drop_last=True, device=args.device,
                     echo=getattr(args, "echo", 1))  # bench e2e's echo=2 feed; bench loader has no --echo
     while True:
         yield from loader

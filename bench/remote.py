@@ -97,7 +97,8 @@ def _loader(source: str | Path, args: argparse.Namespace, **extra: Any) -> Any:
     from stallfree.transforms import Normalize, RandomHorizontalFlip, RandomResizedCrop
 
     spec = [RandomResizedCrop(160), RandomHorizontalFlip(), Normalize()]
-    return Loader(source, args.batch_size, transform=spec, num_threads=args.threads, prefetch=4, **extra)
+    return Loader(source, args.batch_size, transform=spec, num_threads=args.threads, prefetch=4,
+                  **{"shuffle": True, **extra})
 
 
 def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:

@@ -160,13 +160,13 @@ def _measure(folder: str, world_size: int, reads: int) -> dict[str, Any]:
     base_rss = psutil.Process().memory_info().rss
     base_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     start = time.perf_counter()
-    loader = Loader(folder, 256, transform=spec, rank=0, world_size=world_size)
+    loader = Loader(folder, 256, transform=spec, shuffle=True, rank=0, world_size=world_size)
     construct = time.perf_counter() - start
     peak, now = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, psutil.Process().memory_info().rss
     top = peak if peak > base_peak else now  # a peak set during construction, else the RSS it left
     del loader
     tracemalloc.start()  # a second construction, traced (tracing slows allocation: the first one is the timed one)
-    loader = Loader(folder, 256, transform=spec, rank=0, world_size=world_size)
+    loader = Loader(folder, 256, transform=spec, shuffle=True, rank=0, world_size=world_size)
     _, traced = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     start = time.perf_counter()

@@ -88,7 +88,7 @@ def _epoch_rate(source: str | Path, args: argparse.Namespace, settle: int = 2, *
 
     spec = [RandomResizedCrop(160), RandomHorizontalFlip(), Normalize()]
     loader = Loader(source, args.batch_size, transform=spec, num_threads=args.threads, prefetch=4,
-                    io_threads=args.io_threads, **extra)
+                    io_threads=args.io_threads, **{"shuffle": True, **extra})
     images, start = 0, time.perf_counter()
     for number, (_, labels) in enumerate(loader):
         if number == settle:

@@ -84,6 +84,13 @@ def _open(source: Any, *, exif: Exif, verify: Verify, rank: int, on_error: str, 
     return open_source(source, exif=exif, verify=verify, remote=keywords or None)
 
 
+def _check_exists(source: Any) -> None:
+    """A local path that does not exist, as a FileNotFoundError naming it (URLs and tar patterns are opened later)."""
+    if isinstance(source, (str, os.PathLike)) and not is_url(source) and not is_webdataset(source):
+        if not os.path.exists(source):
+            raise FileNotFoundError(f"dataset {os.fspath(source)} does not exist")
+
+
 def _columns(reader: BaseReader, columns: Sequence[str]) -> tuple[str, ...]:
     """``columns=``, each one the source has (its own columns, or the built-in ones), or a ValueError naming them."""
     available = list(reader.columns) + [c for c in BUILTIN_COLUMNS if c not in reader.columns]
@@ -115,7 +122,8 @@ class Loader:
             torchvision's own transforms (``T.Compose``, ``v2.Compose``, one transform, a list), translated with
             their parameters (``stallfree.transforms.from_torchvision``). It must end at a fixed size.
         shuffle: ``True``/``"global"``: a global permutation per ``(seed, epoch)``; ``"block"``: shards ``block_shards``
-            at a time (a bounded working set for a small remote cache; docs/remote.md); ``False``: row order.
+            at a time (a bounded working set for a small remote cache; docs/remote.md); ``False`` (the default, as
+            DataLoader's): row order.
         block_shards: shards per block of ``shuffle="block"``.
         seed: seeds the order and every random augmentation parameter; the same on every rank.
         drop_last: as ``DistributedSampler(drop_last=True)`` plus ``DataLoader(drop_last=True)``: truncate so
@@ -123,7 +131,10 @@ class Loader:
             padded to the same count with samples from the start of the permutation (so a few samples appear
             twice in an epoch when the dataset does not divide by ``world_size``), and the last batch may be short.
         rank, world_size: this process's shard; taken from ``torch.distributed`` when it is initialised, else from
-            the ``RANK`` and ``WORLD_SIZE`` environment variables (``torchrun`` sets them) when they are set.
+            the ``RANK`` and ``WORLD_SIZE`` environment variables (``torchrun`` sets them) when they are set: under
+            DDP the Loader shards as ``DataLoader(sampler=DistributedSampler(...))`` does (and as Lightning and
+            Accelerate shard a DataLoader), each sample once over the job. For every sample on every rank (an
+            evaluation each rank runs whole), pass ``rank=0, world_size=1``.
         device: ``"cpu"`` or ``"cuda[:N]"``: where the batches are delivered.
         placement: where the graph runs: ``"auto"`` (the GPU when ``device`` is CUDA), ``"cpu"`` or ``"gpu"``.
         num_threads: DALI worker threads (default: the cores this process may use).
@@ -184,7 +195,7 @@ class Loader:
         batch_size: int,
         *,
         transform: Any = (),
-        shuffle: bool | Literal["global", "block"] = True,
+        shuffle: bool | Literal["global", "block"] = False,
         block_shards: int = 8,
         seed: int = 0,
         drop_last: bool = False,
@@ -224,6 +235,7 @@ class Loader:
                         echo_mode=echo_mode, on_error=on_error, placement=placement, verify=verify,
                         max_pixels=max_pixels, columns=columns, pin_memory=pin_memory,
                         target_transform=target_transform, clock=clock)
+        _check_exists(source)  # a wrong path before the transform's checks, which would hide it
         if exif not in EXIF_MODES:
             raise ValueError(f"exif must be 'ignore' or 'apply', got {exif!r}")
         self.exif: Exif = exif  # decides pixels: part of what a resumed state must match
@@ -439,8 +451,17 @@ class Loader:
             parts, self._graph, self._epoch, self._split, position, number, self.skipped)
         return run, cursor
 
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
-        """End a pass in progress and, for a remote source, stop its read-ahead and downloads."""
+        """End a pass in progress and, for a remote source, stop its read-ahead and downloads.
+
+        ``with Loader(...) as loader:`` calls it on leaving the block; a script need not call it at all.
+        """
         self._end_pass("close() ended this pass")
         self._next.discard()
         self.reader.close()

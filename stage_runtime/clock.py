@@ -105,7 +105,7 @@ class StageClock:
     Example::
 
         clock = StageClock()
-        loader = Loader(root, 64, clock=clock)
+        loader = Loader(root, 64, shuffle=True, clock=clock)
         for images, labels in loader:
             with clock.span("step", "busy"):
                 train_step(images, labels)

@@ -31,7 +31,7 @@ class Tiny(lightning.LightningModule):
 
 def test_two_epochs_under_trainer_fit(indexed_list: Path) -> None:
     loader = Loader(indexed_list, batch_size=8, transform=[CenterCrop(8), Normalize()], num_threads=1, seed=2,
-                    columns=["index"])
+                    shuffle=True, columns=["index"])
     model = Tiny()
     trainer = lightning.Trainer(accelerator="cpu", devices=1, max_epochs=2, logger=False, enable_checkpointing=False,
                                 enable_progress_bar=False, enable_model_summary=False)
@@ -68,7 +68,7 @@ def _loaders(indexed_list: Path) -> tuple[Loader, Loader]:
     from stallfree.transforms import RandomHorizontalFlip, RandomResizedCrop
 
     train = Loader(indexed_list, batch_size=4, transform=[RandomResizedCrop(8), RandomHorizontalFlip(), Normalize()],
-                   num_threads=1, seed=5, columns=["index"])
+                   num_threads=1, seed=5, shuffle=True, columns=["index"])
     val = Loader(indexed_list, batch_size=8, transform=[CenterCrop(8), Normalize()], num_threads=1, shuffle=False,
                  columns=["index"])
     return train, val

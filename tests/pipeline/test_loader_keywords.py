@@ -99,3 +99,22 @@ def test_a_compose_spec_has_the_list_spec_fingerprint(indexed_list) -> None:
     composed = Loader(indexed_list, batch_size=8, transform=Compose(SPEC))
     composed.load_state_dict(listed.state_dict())  # the same spec: the state is accepted
     assert np.array_equal(listed.labels, composed.labels)
+
+
+def test_a_missing_path_is_named_before_any_other_check(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=f"dataset {tmp_path / 'nope'} does not exist"):
+        Loader(tmp_path / "nope", batch_size=2)  # no transform: the path is still what is wrong
+
+
+def test_a_with_block_closes_the_loader(image_folder: Path) -> None:
+    with Loader(image_folder, batch_size=4, transform=[CenterCrop(8)], num_threads=1) as loader:
+        batches = iter(loader)
+        next(batches)
+    with pytest.raises(RuntimeError, match="close\\(\\) ended this pass"):
+        next(batches)
+
+
+def test_shuffle_defaults_to_dataloaders_false(image_folder: Path) -> None:
+    loader = Loader(image_folder, batch_size=64, transform=[CenterCrop(8)], columns=["index"], num_threads=1)
+    (_, _, extra), = list(loader)
+    assert extra["index"].tolist() == list(range(len(loader.labels)))  # row order, as DataLoader(shuffle=False)

@@ -15,6 +15,7 @@ SPEC = [RandomResizedCrop(12), RandomHorizontalFlip(), Normalize()]
 def make(source: Path, **kwargs) -> Loader:
     kwargs.setdefault("batch_size", 5)
     kwargs.setdefault("num_threads", 1)
+    kwargs.setdefault("shuffle", True)
     return Loader(source, transform=SPEC, seed=3, **kwargs)
 
 

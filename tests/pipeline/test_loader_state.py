@@ -18,6 +18,7 @@ SPEC = [RandomResizedCrop(12), RandomHorizontalFlip(), Normalize()]
 
 def make(source: object, **kwargs) -> Loader:
     kwargs.setdefault("transform", SPEC)
+    kwargs.setdefault("shuffle", True)
     return Loader(source, batch_size=5, seed=3, num_threads=1, **kwargs)  # type: ignore[arg-type]
 
 

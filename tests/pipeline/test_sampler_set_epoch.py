@@ -20,7 +20,7 @@ from stallfree.transforms import Normalize, RandomHorizontalFlip, RandomResizedC
 
 def make(source: Path) -> Loader:
     return Loader(source, batch_size=8, transform=[RandomResizedCrop(8), RandomHorizontalFlip(), Normalize()],
-                  num_threads=1, seed=4, columns=["index"])
+                  num_threads=1, seed=4, shuffle=True, columns=["index"])
 
 
 def batches(loader: Loader) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
