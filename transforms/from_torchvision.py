@@ -4,8 +4,10 @@
 torchvision's own objects (``T.Compose``, ``v2.Compose``, a single transform, a list of them, mixed with stallfree
 steps). torchvision's classes are recognised by the module their type comes from, so nothing here imports
 torchvision: a user without it never loads it, and a user with it gets the objects they built translated with
-their parameters. Anything else (a lambda, a custom class, a torchvision class with no counterpart) is refused
-with a ``TypeError`` that names it and says how to write it as a ``@kernel``.
+their parameters: the type conversions, resizes, flips, containers and policies here, the geometric steps through
+:data:`.tv_geometry.TRANSLATORS` and the photometric ones through :data:`.photometric.TRANSLATORS`. Anything else (a
+lambda, a custom class, a torchvision class with no counterpart) is refused with a ``TypeError`` that names it and
+says what to do instead: a per-pixel ``@kernel`` where one can do it, the output batch where it moves pixels.
 
 torchvision converts types along a pipeline (PIL image, uint8 tensor, float tensor), and stallfree's graph has
 the same three states: uint8 until ``Normalize``, float after. The translation follows them::
@@ -32,12 +34,12 @@ from stallfree.transforms.color import ColorJitter
 from stallfree.transforms.compile import Dtype
 from stallfree.transforms.compose import Compose
 from stallfree.transforms.containers import RandomApply, RandomChoice, RandomOrder
-from stallfree.transforms.geometry import Pad, RandomCrop, RandomZoomOut
 from stallfree.transforms.grayscale import Grayscale
 from stallfree.transforms.photometric import TRANSLATORS as _PHOTOMETRIC
 from stallfree.transforms.policies import AutoAugment, RandAugment, TrivialAugmentWide
-from stallfree.transforms.rescale import RandomResize, RandomShortestSize, ScaleJitter
-from stallfree.transforms.warp import RandomAffine, RandomPerspective, RandomRotation
+from stallfree.transforms.tv_geometry import TRANSLATORS as _GEOMETRIC
+from stallfree.transforms.tv_geometry import enum_value as _enum
+from stallfree.transforms.tv_geometry import interpolation as _interpolation
 
 __all__ = ["Spec", "is_torchvision", "to_steps"]
 
@@ -82,10 +84,6 @@ class Spec:
 def is_torchvision(obj: Any) -> bool:
     """Whether ``obj`` is an instance of one of torchvision's transform classes (by its type's module)."""
     return type(obj).__module__.startswith("torchvision.transforms")
-
-
-def _is_v2(obj: Any) -> bool:
-    return type(obj).__module__.startswith("torchvision.transforms.v2")
 
 
 def _name(obj: Any) -> str:
@@ -137,27 +135,6 @@ def _flatten(where: str, obj: Any, out: list[tuple[str, Any]]) -> None:
         raise _refuse(where, obj)
 
 
-def _enum(value: Any) -> str:
-    """An enum's value (torchvision's ``InterpolationMode``, ``AutoAugmentPolicy``), else the value as a string."""
-    return str(getattr(value, "value", value)).lower()
-
-
-#: torchvision's interpolation modes (and PIL's integer codes, which it still accepts) that the spec reproduces.
-_INTERPOLATIONS: dict[str, spec.Interpolation] = {
-    "bilinear": "bilinear", "2": "bilinear", "bicubic": "bicubic", "3": "bicubic", "nearest": "nearest", "0": "nearest",
-}
-
-
-def _interpolation(where: str, t: Any) -> tuple[spec.Interpolation, bool]:
-    """Check torchvision's interpolation/antialias arguments; the spec's ``interpolation`` and ``antialias``."""
-    mode = _enum(getattr(t, "interpolation", "bilinear"))
-    if mode not in _INTERPOLATIONS:
-        raise ValueError(f"{where}: {type(t).__name__}(interpolation={mode!r}) is not reproduced; stallfree resizes "
-                         "as PIL's BILINEAR, BICUBIC or NEAREST: use InterpolationMode.BILINEAR, BICUBIC or NEAREST")
-    antialias = getattr(t, "antialias", True)
-    return _INTERPOLATIONS[mode], True if antialias is None else bool(antialias)  # None: PIL images antialias
-
-
 def _fill(where: str, t: Any) -> int | None:
     fill = getattr(t, "fill", None)
     if isinstance(fill, dict):  # v2 keeps the fill per input type
@@ -169,20 +146,6 @@ def _fill(where: str, t: Any) -> int | None:
         raise ValueError(f"{where}: {type(t).__name__}(fill={fill!r}) is not reproduced; DALI's policies take one "
                          "fill value for every channel")
     return None if fill is None else int(fill)
-
-
-def _fill_values(where: str, t: Any) -> Any:
-    """``fill`` of a padding step: one number or one per channel (v2 keeps it per input type, in a dict)."""
-    fill = getattr(t, "fill", 0)
-    if isinstance(fill, dict):
-        values = list(fill.values())
-        if any(v != values[0] for v in values):
-            raise ValueError(f"{where}: {type(t).__name__}(fill={fill!r}) has a different fill per input type; "
-                             "stallfree pads images only: pass one fill")
-        fill = values[0]
-    if fill is None:  # torchvision pads PIL images with 0 then
-        return 0
-    return tuple(fill) if isinstance(fill, (list, tuple)) else fill
 
 
 def _resize_size(size: Any) -> Any:
@@ -218,6 +181,8 @@ class _Translation:
         handler = _HANDLERS.get(name)
         if handler is not None:
             handler(self, where, obj)
+        elif name in _GEOMETRIC:
+            self._emit(_GEOMETRIC[name](where, obj), where)
         elif name in _PHOTOMETRIC:
             self._emit(_PHOTOMETRIC[name](where, obj), where)
         else:
@@ -309,23 +274,6 @@ class _Translation:
         self._emit(spec.Resize(_resize_size(t.size), antialias=antialias, max_size=t.max_size,
                                interpolation=interpolation), where)
 
-    def pad(self, where: str, t: Any) -> None:
-        padding = tuple(t.padding) if isinstance(t.padding, (list, tuple)) else t.padding
-        self._emit(Pad(padding, _fill_values(where, t), t.padding_mode), where)
-
-    def random_zoom_out(self, where: str, t: Any) -> None:
-        side_range = (float(t.side_range[0]), float(t.side_range[1]))
-        self._emit(RandomZoomOut(_fill_values(where, t), side_range, float(t.p)), where)
-
-    def random_crop(self, where: str, t: Any) -> None:
-        padding = t.padding
-        if isinstance(padding, (list, tuple)):
-            # v2 keeps it parsed as [left, right, top, bottom]; v1 keeps what it was given
-            padding = (padding[0], padding[2], padding[1], padding[3]) if _is_v2(t) else tuple(padding)
-        step = RandomCrop(tuple(t.size), padding, bool(t.pad_if_needed), _fill_values(where, t), t.padding_mode,
-                          v1_padding=not _is_v2(t))
-        self._emit(step, where)
-
     def center_crop(self, where: str, t: Any) -> None:
         self._emit(spec.CenterCrop(tuple(t.size)), where)
 
@@ -355,43 +303,6 @@ class _Translation:
         if isinstance(value, (list, tuple)):
             value = value[0] if len(value) == 1 else tuple(value)  # v2 keeps value=0 as [0.0]
         self._emit(RandomErasing(float(t.p), tuple(t.scale), tuple(t.ratio), value), where)
-
-    def _warp_interpolation(self, where: str, t: Any) -> Any:
-        mode = _INTERPOLATIONS.get(_enum(t.interpolation))
-        if mode is None:
-            raise ValueError(f"{where}: {type(t).__name__}(interpolation={_enum(t.interpolation)!r}) is not "
-                             "reproduced; PIL transforms with NEAREST, BILINEAR or BICUBIC: use one of those")
-        return mode
-
-    def random_rotation(self, where: str, t: Any) -> None:
-        center = None if t.center is None else tuple(float(c) for c in t.center)
-        self._emit(RandomRotation(tuple(float(d) for d in t.degrees), self._warp_interpolation(where, t),
-                                  bool(t.expand), center, _fill_values(where, t)), where)
-
-    def random_affine(self, where: str, t: Any) -> None:
-        def floats(value: Any) -> Any:
-            return None if value is None else tuple(float(v) for v in value)
-
-        self._emit(RandomAffine(floats(t.degrees), floats(t.translate), floats(t.scale), floats(t.shear),
-                                self._warp_interpolation(where, t), _fill_values(where, t), floats(t.center)), where)
-
-    def random_perspective(self, where: str, t: Any) -> None:
-        self._emit(RandomPerspective(float(t.distortion_scale), float(t.p), self._warp_interpolation(where, t),
-                                     _fill_values(where, t)), where)
-
-    def random_resize(self, where: str, t: Any) -> None:
-        mode, antialias = _interpolation(where, t)
-        self._emit(RandomResize(int(t.min_size), int(t.max_size), mode, antialias), where)
-
-    def scale_jitter(self, where: str, t: Any) -> None:
-        mode, antialias = _interpolation(where, t)
-        target = (int(t.target_size[0]), int(t.target_size[1]))
-        scale = (float(t.scale_range[0]), float(t.scale_range[1]))
-        self._emit(ScaleJitter(target, scale, mode, antialias), where)
-
-    def random_shortest_size(self, where: str, t: Any) -> None:
-        mode, antialias = _interpolation(where, t)
-        self._emit(RandomShortestSize(tuple(int(s) for s in t.min_size), t.max_size, mode, antialias), where)
 
     def random_apply(self, where: str, t: Any) -> None:
         steps = tuple(step for branch in self._inner(where, t) for step in branch)  # applied together, in order
@@ -436,18 +347,9 @@ _HANDLERS: dict[str, Callable[[_Translation, str, Any], None]] = {
     "RandomResizedCrop": _Translation.random_resized_crop,
     "Resize": _Translation.resize,
     "CenterCrop": _Translation.center_crop,
-    "Pad": _Translation.pad,
     "RandomApply": _Translation.random_apply,
-    "RandomResize": _Translation.random_resize,
-    "ScaleJitter": _Translation.scale_jitter,
-    "RandomShortestSize": _Translation.random_shortest_size,
-    "RandomRotation": _Translation.random_rotation,
-    "RandomAffine": _Translation.random_affine,
-    "RandomPerspective": _Translation.random_perspective,
     "RandomChoice": _Translation.random_choice,
     "RandomOrder": _Translation.random_order,
-    "RandomCrop": _Translation.random_crop,
-    "RandomZoomOut": _Translation.random_zoom_out,
     "RandomHorizontalFlip": _Translation.hflip,
     "RandomVerticalFlip": _Translation.vflip,
     "ColorJitter": _Translation.color_jitter,
