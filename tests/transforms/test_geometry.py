@@ -112,6 +112,14 @@ def test_cifar_recipe_draws_cover_every_offset() -> None:
     assert ((counts - 4000 / 9) ** 2 / (4000 / 9)).sum() < 26.1
 
 
+def test_modes_other_than_constant_are_refused_in_a_gpu_graph_with_the_fix() -> None:
+    from stallfree.transforms.spec import GraphState
+
+    with pytest.raises(ValueError, match=r"RandomCrop\(padding_mode='reflect'\) runs on the CPU graph only.*use "
+                                         r"padding_mode='constant'"):
+        RandomCrop(8, padding=2, padding_mode="reflect").build(None, {"rows": None, "cols": None}, GraphState("gpu"))
+
+
 def test_padding_table_is_np_pad() -> None:
     for mode in ("edge", "reflect", "symmetric"):
         assert padding_table(5, [(3, 2)], mode, 0, 10).tolist() == np.pad(np.arange(5), (3, 2), mode=mode).tolist()
