@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import random
+import socket
 import tarfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -34,6 +35,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skips = {}
     if not torch.cuda.is_available():
         skips["gpu"] = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    if {name for _, name in socket.if_nameindex()} != {"lo"}:
+        skips["ray"] = pytest.mark.skip(
+            reason="runs in a loopback-only network namespace: the README's second test command (tests/ray)")
     if importlib.util.find_spec("torchvision") is None:
         skips["torchvision"] = pytest.mark.skip(
             reason="needs torchvision (pip install torch==2.14.1 torchvision==0.29.1)")

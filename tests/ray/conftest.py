@@ -1,0 +1,76 @@
+"""A real Ray cluster on 127.0.0.1 for the tests marked ``ray``: a head and a second node from ``ray start``.
+
+Ray 2.60 advertises the machine's interface address, not loopback, so these tests run in a network namespace of
+their own with only loopback up, where every address Ray uses is 127.0.0.1: the README's second test command
+(``unshare --net --map-root-user sh -c 'ip link set lo up && pytest -q -m ray'``). Elsewhere they are skipped
+(tests/conftest.py), never pointed at another address. The cluster starts once per session.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# Ray's token authentication stays on, with a token of this session's own given to every process (the nodes, this
+# driver and the workers they start) rather than whatever ~/.ray/auth_token holds; set before Ray is imported, which
+# reads its configuration once.
+os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32), "RAY_USAGE_STATS_ENABLED": "0"})
+
+ray = pytest.importorskip("ray")  # in the test extra; a clear skip where an old environment lacks it
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ray_cli(*args: str, env: dict[str, str]) -> None:
+    command = [os.path.join(os.path.dirname(sys.executable), "ray"), *args]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+
+
+def connect(address: str) -> None:
+    """Make this process a driver of the cluster at ``address`` (leaving any other it is connected to)."""
+    if ray.is_initialized():
+        if ray.get_runtime_context().gcs_address == address:
+            return
+        ray.shutdown()
+    ray.init(address=address, include_dashboard=False, log_to_driver=False)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The address (``127.0.0.1:PORT``) of a two-node cluster: a head of 1 CPU and a second node of 2."""
+    port = _free_port()
+    temp = Path(tmp_path_factory.mktemp("ray"))
+    env = dict(os.environ)
+    address = f"127.0.0.1:{port}"
+    _ray_cli("start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
+             "--node-ip-address=127.0.0.1", f"--temp-dir={temp}", "--disable-usage-stats", env=env)
+    try:
+        _ray_cli("start", f"--address={address}", "--num-cpus=2", "--node-ip-address=127.0.0.1", env=env)
+        connect(address)
+        yield address
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        _ray_cli("stop", "--force", env=env)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture
+def ray_connected(ray_cluster: str) -> str:
+    """The cluster's address, with this process connected to it (a test before may have left for another)."""
+    connect(ray_cluster)
+    return ray_cluster
