@@ -23,7 +23,7 @@ from stallfree.transforms.bundled import (
     RandomSolarize,
     Solarize,
 )
-from stallfree.transforms.color import ColorJitter, RandomPhotometricDistort
+from stallfree.transforms.color import ColorJitter, RandomChannelPermutation, RandomPhotometricDistort
 from stallfree.transforms.compose import Compose
 from stallfree.transforms.grayscale import Grayscale
 from stallfree.transforms.kernels import Kernel, KernelError, KernelTransform, kernel, normal_at, uniform_at
@@ -58,6 +58,7 @@ __all__ = [
     "RandAugment",
     "RandomAdjustSharpness",
     "RandomAutocontrast",
+    "RandomChannelPermutation",
     "RandomEqualize",
     "RandomErasing",
     "RandomGrayscale",

@@ -34,7 +34,6 @@ __all__ = [
 
 _KEYS = 2**31 - 1  # per-sample noise keys are drawn in [0, 2**31 - 1), int32 graph inputs
 _WR, _WG, _WB = np.float32(0.2989), np.float32(0.587), np.float32(0.114)
-_U8_BACK = np.float32(255.0 + 1.0 - 1e-3)  # convert_image_dtype's float -> uint8 rule
 
 
 def _per_dtype(make: Callable[[bool], Callable[..., None]], name: str) -> dict[str, Kernel]:
@@ -197,11 +196,14 @@ def _make_noise(integral: bool) -> Callable[..., None]:
         mean, sigma, clip = config[0], config[1], config[2] != 0
         width, channels = image.shape[1], image.shape[2]
         for c in range(channels):
-            v = image[y, x, c] / 255.0 if integral else image[y, x, c] * 1.0
-            v = v + mean + sigma * normal_at(key[0], (y * width + x) * channels + c)
-            if clip or integral:
-                v = min(max(v, 0.0), 1.0)
-            out[y, x, c] = math.floor(v * _U8_BACK) if integral else v
+            z = normal_at(key[0], (y * width + x) * channels + c)
+            if integral:  # torchvision's uint8 path: int16(mean * 255 + randn * (sigma * 255)), added, clamped
+                level = int(config[3] + np.float32(z) * config[4])  # (or wrapped, as a cast to uint8 wraps)
+                v = int(image[y, x, c]) + level
+                out[y, x, c] = min(max(v, 0), 255) if clip else v & 0xFF
+            else:
+                v = image[y, x, c] * 1.0 + mean + sigma * z
+                out[y, x, c] = min(max(v, 0.0), 1.0) if clip else v
 
     return noise
 
@@ -211,17 +213,18 @@ _NOISE = _per_dtype(_make_noise, "GaussianNoise")
 
 @dataclass(frozen=True)
 class GaussianNoise(KernelTransform):
-    """Add ``mean + sigma * N(0, 1)`` noise to every value, then clamp to [0, 1] if ``clip`` (torchvision v2).
+    """Add ``mean + sigma * N(0, 1)`` noise to every value, then clamp if ``clip`` (torchvision v2's GaussianNoise).
 
-    torchvision's ``GaussianNoise`` takes float images on the [0, 1] scale: after ``Normalize`` the noise is added to
-    the normalised values as they are. On a uint8 image (before ``Normalize``) it works on ``image / 255`` and
-    converts back as ``convert_image_dtype`` does, so the result is always clamped there.
+    On float images (after ``Normalize``; torchvision means [0, 1] ones) the noise is added to the values as they
+    are and ``clip`` clamps to [0, 1]. On uint8 images, as torchvision's uint8 path, the noise is
+    ``mean * 255 + N(0, 1) * (sigma * 255)`` in float32 truncated to an integer, and the sum is clamped to
+    [0, 255] if ``clip``, else wrapped as a cast to uint8 wraps it.
     """
 
     mean: float = 0.0
     sigma: float = 0.1
     clip: bool = True
-    params = {"config": np.float32, "key": np.int32}  # config: (mean, sigma, clip)
+    params = {"config": np.float32, "key": np.int32}  # config: (mean, sigma, clip, mean * 255, sigma * 255)
 
     def __post_init__(self) -> None:
         if not self.sigma >= 0:
@@ -231,7 +234,8 @@ class GaussianNoise(KernelTransform):
         return _NOISE[state.dtype]
 
     def sample(self, rng: SampleRandom, size: Size) -> Mapping[str, Any]:
-        return {"config": [self.mean, self.sigma, float(self.clip)], "key": [rng.integers(0, _KEYS)]}
+        config = [self.mean, self.sigma, float(self.clip), self.mean * 255, self.sigma * 255]
+        return {"config": config, "key": [rng.integers(0, _KEYS)]}
 
 
 # --- RandomSolarize, RandomPosterize, RandomGrayscale ------------------------------------------------------------

@@ -39,13 +39,14 @@ from stallfree.transforms.color_kernels import (
     gray,
     jitter,
 )
-from stallfree.transforms.kernels import kernel
+from stallfree.transforms.kernels import KernelTransform, kernel
 from stallfree.transforms.numba_cpu import compile_cpu
 from stallfree.transforms.numba_dali import numba_node
 from stallfree.transforms.random import SampleRandom
 from stallfree.transforms.spec import GraphState, Size, Transform
 
-__all__ = ["ColorJitter", "RandomPhotometricDistort", "jitter_cuda_function", "jitter_function", "jitter_node"]
+__all__ = ["ColorJitter", "RandomChannelPermutation", "RandomPhotometricDistort", "jitter_cuda_function",
+           "jitter_function", "jitter_node"]
 
 cuda: Any = _numba_cuda  # a module global, so that the CUDA simulator can stand in for it
 GPU_THREADS = 256  # one block per sample; the reduction's shared array has this many slots
@@ -287,3 +288,14 @@ class RandomPhotometricDistort(Transform):
         """Run the step's CPU kernels outside DALI on one HWC RGB image, with parameters as :meth:`draw` makes them."""
         jittered = ColorJitter(brightness=1.0).apply(image, params["order"], params["factors"])
         return _permute(jittered, np.asarray(params["perm"], np.int32))
+
+
+@dataclass(frozen=True)
+class RandomChannelPermutation(KernelTransform):
+    """Permute the three channels at random, every permutation equally likely (torchvision v2's, ``randperm(3)``)."""
+
+    params = {"perm": np.int32}  # (apply, the source channel of each output channel)
+    kernel = _permute
+
+    def sample(self, rng: SampleRandom, size: Size) -> Mapping[str, Any]:
+        return {"perm": [1, *rng.permutation(3)]}

@@ -1,10 +1,10 @@
 """torchvision's photometric transform classes, translated into stallfree's steps.
 
 ``TRANSLATORS`` maps a torchvision class name to the function that turns one of its instances into a stallfree
-step; ``from_torchvision`` consults it for the names it does not handle itself. The steps live in
-:mod:`.adjust` (invert, autocontrast, equalize, sharpness), :mod:`.blur`, :mod:`.bundled` (solarize, posterize),
-:mod:`.color` (the photometric distortion) and :mod:`.augmix`. A v2 class gets v2's arithmetic where the two
-APIs round differently.
+step; ``from_torchvision`` consults it for the names it does not handle itself. The steps live in :mod:`.adjust`
+(invert, autocontrast, equalize, sharpness), :mod:`.blur`, :mod:`.bundled` (solarize, posterize, noise),
+:mod:`.color` (the photometric distortion, the channel permutation) and :mod:`.augmix`. A v2 class gets v2's
+arithmetic where the two APIs round differently.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from stallfree.transforms.adjust import (
 )
 from stallfree.transforms.augmix import AugMix
 from stallfree.transforms.blur import GaussianBlur
-from stallfree.transforms.bundled import RandomPosterize, RandomSolarize
-from stallfree.transforms.color import RandomPhotometricDistort
+from stallfree.transforms.bundled import GaussianNoise, RandomPosterize, RandomSolarize
+from stallfree.transforms.color import RandomChannelPermutation, RandomPhotometricDistort
 
 __all__ = ["TRANSLATORS"]
 
@@ -56,6 +56,8 @@ TRANSLATORS: dict[str, Callable[[str, Any], spec.Transform]] = {
     "RandomAdjustSharpness": lambda where, t: RandomAdjustSharpness(float(t.sharpness_factor), float(t.p), _api(t)),
     "RandomPhotometricDistort": lambda where, t: RandomPhotometricDistort(
         tuple(t.brightness), tuple(t.contrast), tuple(t.saturation), tuple(t.hue), float(t.p)),
+    "RandomChannelPermutation": lambda where, t: RandomChannelPermutation(),
+    "GaussianNoise": lambda where, t: GaussianNoise(float(t.mean), float(t.sigma), bool(t.clip)),
     "AugMix": _augmix,
     "GaussianBlur": lambda where, t: GaussianBlur(tuple(int(k) for k in t.kernel_size),
                                                   tuple(float(s) for s in t.sigma)),

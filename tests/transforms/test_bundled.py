@@ -67,12 +67,14 @@ def ref_cutout(img: np.ndarray, p: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def ref_noise(img: np.ndarray, p: dict[str, np.ndarray]) -> np.ndarray:
-    mean, sigma, clip = (float(v) for v in p["config"])
-    x = img / 255.0 if img.dtype == np.uint8 else img.astype(np.float64)
-    x = x + mean + sigma * np_normal(int(p["key"][0]), np.arange(img.size).reshape(img.shape))
-    if clip or img.dtype == np.uint8:
-        x = np.clip(x, 0.0, 1.0)
-    return np.floor(x * np.float32(255.999)).astype(np.uint8) if img.dtype == np.uint8 else x.astype(np.float32)
+    mean, sigma, clip = (float(v) for v in p["config"][:3])
+    z = np_normal(int(p["key"][0]), np.arange(img.size).reshape(img.shape))
+    if img.dtype == np.uint8:  # torchvision's: int16(mean * 255 + randn * (sigma * 255)), added, clamped or wrapped
+        level = np.trunc(np.float32(mean * 255) + z.astype(np.float32) * np.float32(sigma * 255)).astype(np.int64)
+        v = img.astype(np.int64) + level
+        return (np.clip(v, 0, 255) if clip else v & 0xFF).astype(np.uint8)
+    x = img.astype(np.float64) + mean + sigma * z
+    return (np.clip(x, 0.0, 1.0) if clip else x).astype(np.float32)
 
 
 def ref_solarize(img: np.ndarray, p: dict[str, np.ndarray]) -> np.ndarray:
@@ -99,7 +101,7 @@ CASES: list[tuple[Any, Any, tuple[type, ...]]] = [
     (RandomErasing(p=0.8, value="random", scale=(0.1, 0.5)), ref_erasing, (np.float32,)),
     (Cutout(n_holes=2, length=6), ref_cutout, (np.uint8, np.float32)),
     (GaussianNoise(mean=0.05, sigma=0.2), ref_noise, (np.uint8, np.float32)),
-    (GaussianNoise(sigma=0.5, clip=False), ref_noise, (np.float32,)),
+    (GaussianNoise(sigma=0.5, clip=False), ref_noise, (np.uint8, np.float32)),
     (RandomSolarize(threshold=0.6, p=0.7), ref_solarize, (np.float32,)),
     (RandomSolarize(threshold=100, p=0.7), ref_solarize, (np.uint8,)),
     (RandomPosterize(bits=3, p=0.7), ref_posterize, (np.uint8,)),
@@ -193,3 +195,26 @@ def test_dtype_limits_are_refused_when_the_graph_is_built() -> None:
         RandomErasing(value="random").check(GraphState("cpu", "uint8"))
     with pytest.raises(ValueError, match="should be less than the bound"):
         RandomSolarize(threshold=128).check(GraphState("cpu", "float32"))
+
+
+@pytest.mark.torchvision
+@pytest.mark.parametrize("clip", [True, False])
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32], ids=["uint8", "float32"])
+def test_noise_equals_torchvisions_given_the_same_normals(dtype: type, clip: bool, monkeypatch: Any) -> None:
+    # torchvision's gaussian_noise draws torch.randn_like; handing it the kernel's own normals (float32, CHW) must
+    # give the kernel's pixels, which pins down the arithmetic around the draw (scaling, truncation, clamp, wrap).
+    import torch
+    import torchvision.transforms.v2.functional as F  # noqa: N812 - torchvision's alias
+
+    image = image_of((13, 9, 3), dtype, 4)
+    step = GaussianNoise(mean=0.02, sigma=0.3, clip=clip)
+    params, _ = step.draw(SampleRandom(0, 0, 3), image.shape[:2])
+    z = np_normal(int(params["key"][0]), np.arange(image.size).reshape(image.shape)).astype(np.float32)
+    monkeypatch.setattr(torch, "randn_like", lambda t, dtype=None: torch.from_numpy(z).permute(2, 0, 1).to(
+        dtype or t.dtype))
+    theirs = F.gaussian_noise(torch.from_numpy(image).permute(2, 0, 1), mean=0.02, sigma=0.3, clip=clip)
+    ours = step.apply(image, params)
+    if dtype == np.uint8:
+        assert np.array_equal(ours, theirs.permute(1, 2, 0).numpy())
+    else:
+        np.testing.assert_allclose(ours, theirs.permute(1, 2, 0).numpy(), rtol=0, atol=1e-6)

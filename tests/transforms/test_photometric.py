@@ -189,7 +189,13 @@ def test_pixels_equal_torchvisions_tensor_path(name: str, dtype: type, variant: 
 @pytest.mark.torchvision
 @pytest.mark.parametrize("version", ["v1", "v2"])
 def test_torchvisions_classes_translate_with_their_parameters(version: str) -> None:
-    from stallfree.transforms import RandomPhotometricDistort, RandomPosterize, RandomSolarize
+    from stallfree.transforms import (
+        GaussianNoise,
+        RandomChannelPermutation,
+        RandomPhotometricDistort,
+        RandomPosterize,
+        RandomSolarize,
+    )
     from stallfree.transforms.from_torchvision import to_steps
 
     if version == "v1":
@@ -200,11 +206,13 @@ def test_torchvisions_classes_translate_with_their_parameters(version: str) -> N
                 T.RandomAutocontrast(0.6), T.RandomEqualize(0.7), T.RandomAdjustSharpness(1.5, 0.8),
                 T.GaussianBlur((5, 3), (0.2, 1.5)), T.GaussianBlur(7, 0.9)]
     if version == "v2":
-        pipeline.append(T.RandomPhotometricDistort((0.9, 1.1), p=0.4))
+        pipeline += [T.RandomPhotometricDistort((0.9, 1.1), p=0.4), T.RandomChannelPermutation(),
+                     T.GaussianNoise(0.1, 0.2, clip=False)]
     assert to_steps(T.Compose(pipeline)).steps == (
         RandomSolarize(100.0, 0.2), RandomPosterize(3, 0.4), RandomInvert(0.1), RandomAutocontrast(0.6, version),
         RandomEqualize(0.7), RandomAdjustSharpness(1.5, 0.8, version), GaussianBlur((5, 3), (0.2, 1.5)),
-        GaussianBlur((7, 7), (0.9, 0.9)), *([RandomPhotometricDistort((0.9, 1.1), p=0.4)] if version == "v2" else []))
+        GaussianBlur((7, 7), (0.9, 0.9)), *([RandomPhotometricDistort((0.9, 1.1), p=0.4), RandomChannelPermutation(),
+                                             GaussianNoise(0.1, 0.2, False)] if version == "v2" else []))
 
 
 @pytest.mark.torchvision
@@ -335,3 +343,14 @@ def test_pixels_against_torchvisions_pil_path(name: str, variant: str) -> None:
             exact, total = exact + int((diff == 0).sum()), total + diff.size
     if name == "autocontrast" and variant == "v1":
         assert exact >= 0.99 * total
+
+
+def test_channel_permutation_draws_every_permutation_alike() -> None:
+    from stallfree.transforms import RandomChannelPermutation
+
+    step, n = RandomChannelPermutation(), 6000
+    perms = [tuple(step.draw(SampleRandom(8, 0, s), (4, 4))[0]["perm"][1:]) for s in range(n)]
+    counts = np.array([perms.count(p) for p in sorted(set(perms))])
+    assert len(counts) == 6 and np.all(np.abs(counts / n - 1 / 6) < 4 * (5 / 36 / n) ** 0.5)
+    image = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
+    assert np.array_equal(step.apply(image, {"perm": [1, 2, 0, 1]}), image[..., [2, 0, 1]])
