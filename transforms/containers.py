@@ -161,28 +161,25 @@ class RandomChoice(Transform):
             if any(not math.isfinite(w) or w < 0 for w in self.p) or sum(self.p) <= 0:
                 raise ValueError(f"RandomChoice: p must be non-negative weights with a positive sum, got {self.p!r}")
             object.__setattr__(self, "p", tuple(float(w) for w in self.p))
-        for k, step in enumerate(steps):
-            if step.is_identity():
-                raise ValueError(f"RandomChoice: transforms[{k}] ({step!r}) leaves every image as it is; an identity "
-                                 "branch is not supported yet: give it a small RandomApply instead")
 
     @property
     def params(self) -> Mapping[str, type]:  # type: ignore[override]
         params: dict[str, type] = {"choice": np.int32}
         for k, step in enumerate(self.transforms):
-            params.update({f"{k}.{name}": kind for name, kind in step.params.items()})
+            if not step.is_identity():  # a branch that changes nothing draws and builds nothing
+                params.update({f"{k}.{name}": kind for name, kind in step.params.items()})
         return params
 
     @property
     def changes_size(self) -> bool:  # type: ignore[override]
-        return any(step.changes_size for step in self.transforms)
+        return any(step.changes_size for step in _live(self.transforms))
 
     def fixed_size(self) -> Size | None:
-        sizes = {step.fixed_size() for step in self.transforms}
+        sizes = {None if step.is_identity() else step.fixed_size() for step in self.transforms}
         return sizes.pop() if len(sizes) == 1 else None
 
     def size_after(self, size: Size | None) -> Size | None:
-        sizes = {step.size_after(size) for step in self.transforms}
+        sizes = {size if step.is_identity() else step.size_after(size) for step in self.transforms}
         return sizes.pop() if len(sizes) == 1 else None
 
     def weights(self) -> list[float]:
@@ -211,6 +208,8 @@ class RandomChoice(Transform):
         params: dict[str, Any] = {"choice": np.array(choice, np.int32)}
         chosen_size = size
         for k, step in enumerate(self.transforms):
+            if step.is_identity():
+                continue
             drawn, after = step.draw(rng, size)
             params.update({f"{k}.{name}": value for name, value in drawn.items()})
             if k == choice:
@@ -221,9 +220,14 @@ class RandomChoice(Transform):
         choice = params["choice"]
         out = image
         for k, step in enumerate(self.transforms):
+            if step.is_identity():
+                continue  # its samples keep the image
             if choice == k:
                 out, _ = step.build(image, _Inner(params, k), state)
         return out, state
+
+    def is_identity(self) -> bool:
+        return all(step.is_identity() for step in self.transforms)
 
 
 @dataclass(frozen=True)

@@ -111,6 +111,18 @@ def test_random_order_applies_every_step_in_the_drawn_order(pngs) -> None:
     assert orders == {(0, 1), (1, 0)}
 
 
+def test_a_choice_of_a_step_that_changes_nothing_keeps_the_image(pngs) -> None:
+    source, originals = pngs
+    choice = RandomChoice([RandomHorizontalFlip(1.0), ColorJitter(), RandomHorizontalFlip(0.0)])
+    kept = 0
+    for label, image in run(source, [CenterCrop(16), choice], seed=9):
+        crop = center(originals[label], 16)
+        k = choice.choose(SampleRandom(9, 0, label))
+        assert np.array_equal(image, crop[:, ::-1] if k == 0 else crop), f"sample {label} branch {k}"
+        kept += k > 0
+    assert 0 < kept < len(originals)
+
+
 def test_nested_containers_and_a_float_image(pngs) -> None:
     source, _ = pngs
     nested = RandomChoice([RandomApply([RandomHorizontalFlip(1.0)], p=0.5), Resize((16, 16))])
