@@ -22,9 +22,9 @@ from typing import Any, Literal
 import numpy as np
 
 from stallfree.transforms.random import SampleRandom
-from stallfree.transforms.spec import GraphState, Size, Transform, _size_pair
+from stallfree.transforms.spec import GraphState, Size, Transform, size_pair
 
-__all__ = ["Pad", "RandomCrop", "RandomZoomOut", "padding_table"]
+__all__ = ["Pad", "RandomCrop", "RandomZoomOut", "fill_per_channel", "padding_table"]
 
 PaddingMode = Literal["constant", "edge", "reflect", "symmetric"]
 MODES = ("constant", "edge", "reflect", "symmetric")
@@ -48,7 +48,7 @@ def _padding(name: str, padding: int | Sequence[int]) -> tuple[int, int, int, in
     return values[0], values[1], values[2], values[3]
 
 
-def _fill(name: str, fill: Fill) -> tuple[float, float, float]:
+def fill_per_channel(name: str, fill: Fill) -> tuple[float, float, float]:
     """``fill`` as one value per channel (RGB), as torchvision's ``_parse_fill`` broadcasts it."""
     if isinstance(fill, numbers.Real) and not isinstance(fill, bool):
         return (float(fill),) * 3
@@ -128,7 +128,7 @@ class Pad(Transform):
 
     def __post_init__(self) -> None:
         _padding("Pad", self.padding)
-        _fill("Pad", self.fill)
+        fill_per_channel("Pad", self.fill)
         _mode("Pad", self.padding_mode)
 
     @property
@@ -141,7 +141,7 @@ class Pad(Transform):
         return _padding("Pad", self.padding) == (0, 0, 0, 0)
 
     def prepare(self, state: GraphState) -> None:
-        _check_fill("Pad", _fill("Pad", self.fill), state)
+        _check_fill("Pad", fill_per_channel("Pad", self.fill), state)
 
     def draw(self, rng: SampleRandom, size: Size) -> tuple[dict[str, Any], Size]:
         left, top, right, bottom = _padding("Pad", self.padding)
@@ -156,7 +156,7 @@ class Pad(Transform):
         constant = self.padding_mode == "constant"
         window = params["window"] if constant else None
         tables = None if constant else {"rows": params["rows"], "cols": params["cols"]}
-        node = _window_node("Pad", image, window, tables, _fill("Pad", self.fill), self.padding_mode, state)
+        node = _window_node("Pad", image, window, tables, fill_per_channel("Pad", self.fill), self.padding_mode, state)
         return node, state
 
 
@@ -178,10 +178,10 @@ class RandomCrop(Transform):
     changes_size = True
 
     def __post_init__(self) -> None:
-        _size_pair("RandomCrop", self.size)
+        size_pair("RandomCrop", self.size)
         if self.padding is not None:
             _padding("RandomCrop", self.padding)
-        _fill("RandomCrop", self.fill)
+        fill_per_channel("RandomCrop", self.fill)
         _mode("RandomCrop", self.padding_mode)
 
     @property
@@ -191,10 +191,10 @@ class RandomCrop(Transform):
         return {"rows": np.int32, "cols": np.int32}
 
     def fixed_size(self) -> Size:
-        return _size_pair("RandomCrop", self.size)
+        return size_pair("RandomCrop", self.size)
 
     def prepare(self, state: GraphState) -> None:
-        _check_fill("RandomCrop", _fill("RandomCrop", self.fill), state)
+        _check_fill("RandomCrop", fill_per_channel("RandomCrop", self.fill), state)
 
     def stages(self, height: int, width: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         """The ``(before, after)`` padding stages of the rows and of the columns, ``pad_if_needed`` included.
@@ -243,8 +243,8 @@ class RandomCrop(Transform):
         constant = self.padding_mode == "constant"
         window = params["window"] if constant else None
         tables = None if constant else {"rows": params["rows"], "cols": params["cols"]}
-        node = _window_node("RandomCrop", image, window, tables, _fill("RandomCrop", self.fill), self.padding_mode,
-                            state)
+        fill = fill_per_channel("RandomCrop", self.fill)
+        node = _window_node("RandomCrop", image, window, tables, fill, self.padding_mode, state)
         return node, state
 
 
@@ -264,7 +264,7 @@ class RandomZoomOut(Transform):
     changes_size = True
 
     def __post_init__(self) -> None:
-        _fill("RandomZoomOut", self.fill)
+        fill_per_channel("RandomZoomOut", self.fill)
         if len(self.side_range) != 2 or not 1.0 <= self.side_range[0] <= self.side_range[1]:
             raise ValueError(f"RandomZoomOut: side_range must be (min, max) with 1 <= min <= max, "
                              f"got {self.side_range!r}")
@@ -275,7 +275,7 @@ class RandomZoomOut(Transform):
         return self.p == 0
 
     def prepare(self, state: GraphState) -> None:
-        _check_fill("RandomZoomOut", _fill("RandomZoomOut", self.fill), state)
+        _check_fill("RandomZoomOut", fill_per_channel("RandomZoomOut", self.fill), state)
 
     def padding(self, rng: SampleRandom, height: int, width: int) -> tuple[int, int, int, int]:
         """``(left, top, right, bottom)``: zero where the draw keeps the image as it is."""
@@ -294,5 +294,5 @@ class RandomZoomOut(Transform):
         return {"window": np.array([-top, -left, height, width], np.int32)}, (height, width)
 
     def build(self, image: Any, params: Mapping[str, Any], state: GraphState) -> tuple[Any, GraphState]:
-        fill = _fill("RandomZoomOut", self.fill)
+        fill = fill_per_channel("RandomZoomOut", self.fill)
         return _window_node("RandomZoomOut", image, params["window"], None, fill, "constant", state), state

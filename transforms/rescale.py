@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from stallfree.transforms.random import SampleRandom
-from stallfree.transforms.spec import GraphState, Interpolation, Resize, Size, Transform, _check_interpolation
+from stallfree.transforms.spec import GraphState, Interpolation, Resize, Size, Transform, check_interpolation
 
 __all__ = ["RandomResize", "RandomShortestSize", "ScaleJitter"]
 
@@ -59,7 +59,7 @@ class RandomResize(_DrawnResize):
         if not 0 < self.min_size < self.max_size:
             raise ValueError(f"RandomResize: needs 0 < min_size < max_size, got min_size={self.min_size}, "
                              f"max_size={self.max_size}")
-        _check_interpolation("RandomResize", self.interpolation)
+        check_interpolation("RandomResize", self.interpolation)
 
     def out_size(self, rng: SampleRandom, height: int, width: int) -> Size:
         return Resize(rng.integers(self.min_size, self.max_size)).output_size(height, width)
@@ -84,7 +84,7 @@ class ScaleJitter(_DrawnResize):
         if len(self.scale_range) != 2 or not 0 < self.scale_range[0] <= self.scale_range[1]:
             raise ValueError(f"ScaleJitter: scale_range must be (min, max) with 0 < min <= max, "
                              f"got {self.scale_range!r}")
-        _check_interpolation("ScaleJitter", self.interpolation)
+        check_interpolation("ScaleJitter", self.interpolation)
 
     def out_size(self, rng: SampleRandom, height: int, width: int) -> Size:
         low, high = self.scale_range
@@ -108,7 +108,7 @@ class RandomShortestSize(_DrawnResize):
             raise ValueError(f"RandomShortestSize: min_size must be a positive int or ints, got {self.min_size!r}")
         if self.max_size is not None and self.max_size <= 0:
             raise ValueError(f"RandomShortestSize: max_size must be positive, got {self.max_size}")
-        _check_interpolation("RandomShortestSize", self.interpolation)
+        check_interpolation("RandomShortestSize", self.interpolation)
 
     def out_size(self, rng: SampleRandom, height: int, width: int) -> Size:
         sizes = [self.min_size] if isinstance(self.min_size, int) else list(self.min_size)

@@ -37,7 +37,7 @@ Interpolation = Literal["bilinear", "bicubic", "nearest"]
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
 
 
-def _size_pair(name: str, size: int | Sequence[int]) -> Size:
+def size_pair(name: str, size: int | Sequence[int]) -> Size:
     # No annotated locals here: DALI's AutoGraph (conditional graphs) cannot rewrite them.
     if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
         height = width = int(size)
@@ -76,7 +76,8 @@ def size_input(size: Size) -> np.ndarray:
     return np.empty((size[0], size[1], 0), np.uint8)
 
 
-def _check_interpolation(name: str, interpolation: str) -> None:
+def check_interpolation(name: str, interpolation: str) -> None:
+    """Refuse an ``interpolation`` the resizes do not reproduce, naming the step."""
     if interpolation not in INTERPOLATIONS:
         raise ValueError(f"{name}: interpolation must be one of {INTERPOLATIONS} (PIL's filters of those names), "
                          f"got {interpolation!r}")
@@ -210,15 +211,15 @@ class RandomResizedCrop(Transform):
         return {"window": np.float32, "size": np.uint8}  # (top, left, height, width) in pixels; see size_input
 
     def __post_init__(self) -> None:
-        _size_pair("RandomResizedCrop", self.size)
-        _check_interpolation("RandomResizedCrop", self.interpolation)
+        size_pair("RandomResizedCrop", self.size)
+        check_interpolation("RandomResizedCrop", self.interpolation)
         a, b = _range_pair("RandomResizedCrop", "scale", self.scale)
         if b <= 0 or b > 1:
             raise ValueError(f"RandomResizedCrop: scale must lie in (0, 1], got {self.scale!r}")
         _range_pair("RandomResizedCrop", "ratio", self.ratio, low=1e-6)
 
     def fixed_size(self) -> Size:
-        return _size_pair("RandomResizedCrop", self.size)
+        return size_pair("RandomResizedCrop", self.size)
 
     def window(self, rng: SampleRandom, height: int, width: int) -> tuple[int, int, int, int]:
         """``(top, left, height, width)`` of the crop window, torchvision's ``get_params``."""
@@ -290,8 +291,8 @@ class Resize(Transform):
         return {"size": np.uint8}  # (height, width) after resizing; see size_input
 
     def __post_init__(self) -> None:
-        _size_pair("Resize", self.size)
-        _check_interpolation("Resize", self.interpolation)
+        size_pair("Resize", self.size)
+        check_interpolation("Resize", self.interpolation)
         if self.max_size is not None:
             if not isinstance(self.size, int):
                 raise ValueError(f"Resize: max_size needs an int size, got size={self.size!r}")
@@ -299,12 +300,12 @@ class Resize(Transform):
                 raise ValueError(f"Resize: max_size ({self.max_size}) must exceed size ({self.size})")
 
     def fixed_size(self) -> Size | None:
-        return None if isinstance(self.size, int) else _size_pair("Resize", self.size)
+        return None if isinstance(self.size, int) else size_pair("Resize", self.size)
 
     def output_size(self, height: int, width: int) -> Size:
         """Torchvision's ``_compute_resized_output_size``."""
         if not isinstance(self.size, int):
-            return _size_pair("Resize", self.size)
+            return size_pair("Resize", self.size)
         short, long = (height, width) if height <= width else (width, height)
         new_short, new_long = self.size, int(self.size * long / short)
         if self.max_size is not None and new_long > self.max_size:
@@ -332,10 +333,10 @@ class CenterCrop(Transform):
     changes_size = True
 
     def __post_init__(self) -> None:
-        _size_pair("CenterCrop", self.size)
+        size_pair("CenterCrop", self.size)
 
     def fixed_size(self) -> Size:
-        return _size_pair("CenterCrop", self.size)
+        return size_pair("CenterCrop", self.size)
 
     def anchor(self, height: int, width: int) -> tuple[int, int]:
         """Top-left corner of the crop in the unpadded image (torchvision's rounding and padding)."""

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from stallfree.transforms.geometry import Fill, _fill
+from stallfree.transforms.geometry import Fill, fill_per_channel
 from stallfree.transforms.random import SampleRandom
 from stallfree.transforms.spec import GraphState, Size, Transform, size_input
 from stallfree.transforms.warp_kernels import AFFINE, BICUBIC, BILINEAR, NEAREST, PERSPECTIVE, entries, warp
@@ -132,7 +132,7 @@ class _Warp(Transform):
 
     def _params(self, method: int, a: Sequence[float], size: Size, kind: int | None = None) -> dict[str, Any]:
         coefficients = [*a, *_IDENTITY[len(a):]]
-        fill = _fill(type(self).__name__, self.fill)
+        fill = fill_per_channel(type(self).__name__, self.fill)
         kind = _FILTERS[self.interpolation] if kind is None else kind
         values = np.array([method, kind, *coefficients, *(int(v) for v in fill)], np.float64)
         return {"size": size_input(size), "warp": values}
@@ -142,13 +142,13 @@ class _Warp(Transform):
         if state.dtype != "uint8":
             raise ValueError(f"{name} runs on uint8 images, as torchvision's on PIL images; put it before ToTensor "
                              "and Normalize")
-        if not all(0 <= v < 256 for v in _fill(name, self.fill)):
+        if not all(0 <= v < 256 for v in fill_per_channel(name, self.fill)):
             raise ValueError(f"{name}: fill {self.fill!r} is outside a uint8 image's 0..255")
         entries()  # load (or compile, once per installation) the operator's entry points now, not at the first batch
 
     def build(self, image: Any, params: Mapping[str, Any], state: GraphState) -> tuple[Any, GraphState]:
         if state.device != "cpu":
-            fill = _fill(type(self).__name__, self.fill)
+            fill = fill_per_channel(type(self).__name__, self.fill)
             return dali_warp(image, params, self.interpolation, fill, state.device), state
         from stallfree.transforms.numba_dali import numba_operator
 
@@ -211,7 +211,7 @@ class RandomRotation(_Warp):
     def __post_init__(self) -> None:
         _range("RandomRotation", "degrees", self.degrees)
         _interpolation("RandomRotation", self.interpolation)
-        _fill("RandomRotation", self.fill)
+        fill_per_channel("RandomRotation", self.fill)
         if self.center is not None and (not isinstance(self.center, Sequence) or len(self.center) != 2):
             raise ValueError(f"RandomRotation: center must be a (x, y) pair, got {self.center!r}")
 
@@ -255,7 +255,7 @@ class RandomAffine(_Warp):
         if self.shear is not None:
             _range("RandomAffine", "shear", self.shear, sizes=(2, 4))
         _interpolation("RandomAffine", self.interpolation)
-        _fill("RandomAffine", self.fill)
+        fill_per_channel("RandomAffine", self.fill)
 
     def sample(self, rng: SampleRandom, height: int, width: int) -> tuple[float, tuple[int, int], float,
                                                                           tuple[float, float]]:
@@ -298,7 +298,7 @@ class RandomPerspective(_Warp):
         if not 0 <= self.p <= 1:
             raise ValueError(f"RandomPerspective: p must be in [0, 1], got {self.p}")
         _interpolation("RandomPerspective", self.interpolation)
-        _fill("RandomPerspective", self.fill)
+        fill_per_channel("RandomPerspective", self.fill)
 
     def is_identity(self) -> bool:
         return self.p == 0
