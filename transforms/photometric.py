@@ -23,28 +23,27 @@ from stallfree.transforms.augmix import AugMix
 from stallfree.transforms.blur import GaussianBlur
 from stallfree.transforms.bundled import GaussianNoise, RandomPosterize, RandomSolarize
 from stallfree.transforms.color import RandomChannelPermutation, RandomPhotometricDistort
+from stallfree.transforms.tv_geometry import enum_value, fill_values, is_v2
 
 __all__ = ["TRANSLATORS"]
 
 
 def _api(t: Any) -> Literal["v1", "v2"]:
-    return "v2" if ".v2" in type(t).__module__ else "v1"
+    return "v2" if is_v2(t) else "v1"
 
 
 def _augmix(where: str, t: Any) -> spec.Transform:
-    mode = str(getattr(t.interpolation, "value", t.interpolation)).lower()
+    mode = enum_value(t.interpolation)
     if mode not in ("nearest", "bilinear"):
         raise ValueError(f"{where}: AugMix(interpolation={mode!r}) is not reproduced; use NEAREST or BILINEAR")
-    fill = t.fill
-    if isinstance(fill, dict):  # v2 keeps the fill per input type
-        values = list(fill.values())
-        fill = values[0] if len({str(v) for v in values}) == 1 else fill
-    if isinstance(fill, (list, tuple)) and len(set(fill)) == 1:
+    fill = fill_values(where, t)  # torchvision's fill=None warps in zeros: 0
+    if isinstance(fill, tuple) and len(set(fill)) == 1:
         fill = fill[0]
-    if fill is not None and not isinstance(fill, (int, float)):
-        raise ValueError(f"{where}: AugMix(fill={fill!r}) is not reproduced; stallfree's AugMix takes one fill value")
+    if isinstance(fill, tuple):
+        raise ValueError(f"{where}: AugMix(fill={list(fill)!r}) is not reproduced; stallfree's AugMix takes one fill "
+                         "value")
     return AugMix(int(t.severity), int(t.mixture_width), int(t.chain_depth), float(t.alpha), bool(t.all_ops),
-                  mode, None if fill is None else float(fill), _api(t))  # type: ignore[arg-type]
+                  mode, float(fill), _api(t))  # type: ignore[arg-type]
 
 
 TRANSLATORS: dict[str, Callable[[str, Any], spec.Transform]] = {
