@@ -26,10 +26,10 @@ import torch
 import torch.distributed as dist
 
 from stallfree.core.atomic import atomic_write
+from stallfree.core.device import check_device
 from stallfree.stage_runtime.clock import StageClock
 from stallfree.stage_runtime.train import checkpoint as ckpt
 from stallfree.stage_runtime.train.config import TrainConfig, stage_threads
-from stallfree.stage_runtime.train.devices import check_device
 from stallfree.stage_runtime.train.launcher import PeerWatch, StageFailure, failure, free_port, launch, torchrun_env
 from stallfree.stage_runtime.train.models import build_model, resolve
 from stallfree.stage_runtime.train.optim import lr_factor

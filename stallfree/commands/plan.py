@@ -104,8 +104,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Plan (:func:`stallfree.plan`), print the table, write plan.json and timeline.png; returns the exit code."""
+    from stallfree.core.device import check_device
     from stallfree.stage_runtime.plan.plan import plan
-    from stallfree.stage_runtime.train.devices import check_device
 
     if args.costs is None:  # measured here: a GPU this machine lacks fails in one line, before any measurement
         check_device(args.device, instead="--costs FILE with the per-layer costs measured on a GPU")

@@ -11,7 +11,7 @@ import torch
 import torch.multiprocessing as mp
 
 from stallfree.cli import main
-from stallfree.stage_runtime.train.devices import check_device
+from stallfree.core.device import check_device
 from stallfree.stage_runtime.train.launcher import launch, one_line
 
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")

@@ -1,4 +1,4 @@
-"""The ``--device`` a user names, checked against this machine before any work starts.
+"""The ``--device`` a user names, parsed once where it enters and checked against this machine before any work.
 
 ``--device cuda`` on a machine without a GPU once failed deep inside a run (an ``AssertionError`` from torch after
 two profile phases; a stage process's traceback with the cause lost in ``stallfree train``). Both commands and
