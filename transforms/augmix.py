@@ -35,6 +35,7 @@ from stallfree.transforms.color import ColorJitter, jitter_node
 from stallfree.transforms.color_kernels import BRIGHTNESS, CONTRAST, SATURATION
 from stallfree.transforms.random import SampleRandom
 from stallfree.transforms.spec import GraphState, Size, Transform
+from stallfree.transforms.warp import affine_matrix
 
 __all__ = ["AugMix", "OPS", "dirichlet", "inverse_affine", "linspace32"]
 
@@ -62,23 +63,8 @@ def linspace32(start: float, end: float, steps: int) -> np.ndarray:
 
 def inverse_affine(center: tuple[float, float], angle: float, translate: tuple[float, float],
                    shear: tuple[float, float]) -> np.ndarray:
-    """The 2x3 map from output to input coordinates (origin at the image centre) of torchvision's affine.
-
-    torchvision's forward map is ``T(translate) C R(angle) Sh(shear) C^-1`` with ``C`` the move to ``center``
-    (scale 1); this is its inverse, as ``_get_inverse_affine_matrix`` gives it.
-    """
-    rot, sx, sy = math.radians(angle), math.radians(shear[0]), math.radians(shear[1])
-    a = math.cos(rot - sy) / math.cos(sy)
-    b = -math.cos(rot - sy) * math.tan(sx) / math.cos(sy) - math.sin(rot)
-    c = math.sin(rot - sy) / math.cos(sy)
-    d = -math.sin(rot - sy) * math.tan(sx) / math.cos(sy) + math.cos(rot)
-
-    def move(x: float, y: float) -> np.ndarray:
-        return np.array([[1.0, 0.0, x], [0.0, 1.0, y], [0.0, 0.0, 1.0]])
-
-    forward = move(*translate) @ move(*center) @ np.array([[a, b, 0.0], [c, d, 0.0], [0.0, 0.0, 1.0]]) @ move(
-        -center[0], -center[1])
-    return np.linalg.inv(forward)[:2]
+    """The 2x3 map from output to input coordinates (origin at the image centre) of torchvision's affine, scale 1."""
+    return np.array(affine_matrix(center, angle, translate, 1.0, shear)).reshape(2, 3)
 
 
 def dali_matrix(inverse: np.ndarray, size: Size) -> np.ndarray:
