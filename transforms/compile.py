@@ -237,6 +237,7 @@ class CompiledTransforms:
         mirror: Any,
     ) -> Any:
         from stallfree.transforms.resample import resize_normalize_node
+        from stallfree.transforms.resample_kernels import FILTERS
 
         i, resize = step
         assert isinstance(resize, (RandomResizedCrop, Resize))
@@ -255,7 +256,7 @@ class CompiledTransforms:
             antialias=resize.antialias,
             window=window,
             mirror=mirror,
-            cubic=resize.interpolation == "bicubic",
+            kind=FILTERS[resize.interpolation],
         )
 
     def _check_read(self, read: set[str]) -> None:

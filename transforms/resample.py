@@ -4,8 +4,8 @@ Torchvision resizes PIL images with ``Image.resize(..., BILINEAR)``: a separable
 widens with the downscale factor (antialiasing), applied along one axis, then the other (in Pillow's order, see
 :func:`~.resample_kernels._resample`), in 22-bit fixed point with a uint8 image between the two passes. The kernels
 (:mod:`.resample_kernels`) compute the same thing and equal PIL's output exactly
-(``tests/transforms/test_resample.py``), and so for ``BICUBIC``, the same passes with PIL's a = -0.5 cubic of
-support 2 (``tests/transforms/test_interpolation.py``); this module runs them as a Numba operator in the graph.
+(``tests/transforms/test_resample.py``), and so for PIL's other filters (BICUBIC, BOX, HAMMING, LANCZOS), the
+same passes with their weights (``tests/transforms/test_interpolation.py``); this module runs them in the graph.
 It exists for speed: on the crops of an ImageNet-like training graph it runs 2.9x DALI's CPU ``fn.resize``
 (``stallfree bench resize``; the figures are in docs/speed.md), and resizing is the largest cost of a CPU training
 graph after decoding. On the GPU, and for float images (a resize placed after ``Normalize``), the graph uses DALI's
@@ -54,7 +54,7 @@ def _run(antialias: bool, windowed: bool) -> Callable[..., None]:
     return run
 
 
-def resize_node(image: Any, size: Any, *, antialias: bool = True, window: Any = None, cubic: bool = False) -> Any:
+def resize_node(image: Any, size: Any, *, antialias: bool = True, window: Any = None, kind: int = 0) -> Any:
     """A CPU DALI node resizing each RGB uint8 sample as PIL's BILINEAR (torchvision's resize of a PIL image).
 
     Args:
@@ -62,15 +62,16 @@ def resize_node(image: Any, size: Any, *, antialias: bool = True, window: Any = 
         size: the per-sample output size, a node of :func:`stallfree.transforms.spec.size_input` arrays.
         antialias: widen the filter when downscaling (PIL always does; torchvision's default).
         window: an optional node of per-sample ``(top, left, height, width)`` float32: crop it first, then resize.
-        cubic: PIL's BICUBIC instead. It runs as the resampler that writes floats (whose entry points are cached),
-            with mean 0 and std 1, cast back to uint8: the floats are the uint8 levels, so the cast is exact.
+        kind: PIL's filter, by its code in :data:`~.resample_kernels.FILTERS`. Any but BILINEAR (0) runs as the
+            resampler that writes floats (whose entry points are cached), with mean 0 and std 1, cast back to
+            uint8: the floats are the uint8 levels, so the cast is exact.
     """
-    if cubic:
+    if kind:
         import nvidia.dali.fn as fn
         import nvidia.dali.types as types
 
         levels = resize_normalize_node(image, size, mean=[0.0] * 3, std=[1.0] * 3, chw=False, antialias=antialias,
-                                       window=window, cubic=True)
+                                       window=window, kind=kind)
         return fn.cast(levels, dtype=types.UINT8)
     from stallfree.transforms.numba_abi import RESIZE_ENTRIES  # loads the cached entry points (compiles once)
 
@@ -121,7 +122,7 @@ def resize_normalize_node(
     antialias: bool = True,
     window: Any = None,
     mirror: Any = None,
-    cubic: bool = False,
+    kind: int = 0,
 ) -> Any:
     """:func:`resize_node` and ``crop_mirror_normalize(mean, std, mirror, float32)`` as one CPU DALI node.
 
@@ -134,7 +135,7 @@ def resize_normalize_node(
         antialias: as :func:`resize_node`.
         window: as :func:`resize_node`.
         mirror: an optional node of per-sample int32 flags (0-d): mirror left to right where non-zero.
-        cubic: PIL's BICUBIC filter instead of BILINEAR.
+        kind: PIL's filter, as :func:`resize_node`'s.
     """
     import nvidia.dali.fn as fn
     import nvidia.dali.types as types
@@ -142,7 +143,7 @@ def resize_normalize_node(
     from stallfree.transforms.numba_abi import RESIZE_NORMALIZE_ENTRIES
 
     inverse = [1.0 / s for s in std]
-    flags = types.Constant(np.array([*mean, *inverse, antialias, chw, cubic], np.float32), device="cpu")
+    flags = types.Constant(np.array([*mean, *inverse, antialias, chw, kind], np.float32), device="cpu")
     if mirror is None:
         mirror = types.Constant(np.zeros(1, np.int32), device="cpu")
     else:

@@ -1,4 +1,4 @@
-"""PIL's separable filters (``Image.resize(..., BILINEAR or BICUBIC)``) as Numba kernels: the resampler's arithmetic.
+"""PIL's separable filters (``Image.resize(..., BILINEAR)`` and the others) as Numba kernels: the resampler's sums.
 
 Applied along one axis, then the other (in Pillow's order, see :func:`_resample`), in 22-bit fixed point with a
 uint8 image between the two passes, it equals PIL's output exactly (``tests/transforms/test_resample.py``).
@@ -13,32 +13,58 @@ import math
 import numba
 import numpy as np
 
-__all__ = ["resample", "resample_normalize"]
+__all__ = ["FILTERS", "resample", "resample_normalize"]
 
 _BITS = 22  # PIL's PRECISION_BITS: 32 - 8 - 2
 _HALF = 1 << (_BITS - 1)
 
 
+#: PIL's resampling filters by the code the kernels take, and each one's support (in input pixels, before widening).
+FILTERS = {"bilinear": 0, "bicubic": 1, "box": 2, "hamming": 3, "lanczos": 4}
+_SUPPORT = (1.0, 2.0, 0.5, 1.0, 3.0)
+
+
 @numba.njit(inline="always")
-def _weight(t: float, cubic: bool) -> float:
-    """PIL's filters at distance ``t``: the triangle (BILINEAR, support 1) or the a = -0.5 cubic (BICUBIC, 2)."""
-    t = abs(t)
-    if not cubic:
+def _sinc(x: float) -> float:
+    if x == 0.0:
+        return 1.0
+    x *= math.pi
+    return math.sin(x) / x
+
+
+@numba.njit(inline="always")
+def _weight(x: float, kind: int) -> float:
+    """PIL's filter ``kind`` at signed distance ``x`` (``Resample.c``'s ``*_filter`` functions)."""
+    if kind == 2:  # box, half-open as PIL's
+        return 1.0 if -0.5 < x <= 0.5 else 0.0
+    t = abs(x)
+    if kind == 0:  # triangle
         return 1.0 - t if t < 1.0 else 0.0
-    if t < 1.0:
-        return ((-0.5 + 2.0) * t - (-0.5 + 3.0)) * t * t + 1.0
-    if t < 2.0:
-        return (((t - 5.0) * t + 8.0) * t - 4.0) * -0.5
+    if kind == 1:  # cubic, a = -0.5
+        if t < 1.0:
+            return ((-0.5 + 2.0) * t - (-0.5 + 3.0)) * t * t + 1.0
+        if t < 2.0:
+            return (((t - 5.0) * t + 8.0) * t - 4.0) * -0.5
+        return 0.0
+    if kind == 3:  # hamming
+        if t == 0.0:
+            return 1.0
+        if t >= 1.0:
+            return 0.0
+        t *= math.pi
+        return math.sin(t) / t * (0.54 + 0.46 * math.cos(t))
+    if -3.0 <= x < 3.0:  # lanczos, a = 3
+        return _sinc(x) * _sinc(x / 3.0)
     return 0.0
 
 
 @numba.njit(cache=True)
-def _coefficients(in_size: int, out_size: int, antialias: bool, cubic: bool) -> tuple[np.ndarray, np.ndarray]:
+def _coefficients(in_size: int, out_size: int, antialias: bool, kind: int) -> tuple[np.ndarray, np.ndarray]:
     """For each output index: the first input index and tap count, and the fixed-point weights (PIL's precompute)."""
     scale = in_size / out_size
     filter_scale = max(scale, 1.0) if antialias else 1.0
     inverse = 1.0 / filter_scale  # PIL multiplies by the inverse (dividing can round t the other way)
-    support = (2.0 if cubic else 1.0) * filter_scale  # the filter's own support, widened by the filter scale
+    support = _SUPPORT[kind] * filter_scale  # the filter's own support, widened by the filter scale
     taps = int(math.ceil(support)) * 2 + 1
     bounds = np.empty((out_size, 2), np.int32)
     weights = np.zeros((out_size, taps), np.int32)
@@ -49,7 +75,7 @@ def _coefficients(in_size: int, out_size: int, antialias: bool, cubic: bool) -> 
         count = min(int(center + support + 0.5), in_size) - first
         total = 0.0
         for k in range(count):
-            raw[k] = _weight((k + first - center + 0.5) * inverse, cubic)
+            raw[k] = _weight((k + first - center + 0.5) * inverse, kind)
             total += raw[k]
         for k in range(count):
             w = raw[k] / total if total != 0.0 else 0.0
@@ -142,10 +168,10 @@ def _row_pass(packed: np.ndarray, xb: np.ndarray, xw: np.ndarray) -> np.ndarray:
 
 @numba.njit(cache=True)
 def _resample(out_h: int, out_w: int, image: np.ndarray, antialias: bool, mirror: bool,
-              cubic: bool = False) -> tuple[np.ndarray, bool]:
+              kind: int = 0) -> tuple[np.ndarray, bool]:
     """The HWC uint8 ``image`` (any strides, 1-4 channels) resized by PIL's filter, as packed ``(out_h, out_w)``.
 
-    The filter is BILINEAR's triangle, or BICUBIC's cubic if ``cubic``.
+    The filter is ``kind`` (:data:`FILTERS`): BILINEAR's triangle unless told otherwise.
 
     Mirrored left to right if ``mirror`` where a row pass runs; returns whether it mirrored. Each output column of
     the row pass is its own weighted sum, so taking the columns' coefficients in reverse order writes exactly the
@@ -162,10 +188,10 @@ def _resample(out_h: int, out_w: int, image: np.ndarray, antialias: bool, mirror
         same = np.empty((height, width), np.uint32)
         _pack(same, image, 0)
         return same, False
-    xb, xw = _coefficients(width, out_w, antialias, cubic)
+    xb, xw = _coefficients(width, out_w, antialias, kind)
     if mirror:
         xb, xw = xb[::-1].copy(), xw[::-1].copy()
-    yb, yw = _coefficients(height, out_h, antialias, cubic)
+    yb, yw = _coefficients(height, out_h, antialias, kind)
     if height - out_h > 0 and height - out_h > 2 * (width - out_w):
         source = np.empty((height, width), np.uint32)
         _pack(source, image, 0)
@@ -206,7 +232,7 @@ def resample_normalize(out: np.ndarray, image: np.ndarray, flags: np.ndarray, mi
     """Resize the HWC RGB uint8 ``image`` as :func:`resample`, then write ``(pixel - mean) / std`` to float32 ``out``.
 
     ``flags`` is float32 ``[mean0, mean1, mean2, inv0, inv1, inv2, antialias, chw]`` (``inv = 1 / std``, both on
-    the 0..255 scale), and a ninth flag, ``cubic``, where PIL's BICUBIC resizes instead of BILINEAR: ``out`` is
+    the 0..255 scale), and a ninth, the filter's code in :data:`FILTERS` (BILINEAR where absent): ``out`` is
     ``(3, h, w)`` if ``chw`` else ``(h, w, 3)``, mirrored left to right if ``mirror``. The pixels between the two
     are the resampler's uint8, so the result is what the resampler followed by DALI's ``crop_mirror_normalize``
     gives (to float32 rounding), written in one contiguous pass instead of by a second operator reading the uint8
@@ -214,8 +240,8 @@ def resample_normalize(out: np.ndarray, image: np.ndarray, flags: np.ndarray, mi
     """
     chw = flags[7] != 0
     height, width = (out.shape[1], out.shape[2]) if chw else (out.shape[0], out.shape[1])
-    cubic = flags.shape[0] > 8 and flags[8] != 0
-    packed, mirrored = _resample(height, width, image, flags[6] != 0, mirror, cubic)  # the row pass mirrors
+    kind = int(flags[8]) if flags.shape[0] > 8 else 0
+    packed, mirrored = _resample(height, width, image, flags[6] != 0, mirror, kind)  # the row pass mirrors
     reverse = mirror and not mirrored
     if chw:
         _emit_chw(out, packed.view(np.uint8), flags, reverse)

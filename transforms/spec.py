@@ -33,8 +33,9 @@ __all__ = [
 ]
 
 Size = tuple[int, int]  # (height, width), as torchvision orders sizes
-Interpolation = Literal["bilinear", "bicubic", "nearest"]
-INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
+Interpolation = Literal["bilinear", "bicubic", "nearest", "box", "hamming", "lanczos"]
+INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "box", "hamming", "lanczos")
+_PIL_FILTERS = {"bilinear": 0, "bicubic": 1, "box": 2, "hamming": 3, "lanczos": 4}  # resample_kernels.FILTERS
 
 
 def size_pair(name: str, size: int | Sequence[int]) -> Size:
@@ -113,11 +114,15 @@ def _resize(
     if state.device == "cpu" and state.dtype == "uint8" and interpolation != "nearest":
         from stallfree.transforms.resample import resize_node
 
-        return resize_node(image, size, antialias=antialias, window=window, cubic=interpolation == "bicubic")
+        return resize_node(image, size, antialias=antialias, window=window, kind=_PIL_FILTERS[interpolation])
     roi: dict[str, Any] = {}
     if window is not None:
         roi = {"roi_start": window[0:2], "roi_end": window[0:2] + window[2:4], "roi_relative": False}
-    interp = {"bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC, "nearest": types.INTERP_NN}
+    interp = {"bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC, "nearest": types.INTERP_NN,
+              "lanczos": types.INTERP_LANCZOS3}
+    if interpolation not in interp:
+        raise ValueError(f"interpolation={interpolation!r} runs on the CPU graph's uint8 images only (PIL's filter, "
+                         "which DALI's fn.resize does not have): resize before Normalize, or on the CPU graph")
     return fn.resize(
         image,
         size=size.shape(dtype=types.FLOAT)[0:2],
@@ -273,9 +278,9 @@ class RandomResizedCrop(Transform):
 class Resize(Transform):
     """Resize to ``size``: an int sets the shorter side (the longer keeps the aspect ratio, as torchvision).
 
-    ``interpolation`` is PIL's filter of that name, as torchvision resizes PIL images: ``"bilinear"`` (the default)
-    and ``"bicubic"`` (the a = -0.5 cubic) run through the resampler, ``"nearest"`` picks PIL's source pixels; all
-    three equal PIL's output to the bit on the CPU graph's uint8 images.
+    ``interpolation`` is PIL's filter of that name, as torchvision resizes PIL images: ``"bilinear"`` (the default),
+    ``"bicubic"`` (the a = -0.5 cubic), ``"box"``, ``"hamming"`` and ``"lanczos"`` run through the resampler,
+    ``"nearest"`` picks PIL's source pixels; all equal PIL's output to the bit on the CPU graph's uint8 images.
     """
 
     size: int | Sequence[int]

@@ -22,7 +22,9 @@ __all__ = ["TRANSLATORS", "enum_value", "fill_values", "interpolation", "is_v2"]
 #: torchvision's interpolation modes (and PIL's integer codes, which it still accepts) that the spec reproduces.
 _INTERPOLATIONS: dict[str, spec.Interpolation] = {
     "bilinear": "bilinear", "2": "bilinear", "bicubic": "bicubic", "3": "bicubic", "nearest": "nearest", "0": "nearest",
+    "box": "box", "4": "box", "hamming": "hamming", "5": "hamming", "lanczos": "lanczos", "1": "lanczos",
 }
+_WARP_FILTERS = ("nearest", "bilinear", "bicubic")  # what PIL's Image.transform takes
 
 
 def is_v2(obj: Any) -> bool:
@@ -40,7 +42,7 @@ def interpolation(where: str, t: Any) -> tuple[spec.Interpolation, bool]:
     mode = enum_value(getattr(t, "interpolation", "bilinear"))
     if mode not in _INTERPOLATIONS:
         raise ValueError(f"{where}: {type(t).__name__}(interpolation={mode!r}) is not reproduced; stallfree resizes "
-                         "as PIL's BILINEAR, BICUBIC or NEAREST: use InterpolationMode.BILINEAR, BICUBIC or NEAREST")
+                         "as PIL's filters: use InterpolationMode.BILINEAR, BICUBIC, NEAREST, BOX, HAMMING or LANCZOS")
     antialias = getattr(t, "antialias", True)
     return _INTERPOLATIONS[mode], True if antialias is None else bool(antialias)  # None: PIL images antialias
 
@@ -83,7 +85,7 @@ def _random_zoom_out(where: str, t: Any) -> spec.Transform:
 
 def _warp_interpolation(where: str, t: Any) -> Any:
     mode = _INTERPOLATIONS.get(enum_value(t.interpolation))
-    if mode is None:
+    if mode not in _WARP_FILTERS:
         raise ValueError(f"{where}: {type(t).__name__}(interpolation={enum_value(t.interpolation)!r}) is not "
                          "reproduced; PIL transforms with NEAREST, BILINEAR or BICUBIC: use one of those")
     return mode

@@ -152,9 +152,10 @@ def test_bicubic_and_nearest_translate_and_other_interpolations_are_refused(T) -
     modes = T.InterpolationMode
     steps = to_steps([T.Resize(8, interpolation=modes.BICUBIC), T.RandomResizedCrop(6, interpolation=modes.NEAREST)])
     assert steps.steps == (Resize(8, interpolation="bicubic"), RandomResizedCrop((6, 6), interpolation="nearest"))
-    with pytest.raises(ValueError, match=r"Resize\(interpolation='lanczos'\) is not reproduced.*BILINEAR, BICUBIC or "
-                                         r"NEAREST"):
-        to_steps(T.Resize(8, interpolation=modes.LANCZOS))
+    assert to_steps(T.Resize(8, interpolation=modes.LANCZOS)).steps == (Resize(8, interpolation="lanczos"),)
+    with pytest.raises(ValueError, match=r"Resize\(interpolation='nearest-exact'\) is not reproduced.*BILINEAR, "
+                                         r"BICUBIC, NEAREST, BOX, HAMMING or LANCZOS"):
+        to_steps(T.Resize(8, interpolation=modes.NEAREST_EXACT))
 
 
 def test_the_translation_imports_torchvision_only_for_its_objects() -> None:

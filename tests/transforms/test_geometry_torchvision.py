@@ -153,9 +153,9 @@ def test_pad_translates_with_per_channel_fill_and_mode(folder) -> None:
 
 
 @pytest.mark.parametrize("version", ["v1", "v2"])
-@pytest.mark.parametrize("mode", ["BICUBIC", "NEAREST"])
+@pytest.mark.parametrize("mode", ["BICUBIC", "NEAREST", "LANCZOS", "BOX", "HAMMING"])
 def test_eval_recipe_with_bicubic_or_nearest_equals_the_dataloader(folder, version, mode) -> None:
-    """The timm/ViT evaluation recipe: PIL's BICUBIC (or NEAREST) resize, a centre crop, normalized floats."""
+    """The timm/ViT evaluation recipe: PIL's BICUBIC (or another filter) resize, a centre crop, normalized floats."""
     from torch.utils.data import DataLoader
     from torchvision.datasets import ImageFolder
 

@@ -1,4 +1,4 @@
-"""PIL's BICUBIC and NEAREST resizes, in the kernels and in the running CPU graph, against PIL itself (exact)."""
+"""PIL's BICUBIC, NEAREST, BOX, HAMMING and LANCZOS resizes, in the kernels and the CPU graph, against PIL (exact)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ from PIL import Image
 from stallfree import Loader
 from stallfree.transforms import CenterCrop, Normalize, RandomHorizontalFlip, RandomResizedCrop, Resize
 from stallfree.transforms.random import SampleRandom
-from stallfree.transforms.resample_kernels import resample_normalize
+from stallfree.transforms.resample_kernels import FILTERS, resample_normalize
 from stallfree.transforms.spec import nearest_table
 
-PIL_FILTERS = {"bicubic": Image.Resampling.BICUBIC, "nearest": Image.Resampling.NEAREST}
+PIL_FILTERS = {"bicubic": Image.Resampling.BICUBIC, "nearest": Image.Resampling.NEAREST, "box": Image.Resampling.BOX,
+               "hamming": Image.Resampling.HAMMING, "lanczos": Image.Resampling.LANCZOS,
+               "bilinear": Image.Resampling.BILINEAR}
 
 
 def _image(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
@@ -26,16 +28,17 @@ def _image(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
     return np.clip(smooth + rng.integers(-20, 20, (h, w, 3)), 0, 255).astype(np.uint8)
 
 
-def test_cubic_kernel_equals_pil_bicubic() -> None:
+@pytest.mark.parametrize("mode", ["bicubic", "box", "hamming", "lanczos", "bilinear"])
+def test_each_filter_of_the_kernel_equals_pils(mode) -> None:
     rng = np.random.default_rng(1)
-    flags = np.array([0, 0, 0, 1, 1, 1, 1, 0, 1], np.float32)  # mean 0, std 1, antialias, HWC, cubic
-    for _ in range(300):
+    flags = np.array([0, 0, 0, 1, 1, 1, 1, 0, FILTERS[mode]], np.float32)  # mean 0, std 1, antialias, HWC, filter
+    for _ in range(150):
         h, w = (int(v) for v in rng.integers(2, 70, 2))
         oh, ow = (int(v) for v in rng.integers(1, 110, 2))
         image = _image(rng, h, w)
         out = np.empty((oh, ow, 3), np.float32)
         resample_normalize(out, image, flags, False)
-        ref = np.asarray(Image.fromarray(image).resize((ow, oh), Image.Resampling.BICUBIC))
+        ref = np.asarray(Image.fromarray(image).resize((ow, oh), PIL_FILTERS[mode]))
         np.testing.assert_array_equal(out, ref, err_msg=f"{(h, w)} -> {(oh, ow)}")
 
 
@@ -73,7 +76,7 @@ def pil_resize(image: np.ndarray, size: tuple[int, int], mode: str) -> np.ndarra
     return np.asarray(Image.fromarray(image).resize(size[::-1], PIL_FILTERS[mode]))
 
 
-@pytest.mark.parametrize("mode", ["bicubic", "nearest"])
+@pytest.mark.parametrize("mode", ["bicubic", "nearest", "box", "hamming", "lanczos"])
 def test_resize_in_the_graph_equals_pil(pngs, mode) -> None:
     source, originals = pngs
     resize = Resize(27, interpolation=mode)
@@ -119,5 +122,6 @@ def test_fused_output_of_each_mode_equals_the_uint8_graph_normalized(pngs, mode)
 
 
 def test_other_interpolations_are_refused_by_name() -> None:
-    with pytest.raises(ValueError, match=r"Resize: interpolation must be one of \('bilinear', 'bicubic', 'nearest'\)"):
-        Resize(8, interpolation="lanczos")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"Resize: interpolation must be one of \('bilinear', 'bicubic', 'nearest', "
+                                         r"'box', 'hamming', 'lanczos'\)"):
+        Resize(8, interpolation="area")  # type: ignore[arg-type]
