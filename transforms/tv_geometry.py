@@ -23,6 +23,7 @@ __all__ = ["TRANSLATORS", "enum_value", "fill_values", "interpolation", "is_v2"]
 _INTERPOLATIONS: dict[str, spec.Interpolation] = {
     "bilinear": "bilinear", "2": "bilinear", "bicubic": "bicubic", "3": "bicubic", "nearest": "nearest", "0": "nearest",
     "box": "box", "4": "box", "hamming": "hamming", "5": "hamming", "lanczos": "lanczos", "1": "lanczos",
+    "nearest-exact": "nearest",  # on PIL images torchvision maps NEAREST_EXACT to PIL's NEAREST (pil_modes_mapping)
 }
 _WARP_FILTERS = ("nearest", "bilinear", "bicubic")  # what PIL's Image.transform takes
 
