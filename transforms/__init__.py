@@ -26,6 +26,7 @@ from stallfree.transforms.bundled import (
 from stallfree.transforms.color import ColorJitter, RandomChannelPermutation, RandomPhotometricDistort
 from stallfree.transforms.compose import Compose
 from stallfree.transforms.grayscale import Grayscale
+from stallfree.transforms.jpeg import JPEG
 from stallfree.transforms.kernels import Kernel, KernelError, KernelTransform, kernel, normal_at, uniform_at
 from stallfree.transforms.policies import AutoAugment, RandAugment, TrivialAugmentWide
 from stallfree.transforms.spec import (
@@ -49,6 +50,7 @@ __all__ = [
     "GaussianBlur",
     "GaussianNoise",
     "Grayscale",
+    "JPEG",
     "Kernel",
     "KernelError",
     "KernelTransform",

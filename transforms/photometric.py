@@ -3,8 +3,8 @@
 ``TRANSLATORS`` maps a torchvision class name to the function that turns one of its instances into a stallfree
 step; ``from_torchvision`` consults it for the names it does not handle itself. The steps live in :mod:`.adjust`
 (invert, autocontrast, equalize, sharpness), :mod:`.blur`, :mod:`.bundled` (solarize, posterize, noise),
-:mod:`.color` (the photometric distortion, the channel permutation) and :mod:`.augmix`. A v2 class gets v2's
-arithmetic where the two APIs round differently.
+:mod:`.color` (the photometric distortion, the channel permutation), :mod:`.jpeg` and :mod:`.augmix`. A v2
+class gets v2's arithmetic where the two APIs round differently.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from stallfree.transforms.augmix import AugMix
 from stallfree.transforms.blur import GaussianBlur
 from stallfree.transforms.bundled import GaussianNoise, RandomPosterize, RandomSolarize
 from stallfree.transforms.color import RandomChannelPermutation, RandomPhotometricDistort
+from stallfree.transforms.jpeg import JPEG
 from stallfree.transforms.tv_geometry import enum_value, fill_values, is_v2
 
 __all__ = ["TRANSLATORS"]
@@ -58,6 +59,7 @@ TRANSLATORS: dict[str, Callable[[str, Any], spec.Transform]] = {
     "RandomChannelPermutation": lambda where, t: RandomChannelPermutation(),
     "GaussianNoise": lambda where, t: GaussianNoise(float(t.mean), float(t.sigma), bool(t.clip)),
     "AugMix": _augmix,
+    "JPEG": lambda where, t: JPEG(tuple(int(q) for q in t.quality)),
     "GaussianBlur": lambda where, t: GaussianBlur(tuple(int(k) for k in t.kernel_size),
                                                   tuple(float(s) for s in t.sigma)),
 }

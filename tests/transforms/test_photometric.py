@@ -354,3 +354,43 @@ def test_channel_permutation_draws_every_permutation_alike() -> None:
     assert len(counts) == 6 and np.all(np.abs(counts / n - 1 / 6) < 4 * (5 / 36 / n) ** 0.5)
     image = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
     assert np.array_equal(step.apply(image, {"perm": [1, 2, 0, 1]}), image[..., [2, 0, 1]])
+
+
+# --- JPEG ------------------------------------------------------------------------------------------------------------
+
+
+def test_jpeg_quality_is_drawn_uniformly_and_checked() -> None:
+    from stallfree.transforms import JPEG
+
+    n = 5000
+    qualities = np.array([int(JPEG((20, 24)).draw(SampleRandom(6, 0, s), (8, 8))[0]["quality"]) for s in range(n)])
+    counts = np.bincount(qualities, minlength=25)[20:25]
+    assert np.all(np.abs(counts / n - 0.2) < 4 * (0.16 / n) ** 0.5)  # randint(min, max + 1): both ends included
+    with pytest.raises(ValueError, match="quality must be an integer from 1 to 100"):
+        JPEG((0, 50))
+    with pytest.raises(TypeError, match="quality can't be bool"):
+        JPEG(True)
+    with pytest.raises(ValueError, match="JPEG: only uint8 images are supported"):
+        JPEG(50).prepare(GraphState("cpu", "float32"))
+
+
+@pytest.mark.torchvision
+def test_jpeg_in_the_graph_equals_torchvisions() -> None:
+    import torchvision.transforms.v2 as T
+    import torchvision.transforms.v2.functional as F  # noqa: N812 - torchvision's alias
+
+    from stallfree.transforms import JPEG
+    from stallfree.transforms.from_torchvision import to_steps
+
+    assert to_steps(T.JPEG((5, 95))).steps == (JPEG((5, 95)),) and to_steps(T.JPEG(70)).steps == (JPEG((70, 70)),)
+    rng = np.random.default_rng(12)
+    images = []
+    for _ in range(8):
+        h, w = (int(v) for v in rng.integers(14, 40, 2))
+        y, x = np.mgrid[0:h, 0:w]
+        smooth = np.stack([x * 255 // w, y * 255 // h, (x + y) * 127 // (h + w)], -1)
+        images.append(np.clip(smooth + rng.integers(-30, 30, (h, w, 3)), 0, 255).astype(np.uint8))
+    outs, params = run_graph([JPEG((5, 100))], images)
+    for i, image in enumerate(images):
+        theirs = hwc(F.jpeg(chw(image), int(params["0.quality"][i])))
+        assert np.array_equal(outs[i], center(theirs)), int(params["0.quality"][i])
