@@ -61,15 +61,16 @@ class _StatisticKernel(KernelTransform):
     """A kernel step that also takes per-sample statistics of the image, computed in the graph.
 
     ``params`` are drawn on the host; ``statistics`` (name to dtype) are made by :meth:`graph_statistics` from the
-    image node and, outside DALI, by :meth:`host_statistics` from the array, so :meth:`apply` runs the same kernel.
+    image node (and the drawn parameters) and, outside DALI, by :meth:`host_statistics` from the array, so
+    :meth:`apply` runs the same kernel.
     """
 
     statistics: ClassVar[Mapping[str, type]] = {}
 
-    def graph_statistics(self, image: Any, state: GraphState) -> dict[str, Any]:
+    def graph_statistics(self, image: Any, params: Mapping[str, Any], state: GraphState) -> dict[str, Any]:
         raise NotImplementedError
 
-    def host_statistics(self, image: np.ndarray) -> dict[str, np.ndarray]:
+    def host_statistics(self, image: np.ndarray, params: Mapping[str, Any]) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
     def _dtypes(self) -> dict[str, type]:
@@ -79,7 +80,7 @@ class _StatisticKernel(KernelTransform):
     def build(self, image: Any, params: Mapping[str, Any], state: GraphState) -> tuple[Any, GraphState]:
         self.check(state)
         kern = self.kernel_for(state)
-        values = {**params, **self.graph_statistics(image, state)}
+        values = {**params, **self.graph_statistics(image, params, state)}
         dtypes = self._dtypes()
         names = self._names(kern)
         return kern.node(image, [values[n] for n in names], [dtypes[n] for n in names], state), state
@@ -105,7 +106,7 @@ class _StatisticKernel(KernelTransform):
         state = GraphState("cpu", "uint8" if image.dtype == np.uint8 else "float32")
         self.check(state)
         kern = self.kernel_for(state)
-        values = {**params, **self.host_statistics(image)}
+        values = {**params, **self.host_statistics(image, params)}
         dtypes = self._dtypes()
         return kern(image, *[np.asarray(values[n], dtypes[n]) for n in self._names(kern)])
 
@@ -201,7 +202,7 @@ class RandomAutocontrast(_StatisticKernel):
     def sample(self, rng: SampleRandom, size: Size) -> Mapping[str, Any]:
         return {"config": [int(rng.random() < self.p), 1 if self.variant == "v1" else 2]}
 
-    def graph_statistics(self, image: Any, state: GraphState) -> dict[str, Any]:
+    def graph_statistics(self, image: Any, params: Mapping[str, Any], state: GraphState) -> dict[str, Any]:
         import nvidia.dali.fn as fn
         import nvidia.dali.types as types
 
@@ -209,7 +210,7 @@ class RandomAutocontrast(_StatisticKernel):
         high = fn.reductions.max(image, axes=[0, 1], device=state.device)
         return {"low": fn.cast(low, dtype=types.FLOAT), "high": fn.cast(high, dtype=types.FLOAT)}
 
-    def host_statistics(self, image: np.ndarray) -> dict[str, np.ndarray]:
+    def host_statistics(self, image: np.ndarray, params: Mapping[str, Any]) -> dict[str, np.ndarray]:
         return {"low": image.min((0, 1)).astype(np.float32), "high": image.max((0, 1)).astype(np.float32)}
 
 
@@ -280,40 +281,26 @@ class RandomEqualize(_StatisticKernel):
     def sample(self, rng: SampleRandom, size: Size) -> Mapping[str, Any]:
         return {"apply": int(rng.random() < self.p)}
 
-    def graph_statistics(self, image: Any, state: GraphState) -> dict[str, Any]:
-        raise NotImplementedError  # the table needs the apply flag: built in build()
-
-    def host_statistics(self, image: np.ndarray) -> dict[str, np.ndarray]:
-        raise NotImplementedError
-
     @do_not_convert
-    def build(self, image: Any, params: Mapping[str, Any], state: GraphState) -> tuple[Any, GraphState]:
+    def graph_statistics(self, image: Any, params: Mapping[str, Any], state: GraphState) -> dict[str, Any]:
         import nvidia.dali.fn as fn
         import nvidia.dali.types as types
 
-        self.check(state)
         # A (1, 256, C) float32 carrier of the image's channel count: the table kernel's output takes its shape.
         corner = fn.slice(image, start=[0, 0], shape=[1, 1], axis_names="HW", device=state.device)
         carrier = fn.pad(fn.cast(corner, dtype=types.FLOAT), axis_names="W", shape=[256], device=state.device)
         flat = fn.reshape(image, shape=[-1], device=state.device)
         table = _equalize_table.node(carrier, [flat, params["apply"]], [np.uint8, np.int32],
                                      GraphState(state.device, "float32"))
-        table = fn.reshape(table, shape=[-1], device=state.device)
-        return _equalize.node(image, [params["apply"], table], [np.int32, np.float32], state), state
+        return {"table": fn.reshape(table, shape=[-1], device=state.device)}
+
+    def host_statistics(self, image: np.ndarray, params: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        carrier = np.zeros((1, 256, image.shape[2]), np.float32)
+        return {"table": _equalize_table(carrier, image.reshape(-1), np.asarray(params["apply"], np.int32)).reshape(-1)}
 
     def prepare(self, state: GraphState) -> None:
-        self.check(state)
+        super().prepare(state)
         _equalize_table.compile(np.float32, [np.uint8, np.int32])
-        _equalize.compile(np.uint8, [np.int32, np.float32])
-
-    def apply(self, image: np.ndarray, params: Mapping[str, Any]) -> np.ndarray:
-        image = np.ascontiguousarray(image)
-        if image.dtype != np.uint8 or image.ndim != 3:
-            raise ValueError(f"RandomEqualize: needs an HWC uint8 image, got {image.dtype} {image.shape}")
-        apply = np.asarray(params["apply"], np.int32)
-        carrier = np.zeros((1, 256, image.shape[2]), np.float32)
-        table = _equalize_table(carrier, image.reshape(-1), apply).reshape(-1)
-        return _equalize(image, apply, table)
 
 
 # --- RandomAdjustSharpness ----------------------------------------------------------------------------------------
