@@ -25,10 +25,13 @@ from stallfree.transforms.bundled import (
 )
 from stallfree.transforms.color import ColorJitter, RandomChannelPermutation, RandomPhotometricDistort
 from stallfree.transforms.compose import Compose
+from stallfree.transforms.containers import RandomApply, RandomChoice, RandomOrder
+from stallfree.transforms.geometry import Pad, RandomCrop, RandomZoomOut
 from stallfree.transforms.grayscale import Grayscale
 from stallfree.transforms.jpeg import JPEG
 from stallfree.transforms.kernels import Kernel, KernelError, KernelTransform, kernel, normal_at, uniform_at
 from stallfree.transforms.policies import AutoAugment, RandAugment, TrivialAugmentWide
+from stallfree.transforms.rescale import RandomResize, RandomShortestSize, ScaleJitter
 from stallfree.transforms.spec import (
     CenterCrop,
     Normalize,
@@ -38,6 +41,7 @@ from stallfree.transforms.spec import (
     Resize,
     Transform,
 )
+from stallfree.transforms.warp import RandomAffine, RandomPerspective, RandomRotation
 
 __all__ = [
     "AugMix",
@@ -56,22 +60,34 @@ __all__ = [
     "KernelTransform",
     "MixUp",
     "Normalize",
+    "Pad",
     "Posterize",
     "RandAugment",
     "RandomAdjustSharpness",
+    "RandomAffine",
+    "RandomApply",
     "RandomAutocontrast",
     "RandomChannelPermutation",
+    "RandomChoice",
+    "RandomCrop",
     "RandomEqualize",
     "RandomErasing",
     "RandomGrayscale",
     "RandomHorizontalFlip",
     "RandomInvert",
+    "RandomOrder",
+    "RandomPerspective",
     "RandomPhotometricDistort",
     "RandomPosterize",
+    "RandomResize",
     "RandomResizedCrop",
+    "RandomRotation",
+    "RandomShortestSize",
     "RandomSolarize",
     "RandomVerticalFlip",
+    "RandomZoomOut",
     "Resize",
+    "ScaleJitter",
     "Solarize",
     "Transform",
     "TrivialAugmentWide",

@@ -135,16 +135,22 @@ def _flatten(where: str, obj: Any, out: list[tuple[str, Any]]) -> None:
         raise _refuse(where, obj)
 
 
-def _fill(where: str, t: Any) -> int | None:
+def _fill(where: str, t: Any) -> int | tuple[int, ...] | None:
+    """A policy's fill: one value, one per channel (the policy checks their count and range), or ``None``."""
     fill = getattr(t, "fill", None)
     if isinstance(fill, dict):  # v2 keeps the fill per input type
         values = {str(v) for v in fill.values()}
-        fill = next(iter(fill.values())) if len(values) == 1 else fill
+        if len(values) != 1:
+            raise ValueError(f"{where}: {type(t).__name__}(fill={fill!r}) gives each input type its own fill; "
+                             "give one fill (a value or one per channel) for images")
+        fill = next(iter(fill.values()))
     if isinstance(fill, (list, tuple)) and len(set(fill)) == 1:
         fill = fill[0]
+    if isinstance(fill, (list, tuple)):
+        return tuple(int(v) for v in fill)
     if fill is not None and not isinstance(fill, (int, float)):
-        raise ValueError(f"{where}: {type(t).__name__}(fill={fill!r}) is not reproduced; DALI's policies take one "
-                         "fill value for every channel")
+        raise ValueError(f"{where}: {type(t).__name__}(fill={fill!r}) is not reproduced; give a number or one per "
+                         "channel")
     return None if fill is None else int(fill)
 
 

@@ -170,3 +170,19 @@ def test_the_translation_imports_torchvision_only_for_its_objects() -> None:
         "assert not [m for m in sys.modules if m.startswith('torchvision')]"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_per_channel_policy_fill_translates_and_runs(T, tmp_path) -> None:
+    import numpy as np
+    from PIL import Image
+
+    from stallfree import Loader
+
+    for i in range(4):
+        Image.fromarray(np.full((20, 24, 3), 40 * i, np.uint8)).save(tmp_path / f"{i}.png")
+    (tmp_path / "list.csv").write_text("path,label\n" + "".join(f"{i}.png,{i % 2}\n" for i in range(4)))
+    pipeline = [T.RandAugment(fill=[124, 116, 104]), T.CenterCrop(16)]
+    step = to_steps(T.Compose(pipeline)).steps[0]
+    assert isinstance(step, RandAugment) and step.fill == (124, 116, 104)
+    images, _ = next(iter(Loader(tmp_path / "list.csv", batch_size=4, transform=T.Compose(pipeline), dtype="uint8")))
+    assert images.shape == (4, 3, 16, 16)
