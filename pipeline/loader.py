@@ -13,11 +13,12 @@ Loader yields bit-identical batches from the next one on (DESIGN.md, "Known pitf
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 import weakref
 from collections.abc import Iterator, Sequence
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast
 
 import torch
 
@@ -41,6 +42,9 @@ from stallfree.pipeline.loader_sampler import LoaderSampler
 from stallfree.pipeline.loader_state import read_state
 from stallfree.pipeline.next_pass import NextPass
 from stallfree.pipeline.passes import Pass
+from stallfree.pipeline.ray_run import RayRun
+from stallfree.pipeline.ray_transfer import worker_spec
+from stallfree.pipeline.ray_workers import RayWorkers, run_key
 from stallfree.pipeline.reader_base import BaseReader, Reader
 from stallfree.pipeline.readers import open_source, unwrap_torchvision_dataset
 from stallfree.pipeline.run_config import RunConfig, RunParts
@@ -82,6 +86,18 @@ def _open(source: Any, *, exif: Exif, verify: Verify, rank: int, on_error: str, 
     if keywords and not webdataset:
         keywords["rank"] = rank  # the default shard cache is one folder per rank
     return open_source(source, exif=exif, verify=verify, remote=keywords or None)
+
+
+def _check_workers(workers: Any, placement: str) -> RayWorkers | None:
+    """``workers=``: ``None`` or a :class:`RayWorkers`, whose actors run DALI's CPU operators."""
+    if workers is None:
+        return None
+    if not isinstance(workers, RayWorkers):
+        raise TypeError(f"workers must be None or stallfree.RayWorkers(...), got {workers!r}")
+    if placement == "gpu":
+        raise ValueError("placement='gpu' with workers=RayWorkers(...): Ray workers run DALI's CPU operators; "
+                         "use placement='auto' (batches are still delivered on device=)")
+    return workers
 
 
 def _check_exists(source: Any) -> None:
@@ -176,6 +192,9 @@ class Loader:
             indexes are kept, default ``~/.cache/stallfree/webdataset-index``) and, at a URL, ``storage_options``,
             ``downloads`` (ranged requests in flight, default 64), ``read_ahead`` (bytes of coming samples held in
             memory, default 64 MiB), ``retries`` and ``remote_timeout``.
+        workers: where the graph runs: ``None`` (this process) or :class:`RayWorkers` (``num_workers`` Ray actors
+            on CPU machines, docs/ray.md): the same batches, skips and resume states as here with
+            ``placement="cpu"``; a state moves between the two (where the work runs is not in the fingerprint).
 
     DataLoader's other keywords (``num_workers``, ``persistent_workers``, ``collate_fn``, ``sampler``, ...) are
     refused with a ``TypeError`` that says what the Loader does instead.
@@ -226,6 +245,7 @@ class Loader:
         read_ahead: int | None = None,
         retries: int = 5,
         remote_timeout: float = 60.0,
+        workers: RayWorkers | None = None,
         **dataloader_keywords: Any,
     ):
         check_dataloader_keywords(dataloader_keywords)
@@ -247,6 +267,8 @@ class Loader:
         if placement == "gpu" and self.device.type != "cuda":
             raise ValueError("placement='gpu' needs a CUDA device=; got device='cpu'")
         on_gpu = placement == "gpu" or (placement == "auto" and self.device.type == "cuda")
+        self.workers = _check_workers(workers, placement)
+        on_gpu = on_gpu and workers is None  # Ray workers run DALI's CPU operators; the batch then goes to device
         rank, world_size = process_shard(rank, world_size)
         remote_options = {"cache_dir": cache_dir, "cache_limit": cache_limit, "storage_options": storage_options,
                           "downloads": downloads, "read_ahead": read_ahead, "retries": retries,
@@ -264,6 +286,8 @@ class Loader:
         self.num_threads = num_threads or len(os.sched_getaffinity(0))
         self._graph_device = self.device.index if on_gpu else None
         self._graph: Graph | None = None  # built on first iteration, so that construction stays cheap
+        self._ray_id = run_key() if workers is not None else ""  # names this Loader's setup on the actors
+        self._worker_spec = worker_spec(self.compiled, workers.transfer) if workers is not None else None
         self._fingerprint: dict[str, Any] | None = None  # computed on the first state_dict (it hashes the source)
         self._epoch = 0  # the epoch of the pass in progress, else of the next pass
         self._start = (0, 0, 0)  # where the next pass starts: (position, repeat, batches delivered)
@@ -434,6 +458,10 @@ class Loader:
     def _run(self, cursor: tuple[int, int, int]) -> tuple[EpochRun, tuple[int, int, int]]:
         """The epoch run of the current epoch from ``cursor`` (the one started ahead if it fits), and the cursor."""
         position, repeat, delivered = cursor
+        if self.workers is not None:
+            # A RayRun stands for an EpochRun in a Pass (iteration, stop, produced); Pass names the class it had.
+            ray_run = self._ray_run(self.workers, position, (delivered - repeat) // self._batch_echo)
+            return cast("EpochRun", ray_run), cursor
         if self._graph is None:
             self._graph = Graph(
                 self.compiled,
@@ -450,6 +478,15 @@ class Loader:
         run = self._next.take(self._epoch, self._split, position, number, self.skipped, parts) or EpochRun(
             parts, self._graph, self._epoch, self._split, position, number, self.skipped)
         return run, cursor
+
+    def _ray_run(self, workers: RayWorkers, position: int, number: int) -> RayRun:
+        """The epoch run on ``workers``' actors; they get the parts without the clock (their spans come back)."""
+        parts = self._parts()
+        compiled, finish = self._worker_spec or worker_spec(self.compiled, workers.transfer)
+        setup = (dataclasses.replace(parts, clock=None), compiled, workers.cpus_per_worker)
+        key = f"{self._ray_id}:{hash(parts.config)}"
+        return RayRun(parts, workers.pool(), (key, setup), finish, self._epoch, self._split, position, number,
+                      self.skipped, pin_memory=self.pin_memory)
 
     def __enter__(self) -> Loader:
         return self

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from stallfree.ingest.remote import RemoteStoreError
     from stallfree.pipeline.hf_reader import HuggingFaceReader
     from stallfree.pipeline.loader import Loader
+    from stallfree.pipeline.ray_workers import RayWorkers
     from stallfree.pipeline.reader_base import BaseReader
     from stallfree.pipeline.readers import DatasetReader
     from stallfree.pipeline.samples import BadSampleError
@@ -31,6 +32,7 @@ __all__ = [
     "DatasetReader",
     "HuggingFaceReader",
     "Loader",
+    "RayWorkers",
     "RemoteStoreError",
     "Resumable",
     "ShardReader",
@@ -50,6 +52,7 @@ _HOMES = {
     "DatasetReader": "stallfree.pipeline.readers",
     "HuggingFaceReader": "stallfree.pipeline.hf_reader",
     "Loader": "stallfree.pipeline.loader",
+    "RayWorkers": "stallfree.pipeline.ray_workers",
     "RemoteStoreError": "stallfree.ingest.remote",
     "Resumable": "stallfree.core.resume",
     "ShardReader": "stallfree.pipeline.shards",

@@ -1,0 +1,200 @@
+"""One pass over an epoch whose batches are made by Ray actors: the driver's side.
+
+The Loader's process keeps the order. It sends whole batches ahead to the actors (``in_flight`` per actor, so
+memory stays bounded) and takes their results strictly in batch order, so a slow actor delays the output but never
+reorders it::
+
+    batch:     k        k+1       k+2       k+3
+    start:     s_k  ─►  e_k  ─►   e_k+1 ─►  ...      e_j: where batch j ends if none of its samples is skipped
+    actor:     A        B         A         B
+
+Batch ``k + 1`` is sent starting where batch ``k`` would end without a skip. When batch ``k`` comes back with a
+skipped sample (a failed header, a failed decode: :mod:`.ray_take`), it ended later: the driver records the skips
+(the Loader's ``skipped``, as locally), drops the results of the batches sent after it and sends them again from
+the true end, with the new bad positions. An actor that dies is replaced in its slot and every batch it held is
+sent again, unchanged: none is lost or repeated, since the driver, not the actor, decides what each batch holds.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from stallfree.pipeline.ray_transfer import bytes_of, received
+from stallfree.pipeline.samples import BadSampleError, Batch
+
+if TYPE_CHECKING:
+    from stallfree.pipeline.ray_transfer import Finish
+    from stallfree.pipeline.ray_workers import WorkerPool
+    from stallfree.pipeline.run_config import RunParts
+
+__all__: list[str] = []
+
+
+@dataclass(eq=False)
+class _Flight:
+    """A batch sent to the actor in ``slot``: ``args`` are :meth:`BatchTaker.take`'s, ``ref`` its result's ref."""
+
+    number: int
+    start: int
+    slot: int
+    args: tuple[Any, ...]
+    ref: Any
+
+
+class RayRun:
+    """The batches of ``epoch`` (split from ``split``) from ``position`` (batch ``number``), made by ``pool``.
+
+    It stands where an :class:`~stallfree.pipeline.epoch.EpochRun` stands for a
+    :class:`~stallfree.pipeline.passes.Pass`: iterating it yields :class:`Batch` objects in order; :meth:`stop` ends it.
+    """
+
+    def __init__(self, parts: RunParts, pool: WorkerPool, setup: tuple[str, tuple[Any, ...]], finish: Finish,
+                 epoch: int, split: int, position: int, number: int, skipped: list[dict[str, Any]],
+                 *, pin_memory: bool = False):
+        self.parts, self.config, self.pool, self.finish = parts, parts.config, pool, finish
+        self.key, self.setup = setup
+        self.epoch, self.split, self.pin_memory = epoch, split, pin_memory
+        self.n = parts.sampler.length(split)
+        self.bad = {int(s["position"]) % self.n for s in skipped}
+        self.first: dict[str, Any] | None = skipped[0] if skipped else None
+        self.total = self.config.batches(self.n)
+        self.produced = threading.Event()  # as EpochRun's: set once its last batch is out
+        self.bytes_moved = 0  # bytes of batch outputs received from the actors
+        self._flights: deque[_Flight] = deque()
+        self._send_number, self._send_start, self._number = number, position, number
+        self._stopped = False
+        self._replaced = 0
+
+    def stop(self) -> None:
+        """Stop taking batches; those sent are cancelled (an actor finishes the one it is on)."""
+        self._stopped = True
+        self._drop_flights()
+
+    def join(self, timeout: float) -> None:
+        """Nothing runs in this process's threads (for EpochRun's interface)."""
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def _drop_flights(self) -> None:
+        import ray
+
+        flights, self._flights = list(self._flights), deque()
+        if not ray.is_initialized():
+            return
+        for flight in flights:
+            try:
+                ray.cancel(flight.ref)
+            except Exception:  # noqa: BLE001 - a batch already done or its actor gone: nothing to cancel
+                continue
+
+    def _end(self, start: int, size: int) -> int:
+        """Where a batch of ``size`` from ``start`` ends when none of its samples is newly skipped."""
+        if len(self.bad) >= self.n:
+            return start
+        position, left = start, size
+        while left:
+            if position % self.n not in self.bad:
+                left -= 1
+            position += 1
+        return position
+
+    def _fill(self) -> None:
+        """Send batches ahead until every actor holds ``in_flight`` of them or the epoch's last one is sent."""
+        slots = len(self.pool.actors)
+        limit = self.pool.workers.in_flight
+        while self._send_number < self.total and len(self._flights) < slots * limit:
+            held = [0] * slots
+            for flight in self._flights:
+                held[flight.slot] += 1
+            slot = min(range(slots), key=lambda s: held[s])
+            size = self.config.batch_len(self._send_number, self.n)
+            args = (self.epoch, self.split, self._send_start, size, sorted(self.bad), self.first)
+            ref = self.pool.submit(slot, self.key, self.setup, args)
+            self._flights.append(_Flight(self._send_number, self._send_start, slot, args, ref))
+            self._send_number += 1
+            self._send_start = self._end(self._send_start, size)
+
+    def _result(self, flight: _Flight) -> Any:
+        """``flight``'s result; an actor that died is replaced and each batch it held is sent again."""
+        import ray
+
+        while True:
+            try:
+                return ray.get(flight.ref)
+            except ray.exceptions.RayActorError as err:
+                self._replaced += 1
+                if self._replaced > 2 * len(self.pool.actors) + 2:
+                    raise RuntimeError(f"Ray actors of the Loader keep dying ({self._replaced} replaced this pass, "
+                                       f"cluster {self.pool.address}); the last: {err}") from err
+                dead = flight.slot
+                self.pool.replace(dead)
+                for other in self._flights:
+                    if other.slot == dead:
+                        other.ref = self.pool.submit(dead, self.key, self.setup, other.args)
+            except ray.exceptions.RaySystemError as err:
+                raise ConnectionError(f"the Ray cluster at {self.pool.address} went away while the Loader waited "
+                                      f"for batch {flight.number}: {err}") from err
+
+    def __iter__(self) -> Iterator[Batch]:
+        clock = self.parts.clock
+        while self._number < self.total and not self._stopped:
+            self._fill()
+            flight = self._flights[0]
+            wait_start = time.perf_counter()
+            result = self._result(flight)
+            if clock is not None:
+                clock.record("input", "waiting", wait_start, time.perf_counter(), flight.number)
+            if self._stopped:
+                return
+            self._flights.popleft()
+            if result.error is not None:
+                kind, args = result.error
+                raise BadSampleError(*args) if kind == "bad" else RuntimeError(*args)
+            for record in result.skipped:
+                self.bad.add(int(record["position"]) % self.n)
+                self.first = self.first or record
+            if result.skipped or (self._flights and self._flights[0].start != result.end):
+                self._drop_flights()  # sent from where this batch would have ended: sent again from where it did
+                self._send_number, self._send_start = flight.number + 1, result.end
+            self._report(result, flight.number)
+            self._number = flight.number + 1
+            if self._number == self.total:
+                self.produced.set()
+            rows = np.array(result.rows, dtype=np.int64, copy=True)  # Ray's zero-copy arrays are read-only
+            yield Batch(flight.number, flight.start, result.end, rows, skipped=result.skipped,
+                        output=self._output(result.output, flight.number))
+
+    def _output(self, output: Any, number: int) -> torch.Tensor:
+        """The worker's array as the Loader's batch, on its device."""
+        self.bytes_moved += bytes_of(output)
+        device = self.config.device
+        if device.type != "cpu":
+            start_time = time.perf_counter()
+            images = received(output).pin_memory().to(device, non_blocking=True)
+            out = self.finish(images)
+            if self.parts.clock is not None:
+                self.parts.clock.record("h2d", "busy", start_time, time.perf_counter(), number)
+            return out
+        out = self.finish(received(output))
+        return out.pin_memory() if self.pin_memory else out
+
+    def _report(self, result: Any, number: int) -> None:
+        """The actor's busy spans on this process's clock (wall-clock times mapped onto ``perf_counter``)."""
+        clock = self.parts.clock
+        if clock is None or not result.graph_end:
+            return
+        offset = time.perf_counter() - time.time()
+        read_end = result.read_start + result.read_s
+        clock.record("read", "busy", result.read_start + offset, read_end + offset, number)
+        graph_start = max(result.graph_start, result.read_start)
+        clock.record("augment", "busy", graph_start + offset, max(graph_start, result.graph_end) + offset, number)
