@@ -69,13 +69,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "  stallfree ingest list.csv ./shards --part 0/4      # on each of 4 machines, i = 0..3\n"
         "  stallfree ingest --merge ./shards                   # then once, after copying the parts together\n"
         "  stallfree ingest ~/imagenet/train s3://bucket/train/ --part 0/4   # parts straight to a store,\n"
-        "  stallfree ingest --merge s3://bucket/train/                       # then joined there",
+        "  stallfree ingest --merge s3://bucket/train/                       # then joined there\n"
+        "  stallfree ingest /nfs/imagenet/train /nfs/shards/train --ray 10.0.0.5:6379   # parts as Ray tasks, merged\n"
+        "  stallfree ingest ./cifar-folder ./shards/cifar --ray --parts 8   # RAY_ADDRESS's cluster, or a local one",
         formatter_class=_FORMAT,
     )
     parser.add_argument("paths", nargs="+", metavar="SRC OUT",
                         help="source and output folder or URL (with --merge: only the output folder)")
-    parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),
-                        help="processes checking and converting images (default: the cores this process may use)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="processes checking and converting images (default: the cores this process may use; "
+                        "with --ray: per task, each task asking Ray for that many CPUs, default 1)")
     parser.add_argument("--shard-size", type=float, default=256.0, metavar="MB",
                         help="target shard size in MB, estimated from source bytes (default 256)")
     parser.add_argument("--max-side", type=int, metavar="N",
@@ -93,6 +96,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="list and ingest only the i-th of N contiguous slices of SRC (its class folders, rows, "
                         "row groups or tars); then --merge")
     parser.add_argument("--merge", action="store_true", help="join OUT's manifest.part-*.json into manifest.json")
+    parser.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                        help="run the parts as Ray tasks on a cluster, then merge them into OUT: the cluster at "
+                        "ADDRESS (HOST:PORT), or without a value RAY_ADDRESS's, else a local one. SRC and OUT must be "
+                        "at the same path on every node (a network file system), or OUT a URL. A rerun resumes. "
+                        "Needs pip install 'stallfree[ray]' (docs/ingest.md, Ray)")
+    parser.add_argument("--parts", type=int, metavar="N",
+                        help="with --ray: how many parts (tasks) (default: the split an unfinished OUT holds, else "
+                        "the cluster's CPUs / --workers)")
     parser.add_argument("--staging", type=Path, metavar="DIR",
                         help="with OUT a URL: write the shards here before uploading them, and keep them (default: a "
                         "folder per URL under $STALLFREE_CACHE_DIR/ingest, by default ~/.cache/stallfree/ingest, "
@@ -142,6 +153,10 @@ def _ingest(args: argparse.Namespace) -> int:
     from stallfree.ingest.validate import DEFAULT_MAX_PIXELS
     from stallfree.ingest.writer import IngestOptions
 
+    if args.parts is not None and args.ray is None:
+        raise ValueError("--parts applies to --ray; split by hand with --part i/N")
+    if args.ray is not None and (args.merge or args.part != "0/1"):
+        raise ValueError("--ray runs every part and merges them itself; drop --merge and --part")
     if args.merge:
         if len(args.paths) != 1:
             raise ValueError(f"--merge takes only the output folder, got {len(args.paths)} paths")
@@ -172,8 +187,11 @@ def _ingest(args: argparse.Namespace) -> int:
         raise ValueError(f"--staging and --storage-options apply to an OUT at a URL (s3://, gs://, file://), but OUT "
                          f"is {out!r}; drop them")
     extra = {"staging": args.staging, "storage_options": args.storage_options} if remote else {}
+    if args.ray is not None:
+        return _ingest_on_ray(args, src, out, options, extra)
     try:
-        summary = ingest(Path(src), out if remote else Path(out), options, workers=args.workers,
+        summary = ingest(Path(src), out if remote else Path(out), options,
+                         workers=len(os.sched_getaffinity(0)) if args.workers is None else args.workers,
                          part=parse_part(args.part), progress=args.progress and sys.stderr.isatty(), **extra)
     except DiskFull as err:  # not a usage error (exit 2): the same command succeeds once there is room
         print(f"stallfree ingest: error: {err}", file=sys.stderr)
@@ -189,6 +207,34 @@ def _ingest(args: argparse.Namespace) -> int:
         + (f" (see {record})" if summary["rejected"] else "")
         + f"; {summary['written_shards']} shards written, {summary['resumed_shards']} already done{uploads}; "
         f"{summary['seconds']:.1f} s, {summary['images_per_s']:.0f} images/s, {summary['mb_per_s']:.1f} MB/s",
+        file=human(args),
+    )
+    emit(args, summary)
+    return _nothing_ingested(summary, record)
+
+
+def _ingest_on_ray(args: argparse.Namespace, src: str, out: str, options: Any, extra: dict[str, Any]) -> int:
+    """``stallfree ingest SRC OUT --ray [ADDRESS]``: the parts as Ray tasks, then merged."""
+    from stallfree.ingest.ray_ingest import PartFailed, ingest_on_ray
+    from stallfree.ingest.runner import DiskFull
+
+    try:
+        summary = ingest_on_ray(src, out, options, parts=args.parts, address=args.ray or None,
+                                cpus_per_task=1 if args.workers is None else args.workers,
+                                progress=args.progress and sys.stderr.isatty(), **extra)
+    except (PartFailed, DiskFull, ConnectionError) as err:  # not usage errors (exit 2): a rerun may succeed
+        print(f"stallfree ingest: error: {err}", file=sys.stderr)
+        return 1
+    record = f"{_shown(out).rstrip('/')}/rejected.jsonl"
+    uploads = (f"; {summary['uploaded_shards']} shards uploaded to {summary['url']}, {summary['stored_shards']} "
+               "there already" if "url" in summary else "")
+    print(
+        f"{summary['images']} images in {summary['shards']} shards ({summary['shard_mb']:.1f} MB from "
+        f"{summary['source_mb']:.1f} MB), {summary['rejected']} rejected"
+        + (f" (see {record})" if summary["rejected"] else "")
+        + f"; {summary['parts']} parts on the Ray cluster at {summary['address']}: {summary['written_shards']} shards "
+        f"written, {summary['resumed_shards']} already done{uploads}; {summary['seconds']:.1f} s, "
+        f"{summary['images_per_s']:.0f} images/s, {summary['mb_per_s']:.1f} MB/s",
         file=human(args),
     )
     emit(args, summary)
