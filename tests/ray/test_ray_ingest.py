@@ -181,6 +181,22 @@ def test_a_part_that_keeps_failing_stops_the_ingest_naming_it(ray_connected: str
     assert_same_dataset(tmp_path, reference)
 
 
+def test_bad_arguments_are_refused_with_the_fix(ray_connected: str, source: Path, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from stallfree.cli import main
+
+    with pytest.raises(ValueError, match=r"each task asks for 3 CPUs \(--workers\), but the largest node of the Ray "
+                                         r"cluster has 2; ask for 2 or fewer"):
+        ingest_on_ray(source, tmp_path, OPTIONS, cpus_per_task=3)
+    with pytest.raises(ValueError, match="parts must be an int >= 1, got 0"):
+        ingest_on_ray(source, tmp_path, OPTIONS, parts=0)
+    for args, message in (([str(source), str(tmp_path), "--ray", "--part", "0/2"], "drop --merge and --part"),
+                          ([str(tmp_path), "--ray", "--merge"], "drop --merge and --part"),
+                          ([str(source), str(tmp_path), "--parts", "2"], "--parts applies to --ray")):
+        assert main(["ingest", *args]) == 2
+        assert message in capsys.readouterr().err
+
+
 def test_a_rerun_after_kill_9_of_the_driver_resumes_without_redoing_finished_parts(
         ray_connected: str, source: Path, reference: Path, tmp_path: Path) -> None:
     args = (str(source), str(tmp_path), "--ray", ray_connected, "--parts", "3")
