@@ -118,6 +118,12 @@ class GraphWorker:
         """The actor's process id (a test kills it to check that its batches are redone)."""
         return os.getpid()
 
+    def cpu_seconds(self) -> float:
+        """CPU seconds the actor's process has used (``stallfree bench ray`` reads the workers' cost)."""
+        from stallfree.core.cpu import cpu_seconds
+
+        return cpu_seconds()
+
     def prepare(self, key: str, parts: RunParts, compiled: CompiledTransforms, num_threads: int) -> None:
         """Build the reader and graph of the Loader run ``key`` (once; the four latest are kept)."""
         from stallfree.pipeline.ray_take import BatchTaker
