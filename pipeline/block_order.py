@@ -47,17 +47,46 @@ class BlockOrder:
         self.starts = np.concatenate([[0], np.cumsum(self.rows)])
 
     def __call__(self, epoch: int) -> np.ndarray:
+        """The whole epoch's order (``echo`` times the rows); :meth:`at` gives a rank's part of it."""
+        return self.at(epoch, np.arange(int(self.starts[-1]) * self.echo, dtype=np.int64))
+
+    def at(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+        """The epoch's order at ``positions`` (int64, any order): ``self(epoch)[positions]`` without the epoch.
+
+        The blocks are drawn one after the other from the one stream, as the whole order draws them, and only the
+        values at ``positions`` are kept: a rank holds its share and one block, not the epoch (800 MB of int64 at
+        100M rows). Blocks after the last position asked are not drawn.
+        """
         n, count = int(self.starts[-1]), len(self.rows)
+        positions = np.asarray(positions, np.int64)
+        if positions.size and (positions.min() < 0 or positions.max() >= n * self.echo):
+            raise ValueError(f"positions must lie in range({n * self.echo}), got "
+                             f"[{positions.min()}, {positions.max()}]")
         # a stream of its own, so that a block order never equals the global order of the same (seed, epoch)
         rng = np.random.Generator(np.random.Philox(key=[self.seed & 0xFFFFFFFFFFFFFFFF, epoch], counter=[0, 0, 0, 1]))
         shards = rng.permutation(count * self.echo)  # virtual shard s: shard s % count of repeat s // count
-        pieces = []
+        flat = positions.reshape(-1)
+        in_order = bool(np.all(flat[1:] >= flat[:-1]))  # a rank's positions are, but for the padding's wrap
+        order = None if in_order else np.argsort(flat, kind="stable")
+        ascending = flat if order is None else flat[order]
+        out = np.empty_like(flat)
+        last, offset = (int(ascending[-1]) if ascending.size else -1), 0
         for first in range(0, len(shards), self.block_shards):
+            if offset > last:
+                break
             block = shards[first : first + self.block_shards]
             ids = np.concatenate([np.arange(self.starts[s % count], self.starts[s % count + 1]) + (s // count) * n
                                   for s in block])
-            pieces.append(rng.permutation(ids))
-        return np.concatenate(pieces).astype(np.int64)
+            values = rng.permutation(ids)  # drawn for every block up to the last asked: the stream's next draws
+            lo, hi = np.searchsorted(ascending, [offset, offset + len(ids)])
+            if hi > lo:
+                taken = values[ascending[lo:hi] - offset]
+                if order is None:
+                    out[lo:hi] = taken
+                else:
+                    out[order[lo:hi]] = taken
+            offset += len(ids)
+        return out.reshape(positions.shape)
 
 
 def block_order(reader: Reader, block_shards: int, seed: int, echo: int) -> BlockOrder:

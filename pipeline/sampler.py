@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from stallfree.pipeline.block_order import BlockOrder
 from stallfree.pipeline.permutation import Permutation
 
 __all__ = ["Sampler", "process_shard"]
@@ -106,12 +107,17 @@ class Sampler:
             raise ValueError(f"start must be >= 0, got {start}")
         n = self.num_virtual
         # global positions of this rank; past n is padding, read from the start (DistributedSampler's rule)
-        positions = (start + self.rank + self.world_size * np.arange(self.length(start), dtype=np.int64)) % n
+        positions = np.arange(self.length(start), dtype=np.int64)  # built in place: one rank-sized array
+        positions *= self.world_size
+        positions += start + self.rank
+        positions %= n
         if not self.shuffle:
             return positions
-        if self.permute is not None:  # the block shuffle: a whole epoch's order, bounded working set
+        if isinstance(self.permute, BlockOrder):  # the block shuffle, drawn a block at a time: no epoch-sized array
+            return self.permute.at(epoch, positions)
+        if self.permute is not None:
             return self.permute(epoch)[positions].astype(np.int64)
-        return Permutation(n, self.seed, epoch)(positions)
+        return Permutation(n, self.seed, epoch)(positions, overwrite=True)
 
     def rows(self, virtual: np.ndarray) -> np.ndarray:
         """The dataset rows of virtual sample ids."""
