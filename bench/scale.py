@@ -11,7 +11,9 @@ memory is one rank's alone, it measures rank 0 of ``--world-size``:
   touches included); then a second construction under ``tracemalloc`` for the peak of Python's allocations
   (NumPy's included; tracing slows allocation, so it is not the timed one);
 - **first order**: the rank's sample ids for epoch 0 (``sampler.virtual_order(0)``), which is all the sampler
-  computes before the first batch;
+  computes before the first batch: its wall time, then its peak allocations under ``tracemalloc`` in a second call
+  (the rank's order itself, int64, is what it must hold: 100 MB for 12.5M ids); ``--shuffle block`` measures the
+  block shuffle's order (``--block-shards`` shards a block) instead of the global one;
 - **reader**: ``reader.read(row)`` per sample over the rank's first ``--reads`` rows, once their shards are verified
   (a first pass hashes them, then the timed pass).
 
@@ -34,13 +36,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 __all__ = ["add_arguments", "generate_index", "run"]
 
 EXAMPLES = """examples:
   stallfree bench scale
   stallfree bench scale --samples 100000000 --world-size 8 --keep /data/index-100m --repeats 3
+  stallfree bench scale --samples 10000000 --shuffle block     # the block shuffle's first order
   stallfree bench scale --listing 100000 --parts 10     # ingest's listing, whole and one part of 10
 """
 
@@ -55,6 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world-size", type=int, default=8, help="ranks the Loader is sharded over (default 8)")
     parser.add_argument("--repeats", type=int, default=3, help="fresh processes measured (default 3)")
     parser.add_argument("--reads", type=int, default=20000, help="rows read for the reader's cost (default 20000)")
+    parser.add_argument("--shuffle", choices=("global", "block"), default="global",
+                        help="the Loader's shuffle measured (default global)")
+    parser.add_argument("--block-shards", type=int, default=8, help="with --shuffle block: shards a block (default 8)")
     parser.add_argument("--keep", type=Path, help="generate the index here (or reuse it) and keep it")
     parser.add_argument("--listing", type=int, metavar="FILES", default=0,
                         help="measure ingest's listing of a generated folder of FILES empty files instead")
@@ -143,7 +149,8 @@ def generate_index(out: Path, samples: int, rows_per_shard: int, classes: int = 
     })
 
 
-def _measure(folder: str, world_size: int, reads: int) -> dict[str, Any]:
+def _measure(folder: str, world_size: int, reads: int, shuffle: str = "global",
+             block_shards: int = 8) -> dict[str, Any]:
     """One rank's costs, in this (fresh) process."""
     import resource
     import tracemalloc
@@ -160,18 +167,26 @@ def _measure(folder: str, world_size: int, reads: int) -> dict[str, Any]:
     base_rss = psutil.Process().memory_info().rss
     base_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     start = time.perf_counter()
-    loader = Loader(folder, 256, transform=spec, shuffle=True, rank=0, world_size=world_size)
+    mode: Literal["block"] | bool = "block" if shuffle == "block" else True
+    loader = Loader(folder, 256, transform=spec, shuffle=mode, block_shards=block_shards, rank=0,
+                    world_size=world_size)
     construct = time.perf_counter() - start
     peak, now = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, psutil.Process().memory_info().rss
     top = peak if peak > base_peak else now  # a peak set during construction, else the RSS it left
     del loader
     tracemalloc.start()  # a second construction, traced (tracing slows allocation: the first one is the timed one)
-    loader = Loader(folder, 256, transform=spec, shuffle=True, rank=0, world_size=world_size)
+    loader = Loader(folder, 256, transform=spec, shuffle=mode, block_shards=block_shards, rank=0,
+                    world_size=world_size)
     _, traced = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     start = time.perf_counter()
     order = loader.sampler.virtual_order(0)
     first_order = time.perf_counter() - start
+    del order
+    tracemalloc.start()  # again, traced: what the order costs besides the rank's ids it returns
+    order = loader.sampler.virtual_order(0)
+    _, order_traced = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
     rows = loader.sampler.rows(order[:reads]).tolist()
     reader = loader.reader
     for row in rows:  # verifies every shard these rows touch
@@ -182,12 +197,13 @@ def _measure(folder: str, world_size: int, reads: int) -> dict[str, Any]:
     per_read = (time.perf_counter() - start) / max(1, len(rows))
     return {"construct_s": construct, "traced_peak_mb": traced / 1e6,
             "rss_growth_mb": (top - base_rss) / 1e6,
-            "first_order_s": first_order, "rank_samples": len(order), "read_us": per_read * 1e6}
+            "first_order_s": first_order, "order_peak_mb": order_traced / 1e6, "order_mb": order.nbytes / 1e6,
+            "rank_samples": len(order), "read_us": per_read * 1e6}
 
 
 def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
     """Generate (or reuse) the index, measure ``--repeats`` fresh processes, print and return the medians."""
-    for name in ("samples", "rows_per_shard", "world_size", "repeats", "reads", "parts"):
+    for name in ("samples", "rows_per_shard", "world_size", "repeats", "reads", "parts", "block_shards"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.listing < 0:
@@ -211,9 +227,10 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
             for _ in range(args.repeats):
                 code = ("import json, pathlib, sys; from stallfree.bench.scale import _measure; "
                         "pathlib.Path(sys.argv[4]).write_text(json.dumps(_measure(sys.argv[1], int(sys.argv[2]), "
-                        "int(sys.argv[3]))))")
+                        "int(sys.argv[3]), sys.argv[5], int(sys.argv[6]))))")
                 done = subprocess.run([sys.executable, "-c", code, str(folder), str(args.world_size), str(args.reads),
-                                       str(result)], capture_output=True, text=True, env=env, check=False)
+                                       str(result), args.shuffle, str(args.block_shards)],
+                                      capture_output=True, text=True, env=env, check=False)
                 if done.returncode != 0:
                     raise RuntimeError(f"the measuring process failed ({done.returncode}): {done.stderr[-2000:]}")
                 runs.append(json.loads(result.read_text()))
@@ -226,7 +243,10 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
     print(f"  Loader construction  {median['construct_s']:8.3f} s", file=out)
     print(f"  traced peak          {median['traced_peak_mb']:8.1f} MB (Python and NumPy allocations)", file=out)
     print(f"  RSS growth           {median['rss_growth_mb']:8.1f} MB (peak over the after-import RSS)", file=out)
-    print(f"  first order          {median['first_order_s']:8.3f} s", file=out)
+    shuffled = f"{args.shuffle}" + (f", {args.block_shards} shards a block" if args.shuffle == "block" else "")
+    print(f"  first order          {median['first_order_s']:8.3f} s ({shuffled})", file=out)
+    print(f"  first order's peak   {median['order_peak_mb']:8.1f} MB traced (the rank's ids: "
+          f"{median['order_mb']:.1f} MB)", file=out)
     print(f"  reader per sample    {median['read_us']:8.2f} us", file=out)
     return {"samples": args.samples, "world_size": args.world_size, "rows_per_shard": args.rows_per_shard,
-            "median": median, "runs": runs}
+            "shuffle": args.shuffle, "block_shards": args.block_shards, "median": median, "runs": runs}
