@@ -77,8 +77,9 @@ def ingest_on_ray(
         source: as :func:`~stallfree.ingest.runner.ingest` takes it, at the same path on every node.
         out: the output folder, at the same path on every node (a network file system), or a URL.
         options: what to check and convert.
-        parts: how many parts (tasks). By default the split an unfinished ``out`` holds, else the cluster's CPUs
-            divided by ``cpus_per_task``.
+        parts: how many parts (tasks). By default the split ``out`` holds (a finished or unfinished ingest's, so that
+            a rerun resumes it), else the cluster's CPUs divided by ``cpus_per_task``. One part is a one-part ingest,
+            with nothing to merge.
         address: the cluster, used when this process is not connected to one (``ray.init`` not called): an
             address (``HOST:PORT``, ``ray://HOST:PORT``), else ``RAY_ADDRESS``, else a local cluster started here.
         cpus_per_task: the CPUs each task asks Ray for; its ingest converts with that many processes.
@@ -128,7 +129,10 @@ def ingest_on_ray(
         started = time.perf_counter()
         summaries = _run_parts(ray, source_path, target, options, count, cpus_per_task, tries, backoff, max_retries,
                                progress, stage, storage_options)
-        merged = merge(target, storage_options=storage_options) if remote else merge(target)
+        if count == 1:  # a one-part ingest writes the whole dataset's manifest itself: nothing to merge
+            merged = {**{k: summaries[0][k] for k in ("images", "rejected", "shards")}, "parts": 1}
+        else:
+            merged = merge(target, storage_options=storage_options) if remote else merge(target)
         where = ray.get_runtime_context().gcs_address
     finally:
         if started_here:
@@ -166,11 +170,12 @@ def _connect(ray: Any, address: str | None) -> bool:
 
 
 def _split_in(out: str) -> int | None:
-    """The ``N`` of the parts an unfinished local ``out`` holds (so that a rerun resumes them), else None."""
+    """The ``N`` of the ingest an unfinished local ``out`` holds (so that a rerun resumes it), else None."""
     if is_url(out):
         return None
-    found = set()
-    for path in Path(out, RECORDS).glob("plan.part-*.json"):
+    records = Path(out, RECORDS)
+    found = {1} if (records / plan_name((0, 1))).is_file() else set()
+    for path in records.glob("plan.part-*.json"):
         part = json.loads(path.read_text()).get("part")
         if isinstance(part, list) and len(part) == 2 and path.name == plan_name((part[0], part[1])):
             found.add(int(part[1]))

@@ -137,6 +137,16 @@ def test_ingest_on_ray_equals_a_local_ingest(ray_connected: str, source: Path, r
     assert_same_dataset(tmp_path, reference)
 
 
+def test_one_part_is_a_one_part_ingest_and_a_rerun_keeps_its_split(ray_connected: str, source: Path,
+                                                                     reference: Path, tmp_path: Path) -> None:
+    summary = ingest_on_ray(source, tmp_path, OPTIONS, parts=1)
+    assert summary["parts"] == 1 and summary["written_shards"] == summary["shards"]
+    files = {p.name: p.read_bytes() for p in sorted(reference.iterdir()) if p.is_file()}
+    assert {p.name: p.read_bytes() for p in sorted(tmp_path.iterdir()) if p.is_file()} == files  # byte for byte
+    again = ingest_on_ray(source, tmp_path, OPTIONS)  # not the cluster's 3 parts: the one OUT holds, resumed
+    assert again["parts"] == 1 and again["written_shards"] == 0
+
+
 def test_the_cli_with_an_address_equals_a_local_ingest(ray_connected: str, source: Path, reference: Path,
                                                        tmp_path: Path) -> None:
     summary = finished(cli(str(source), str(tmp_path), "--ray", ray_connected, "--parts", "2"))
