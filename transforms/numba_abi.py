@@ -10,6 +10,12 @@ DALI's ``NumbaFunction`` wraps the run and set-up functions it is given in ``cfu
 out in this file, with ``cache=True``, one per configuration of the resampler; :func:`stallfree.transforms.
 numba_dali.numba_operator` hands their addresses to ``NumbaFunction`` instead of letting it compile.
 
+**Only what a graph uses is compiled.** The tables (:data:`RESIZE_ENTRIES`, ...) compile an entry point when it is
+first looked up, not when this module is imported: a new installation's first batch compiled all of them (23-24 s
+on a quiet 2-core machine, 42 s on a loaded one) where the usual training graph needs one. The whole image and a
+crop of it go through separate run functions (two Numba array types, each compiling the resampler once).
+:func:`compile_all` compiles every one, as ``stallfree kernels`` would ahead of a first run.
+
 The ABI is DALI's for ``batch_processing=False`` (``nvidia/dali/plugin/numba/__init__.py``)::
 
     run(out_ptrs, out_shapes, out_ndims, num_outs, in_ptrs, in_shapes, in_ndims, num_ins)      one sample
@@ -21,10 +27,13 @@ where ``*_ptrs`` is an int64 array of data pointers, ``*_ndims`` an int32 array 
 
 from __future__ import annotations
 
+import functools
 import hashlib
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from types import FunctionType
+from typing import Any, TypeVar
 
 import numpy as np
 from numba import carray, cfunc, njit
@@ -36,8 +45,8 @@ from stallfree.transforms import color_kernels, resample_kernels
 from stallfree.transforms.color_kernels import jitter
 from stallfree.transforms.resample_kernels import resample, resample_normalize
 
-__all__ = ["JITTER_ENTRIES", "RESIZE_ENTRIES", "RESIZE_NORMALIZE_ENTRIES", "RUN", "SETUP", "VIEWS", "drop_stale_cache",
-           "hwc_f32", "hwc_u8", "numba_cache_folder", "same_shape_setup",
+__all__ = ["JITTER_ENTRIES", "RESIZE_ENTRIES", "RESIZE_NORMALIZE_ENTRIES", "RUN", "SETUP", "VIEWS", "LazyEntries",
+           "compile_all", "drop_stale_cache", "hwc_f32", "hwc_u8", "numba_cache_folder", "same_shape_setup",
            "vector_f32", "vector_f64", "vector_i32", "vector_u8", "write_once"]
 
 
@@ -108,6 +117,40 @@ _check_cache()  # before the cfuncs below load (or compile) their code
 RUN = nbt.void(nbt.uint64, nbt.uint64, nbt.uint64, nbt.int32, nbt.uint64, nbt.uint64, nbt.uint64, nbt.int32)
 SETUP = nbt.void(nbt.uint64, nbt.uint64, nbt.int32, nbt.uint64, nbt.uint64, nbt.int32, nbt.int32)
 
+_COMPILE_LOCK = threading.Lock()
+
+
+@functools.cache
+def _entry_point(function: Callable[..., None]) -> Any:
+    """``function``'s ``cfunc`` of DALI's interface (RUN, or SETUP for a set-up), compiled or loaded from the cache."""
+    signature = SETUP if function.__code__.co_argcount == 7 else RUN
+    return cfunc(signature, cache=True)(function)
+
+
+K = TypeVar("K")
+
+
+class LazyEntries(Mapping[K, tuple[Any, Any]]):
+    """``key -> (run cfunc, setup cfunc)``, each pair compiled (or loaded from Numba's cache) when first looked up.
+
+    A graph needs one or two of the entry points in this module; compiling all of them when it is imported was
+    the whole of a new installation's first batch (24-43 s on 2 cores). Now a spec pays only for its own.
+    """
+
+    def __init__(self, functions: dict[K, tuple[Any, Any]]):
+        self._functions = functions  # Python functions, or cfuncs compiled already (same_shape_setup)
+
+    def __getitem__(self, key: K) -> tuple[Any, Any]:
+        run, setup = self._functions[key]
+        with _COMPILE_LOCK:  # two graphs built at once compile each entry point once
+            return tuple(_entry_point(f) if isinstance(f, FunctionType) else f for f in (run, setup))
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(self._functions)
+
+    def __len__(self) -> int:
+        return len(self._functions)
+
 
 @njit(cache=True)
 def _shape(shapes_ptr: int, ndims_ptr: int, count: int, samples: int, which: int, sample: int) -> Any:
@@ -162,40 +205,40 @@ def _window(ptrs: int, shapes: int, ndims: int, count: int) -> Any:
     return carray(_ptr(data[2]), shape[0], dtype=np.float32)
 
 
+# The whole image and a crop of it are arrays of two Numba types (C-contiguous, and any strides), each compiling
+# the resampler once: a run function takes one of them only, so that a graph compiles the one it uses.
+
+
 @njit(cache=True)
-def _resize(out_ptrs: int, out_shapes: int, out_ndims: int, num_outs: int, in_ptrs: int, in_shapes: int,
-            in_ndims: int, num_ins: int, windowed: bool, antialias: bool) -> None:
-    out = hwc_u8(out_ptrs, out_shapes, out_ndims, num_outs, 0)
-    image = hwc_u8(in_ptrs, in_shapes, in_ndims, num_ins, 1)  # input 0 only carries the output size
-    if windowed:
-        w = _window(in_ptrs, in_shapes, in_ndims, num_ins)
-        top, left = int(w[0]), int(w[1])
-        resample(out, image[top : top + int(w[2]), left : left + int(w[3])], antialias)
-    else:
-        resample(out, image, antialias)
+def _resize_whole(o: int, os_: int, on: int, no: int, i: int, is_: int, in_: int, ni: int, antialias: bool) -> None:
+    # Input 0 only carries the output size; input 1 is the image.
+    resample(hwc_u8(o, os_, on, no, 0), hwc_u8(i, is_, in_, ni, 1), antialias)
 
 
-@cfunc(RUN, cache=True)
+@njit(cache=True)
+def _resize_crop(o: int, os_: int, on: int, no: int, i: int, is_: int, in_: int, ni: int, antialias: bool) -> None:
+    # As _resize_whole, within input 2's window.
+    image, w = hwc_u8(i, is_, in_, ni, 1), _window(i, is_, in_, ni)
+    top, left = int(w[0]), int(w[1])
+    resample(hwc_u8(o, os_, on, no, 0), image[top : top + int(w[2]), left : left + int(w[3])], antialias)
+
+
 def _resize_plain(o: int, os_: int, on: int, no: int, i: int, is_: int, in_: int, ni: int) -> None:
-    _resize(o, os_, on, no, i, is_, in_, ni, False, False)
+    _resize_whole(o, os_, on, no, i, is_, in_, ni, False)
 
 
-@cfunc(RUN, cache=True)
 def _resize_plain_aa(o: int, os_: int, on: int, no: int, i: int, is_: int, in_: int, ni: int) -> None:
-    _resize(o, os_, on, no, i, is_, in_, ni, False, True)
+    _resize_whole(o, os_, on, no, i, is_, in_, ni, True)
 
 
-@cfunc(RUN, cache=True)
 def _resize_window(o: int, os_: int, on: int, no: int, i: int, is_: int, in_: int, ni: int) -> None:
-    _resize(o, os_, on, no, i, is_, in_, ni, True, False)
+    _resize_crop(o, os_, on, no, i, is_, in_, ni, False)
 
 
-@cfunc(RUN, cache=True)
 def _resize_window_aa(o: int, os_: int, on: int, no: int, i: int, is_: int, in_: int, ni: int) -> None:
-    _resize(o, os_, on, no, i, is_, in_, ni, True, True)
+    _resize_crop(o, os_, on, no, i, is_, in_, ni, True)
 
 
-@cfunc(SETUP, cache=True)
 def _resize_setup(out_shapes: int, out_ndims: int, num_outs: int, in_shapes: int, in_ndims: int, num_ins: int,
                   num_samples: int) -> None:
     # The output is (h, w, 3) with (h, w) the size carrier's (input 0): as resample._setup.
@@ -205,13 +248,13 @@ def _resize_setup(out_shapes: int, out_ndims: int, num_outs: int, in_shapes: int
         out[0], out[1], out[2] = size[0], size[1], 3
 
 
-#: ``(windowed, antialias) -> (run cfunc, setup cfunc)`` for the CPU resampler.
-RESIZE_ENTRIES = {
+#: ``(windowed, antialias) -> (run cfunc, setup cfunc)`` for the CPU resampler, each compiled on first use.
+RESIZE_ENTRIES: Mapping[tuple[bool, bool], tuple[Any, Any]] = LazyEntries({
     (False, False): (_resize_plain, _resize_setup),
     (False, True): (_resize_plain_aa, _resize_setup),
     (True, False): (_resize_window, _resize_setup),
     (True, True): (_resize_window_aa, _resize_setup),
-}
+})
 
 
 @njit(cache=True)
@@ -230,22 +273,22 @@ def hwc_f32(ptrs: int, shapes: int, ndims: int, count: int, which: int) -> Any:
     return carray(_ptr(data[which]), (shape[0], shape[1], shape[2]), dtype=np.float32)
 
 
-@cfunc(RUN, cache=True)
-def _resize_normalize_run(o: int, os_: int, on: int, no: int, i: int, is_: int, in_: int, ni: int) -> None:
-    # Inputs: the size carrier, the image, [the window,] the int32 mirror flag, the float32 flags (resample_kernels.py).
+def _resize_normalize_whole(o: int, os_: int, on: int, no: int, i: int, is_: int, in_: int, ni: int) -> None:
+    # Inputs: the size carrier, the image, the int32 mirror flag, the float32 flags (resample_kernels.py).
     out = hwc_f32(o, os_, on, no, 0)  # (3, h, w) or (h, w, 3): the flags say which
-    image = hwc_u8(i, is_, in_, ni, 1)
     mirror = vector_i32(i, is_, in_, ni, ni - 2)[0] != 0
-    flags = vector_f32(i, is_, in_, ni, ni - 1)
-    if ni == 5:
-        w = _window(i, is_, in_, ni)
-        top, left = int(w[0]), int(w[1])
-        resample_normalize(out, image[top : top + int(w[2]), left : left + int(w[3])], flags, mirror)
-    else:
-        resample_normalize(out, image, flags, mirror)
+    resample_normalize(out, hwc_u8(i, is_, in_, ni, 1), vector_f32(i, is_, in_, ni, ni - 1), mirror)
 
 
-@cfunc(SETUP, cache=True)
+def _resize_normalize_crop(o: int, os_: int, on: int, no: int, i: int, is_: int, in_: int, ni: int) -> None:
+    # As _resize_normalize_whole, with input 2 the crop window.
+    out, image, w = hwc_f32(o, os_, on, no, 0), hwc_u8(i, is_, in_, ni, 1), _window(i, is_, in_, ni)
+    mirror = vector_i32(i, is_, in_, ni, ni - 2)[0] != 0
+    top, left = int(w[0]), int(w[1])
+    crop = image[top : top + int(w[2]), left : left + int(w[3])]
+    resample_normalize(out, crop, vector_f32(i, is_, in_, ni, ni - 1), mirror)
+
+
 def _resize_normalize_setup_chw(out_shapes: int, out_ndims: int, num_outs: int, in_shapes: int, in_ndims: int,
                                 num_ins: int, num_samples: int) -> None:
     # (3, h, w) with (h, w) the size carrier's: as resample._setup_chw.
@@ -255,22 +298,21 @@ def _resize_normalize_setup_chw(out_shapes: int, out_ndims: int, num_outs: int, 
         out[0], out[1], out[2] = 3, size[0], size[1]
 
 
-#: ``(windowed, chw) -> (run cfunc, setup cfunc)`` for the resampler writing normalized float32.
-RESIZE_NORMALIZE_ENTRIES = {
-    (windowed, chw): (_resize_normalize_run, _resize_normalize_setup_chw if chw else _resize_setup)
+#: ``(windowed, chw) -> (run cfunc, setup cfunc)`` for the resampler writing normalized float32, compiled on first use.
+RESIZE_NORMALIZE_ENTRIES: Mapping[tuple[bool, bool], tuple[Any, Any]] = LazyEntries({
+    (windowed, chw): (_resize_normalize_crop if windowed else _resize_normalize_whole,
+                     _resize_normalize_setup_chw if chw else _resize_setup)
     for windowed in (False, True)
     for chw in (False, True)
-}
+})
 
 
-@cfunc(RUN, cache=True)
 def _jitter_u8(o: int, os_: int, on: int, no: int, i: int, is_: int, in_: int, ni: int) -> None:
     out, image = hwc_u8(o, os_, on, no, 0), hwc_u8(i, is_, in_, ni, 0)
     order, factors = _jitter_params(i, is_, in_, ni)
     jitter(out, image, order, factors, np.float32(255.0), True)
 
 
-@cfunc(RUN, cache=True)
 def _jitter_f32(o: int, os_: int, on: int, no: int, i: int, is_: int, in_: int, ni: int) -> None:
     out, image = hwc_f32(o, os_, on, no, 0), hwc_f32(i, is_, in_, ni, 0)
     order, factors = _jitter_params(i, is_, in_, ni)
@@ -287,8 +329,17 @@ def same_shape_setup(out_shapes: int, out_ndims: int, num_outs: int, in_shapes: 
         out[0], out[1], out[2] = image[0], image[1], image[2]
 
 
-#: ``integral (uint8 image) -> (run cfunc, setup cfunc)`` for ColorJitter on the CPU.
-JITTER_ENTRIES = {True: (_jitter_u8, same_shape_setup), False: (_jitter_f32, same_shape_setup)}
+#: ``integral (uint8 image) -> (run cfunc, setup cfunc)`` for ColorJitter on the CPU, compiled on first use.
+JITTER_ENTRIES: Mapping[bool, tuple[Any, Any]] = LazyEntries({True: (_jitter_u8, same_shape_setup),
+                                                             False: (_jitter_f32, same_shape_setup)})
+
+
+def compile_all() -> None:
+    """Compile (or load from Numba's cache) every entry point above now, as a first graph would one by one."""
+    tables: tuple[Mapping[Any, tuple[Any, Any]], ...] = (RESIZE_ENTRIES, RESIZE_NORMALIZE_ENTRIES, JITTER_ENTRIES)
+    for table in tables:
+        for key in table:
+            table[key]
 
 
 #: The name of the view of each dtype here: ``(HWC image view, 1-D parameter view)``, ``None`` where there is none.

@@ -17,6 +17,9 @@ __all__ = ["FILTERS", "resample", "resample_normalize"]
 
 _BITS = 22  # PIL's PRECISION_BITS: 32 - 8 - 2
 _HALF = 1 << (_BITS - 1)
+# A first row index of 0 given as int64, not as the literal 0, which Numba would compile _pack and _filter for a
+# second time (a literal is a type of its own): a second of a new installation's first batch.
+_ZERO = np.int64(0)
 
 
 #: PIL's resampling filters by the code the kernels take, and each one's support (in input pixels, before widening).
@@ -160,7 +163,7 @@ def _row_pass(packed: np.ndarray, xb: np.ndarray, xw: np.ndarray) -> np.ndarray:
     transposed = np.empty((width, rows), np.uint32)
     _transpose(transposed, packed)
     filtered = np.empty((xb.shape[0], rows), np.uint32)
-    _filter_packed(filtered, transposed, 0, xb, xw)
+    _filter_packed(filtered, transposed, _ZERO, xb, xw)
     out = np.empty((rows, xb.shape[0]), np.uint32)
     _transpose(out, filtered)
     return out
@@ -186,7 +189,7 @@ def _resample(out_h: int, out_w: int, image: np.ndarray, antialias: bool, mirror
     need_x, need_y = out_w != width, out_h != height
     if not need_x and not need_y:
         same = np.empty((height, width), np.uint32)
-        _pack(same, image, 0)
+        _pack(same, image, _ZERO)
         return same, False
     xb, xw = _coefficients(width, out_w, antialias, kind)
     if mirror:
@@ -194,9 +197,9 @@ def _resample(out_h: int, out_w: int, image: np.ndarray, antialias: bool, mirror
     yb, yw = _coefficients(height, out_h, antialias, kind)
     if height - out_h > 0 and height - out_h > 2 * (width - out_w):
         source = np.empty((height, width), np.uint32)
-        _pack(source, image, 0)
+        _pack(source, image, _ZERO)
         columns = np.empty((out_h, width), np.uint32)
-        _filter_packed(columns, source, 0, yb, yw)
+        _filter_packed(columns, source, _ZERO, yb, yw)
         if not need_x:
             return columns, False
         return _row_pass(columns, xb, xw), mirror
