@@ -26,6 +26,7 @@ import errno
 import json
 import logging
 import os
+import socket
 import sys
 import threading
 import time
@@ -161,12 +162,24 @@ def _connect(ray: Any, address: str | None) -> bool:
     if target is None:
         ray.init(include_dashboard=False)  # a local cluster of this machine's CPUs
         return True
-    try:
-        ray.init(address=target)
-    except ConnectionError as err:
-        raise ConnectionError(f"no Ray cluster answers at {target} ({err}); start one there (`ray start --head`) "
-                              "or pass another address") from err
+    _probe(target)
+    ray.init(address=target)
     return True
+
+
+def _probe(address: str, timeout: float = 10.0) -> None:
+    """Refuse at once an address (``HOST:PORT``, ``ray://HOST:PORT``) where nothing listens.
+
+    ``ray.init`` would try again for minutes, printing a warning every few seconds, before it gives up.
+    """
+    host, colon, port = address.removeprefix("ray://").rpartition(":")
+    if not colon or not port.isdigit():
+        return  # "auto", or a form Ray resolves itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as err:
+        raise ConnectionError(f"no Ray cluster answers at {address} ({err.strerror or err}); start one there "
+                              "(`ray start --head --port PORT`) or pass another address") from err
 
 
 def _split_in(out: str) -> int | None:

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -155,6 +156,14 @@ def test_the_cli_with_an_address_equals_a_local_ingest(ray_connected: str, sourc
     assert_same_dataset(tmp_path, reference)
 
 
+def test_an_out_at_a_url_is_uploaded_by_the_tasks_and_merged_there(ray_connected: str, source: Path,
+                                                                     reference: Path, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    summary = ingest_on_ray(source, store.as_uri(), OPTIONS, parts=3)  # each task stages its part in its node's cache
+    assert summary["uploaded_shards"] == summary["shards"] and summary["url"] == store.as_uri()
+    assert_same_dataset(store, reference)
+
+
 def test_a_task_whose_process_is_killed_is_run_again_and_resumes(ray_connected: str, source: Path, reference: Path,
                                                                  tmp_path: Path) -> None:
     lock = tmp_path / RECORDS / "lock.part-2-of-3.json"
@@ -205,6 +214,16 @@ def test_bad_arguments_are_refused_with_the_fix(ray_connected: str, source: Path
                           ([str(source), str(tmp_path), "--parts", "2"], "--parts applies to --ray")):
         assert main(["ingest", *args]) == 2
         assert message in capsys.readouterr().err
+
+
+def test_an_address_where_no_cluster_answers_is_named(source: Path, tmp_path: Path) -> None:
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{unused.getsockname()[1]}"
+        child = cli(str(source), str(tmp_path), "--ray", address)
+        _, stderr = child.communicate(timeout=60)
+    assert child.returncode == 1
+    assert f"stallfree ingest: error: no Ray cluster answers at {address} (Connection refused)" in stderr
 
 
 def test_a_rerun_after_kill_9_of_the_driver_resumes_without_redoing_finished_parts(
