@@ -162,6 +162,12 @@ def test_an_out_at_a_url_is_uploaded_by_the_tasks_and_merged_there(ray_connected
     summary = ingest_on_ray(source, store.as_uri(), OPTIONS, parts=3)  # each task stages its part in its node's cache
     assert summary["uploaded_shards"] == summary["shards"] and summary["url"] == store.as_uri()
     assert_same_dataset(store, reference)
+    shared, staging = tmp_path / "shared", tmp_path / "staging"  # one staging folder for every part, kept
+    first = ingest_on_ray(source, shared.as_uri(), OPTIONS, parts=3, staging=staging)
+    again = ingest_on_ray(source, shared.as_uri(), OPTIONS, parts=3, staging=staging)
+    assert first["uploaded_shards"] == first["shards"] and again["written_shards"] == 0
+    assert again["uploaded_shards"] == 0 and again["stored_shards"] == first["shards"]
+    assert_same_dataset(shared, reference)
 
 
 def test_a_task_whose_process_is_killed_is_run_again_and_resumes(ray_connected: str, source: Path, reference: Path,
