@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 
 __all__ = ["BlockOrder", "block_order"]
 
+_RUNS = 64  # ascending runs of positions looked up as they are; more, and they are sorted first
+
 
 class BlockOrder:
     """``BlockOrder(rows_per_shard, block_shards, seed, echo)(epoch)``: the epoch's block-shuffled virtual ids.
@@ -48,45 +50,51 @@ class BlockOrder:
 
     def __call__(self, epoch: int) -> np.ndarray:
         """The whole epoch's order (``echo`` times the rows); :meth:`at` gives a rank's part of it."""
-        return self.at(epoch, np.arange(int(self.starts[-1]) * self.echo, dtype=np.int64))
+        return self.at(epoch, np.arange(int(self.starts[-1]) * self.echo, dtype=np.int64), overwrite=True)
 
-    def at(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+    def at(self, epoch: int, positions: np.ndarray, *, overwrite: bool = False) -> np.ndarray:
         """The epoch's order at ``positions`` (int64, any order): ``self(epoch)[positions]`` without the epoch.
 
         The blocks are drawn one after the other from the one stream, as the whole order draws them, and only the
         values at ``positions`` are kept: a rank holds its share and one block, not the epoch (800 MB of int64 at
-        100M rows). Blocks after the last position asked are not drawn.
+        100M rows). Blocks after the last position asked are not drawn. ``overwrite`` gives the values in the
+        memory of ``positions`` when it is a C-contiguous int64 array (the sampler's own positions).
+
+        A rank's positions ascend but for the padding's wrap to the start: each ascending run is looked up in
+        place; positions in no such order (more than :data:`_RUNS` runs) are sorted first.
         """
         n, count = int(self.starts[-1]), len(self.rows)
-        positions = np.asarray(positions, np.int64)
-        if positions.size and (positions.min() < 0 or positions.max() >= n * self.echo):
-            raise ValueError(f"positions must lie in range({n * self.echo}), got "
-                             f"[{positions.min()}, {positions.max()}]")
+        given = np.asarray(positions)
+        if given.size and (given.min() < 0 or given.max() >= n * self.echo):
+            raise ValueError(f"positions must lie in range({n * self.echo}), got [{given.min()}, {given.max()}]")
+        in_place = overwrite and given.dtype == np.int64 and given.flags.c_contiguous
+        out = given if in_place else np.array(given, np.int64)
+        flat = out.reshape(-1)  # a view
         # a stream of its own, so that a block order never equals the global order of the same (seed, epoch)
         rng = np.random.Generator(np.random.Philox(key=[self.seed & 0xFFFFFFFFFFFFFFFF, epoch], counter=[0, 0, 0, 1]))
         shards = rng.permutation(count * self.echo)  # virtual shard s: shard s % count of repeat s // count
-        flat = positions.reshape(-1)
-        in_order = bool(np.all(flat[1:] >= flat[:-1]))  # a rank's positions are, but for the padding's wrap
-        order = None if in_order else np.argsort(flat, kind="stable")
-        ascending = flat if order is None else flat[order]
-        out = np.empty_like(flat)
-        last, offset = (int(ascending[-1]) if ascending.size else -1), 0
-        for first in range(0, len(shards), self.block_shards):
-            if offset > last:
+        firsts = np.arange(0, len(shards), self.block_shards)
+        offsets = np.concatenate([[0], np.cumsum(np.add.reduceat(self.rows[shards % count], firsts))])
+        breaks = np.flatnonzero(flat[1:] < flat[:-1]) + 1
+        order = None if len(breaks) < _RUNS else np.argsort(flat, kind="stable")
+        runs = [flat[a:b] for a, b in zip([0, *breaks], [*breaks, len(flat)], strict=True)] if order is None \
+            else [flat[order]]
+        bounds = [np.searchsorted(run, offsets) for run in runs]  # before any run is overwritten
+        last = max((int(run[-1]) for run in runs if run.size), default=-1)
+        for b, first in enumerate(firsts):
+            if offsets[b] > last:
                 break
             block = shards[first : first + self.block_shards]
             ids = np.concatenate([np.arange(self.starts[s % count], self.starts[s % count + 1]) + (s // count) * n
                                   for s in block])
-            values = rng.permutation(ids)  # drawn for every block up to the last asked: the stream's next draws
-            lo, hi = np.searchsorted(ascending, [offset, offset + len(ids)])
-            if hi > lo:
-                taken = values[ascending[lo:hi] - offset]
-                if order is None:
-                    out[lo:hi] = taken
-                else:
-                    out[order[lo:hi]] = taken
-            offset += len(ids)
-        return out.reshape(positions.shape)
+            drawn = rng.permutation(ids)  # drawn for every block up to the last asked: the stream's next draws
+            for run, bound in zip(runs, bounds, strict=True):
+                lo, hi = bound[b], bound[b + 1]
+                if hi > lo:
+                    run[lo:hi] = drawn[run[lo:hi] - offsets[b]]
+        if order is not None:
+            flat[order] = runs[0]
+        return out
 
 
 def block_order(reader: Reader, block_shards: int, seed: int, echo: int) -> BlockOrder:

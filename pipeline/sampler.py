@@ -114,7 +114,7 @@ class Sampler:
         if not self.shuffle:
             return positions
         if isinstance(self.permute, BlockOrder):  # the block shuffle, drawn a block at a time: no epoch-sized array
-            return self.permute.at(epoch, positions)
+            return self.permute.at(epoch, positions, overwrite=True)
         if self.permute is not None:
             return self.permute(epoch)[positions].astype(np.int64)
         return Permutation(n, self.seed, epoch)(positions, overwrite=True)
