@@ -12,10 +12,13 @@ import math
 
 import numba
 import numpy as np
+from numba.extending import register_jitable
 
-__all__ = ["FILTERS", "resample", "resample_normalize"]
+__all__ = ["BITS", "FILTERS", "columns_first", "filter_weight", "fixed_weight", "resample", "resample_float",
+           "resample_normalize", "span", "span_total", "tap_weight"]
 
 _BITS = 22  # PIL's PRECISION_BITS: 32 - 8 - 2
+BITS = _BITS
 _HALF = 1 << (_BITS - 1)
 # A first row index of 0 given as int64, not as the literal 0, which Numba would compile _pack and _filter for a
 # second time (a literal is a type of its own): a second of a new installation's first batch.
@@ -26,8 +29,11 @@ _ZERO = np.int64(0)
 FILTERS = {"bilinear": 0, "bicubic": 1, "box": 2, "hamming": 3, "lanczos": 4}
 _SUPPORT = (1.0, 2.0, 0.5, 1.0, 3.0)
 
+# The weights' arithmetic below is shared, function for function, by the CPU kernels here and the GPU kernels of
+# :mod:`.resample_cuda` (``register_jitable`` compiles for both), so that the two compute the same taps.
 
-@numba.njit(inline="always")
+
+@register_jitable(inline="always")
 def _sinc(x: float) -> float:
     if x == 0.0:
         return 1.0
@@ -35,8 +41,8 @@ def _sinc(x: float) -> float:
     return math.sin(x) / x
 
 
-@numba.njit(inline="always")
-def _weight(x: float, kind: int) -> float:
+@register_jitable(inline="always")
+def filter_weight(x: float, kind: int) -> float:
     """PIL's filter ``kind`` at signed distance ``x`` (``Resample.c``'s ``*_filter`` functions)."""
     if kind == 2:  # box, half-open as PIL's
         return 1.0 if -0.5 < x <= 0.5 else 0.0
@@ -61,28 +67,66 @@ def _weight(x: float, kind: int) -> float:
     return 0.0
 
 
-@numba.njit(cache=True)
-def _coefficients(in_size: int, out_size: int, antialias: bool, kind: int) -> tuple[np.ndarray, np.ndarray]:
-    """For each output index: the first input index and tap count, and the fixed-point weights (PIL's precompute)."""
+@register_jitable
+def _filter_support(kind: int) -> float:
+    return _SUPPORT[0] if kind == 0 else _SUPPORT[1] if kind == 1 else _SUPPORT[2] if kind == 2 else (
+        _SUPPORT[3] if kind == 3 else _SUPPORT[4])
+
+
+@register_jitable
+def span(i: int, in_size: int, out_size: int, antialias: bool, kind: int) -> tuple[int, int, float, float]:
+    """Output index ``i``'s first input index, tap count, centre and inverse filter scale (PIL's precompute)."""
     scale = in_size / out_size
     filter_scale = max(scale, 1.0) if antialias else 1.0
     inverse = 1.0 / filter_scale  # PIL multiplies by the inverse (dividing can round t the other way)
-    support = _SUPPORT[kind] * filter_scale  # the filter's own support, widened by the filter scale
-    taps = int(math.ceil(support)) * 2 + 1
+    support = _filter_support(kind) * filter_scale  # the filter's own support, widened by the filter scale
+    center = (i + 0.5) * scale
+    first = max(int(center - support + 0.5), 0)
+    count = min(int(center + support + 0.5), in_size) - first
+    return first, count, center, inverse
+
+
+@register_jitable
+def span_total(first: int, count: int, center: float, inverse: float, kind: int) -> float:
+    """The sum of the span's raw filter values, which normalises each of them."""
+    total = 0.0
+    for k in range(count):
+        total += filter_weight((k + first - center + 0.5) * inverse, kind)
+    return total
+
+
+@register_jitable
+def tap_weight(k: int, first: int, center: float, inverse: float, kind: int, total: float) -> float:
+    """Tap ``k``'s normalised weight, in float64."""
+    raw = filter_weight((k + first - center + 0.5) * inverse, kind)
+    return raw / total if total != 0.0 else 0.0
+
+
+@register_jitable
+def fixed_weight(k: int, first: int, center: float, inverse: float, kind: int, total: float) -> int:
+    """Tap ``k``'s weight in PIL's 22-bit fixed point (the uint8 resampler's)."""
+    w = tap_weight(k, first, center, inverse, kind, total)
+    return int(w * (1 << _BITS) + (0.5 if w >= 0 else -0.5))
+
+
+@register_jitable
+def columns_first(height: int, width: int, out_h: int, out_w: int) -> bool:
+    """Pillow 13's order of the two passes: columns first where the height shrinks by more than twice the width."""
+    return height - out_h > 0 and height - out_h > 2 * (width - out_w)
+
+
+@numba.njit(cache=True)
+def _coefficients(in_size: int, out_size: int, antialias: bool, kind: int) -> tuple[np.ndarray, np.ndarray]:
+    """For each output index: the first input index and tap count, and the fixed-point weights (PIL's precompute)."""
+    filter_scale = max(in_size / out_size, 1.0) if antialias else 1.0
+    taps = int(math.ceil(_filter_support(kind) * filter_scale)) * 2 + 1  # the most any output index can have
     bounds = np.empty((out_size, 2), np.int32)
     weights = np.zeros((out_size, taps), np.int32)
-    raw = np.empty(taps)
     for i in range(out_size):
-        center = (i + 0.5) * scale
-        first = max(int(center - support + 0.5), 0)
-        count = min(int(center + support + 0.5), in_size) - first
-        total = 0.0
+        first, count, center, inverse = span(i, in_size, out_size, antialias, kind)
+        total = span_total(first, count, center, inverse, kind)
         for k in range(count):
-            raw[k] = _weight((k + first - center + 0.5) * inverse, kind)
-            total += raw[k]
-        for k in range(count):
-            w = raw[k] / total if total != 0.0 else 0.0
-            weights[i, k] = int(w * (1 << _BITS) + (0.5 if w >= 0 else -0.5))
+            weights[i, k] = fixed_weight(k, first, center, inverse, kind, total)
         bounds[i, 0], bounds[i, 1] = first, count
     return bounds, weights
 
@@ -195,7 +239,7 @@ def _resample(out_h: int, out_w: int, image: np.ndarray, antialias: bool, mirror
     if mirror:
         xb, xw = xb[::-1].copy(), xw[::-1].copy()
     yb, yw = _coefficients(height, out_h, antialias, kind)
-    if height - out_h > 0 and height - out_h > 2 * (width - out_w):
+    if columns_first(height, width, out_h, out_w):
         source = np.empty((height, width), np.uint32)
         _pack(source, image, _ZERO)
         columns = np.empty((out_h, width), np.uint32)
@@ -280,3 +324,85 @@ def _emit_hwc(out: np.ndarray, pixels: np.ndarray, flags: np.ndarray, reverse: b
             row[d] = (np.float32(line[s]) - m0) * i0
             row[d + 1] = (np.float32(line[s + 1]) - m1) * i1
             row[d + 2] = (np.float32(line[s + 2]) - m2) * i2
+
+
+# Float images (a resize after Normalize): the same filters and passes with float weights, as torch's antialiased
+# interpolate (which follows PIL's algorithm) computes them. Each weight is rounded to float32 and each pixel is
+# float32, so every product is exact in float64 (24 + 24 bits): the float64 sums are then the same whether or not a
+# GPU fuses the multiply and the add, and :mod:`.resample_cuda` gives these pixels to the bit.
+
+
+@numba.njit(cache=True)
+def _float_coefficients(in_size: int, out_size: int, antialias: bool, kind: int) -> tuple[np.ndarray, np.ndarray]:
+    """As :func:`_coefficients`, with each weight rounded to float32."""
+    filter_scale = max(in_size / out_size, 1.0) if antialias else 1.0
+    taps = int(math.ceil(_filter_support(kind) * filter_scale)) * 2 + 1
+    bounds = np.empty((out_size, 2), np.int64)
+    weights = np.zeros((out_size, taps), np.float32)
+    for i in range(out_size):
+        first, count, center, inverse = span(i, in_size, out_size, antialias, kind)
+        total = span_total(first, count, center, inverse, kind)
+        for k in range(count):
+            weights[i, k] = np.float32(tap_weight(k, first, center, inverse, kind, total))
+        bounds[i, 0], bounds[i, 1] = first, count
+    return bounds, weights
+
+
+@numba.njit(cache=True)
+def _float_rows(dst: np.ndarray, src: np.ndarray, bounds: np.ndarray, weights: np.ndarray) -> None:
+    """``src`` (HWC float32) filtered along x into ``dst``."""
+    for y in range(dst.shape[0]):
+        for x in range(dst.shape[1]):
+            first, count = bounds[x, 0], bounds[x, 1]
+            for c in range(dst.shape[2]):
+                acc = 0.0
+                for k in range(count):
+                    acc += np.float64(src[y, first + k, c]) * np.float64(weights[x, k])
+                dst[y, x, c] = np.float32(acc)
+
+
+@numba.njit(cache=True)
+def _float_columns(dst: np.ndarray, src: np.ndarray, bounds: np.ndarray, weights: np.ndarray) -> None:
+    """``src`` (HWC float32) filtered along y into ``dst``."""
+    for y in range(dst.shape[0]):
+        first, count = bounds[y, 0], bounds[y, 1]
+        for x in range(dst.shape[1]):
+            for c in range(dst.shape[2]):
+                acc = 0.0
+                for k in range(count):
+                    acc += np.float64(src[first + k, x, c]) * np.float64(weights[y, k])
+                dst[y, x, c] = np.float32(acc)
+
+
+@numba.njit(cache=True)
+def resample_float(out: np.ndarray, image: np.ndarray, antialias: bool, kind: int) -> None:
+    """Resize the HWC float32 ``image`` (any strides) into HWC float32 ``out`` by PIL's filter ``kind``, in float.
+
+    The passes' order is :func:`columns_first`'s, a pass that keeps its axis's size is skipped, and the image
+    between the two passes is float32 (as torch's). No clamping: a float image has no range.
+    """
+    height, width = image.shape[0], image.shape[1]
+    out_h, out_w = out.shape[0], out.shape[1]
+    if image.shape[2] != out.shape[2]:
+        raise ValueError("resample_float: image and out need the same channel count")
+    need_x, need_y = out_w != width, out_h != height
+    if not need_x and not need_y:
+        out[:] = image
+    elif columns_first(height, width, out_h, out_w):
+        yb, yw = _float_coefficients(height, out_h, antialias, kind)
+        if not need_x:
+            _float_columns(out, image, yb, yw)
+            return
+        xb, xw = _float_coefficients(width, out_w, antialias, kind)
+        middle = np.empty((out_h, width, image.shape[2]), np.float32)
+        _float_columns(middle, image, yb, yw)
+        _float_rows(out, middle, xb, xw)
+    else:
+        xb, xw = _float_coefficients(width, out_w, antialias, kind)
+        if not need_y:
+            _float_rows(out, image, xb, xw)
+            return
+        yb, yw = _float_coefficients(height, out_h, antialias, kind)
+        middle = np.empty((height, out_w, image.shape[2]), np.float32)
+        _float_rows(middle, image, xb, xw)
+        _float_columns(out, middle, yb, yw)
