@@ -8,6 +8,7 @@ their own with only loopback up, where every address Ray uses is 127.0.0.1: the 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -40,6 +41,25 @@ def _ray_cli(*args: str, env: dict[str, str]) -> None:
         raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
 
 
+def _stop_nodes_under(temp: Path) -> None:
+    """Stop this cluster's processes alone: those whose command line names its temp dir (``ray stop`` would stop
+    every Ray process on the machine, other sessions' clusters included)."""
+    import psutil
+
+    roots = [p for p in psutil.process_iter(["cmdline"]) if str(temp) in " ".join(p.info["cmdline"] or ())]
+    mine = {p.pid: p for p in roots}
+    for root in roots:  # the agents a raylet starts rename themselves (ray::DashboardAgent): take them as children
+        with contextlib.suppress(psutil.NoSuchProcess):
+            mine.update({child.pid: child for child in root.children(recursive=True)})
+    for process in mine.values():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.terminate()
+    _, alive = psutil.wait_procs(list(mine.values()), timeout=15)
+    for process in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+
+
 def connect(address: str) -> None:
     """Make this process a driver of the cluster at ``address`` (leaving any other it is connected to)."""
     if ray.is_initialized():
@@ -65,7 +85,7 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     finally:
         if ray.is_initialized():
             ray.shutdown()
-        _ray_cli("stop", "--force", env=env)
+        _stop_nodes_under(temp)
         shutil.rmtree(temp, ignore_errors=True)
 
 
