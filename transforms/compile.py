@@ -8,8 +8,9 @@
 
 Fusions keep the graph shorter than a hand-written DALI pipeline: a ``RandomResizedCrop`` first step becomes a
 region-of-interest decode plus a resize; a trailing ``[RandomHorizontalFlip,] Normalize`` and the output cast and
-transpose become one ``crop_mirror_normalize``; and on the CPU, where a ``RandomResizedCrop`` or ``Resize`` comes
-just before them and the output is float32 RGB, the resampler writes that output itself (``_fuses_resize``).
+transpose become one ``crop_mirror_normalize``; and where a ``RandomResizedCrop`` or ``Resize`` comes just before
+them and the output is float32 RGB, the resampler writes that output itself (``_fuses_resize``): on the CPU, and on
+the GPU as a ``numba.cuda`` kernel with the CPU's pixels (``transforms/resample_cuda.py``).
 """
 
 from __future__ import annotations
@@ -200,26 +201,27 @@ class CompiledTransforms:
             i, _ = steps.pop()
             mirror = inputs[f"{i}.flip"]
         window_decoded = encoded and self.roi_decode
-        last = steps.pop() if self._fuses_resize(steps, device) else None
+        last = steps.pop() if self._fuses_resize(steps) else None
         for i, step in steps:
             if i == 0 and window_decoded and isinstance(step, RandomResizedCrop):
                 image, state = step.build_decoded_window(image, inputs.step(0), state)
             else:
                 image, state = step.build(image, inputs.step(i), state)
         if last is not None:
-            out = self._resize_normalize(image, last, inputs, window_decoded, tail_normalize, mirror)
+            out = self._resize_normalize(image, last, inputs, window_decoded, tail_normalize, mirror, device)
         else:
             out = self._output(image, state, tail_normalize, 0 if mirror is None else mirror)
         self._check_read(inputs.read)
         return out
 
-    def _fuses_resize(self, steps: list[tuple[int, Transform]], device: str) -> bool:
-        """Whether the last of ``steps`` is a CPU uint8 resize that can write the float32 output itself.
+    def _fuses_resize(self, steps: list[tuple[int, Transform]]) -> bool:
+        """Whether the last of ``steps`` is a uint8 resize that can write the float32 output itself.
 
         Then the resampler (``transforms/resample.py``) writes the normalized, mirrored float32 output in its
-        layout, and the ``crop_mirror_normalize`` that would copy the uint8 batch once more is left out.
+        layout, and the ``crop_mirror_normalize`` that would copy the uint8 batch once more is left out. On the GPU
+        this is what puts PIL's filters, and so the CPU graph's pixels, where ``fn.resize`` was.
         """
-        if device != "cpu" or self.dtype != "float32" or self.channels != 3 or not steps:
+        if self.dtype != "float32" or self.channels != 3 or not steps:
             return False
         index, last = steps[-1]
         if not isinstance(last, (RandomResizedCrop, Resize)) or last.interpolation == "nearest":
@@ -235,6 +237,7 @@ class CompiledTransforms:
         window_decoded: bool,
         normalize: Normalize | None,
         mirror: Any,
+        device: Literal["cpu", "gpu"],
     ) -> Any:
         from stallfree.transforms.resample import resize_normalize_node
         from stallfree.transforms.resample_kernels import FILTERS
@@ -257,6 +260,7 @@ class CompiledTransforms:
             window=window,
             mirror=mirror,
             kind=FILTERS[resize.interpolation],
+            device=device,
         )
 
     def _check_read(self, read: set[str]) -> None:

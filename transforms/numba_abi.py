@@ -43,11 +43,11 @@ from nvidia.dali.plugin.numba import address_as_void_pointer as _ptr  # type: ig
 from stallfree.core.atomic import atomic_write
 from stallfree.transforms import color_kernels, resample_kernels
 from stallfree.transforms.color_kernels import jitter
-from stallfree.transforms.resample_kernels import resample, resample_normalize
+from stallfree.transforms.resample_kernels import resample, resample_float, resample_normalize
 
-__all__ = ["JITTER_ENTRIES", "RESIZE_ENTRIES", "RESIZE_NORMALIZE_ENTRIES", "RUN", "SETUP", "VIEWS", "LazyEntries",
-           "compile_all", "drop_stale_cache", "hwc_f32", "hwc_u8", "numba_cache_folder", "same_shape_setup",
-           "vector_f32", "vector_f64", "vector_i32", "vector_u8", "write_once"]
+__all__ = ["JITTER_ENTRIES", "RESIZE_ENTRIES", "RESIZE_FLOAT_ENTRIES", "RESIZE_NORMALIZE_ENTRIES", "RUN", "SETUP",
+           "VIEWS", "LazyEntries", "compile_all", "drop_stale_cache", "hwc_f32", "hwc_u8", "numba_cache_folder",
+           "same_shape_setup", "vector_f32", "vector_f64", "vector_i32", "vector_u8", "write_once"]
 
 
 def numba_cache_folder(function: Callable[..., Any]) -> Path | None:
@@ -307,6 +307,25 @@ RESIZE_NORMALIZE_ENTRIES: Mapping[tuple[bool, bool], tuple[Any, Any]] = LazyEntr
 })
 
 
+def _resize_float_whole(o: int, os_: int, on: int, no: int, i: int, is_: int, in_: int, ni: int) -> None:
+    # Inputs: the size carrier, the float32 image, the float32 flags [antialias, kind].
+    flags = vector_f32(i, is_, in_, ni, ni - 1)
+    resample_float(hwc_f32(o, os_, on, no, 0), hwc_f32(i, is_, in_, ni, 1), flags[0] != 0, int(flags[1]))
+
+
+def _resize_float_crop(o: int, os_: int, on: int, no: int, i: int, is_: int, in_: int, ni: int) -> None:
+    # As _resize_float_whole, with input 2 the crop window.
+    image, w, flags = hwc_f32(i, is_, in_, ni, 1), _window(i, is_, in_, ni), vector_f32(i, is_, in_, ni, ni - 1)
+    top, left = int(w[0]), int(w[1])
+    crop = image[top : top + int(w[2]), left : left + int(w[3])]
+    resample_float(hwc_f32(o, os_, on, no, 0), crop, flags[0] != 0, int(flags[1]))
+
+
+#: ``windowed -> (run cfunc, setup cfunc)`` for the float32 resampler (a resize after Normalize), compiled on first use.
+RESIZE_FLOAT_ENTRIES: Mapping[bool, tuple[Any, Any]] = LazyEntries({
+    False: (_resize_float_whole, _resize_setup), True: (_resize_float_crop, _resize_setup)})
+
+
 def _jitter_u8(o: int, os_: int, on: int, no: int, i: int, is_: int, in_: int, ni: int) -> None:
     out, image = hwc_u8(o, os_, on, no, 0), hwc_u8(i, is_, in_, ni, 0)
     order, factors = _jitter_params(i, is_, in_, ni)
@@ -336,7 +355,8 @@ JITTER_ENTRIES: Mapping[bool, tuple[Any, Any]] = LazyEntries({True: (_jitter_u8,
 
 def compile_all() -> None:
     """Compile (or load from Numba's cache) every entry point above now, as a first graph would one by one."""
-    tables: tuple[Mapping[Any, tuple[Any, Any]], ...] = (RESIZE_ENTRIES, RESIZE_NORMALIZE_ENTRIES, JITTER_ENTRIES)
+    tables: tuple[Mapping[Any, tuple[Any, Any]], ...] = (RESIZE_ENTRIES, RESIZE_NORMALIZE_ENTRIES,
+                                                       RESIZE_FLOAT_ENTRIES, JITTER_ENTRIES)
     for table in tables:
         for key in table:
             table[key]

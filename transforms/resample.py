@@ -8,8 +8,9 @@ widens with the downscale factor (antialiasing), applied along one axis, then th
 same passes with their weights (``tests/transforms/test_interpolation.py``); this module runs them in the graph.
 It exists for speed: on the crops of an ImageNet-like training graph it runs 2.9x DALI's CPU ``fn.resize``
 (``stallfree bench resize``; the figures are in docs/speed.md), and resizing is the largest cost of a CPU training
-graph after decoding. On the GPU, and for float images (a resize placed after ``Normalize``), the graph uses DALI's
-``fn.resize``.
+graph after decoding. In a GPU graph (``device="gpu"``) the same filters run as ``numba.cuda`` kernels
+(:mod:`.resample_cuda`), giving the CPU's pixels to the bit; float images (a resize after ``Normalize``) go through
+:func:`resize_float_node`, the filters in float on either device (:func:`~.resample_kernels.resample_float`).
 
 Each sample's output size comes in as the shape of an empty array (``spec.size_input``): DALI's set-up function
 sizes a Numba operator's output from input shapes alone, and so one compiled operator (a few seconds of Numba
@@ -20,15 +21,15 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from nvidia.dali.pipeline import do_not_convert
 
 from stallfree.transforms.numba_dali import numba_operator
-from stallfree.transforms.resample_kernels import resample, resample_normalize
+from stallfree.transforms.resample_kernels import resample, resample_float, resample_normalize
 
-__all__ = ["resize_node", "resize_normalize_node"]
+__all__ = ["resize_float_node", "resize_node", "resize_normalize_node"]
 
 def _setup(outs: Any, ins: Any) -> None:
     # Input 0 is the size carrier (spec.size_input): an empty (height, width, 0) array. DALI's set-up sees input
@@ -54,8 +55,9 @@ def _run(antialias: bool, windowed: bool) -> Callable[..., None]:
     return run
 
 
-def resize_node(image: Any, size: Any, *, antialias: bool = True, window: Any = None, kind: int = 0) -> Any:
-    """A CPU DALI node resizing each RGB uint8 sample as PIL's BILINEAR (torchvision's resize of a PIL image).
+def resize_node(image: Any, size: Any, *, antialias: bool = True, window: Any = None, kind: int = 0,
+                device: Literal["cpu", "gpu"] = "cpu") -> Any:
+    """A DALI node resizing each RGB uint8 sample as PIL's BILINEAR (torchvision's resize of a PIL image).
 
     Args:
         image: the HWC RGB uint8 node.
@@ -65,7 +67,10 @@ def resize_node(image: Any, size: Any, *, antialias: bool = True, window: Any = 
         kind: PIL's filter, by its code in :data:`~.resample_kernels.FILTERS`. Any but BILINEAR (0) runs as the
             resampler that writes floats (whose entry points are cached), with mean 0 and std 1, cast back to
             uint8: the floats are the uint8 levels, so the cast is exact.
+        device: ``"gpu"``: the GPU kernel (:mod:`.resample_cuda`), any filter, on the GPU ``image``.
     """
+    if device == "gpu":
+        return _gpu_node("uint8", image, size, window, None, [float(antialias), float(kind)], np.uint8, chw=False)
     if kind:
         import nvidia.dali.fn as fn
         import nvidia.dali.types as types
@@ -123,8 +128,9 @@ def resize_normalize_node(
     window: Any = None,
     mirror: Any = None,
     kind: int = 0,
+    device: Literal["cpu", "gpu"] = "cpu",
 ) -> Any:
-    """:func:`resize_node` and ``crop_mirror_normalize(mean, std, mirror, float32)`` as one CPU DALI node.
+    """:func:`resize_node` and ``crop_mirror_normalize(mean, std, mirror, float32)`` as one DALI node.
 
     Args:
         image: the HWC RGB uint8 node.
@@ -136,13 +142,19 @@ def resize_normalize_node(
         window: as :func:`resize_node`.
         mirror: an optional node of per-sample int32 flags (0-d): mirror left to right where non-zero.
         kind: PIL's filter, as :func:`resize_node`'s.
+        device: as :func:`resize_node`'s.
     """
     import nvidia.dali.fn as fn
     import nvidia.dali.types as types
 
+    inverse = [1.0 / s for s in std]
+    if device == "gpu":
+        values = [*mean, *inverse, float(antialias), float(chw), float(kind)]
+        flip = None if mirror is None else fn.reshape(mirror, shape=[1])
+        return _gpu_node("normalize", image, size, window, flip, values, np.float32, chw=chw)
+
     from stallfree.transforms.numba_abi import RESIZE_NORMALIZE_ENTRIES
 
-    inverse = [1.0 / s for s in std]
     flags = types.Constant(np.array([*mean, *inverse, antialias, chw, kind], np.float32), device="cpu")
     if mirror is None:
         mirror = types.Constant(np.zeros(1, np.int32), device="cpu")
@@ -158,6 +170,88 @@ def resize_normalize_node(
         ins_ndim=[3, 3] + [1] * (len(inputs) - 2),
         out_type=np.float32,
         entries=RESIZE_NORMALIZE_ENTRIES[(window is not None, chw)],
+        layout="CHW" if chw else "HWC",
+    )
+    return operator(*inputs)
+
+
+@functools.cache
+@do_not_convert
+def _run_float(windowed: bool) -> Callable[..., None]:
+    if windowed:
+
+        def run_window(out: np.ndarray, _size: np.ndarray, image: np.ndarray, window: np.ndarray,
+                       flags: np.ndarray) -> None:
+            top, left = int(window[0]), int(window[1])
+            resample_float(out, image[top : top + int(window[2]), left : left + int(window[3])], flags[0] != 0,
+                           int(flags[1]))
+
+        return run_window
+
+    def run(out: np.ndarray, _size: np.ndarray, image: np.ndarray, flags: np.ndarray) -> None:
+        resample_float(out, image, flags[0] != 0, int(flags[1]))
+
+    return run
+
+
+def resize_float_node(image: Any, size: Any, *, antialias: bool = True, window: Any = None, kind: int = 0,
+                      device: Literal["cpu", "gpu"] = "cpu") -> Any:
+    """A DALI node resizing each HWC RGB float32 sample by PIL's filter ``kind`` in float (a resize after Normalize).
+
+    The filters' weights as float32 and the sums in float64 (:func:`~.resample_kernels.resample_float`), as torch's
+    antialiased ``interpolate`` computes them (to float32 rounding) where torchvision resizes a float tensor; the
+    same pixels on the CPU and the GPU.
+
+    Args:
+        image: the HWC RGB float32 node.
+        size: the per-sample output size, a node of :func:`stallfree.transforms.spec.size_input` arrays.
+        antialias: as :func:`resize_node`.
+        window: as :func:`resize_node`.
+        kind: PIL's filter, by its code in :data:`~.resample_kernels.FILTERS`.
+        device: where the node runs (``image``'s device).
+    """
+    import nvidia.dali.types as types
+
+    values = [float(antialias), float(kind)]
+    if device == "gpu":
+        return _gpu_node("float32", image, size, window, None, values, np.float32, chw=False)
+    from stallfree.transforms.numba_abi import RESIZE_FLOAT_ENTRIES  # compiles (or loads) the one entry point used
+
+    flags = types.Constant(np.array(values, np.float32), device="cpu")
+    inputs = [size, image, flags] if window is None else [size, image, window, flags]
+    operator = numba_operator(
+        _run_float(window is not None),
+        _setup,
+        in_types=[np.uint8, np.float32, np.float32, np.float32][: len(inputs)],
+        ins_ndim=[3, 3, 1, 1][: len(inputs)],
+        out_type=np.float32,
+        entries=RESIZE_FLOAT_ENTRIES[window is not None],
+    )
+    return operator(*inputs)
+
+
+def _gpu_node(variant: str, image: Any, size: Any, window: Any, mirror: Any, flags: list[float], out_type: type,
+              *, chw: bool) -> Any:
+    """The GPU resampler's node (:data:`~.resample_cuda.KERNELS`): every input moved to the GPU, as DALI needs."""
+    import nvidia.dali.types as types
+
+    from stallfree.transforms.resample_cuda import KERNELS  # imports numba.cuda: GPU graphs only
+
+    image_type = np.float32 if variant == "float32" else np.uint8
+    inputs, kinds = [size.gpu(), image], [np.uint8, image_type]
+    if window is not None:
+        inputs, kinds = [*inputs, window.gpu()], [*kinds, np.float32]
+    if variant == "normalize":
+        flip = types.Constant(np.zeros(1, np.int32), device="gpu") if mirror is None else mirror.gpu()
+        inputs, kinds = [*inputs, flip], [*kinds, np.int32]
+    inputs, kinds = [*inputs, types.Constant(np.array(flags, np.float32), device="gpu")], [*kinds, np.float32]
+    operator = numba_operator(
+        KERNELS[(variant, window is not None)],
+        _setup_chw if chw else _setup,
+        in_types=kinds,
+        ins_ndim=[3, 3] + [1] * (len(inputs) - 2),
+        out_type=out_type,
+        device="gpu",
         layout="CHW" if chw else "HWC",
     )
     return operator(*inputs)
