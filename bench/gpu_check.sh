@@ -99,6 +99,76 @@ if stallfree bench e2e --help > /dev/null 2>&1; then
 else
   echo "== bench_e2e: not in this version of stallfree (skipped)"
 fi
+# --- the resampler on the GPU (issue 36): the CPU's and the GPU's batches bit for bit, and its time against fn.resize ---
+step resample_gpu 100 python3 - "$out/resample_gpu.json" <<'PY'
+import json, sys, tempfile, time
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from stallfree import Loader
+from stallfree.transforms import Normalize, RandomHorizontalFlip, RandomResizedCrop
+
+report = {}
+# 1. One spec, two devices: PNGs (decoded alike by both), RandomResizedCrop + flip + Normalize, two batches.
+root = Path(tempfile.mkdtemp())
+rng = np.random.default_rng(0)
+for i in range(64):
+    (root / f"c{i % 2}").mkdir(exist_ok=True)
+    Image.fromarray(rng.integers(0, 256, (180 + i, 240 - i, 3), dtype=np.uint8)).save(root / f"c{i % 2}" / f"{i}.png")
+spec = [RandomResizedCrop(64), RandomHorizontalFlip(), Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))]
+batches = {}
+for device in ("cpu", "cuda"):
+    loader = Loader(root, batch_size=32, transform=spec, device=device, seed=5, num_threads=4)
+    batches[device] = [images.cpu() for images, _ in loader]
+diffs = [float((a - b).abs().max()) for a, b in zip(batches["cpu"], batches["cuda"], strict=True)]
+report["batches_equal"] = all(torch.equal(a, b) for a, b in zip(batches["cpu"], batches["cuda"], strict=True))
+report["max_abs_diff"] = max(diffs)
+print(f"CPU and GPU batches equal to the bit: {report['batches_equal']} (largest difference {max(diffs):.3g})")
+
+# 2. The resampler's kernel against fn.resize + crop_mirror_normalize, in one GPU graph each, 64 images 434x433.
+import nvidia.dali.fn as fn
+import nvidia.dali.types as types
+from nvidia.dali import pipeline_def
+
+from stallfree.transforms.resample import resize_normalize_node
+from stallfree.transforms.spec import size_input
+
+images = [rng.integers(0, 256, (434, 433, 3), dtype=np.uint8) for _ in range(64)]
+mean, std = [123.675, 116.28, 103.53], [58.395, 57.12, 57.375]
+
+
+def timed(ours):
+    @pipeline_def(batch_size=64, num_threads=4, device_id=0, exec_dynamic=True)
+    def pipe():
+        image = fn.external_source(name="images", dtype=types.UINT8, layout="HWC").gpu()
+        size = fn.external_source(name="sizes", dtype=types.UINT8)
+        if ours:
+            return resize_normalize_node(image, size, mean=mean, std=std, chw=True, device="gpu")
+        resized = fn.resize(image, size=[224, 224], antialias=True, interp_type=types.INTERP_LINEAR)
+        return fn.crop_mirror_normalize(resized, mean=mean, std=std, dtype=types.FLOAT, output_layout="CHW")
+
+    p = pipe()
+    p.build()
+    times = []
+    for _ in range(12):
+        p.feed_input("images", images)
+        p.feed_input("sizes", [size_input((224, 224))] * 64)
+        start = time.perf_counter()
+        (out,) = p.run()
+        out.as_cpu()  # waits for the GPU (and copies the batch back: the same for both)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times[2:]))
+
+
+report["resampler_ms"], report["fn_resize_ms"] = timed(True) * 1e3, timed(False) * 1e3
+print(f"64 x 434x433 -> 224x224 + normalize: resampler kernel {report['resampler_ms']:.2f} ms, "
+      f"fn.resize + crop_mirror_normalize {report['fn_resize_ms']:.2f} ms per batch, copy back included (median of 10)")
+Path(sys.argv[1]).write_text(json.dumps(report, indent=1))
+sys.exit(0 if report["batches_equal"] else 1)
+PY
 step train 60 stallfree train --synthetic 512 --model small_cnn --stages 1 --device cuda --max-steps 20 \
   --out /tmp/stallfree-train --no-progress --json-file "$out/train.json"
 
@@ -107,7 +177,7 @@ python3 - "$out" <<'PY'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
 report = {"steps": [json.loads(line) for line in (out / "gpu_check.jsonl").read_text().splitlines() if line]}
-for name in ("bench_loader", "bench_e2e", "train"):
+for name in ("bench_loader", "bench_e2e", "train", "resample_gpu"):
     path = out / f"{name}.json"
     if path.is_file():
         report[name] = json.loads(path.read_text())
