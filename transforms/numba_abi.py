@@ -43,7 +43,12 @@ from nvidia.dali.plugin.numba import address_as_void_pointer as _ptr  # type: ig
 from stallfree.core.atomic import atomic_write
 from stallfree.transforms import color_kernels, resample_kernels
 from stallfree.transforms.color_kernels import jitter
-from stallfree.transforms.resample_kernels import resample, resample_float, resample_normalize
+from stallfree.transforms.resample_kernels import (
+    resample,
+    resample_float,
+    resample_normalize_chw,
+    resample_normalize_hwc,
+)
 
 __all__ = ["JITTER_ENTRIES", "RESIZE_ENTRIES", "RESIZE_FLOAT_ENTRIES", "RESIZE_NORMALIZE_ENTRIES", "RUN", "SETUP",
            "VIEWS", "LazyEntries", "compile_all", "drop_stale_cache", "hwc_f32", "hwc_u8", "numba_cache_folder",
@@ -275,18 +280,42 @@ def hwc_f32(ptrs: int, shapes: int, ndims: int, count: int, which: int) -> Any:
 
 def _resize_normalize_whole(o: int, os_: int, on: int, no: int, i: int, is_: int, in_: int, ni: int) -> None:
     # Inputs: the size carrier, the image, the int32 mirror flag, the float32 flags (resample_kernels.py).
-    out = hwc_f32(o, os_, on, no, 0)  # (3, h, w) or (h, w, 3): the flags say which
     mirror = vector_i32(i, is_, in_, ni, ni - 2)[0] != 0
-    resample_normalize(out, hwc_u8(i, is_, in_, ni, 1), vector_f32(i, is_, in_, ni, ni - 1), mirror)
+    image, flags = hwc_u8(i, is_, in_, ni, 1), vector_f32(i, is_, in_, ni, ni - 1)
+    resample_normalize_hwc(hwc_f32(o, os_, on, no, 0), image, flags, mirror)
+
+
+def _resize_normalize_whole_chw(o: int, os_: int, on: int, no: int, i: int, is_: int, in_: int, ni: int) -> None:
+    # As _resize_normalize_whole, laid out (3, h, w).
+    mirror = vector_i32(i, is_, in_, ni, ni - 2)[0] != 0
+    image, flags = hwc_u8(i, is_, in_, ni, 1), vector_f32(i, is_, in_, ni, ni - 1)
+    resample_normalize_chw(hwc_f32(o, os_, on, no, 0), image, flags, mirror)
+
+
+@njit(cache=True)
+def _crop(i: int, is_: int, in_: int, ni: int) -> Any:
+    """Input 1 (the image) within input 2's window."""
+    image, w = hwc_u8(i, is_, in_, ni, 1), _window(i, is_, in_, ni)
+    top, left = int(w[0]), int(w[1])
+    return image[top : top + int(w[2]), left : left + int(w[3])]
 
 
 def _resize_normalize_crop(o: int, os_: int, on: int, no: int, i: int, is_: int, in_: int, ni: int) -> None:
     # As _resize_normalize_whole, with input 2 the crop window.
-    out, image, w = hwc_f32(o, os_, on, no, 0), hwc_u8(i, is_, in_, ni, 1), _window(i, is_, in_, ni)
     mirror = vector_i32(i, is_, in_, ni, ni - 2)[0] != 0
-    top, left = int(w[0]), int(w[1])
-    crop = image[top : top + int(w[2]), left : left + int(w[3])]
-    resample_normalize(out, crop, vector_f32(i, is_, in_, ni, ni - 1), mirror)
+    crop, flags = _crop(i, is_, in_, ni), vector_f32(i, is_, in_, ni, ni - 1)
+    resample_normalize_hwc(hwc_f32(o, os_, on, no, 0), crop, flags, mirror)
+
+
+def _resize_normalize_crop_chw(o: int, os_: int, on: int, no: int, i: int, is_: int, in_: int, ni: int) -> None:
+    # As _resize_normalize_crop, laid out (3, h, w).
+    mirror = vector_i32(i, is_, in_, ni, ni - 2)[0] != 0
+    crop, flags = _crop(i, is_, in_, ni), vector_f32(i, is_, in_, ni, ni - 1)
+    resample_normalize_chw(hwc_f32(o, os_, on, no, 0), crop, flags, mirror)
+
+
+_RESIZE_NORMALIZE_RUNS = {(False, False): _resize_normalize_whole, (False, True): _resize_normalize_whole_chw,
+                          (True, False): _resize_normalize_crop, (True, True): _resize_normalize_crop_chw}
 
 
 def _resize_normalize_setup_chw(out_shapes: int, out_ndims: int, num_outs: int, in_shapes: int, in_ndims: int,
@@ -300,8 +329,7 @@ def _resize_normalize_setup_chw(out_shapes: int, out_ndims: int, num_outs: int, 
 
 #: ``(windowed, chw) -> (run cfunc, setup cfunc)`` for the resampler writing normalized float32, compiled on first use.
 RESIZE_NORMALIZE_ENTRIES: Mapping[tuple[bool, bool], tuple[Any, Any]] = LazyEntries({
-    (windowed, chw): (_resize_normalize_crop if windowed else _resize_normalize_whole,
-                     _resize_normalize_setup_chw if chw else _resize_setup)
+    (windowed, chw): (_RESIZE_NORMALIZE_RUNS[(windowed, chw)], _resize_normalize_setup_chw if chw else _resize_setup)
     for windowed in (False, True)
     for chw in (False, True)
 })

@@ -15,7 +15,7 @@ import numpy as np
 from numba.extending import register_jitable
 
 __all__ = ["BITS", "FILTERS", "columns_first", "filter_weight", "fixed_weight", "resample", "resample_float",
-           "resample_normalize", "span", "span_total", "tap_weight"]
+           "resample_normalize", "resample_normalize_chw", "resample_normalize_hwc", "span", "span_total", "tap_weight"]
 
 _BITS = 22  # PIL's PRECISION_BITS: 32 - 8 - 2
 BITS = _BITS
@@ -33,7 +33,7 @@ _SUPPORT = (1.0, 2.0, 0.5, 1.0, 3.0)
 # :mod:`.resample_cuda` (``register_jitable`` compiles for both), so that the two compute the same taps.
 
 
-@register_jitable(inline="always")
+@register_jitable
 def _sinc(x: float) -> float:
     if x == 0.0:
         return 1.0
@@ -41,7 +41,7 @@ def _sinc(x: float) -> float:
     return math.sin(x) / x
 
 
-@register_jitable(inline="always")
+@register_jitable
 def filter_weight(x: float, kind: int) -> float:
     """PIL's filter ``kind`` at signed distance ``x`` (``Resample.c``'s ``*_filter`` functions)."""
     if kind == 2:  # box, half-open as PIL's
@@ -285,15 +285,29 @@ def resample_normalize(out: np.ndarray, image: np.ndarray, flags: np.ndarray, mi
     gives (to float32 rounding), written in one contiguous pass instead of by a second operator reading the uint8
     batch again.
     """
-    chw = flags[7] != 0
-    height, width = (out.shape[1], out.shape[2]) if chw else (out.shape[0], out.shape[1])
-    kind = int(flags[8]) if flags.shape[0] > 8 else 0
-    packed, mirrored = _resample(height, width, image, flags[6] != 0, mirror, kind)  # the row pass mirrors
-    reverse = mirror and not mirrored
-    if chw:
-        _emit_chw(out, packed.view(np.uint8), flags, reverse)
+    if flags[7] != 0:
+        resample_normalize_chw(out, image, flags, mirror)
     else:
-        _emit_hwc(out, packed.view(np.uint8), flags, reverse)
+        resample_normalize_hwc(out, image, flags, mirror)
+
+
+# One function per layout, so that a graph's entry point compiles the one it writes (numba_abi).
+
+
+@numba.njit(cache=True)
+def resample_normalize_chw(out: np.ndarray, image: np.ndarray, flags: np.ndarray, mirror: bool) -> None:
+    """:func:`resample_normalize` into a ``(3, h, w)`` ``out`` (``flags[7]`` is not read)."""
+    kind = int(flags[8]) if flags.shape[0] > 8 else 0
+    packed, mirrored = _resample(out.shape[1], out.shape[2], image, flags[6] != 0, mirror, kind)  # the row pass mirrors
+    _emit_chw(out, packed.view(np.uint8), flags, mirror and not mirrored)
+
+
+@numba.njit(cache=True)
+def resample_normalize_hwc(out: np.ndarray, image: np.ndarray, flags: np.ndarray, mirror: bool) -> None:
+    """:func:`resample_normalize` into a ``(h, w, 3)`` ``out`` (``flags[7]`` is not read)."""
+    kind = int(flags[8]) if flags.shape[0] > 8 else 0
+    packed, mirrored = _resample(out.shape[0], out.shape[1], image, flags[6] != 0, mirror, kind)
+    _emit_hwc(out, packed.view(np.uint8), flags, mirror and not mirrored)
 
 
 @numba.njit(cache=True)
