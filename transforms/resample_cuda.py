@@ -28,6 +28,7 @@ Kernels (DALI's GPU ``numba_function`` run functions, ``batch_processing=False``
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -236,7 +237,7 @@ def resize_normalize_window(out: Any, _size: Any, image: Any, window: Any, mirro
 
 
 #: ``(variant, windowed) -> run function``, variant one of ``"uint8"``, ``"float32"``, ``"normalize"``.
-KERNELS = {
+KERNELS: dict[tuple[str, bool], Callable[..., None]] = {
     ("uint8", False): resize_u8,
     ("uint8", True): resize_u8_window,
     ("float32", False): resize_f32,
