@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 
 __all__: list[str] = []
 
+_CHECK_S = 2.0  # seconds between checks that the cluster still answers while a batch is awaited
+
 
 @dataclass(eq=False)
 class _Flight:
@@ -125,13 +127,22 @@ class RayRun:
             self._send_start = self._end(self._send_start, size)
 
     def _result(self, flight: _Flight) -> Any:
-        """``flight``'s result; an actor that died is replaced and each batch it held is sent again."""
+        """``flight``'s result; an actor that died is replaced and each batch it held is sent again.
+
+        While it waits, the cluster's address is checked every :data:`_CHECK_S`: Ray itself ends the whole process a
+        minute after its cluster went away, so the Loader leaves the cluster (``ray.shutdown``) and raises first.
+        """
         import ray
 
         while True:
             try:
+                ready, _ = ray.wait([flight.ref], timeout=_CHECK_S)
+                if not ready:
+                    self._check_cluster(flight)
+                    continue
                 return ray.get(flight.ref)
             except ray.exceptions.RayActorError as err:
+                self._check_cluster(flight)
                 self._replaced += 1
                 if self._replaced > 2 * len(self.pool.actors) + 2:
                     raise RuntimeError(f"Ray actors of the Loader keep dying ({self._replaced} replaced this pass, "
@@ -144,6 +155,22 @@ class RayRun:
             except ray.exceptions.RaySystemError as err:
                 raise ConnectionError(f"the Ray cluster at {self.pool.address} went away while the Loader waited "
                                       f"for batch {flight.number}: {err}") from err
+
+    def _check_cluster(self, flight: _Flight) -> None:
+        """Raise ``ConnectionError`` naming the cluster once its address no longer answers (after leaving it)."""
+        import ray
+
+        from stallfree.pipeline.ray_workers import answers
+
+        if answers(self.pool.address):
+            return
+        self._stopped = True
+        self._flights.clear()
+        ray.shutdown()
+        self.pool.workers.forget()
+        raise ConnectionError(f"the Ray cluster at {self.pool.address} went away (its address no longer answers) "
+                              f"while the Loader waited for batch {flight.number}; this process has left it: start "
+                              "the cluster again and resume from the last state_dict()")
 
     def __iter__(self) -> Iterator[Batch]:
         clock = self.parts.clock

@@ -67,6 +67,10 @@ class RayWorkers:
             pool = self._pool["pool"] = WorkerPool(self, connect(self.address))
         return pool
 
+    def forget(self) -> None:
+        """Drop the actors without ending them (their cluster went away; a later pass connects again)."""
+        self._pool.pop("pool", None)
+
     def close(self) -> None:
         """End the actors (a later pass creates new ones)."""
         pool = self._pool.pop("pool", None)
@@ -74,17 +78,30 @@ class RayWorkers:
             pool.close()
 
 
-def _reachable(address: str) -> None:
-    """Refuse quickly a ``HOST:PORT`` where nothing listens (``ray.init`` would wait a minute, then say less)."""
+def _connect_error(address: str) -> OSError | ValueError | None:
+    """Why nothing answers a TCP connect at ``HOST:PORT`` (``None``: it answers, or is not of that form)."""
     if "://" in address or address == "auto" or ":" not in address:
-        return
+        return None
     host, _, port = address.rpartition(":")
     try:
         with socket.create_connection((host, int(port)), timeout=_CONNECT_S):
-            return
+            return None
     except (OSError, ValueError) as err:
+        return err
+
+
+def answers(address: str) -> bool:
+    """Whether the cluster's address (its GCS, ``HOST:PORT``) still takes a TCP connection."""
+    return _connect_error(address) is None
+
+
+def _reachable(address: str) -> None:
+    """Refuse quickly a ``HOST:PORT`` where nothing listens (``ray.init`` would wait a minute, then say less)."""
+    err = _connect_error(address)
+    if err is not None:
+        port = address.rpartition(":")[2]
         raise ConnectionError(f"no Ray cluster answers at {address} ({err}); start one there (`ray start --head "
-                              f"--port={port}`) or give RayWorkers the address of a running one") from None
+                              f"--port={port}`) or give RayWorkers the address of a running one")
 
 
 def connect(address: str | None) -> str:
