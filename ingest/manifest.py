@@ -108,7 +108,8 @@ def read_manifest(folder: str | os.PathLike[str], storage_options: dict[str, Any
             f"{path} does not exist: not an ingested dataset, or its ingest has not finished (run it again to resume)"
         )
     with open(path, "rb") as f:
-        data = f.read(MANIFEST_LIMIT + 1)  # no more: a larger one is refused by parse_manifest
+        # No more than the limit (a larger one is refused by parse_manifest), and no larger a buffer than the file.
+        data = f.read(min(os.fstat(f.fileno()).st_size, MANIFEST_LIMIT) + 1)
     return parse_manifest(data, str(path))
 
 
