@@ -76,13 +76,16 @@ def _filter_support(kind: int) -> float:
 @register_jitable
 def span(i: int, in_size: int, out_size: int, antialias: bool, kind: int) -> tuple[int, int, float, float]:
     """Output index ``i``'s first input index, tap count, centre and inverse filter scale (PIL's precompute)."""
+    # Conditionals, not max() and min(): Numba's CUDA target fails to type those (checked with compile_ptx).
     scale = in_size / out_size
-    filter_scale = max(scale, 1.0) if antialias else 1.0
+    filter_scale = scale if antialias and scale > 1.0 else 1.0
     inverse = 1.0 / filter_scale  # PIL multiplies by the inverse (dividing can round t the other way)
     support = _filter_support(kind) * filter_scale  # the filter's own support, widened by the filter scale
     center = (i + 0.5) * scale
-    first = max(int(center - support + 0.5), 0)
-    count = min(int(center + support + 0.5), in_size) - first
+    first = int(center - support + 0.5)
+    first = first if first > 0 else 0
+    end = int(center + support + 0.5)
+    count = (end if end < in_size else in_size) - first
     return first, count, center, inverse
 
 
