@@ -76,7 +76,8 @@ def _filter_support(kind: int) -> float:
 @register_jitable
 def span(i: int, in_size: int, out_size: int, antialias: bool, kind: int) -> tuple[int, int, float, float]:
     """Output index ``i``'s first input index, tap count, centre and inverse filter scale (PIL's precompute)."""
-    # Conditionals, not max() and min(): Numba's CUDA target fails to type those (checked with compile_ptx).
+    # Conditionals, not max() and min(): numba 0.68's own CUDA target fails to type those (tests/transforms/
+    # test_resample_ptx.py); the numba-cuda package may not, but the kernels must compile under either.
     scale = in_size / out_size
     filter_scale = scale if antialias and scale > 1.0 else 1.0
     inverse = 1.0 / filter_scale  # PIL multiplies by the inverse (dividing can round t the other way)

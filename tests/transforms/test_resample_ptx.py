@@ -1,9 +1,10 @@
 """Without a GPU: every GPU resampler kernel compiles to PTX through NVVM, where the CUDA toolkit's libnvvm is present.
 
 The simulator runs the kernels as Python and so cannot see what Numba's CUDA target refuses to type: the kernels
-once called ``max``/``min``, which this target fails on ("Signature mismatch: 2 argument types given, but function
-takes 1 arguments"), and only a GPU run would have shown it. ``compile_ptx`` is public; a device function asks the
-current device for its compute capability, so the subprocess answers for it (sm_80) instead of a driver.
+once called ``max``/``min``, which numba 0.68's own CUDA target (this venv's; the GPU image has numba-cuda) fails
+on ("Signature mismatch: 2 argument types given, but function takes 1 arguments"), and only a GPU run would have
+shown it. ``compile_ptx`` is public; a device function asks the current device for its compute capability, so the
+subprocess answers for it (sm_80) instead of a driver.
 """
 
 from __future__ import annotations
