@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import signal
 import socket
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -207,3 +211,41 @@ def test_a_cluster_that_is_not_there_is_named_quickly(indexed_list: Path, ray_co
     with pytest.raises(ConnectionError, match=f"no Ray cluster answers at {address}"):
         list(make(indexed_list, RayWorkers(address=address)))
     assert time.monotonic() - started < 30
+
+
+def test_a_cluster_that_goes_away_mid_pass_is_named(indexed_list: Path, ray_connected: str) -> None:
+    """A throwaway one-node cluster of this test's own: its head's processes and the actor killed mid-pass."""
+    tmp_path = Path(tempfile.mkdtemp(prefix="sf-ray-"))  # short: Ray's socket paths must fit in 107 bytes
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    address = f"127.0.0.1:{port}"
+    head = subprocess.Popen(
+        [os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--head", f"--port={port}", "--num-cpus=1",
+         "--include-dashboard=false", "--node-ip-address=127.0.0.1", f"--temp-dir={tmp_path}",
+         "--disable-usage-stats", "--block"],
+        stdout=(tmp_path / "head.log").open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        ray.shutdown()  # leaves the session's cluster; the next test's ray_connected connects again
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert head.poll() is None and time.monotonic() < deadline, (tmp_path / "head.log").read_text()[-2000:]
+                time.sleep(0.2)
+        workers = RayWorkers(address=address)
+        it = iter(make(indexed_list, workers, batch_size=2))
+        next(it)
+        actor_pid = ray.get(workers.pool().actors[0].pid.remote())
+        os.killpg(head.pid, signal.SIGKILL)  # the head's processes (GCS, raylet) ...
+        os.kill(actor_pid, signal.SIGKILL)  # ... and the machine's worker: the whole cluster is gone
+        with pytest.raises(ConnectionError, match=f"the Ray cluster at {address} went away"):
+            list(it)
+        assert not ray.is_initialized()
+    finally:
+        if head.poll() is None:
+            os.killpg(head.pid, signal.SIGKILL)
+        head.wait(10)
+        shutil.rmtree(tmp_path, ignore_errors=True)
