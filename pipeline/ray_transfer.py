@@ -53,12 +53,16 @@ def worker_spec(compiled: CompiledTransforms, transfer: str) -> tuple[CompiledTr
     layout = compiled.layout
 
     def finish(images: torch.Tensor) -> torch.Tensor:  # (B, H, W, C) uint8 -> the Loader's dtype and layout
-        out = (images.to(torch.float32) - shift.to(images.device)) / scale.to(images.device)
-        if layout == "NCHW":
-            out = out.permute(0, 3, 1, 2).contiguous()
-        elif layout == "channels_last":
-            out = out.permute(0, 3, 1, 2)
-        return out.to(dtype)
+        # One converting copy into the output's memory order, then in place: (x - mean) / std, as Normalize.
+        order = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+        if layout == "NHWC":
+            out = images.to(torch.float32)
+            view = (1, 1, 1, channels)
+        else:
+            out = images.permute(0, 3, 1, 2).to(torch.float32, memory_format=order)
+            view = (1, channels, 1, 1)
+        out.sub_(shift.to(out.device).view(view)).div_(scale.to(out.device).view(view))
+        return out if dtype == torch.float32 else out.to(dtype, memory_format=order)
 
     return worker, finish
 
