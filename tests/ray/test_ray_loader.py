@@ -199,6 +199,19 @@ def test_bad_worker_settings_are_refused_by_name(indexed_list: Path) -> None:
              dtype="float32")
 
 
+def test_bench_ray_reports_costs_and_a_projection(image_folder: Path, ray_connected: str) -> None:
+    from stallfree.bench import ray as bench_ray
+    from stallfree.commands.bench import options
+
+    args = options("ray", image_folder, workers=1, batch_size=4, batches=2, repeats=1, size=16)
+    args.progress = False
+    out = io.StringIO()
+    results = bench_ray.run(args, out)
+    assert results["ray"]["bytes_per_img"] == 16 * 16 * 3 * 4  # float32 output of a 16x16 crop
+    assert results["ray"]["img_per_s"] > 0 and results["local"]["img_per_s"] > 0
+    assert [row["workers"] for row in results["projected"]] == list(bench_ray.PROJECTED)
+    assert "projected" in out.getvalue() and "Ray, 1 x 1 CPU (output)" in out.getvalue()
+
 def test_a_cluster_that_is_not_there_is_named_quickly(indexed_list: Path, ray_connected: str) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
