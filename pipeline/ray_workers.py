@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -168,6 +169,12 @@ class WorkerPool:
         import ray
 
         self.workers, self.address = workers, address
+        wanted, total = workers.num_workers * workers.cpus_per_worker, ray.cluster_resources().get("CPU", 0)
+        if wanted > total:
+            warnings.warn(f"RayWorkers wants {workers.num_workers} x {workers.cpus_per_worker} = {wanted} CPUs but the "
+                          f"cluster at {address} has {total:g}: the actors that do not fit wait until it grows (an "
+                          "autoscaler), and with them the batches sent to them; use fewer workers or CPUs per worker",
+                          UserWarning, stacklevel=4)
         # Ray's stubs type an actor's methods as plain functions; handles are Any here
         self._remote: Any = ray.remote(GraphWorker).options(num_cpus=workers.cpus_per_worker, max_restarts=0)
         self.actors: list[Any] = [self._remote.remote() for _ in range(workers.num_workers)]

@@ -187,13 +187,15 @@ def test_the_stage_clock_gets_the_actors_busy_time(indexed_list: Path, workers_o
     assert clock.spans("input") and clock.spans("read")
 
 
-def test_bad_worker_settings_are_refused_by_name(indexed_list: Path) -> None:
+def test_bad_worker_settings_are_refused_by_name(indexed_list: Path, ray_connected: str) -> None:
     with pytest.raises(ValueError, match="num_workers must be an int >= 1, got 0"):
         RayWorkers(num_workers=0)
     with pytest.raises(ValueError, match="transfer must be 'output' or 'uint8'"):
         RayWorkers(transfer="float")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="workers must be None or stallfree.RayWorkers"):
         make(indexed_list, workers=2)  # type: ignore[arg-type]
+    with pytest.warns(UserWarning, match=r"wants 4 x 1 = 4 CPUs but the cluster at .* has 3"):
+        RayWorkers(num_workers=4).pool().close()
     with pytest.raises(ValueError, match="needs Normalize as the last step"):
         make(indexed_list, RayWorkers(transfer="uint8"), transform=[Normalize((0.5,), (0.5,)), CenterCrop(8)],
              dtype="float32")
