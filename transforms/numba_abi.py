@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import FunctionType
@@ -134,6 +135,13 @@ def _entry_point(function: Callable[..., None]) -> Any:
 
 K = TypeVar("K")
 
+#: Called as ``notice("slow", 0.0)`` when a lookup has taken :data:`SLOW_S` (it is compiling, not loading from Numba's
+#: cache) and ``notice("done", seconds)`` when that compile ends; ``None``: nothing is said. A command sets it
+#: (``stallfree.commands.kernels``); the library itself prints nothing.
+compile_notice: Callable[[str, float], None] | None = None
+#: Longer than this, a lookup is compiling: loading a pair from the cache takes well under a second.
+SLOW_S = 1.5
+
 
 class LazyEntries(Mapping[K, tuple[Any, Any]]):
     """``key -> (run cfunc, setup cfunc)``, each pair compiled (or loaded from Numba's cache) when first looked up.
@@ -147,8 +155,28 @@ class LazyEntries(Mapping[K, tuple[Any, Any]]):
 
     def __getitem__(self, key: K) -> tuple[Any, Any]:
         run, setup = self._functions[key]
+        notice, said = compile_notice, threading.Event()
+
+        def slow() -> None:
+            said.set()
+            if notice is not None:
+                notice("slow", 0.0)
+
+        timer = threading.Timer(SLOW_S, slow) if notice is not None else None
+        start = time.perf_counter()
         with _COMPILE_LOCK:  # two graphs built at once compile each entry point once
-            return tuple(_entry_point(f) if isinstance(f, FunctionType) else f for f in (run, setup))
+            if timer is not None:
+                timer.daemon = True
+                timer.start()
+            try:
+                pair = tuple(_entry_point(f) if isinstance(f, FunctionType) else f for f in (run, setup))
+            finally:
+                if timer is not None:
+                    timer.cancel()
+                    timer.join()
+        if notice is not None and said.is_set():
+            notice("done", time.perf_counter() - start)
+        return pair
 
     def __iter__(self) -> Iterator[K]:
         return iter(self._functions)

@@ -56,7 +56,7 @@ def _demo(args: argparse.Namespace) -> int:
     require_dali()  # before minutes of writing JPEGs, not after
     from stallfree.bench import e2e
     from stallfree.commands.bench import options
-    from stallfree.commands.kernels import load_kernels
+    from stallfree.commands.kernels import announce_compiles
     from stallfree.ingest.runner import ingest
     from stallfree.ingest.synthetic import make_image_folder
     from stallfree.stage_runtime.train.report import format_summary, with_prediction
@@ -66,7 +66,7 @@ def _demo(args: argparse.Namespace) -> int:
         raise ValueError(f"--images must be at least one batch of 64, got {args.images}")
     if args.epochs < 1:
         raise ValueError(f"--epochs must be positive, got {args.epochs}")
-    load_kernels(args.progress)
+    announce_compiles(args.progress)
     out = human(args)
     result: dict[str, Any] = {"bench": None, "ingest": {}, "out": str(args.out)}
     args.out.mkdir(parents=True, exist_ok=True)

@@ -61,7 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Profile ``args.data``, write the three files, print the report; returns the exit code."""
-    from stallfree.commands.kernels import load_kernels
+    from stallfree.commands.kernels import announce_compiles
     from stallfree.core.device import check_device
     from stallfree.stage_runtime.profile.dataset import profile_dataset
     from stallfree.stage_runtime.profile.phases import MODEL_ALIASES
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     check_device(args.device)
     if args.accelerator is None:
         resolve(MODEL_ALIASES.get(args.model, args.model))
-    load_kernels(args.progress)
+    announce_compiles(args.progress)
     profiled = profile_dataset(args.data, model=args.model, batch_size=args.batch_size, image_size=args.image_size,
                                batches=args.batches, threads=args.threads, torch_threads=args.torch_threads,
                                device=args.device, compare=args.compare, max_side=args.max_side,

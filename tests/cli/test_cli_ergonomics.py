@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,22 +46,41 @@ def test_quiet_stays_an_alias_of_no_progress(command: list[str]) -> None:
     assert parser.parse_args(command).progress is True
 
 
-def test_the_compile_is_said_once_when_the_import_is_slow(monkeypatch: pytest.MonkeyPatch,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(kernels, "SLOW_S", 0.05)
-    monkeypatch.setattr(kernels.importlib, "import_module", lambda name: time.sleep(0.5))
-    kernels.load_kernels(show=True)
+def _slow_entries(monkeypatch: pytest.MonkeyPatch, compile_s: float) -> Any:
+    """A LazyEntries whose every lookup 'compiles' for ``compile_s`` (the compile itself stood in for)."""
+    from stallfree.transforms import numba_abi
+
+    monkeypatch.setattr(numba_abi, "_entry_point", lambda function: time.sleep(compile_s) or function)
+
+    def run() -> None: ...
+
+    return numba_abi.LazyEntries({0: (run, run), 1: (run, run)})
+
+
+def test_a_compile_is_said_once_with_its_time(monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from stallfree.transforms import numba_abi
+
+    monkeypatch.setattr(numba_abi, "SLOW_S", 0.05)
+    monkeypatch.setattr(numba_abi, "compile_notice", None)
+    entries = _slow_entries(monkeypatch, 0.2)
+    kernels.announce_compiles(show=True)
+    entries[0], entries[1]
     err = capsys.readouterr().err
     assert err.count("compiling stallfree's Numba kernels") == 1 and "once after installing" in err
-    assert "compiled in" in err
+    assert err.count("compiled in") == 2
 
 
 @pytest.mark.parametrize("show", [True, False])
 def test_nothing_is_said_when_the_kernels_load_fast_or_progress_is_off(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], show: bool) -> None:
-    monkeypatch.setattr(kernels, "SLOW_S", 10.0 if show else 0.0)
-    monkeypatch.setattr(kernels.importlib, "import_module", lambda name: time.sleep(0.05))
-    kernels.load_kernels(show=show)
+    from stallfree.transforms import numba_abi
+
+    monkeypatch.setattr(numba_abi, "SLOW_S", 10.0 if show else 0.0)
+    monkeypatch.setattr(numba_abi, "compile_notice", None)
+    entries = _slow_entries(monkeypatch, 0.05)
+    kernels.announce_compiles(show=show)
+    entries[0]
     assert capsys.readouterr().err == ""
 
 
