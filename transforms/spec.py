@@ -104,17 +104,19 @@ def _resize(
 ) -> Any:
     """Resize to the per-sample ``size`` (a :func:`size_input` node), after cropping to ``window`` if given.
 
-    uint8 images on the CPU go through the Numba resampler, which computes PIL's BILINEAR or BICUBIC
-    (torchvision's resize of PIL images) and runs 2.9x DALI's CPU resize (``stallfree bench resize``); float
-    images and the GPU use ``fn.resize`` (its own cubic and nearest, which are not PIL's to the bit).
+    Every filter but nearest goes through the resampler, PIL's filter (torchvision's resize of PIL images), on the
+    CPU (Numba) or the GPU (``numba.cuda``) alike: uint8 as PIL rounds, floats after ``Normalize`` in float. Nearest
+    uses ``fn.resize``.
     """
     import nvidia.dali.fn as fn
     import nvidia.dali.types as types
 
-    if state.device == "cpu" and state.dtype == "uint8" and interpolation != "nearest":
-        from stallfree.transforms.resample import resize_node
+    if interpolation != "nearest":  # PIL's filter on either device, in uint8 or (after Normalize) in float
+        from stallfree.transforms.resample import resize_float_node, resize_node
 
-        return resize_node(image, size, antialias=antialias, window=window, kind=_PIL_FILTERS[interpolation])
+        node = resize_node if state.dtype == "uint8" else resize_float_node
+        return node(image, size, antialias=antialias, window=window, kind=_PIL_FILTERS[interpolation],
+                    device=state.device)
     roi: dict[str, Any] = {}
     if window is not None:
         roi = {"roi_start": window[0:2], "roi_end": window[0:2] + window[2:4], "roi_relative": False}
