@@ -26,13 +26,13 @@ import errno
 import json
 import logging
 import os
-import socket
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from stallfree.core.ray_cluster import connect
 from stallfree.ingest.lock import FolderLocked
 from stallfree.ingest.manifest import shard_name
 from stallfree.ingest.merge import merge
@@ -123,7 +123,7 @@ def ingest_on_ray(
     target = str(out) if remote else os.path.abspath(out)
     stage = os.path.abspath(staging) if staging is not None else None
     ray = _import_ray()
-    started_here = _connect(ray, address)
+    _, started_here = connect(address, who="ingest_on_ray", log_to_driver=True)
     try:
         count = parts or _split_in(target) or _cluster_parts(ray, cpus_per_task)
         _check_cpus(ray, cpus_per_task)
@@ -148,38 +148,6 @@ def _import_ray() -> Any:
         raise ImportError("ingest on Ray needs Ray: pip install 'stallfree[ray]' (on every node of the cluster "
                           "too)") from err
     return ray
-
-
-def _connect(ray: Any, address: str | None) -> bool:
-    """Connect to the cluster (see :func:`ingest_on_ray`'s ``address``); whether this call started the connection."""
-    if ray.is_initialized():
-        connected = ray.get_runtime_context().gcs_address
-        if address and address.removeprefix("ray://") != connected:
-            _log.warning("this process is connected to the Ray cluster at %s already: ingesting there, not at %s",
-                         connected, address)
-        return False
-    target = address or os.environ.get("RAY_ADDRESS") or None
-    if target is None:
-        ray.init(include_dashboard=False)  # a local cluster of this machine's CPUs
-        return True
-    _probe(target)
-    ray.init(address=target)
-    return True
-
-
-def _probe(address: str, timeout: float = 10.0) -> None:
-    """Refuse at once an address (``HOST:PORT``, ``ray://HOST:PORT``) where nothing listens.
-
-    ``ray.init`` would try again for minutes, printing a warning every few seconds, before it gives up.
-    """
-    host, colon, port = address.removeprefix("ray://").rpartition(":")
-    if not colon or not port.isdigit():
-        return  # "auto", or a form Ray resolves itself
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
-    except OSError as err:
-        raise ConnectionError(f"no Ray cluster answers at {address} ({err.strerror or err}); start one there "
-                              "(`ray start --head --port PORT`) or pass another address") from err
 
 
 def _split_in(out: str) -> int | None:

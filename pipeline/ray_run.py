@@ -160,7 +160,7 @@ class RayRun:
         """Raise ``ConnectionError`` naming the cluster once its address no longer answers (after leaving it)."""
         import ray
 
-        from stallfree.pipeline.ray_workers import answers
+        from stallfree.core.ray_cluster import answers
 
         if answers(self.pool.address):
             return

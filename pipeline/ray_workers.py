@@ -9,11 +9,12 @@ its own. ``ray`` is imported only when a Ray-backed pass starts (the ``stallfree
 from __future__ import annotations
 
 import os
-import socket
 import uuid
 import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
+
+from stallfree.core.ray_cluster import connect
 
 if TYPE_CHECKING:
     from stallfree.pipeline.run_config import RunParts
@@ -22,7 +23,6 @@ if TYPE_CHECKING:
 __all__ = ["RayWorkers"]
 
 Transfer = Literal["output", "uint8"]
-_CONNECT_S = 5.0  # a named cluster that does not answer a TCP connect in this long is reported, not waited for
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class RayWorkers:
         """The actors, created on first use (this connects to the cluster)."""
         pool: WorkerPool | None = self._pool.get("pool")
         if pool is None:
-            pool = self._pool["pool"] = WorkerPool(self, connect(self.address))
+            pool = self._pool["pool"] = WorkerPool(self, connect(self.address, who="RayWorkers")[0])
         return pool
 
     def forget(self) -> None:
@@ -77,52 +77,6 @@ class RayWorkers:
         pool = self._pool.pop("pool", None)
         if pool is not None:
             pool.close()
-
-
-def _connect_error(address: str) -> OSError | ValueError | None:
-    """Why nothing answers a TCP connect at ``HOST:PORT`` (``None``: it answers, or is not of that form)."""
-    if "://" in address or address == "auto" or ":" not in address:
-        return None
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=_CONNECT_S):
-            return None
-    except (OSError, ValueError) as err:
-        return err
-
-
-def answers(address: str) -> bool:
-    """Whether the cluster's address (its GCS, ``HOST:PORT``) still takes a TCP connection."""
-    return _connect_error(address) is None
-
-
-def _reachable(address: str) -> None:
-    """Refuse quickly a ``HOST:PORT`` where nothing listens (``ray.init`` would wait a minute, then say less)."""
-    err = _connect_error(address)
-    if err is not None:
-        port = address.rpartition(":")[2]
-        raise ConnectionError(f"no Ray cluster answers at {address} ({err}); start one there (`ray start --head "
-                              f"--port={port}`) or give RayWorkers the address of a running one")
-
-
-def connect(address: str | None) -> str:
-    """Connect this process to a cluster (see :class:`RayWorkers`); the address of the one it is connected to."""
-    import ray
-
-    if ray.is_initialized():
-        current = str(ray.get_runtime_context().gcs_address)
-        if address is not None and address not in ("auto", current):
-            raise ValueError(f"RayWorkers(address={address!r}) but this process is connected to the Ray cluster at "
-                             f"{current}; leave address=None to use it, or call ray.shutdown() first")
-        return current
-    chosen = address or os.environ.get("RAY_ADDRESS")
-    if chosen:
-        _reachable(chosen)
-    try:
-        ray.init(address=chosen, include_dashboard=False, log_to_driver=False)
-    except ConnectionError as err:
-        raise ConnectionError(f"cannot connect to the Ray cluster at {chosen}: {err}") from err
-    return str(ray.get_runtime_context().gcs_address)
 
 
 class GraphWorker:
