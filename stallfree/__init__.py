@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from stallfree.core.resume import Resumable
+    from stallfree.ingest.ray_ingest import ingest_on_ray
     from stallfree.ingest.remote import RemoteStoreError
+    from stallfree.ingest.writer import IngestOptions
     from stallfree.pipeline.hf_reader import HuggingFaceReader
     from stallfree.pipeline.loader import Loader
     from stallfree.pipeline.ray_workers import RayWorkers
@@ -31,6 +33,7 @@ __all__ = [
     "BaseReader",
     "DatasetReader",
     "HuggingFaceReader",
+    "IngestOptions",
     "Loader",
     "RayWorkers",
     "RemoteStoreError",
@@ -38,6 +41,7 @@ __all__ = [
     "ShardReader",
     "StageClock",
     "TrainConfig",
+    "ingest_on_ray",
     "plan",
     "profile",
     "profile_dataset",
@@ -51,6 +55,7 @@ _HOMES = {
     "BaseReader": "stallfree.pipeline.reader_base",
     "DatasetReader": "stallfree.pipeline.readers",
     "HuggingFaceReader": "stallfree.pipeline.hf_reader",
+    "IngestOptions": "stallfree.ingest.writer",
     "Loader": "stallfree.pipeline.loader",
     "RayWorkers": "stallfree.pipeline.ray_workers",
     "RemoteStoreError": "stallfree.ingest.remote",
@@ -58,6 +63,7 @@ _HOMES = {
     "ShardReader": "stallfree.pipeline.shards",
     "StageClock": "stallfree.stage_runtime.clock",
     "TrainConfig": "stallfree.stage_runtime.train.config",
+    "ingest_on_ray": "stallfree.ingest.ray_ingest",
     "plan": "stallfree.stage_runtime.plan.plan",
     "profile": "stallfree.stage_runtime.profile.loop",
     "profile_dataset": "stallfree.stage_runtime.profile.dataset",
