@@ -244,6 +244,26 @@ def _max_side(sizes: list[tuple[int, int]], max_side: int, crop_size: int, seen:
                        f"crop's own output work does not shrink); {seen.assumes()}"}
 
 
+def _ray(batch_size: int, seen: Observed, prep_points: list[tuple[int, float]]) -> dict[str, Any]:
+    """How many Ray workers of C cores (``Loader(workers=RayWorkers(...))``) would keep up with the step.
+
+    C is the largest thread count measured (workers are whole machines' worth of cores, not fractions); each worker
+    reads and prepares at the rate measured here from memory at C threads, so the read and preparation leave this
+    process and what is left to it is the step and the hand-off of finished batches.
+    """
+    need = batch_size / seen.compute_s  # images/s the step consumes
+    cores, rate = max(prep_points)  # the largest thread count measured, and its rate
+    workers = max(1, math.ceil(need / rate))
+    # With the workers the read and the preparation run elsewhere, in parallel: the batch rate is theirs, combined.
+    predicted = seen.predict(read_s=0.0, prep_s=batch_size / (workers * rate))
+    return {"cores_per_worker": cores, "workers_needed": workers, "worker_images_per_s": rate,
+            "step_images_per_s": need, "predicted_step_s": predicted, "speedup": seen.step_s / predicted,
+            "how": f"Loader(workers=stallfree.RayWorkers(num_workers={workers}, cpus_per_worker={cores}))",
+            "assumes": f"each worker prepares {rate:.0f} img/s (measured here from memory at {cores} thread(s)) and "
+                       "reads its own data; the hand-off of finished batches to this process is not measured here "
+                       "(stallfree bench ray measures it: docs/ray.md), nor the network; " + seen.assumes()}
+
+
 def _echo(seen: Observed) -> dict[str, Any]:
     slowest = max(seen.read_s, seen.prep_s)
     # input within 5% of the step is noise, not a stall echo would remove
@@ -318,6 +338,7 @@ def what_ifs(*, batch_size: int, cores: int, observed: Observed, prep_points: li
                                   "no other process competes for it"},
         "max_side": _max_side(_image_sizes(paths), max_side, crop_size, observed),
         "echo": _echo(observed),
+        "ray": _ray(batch_size, observed, prep_points),
         "observed": {"step_s": observed.step_s, "compute_s": observed.compute_s, "read_s": observed.read_s,
                      "prep_s": observed.prep_s, "overhead_s": observed.overhead_s, "threads": observed.threads,
                      "notes": observed.notes()},

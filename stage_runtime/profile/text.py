@@ -65,6 +65,10 @@ def _what_ifs(w: Mapping[str, Any]) -> list[str]:
         lines.append(line)
     else:
         lines.append(f"what if: ingest --max-side: {m['note']}.")
+    r = w.get("ray")
+    if r is not None:
+        lines.append(f"what if: with {r['workers_needed']} Ray worker(s) of {r['cores_per_worker']} core(s) "
+                     f"({r['how']}): predicted {r['speedup']:.2f}x the step rate (assumes {r['assumes']}).")
     if e["k_to_remove_input_stall"] == 1:
         lines.append("what if: echo=k would not help: the input stages already outpace the step.")
     else:

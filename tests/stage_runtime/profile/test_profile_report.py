@@ -234,3 +234,14 @@ def test_a_stage_slower_than_the_loop_it_fed_is_capped_at_the_loops_pace_and_sai
     out = _what_ifs(seen, [(1, 2000.0), (2, 4000.0)])
     assert out["observed"]["notes"] == seen.notes()
     assert out["echo"]["k_to_remove_input_stall"] == 1  # 100 ms against a 97 ms step: within 5%, no stall
+
+
+def test_the_ray_what_if_counts_the_workers_that_keep_up_with_the_step() -> None:
+    # The step takes 10 images in 10 ms (1,000 img/s); preparation measured 300 img/s at 2 threads: 4 workers of
+    # 2 cores prepare 1,200 img/s, so the read and preparation leave the process and the step sets the pace.
+    seen = Observed(step_s=0.040, compute_s=0.010, read_s=0.030, prep_s=0.035, threads=2)
+    ray = _what_ifs(seen, [(1, 160.0), (2, 300.0)])["ray"]
+    assert ray["cores_per_worker"] == 2 and ray["workers_needed"] == 4
+    assert ray["predicted_step_s"] == pytest.approx(max(0.010, 10 / 1200) + seen.overhead_s)
+    assert ray["speedup"] == pytest.approx(0.040 / (0.010 + seen.overhead_s))  # the unexplained 5 ms stays
+    assert "RayWorkers(num_workers=4, cpus_per_worker=2)" in ray["how"] and "not measured here" in ray["assumes"]
