@@ -264,3 +264,20 @@ def test_a_cluster_that_goes_away_mid_pass_is_named(indexed_list: Path, ray_conn
             os.killpg(head.pid, signal.SIGKILL)
         head.wait(10)
         shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_without_a_cluster_a_local_one_is_started_as_ray_init_does(
+    indexed_list: Path, ray_connected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing connected, no address, no RAY_ADDRESS: RayWorkers starts a local cluster (``ray.init()``) and gives
+    the local Loader's batches there."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    ray.shutdown()  # leaves the session's cluster; the next test's ray_connected connects again
+    workers = RayWorkers(num_workers=1)
+    try:
+        ours = list(make(indexed_list, workers))
+        assert ray.is_initialized() and ray.get_runtime_context().gcs_address != ray_connected
+    finally:
+        workers.close()
+        ray.shutdown()
+    assert_same(ours, list(make(indexed_list)))
