@@ -161,7 +161,9 @@ def test_a_simulated_stage_waits_without_holding_the_cpu(tmp_path: Path) -> None
     finally:
         dist.destroy_process_group()
     assert busy >= 3 * 4 * (times.forward_s + times.backward_s) * 0.99  # every chunk lasted the device's time
-    assert cpu / wall < 0.10, f"the simulated stage used {cpu / wall:.0%} of a core"
+    # A stage that spun while it "computed" would use the whole core; one that sleeps uses what the schedule's own
+    # Python costs, which on a loaded 2-core machine reached 10% (CI, 2026-12-05): a quarter keeps them apart.
+    assert cpu / wall < 0.25, f"the simulated stage used {cpu / wall:.0%} of a core"
 
 
 @pytest.mark.parametrize(("argv", "message"), [
