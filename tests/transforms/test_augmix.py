@@ -50,11 +50,6 @@ def run_graph(step: Any, images: list[np.ndarray]) -> list[np.ndarray]:
     return [np.array(out[i]) for i in range(len(images))]
 
 
-def ks_statistic(a: np.ndarray, b: np.ndarray) -> float:
-    grid = np.sort(np.concatenate([a, b]))
-    return float(np.abs(np.searchsorted(np.sort(a), grid, side="right") / len(a)
-                        - np.searchsorted(np.sort(b), grid, side="right") / len(b)).max())
-
 
 def test_chains_are_drawn_as_torchvision_draws_them() -> None:
     step, n = AugMix(severity=4, all_ops=False), 3000

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from ks import ks_statistic
 from PIL import Image
 
 from stallfree import Loader
@@ -41,13 +42,6 @@ def api(version: str):
         import torchvision.transforms.v2 as T
     return T
 
-
-def ks_statistic(a: np.ndarray, b: np.ndarray) -> float:
-    """The two-sample Kolmogorov-Smirnov statistic: the largest gap between the empirical CDFs."""
-    grid = np.union1d(a, b)
-    cdf_a = np.searchsorted(np.sort(a), grid, side="right") / len(a)
-    cdf_b = np.searchsorted(np.sort(b), grid, side="right") / len(b)
-    return float(np.abs(cdf_a - cdf_b).max())
 
 
 def ks_bound(n: int, m: int) -> float:

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from ks import ks_statistic
 
 from stallfree.transforms import (
     CenterCrop,
@@ -91,13 +92,6 @@ def test_apply_is_drawn_with_probability_p(step: Any) -> None:
     applied = sum(int(step.draw(SampleRandom(1, 0, s), (8, 8))[0][key][0]) for s in range(n))
     assert abs(applied / n - 0.3) < 4 * (0.3 * 0.7 / n) ** 0.5  # four standard deviations
 
-
-def ks_statistic(a: np.ndarray, b: np.ndarray) -> float:
-    """The two-sample Kolmogorov-Smirnov statistic: the largest gap between the two empirical CDFs."""
-    grid = np.sort(np.concatenate([a, b]))
-    cdf_a = np.searchsorted(np.sort(a), grid, side="right") / len(a)
-    cdf_b = np.searchsorted(np.sort(b), grid, side="right") / len(b)
-    return float(np.abs(cdf_a - cdf_b).max())
 
 
 def ks_critical(n: int, m: int) -> float:

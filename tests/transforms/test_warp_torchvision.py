@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from ks import ks_statistic
 from PIL import Image
 
 from stallfree import Loader
@@ -40,13 +41,6 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
         Image.fromarray(pixels).save(root / f"class{i % 2}" / f"{i:02d}.png")
     return root
 
-
-def ks_statistic(a: np.ndarray, b: np.ndarray) -> float:
-    """The two-sample Kolmogorov-Smirnov statistic: the largest gap between the empirical CDFs."""
-    grid = np.union1d(a, b)
-    cdf_a = np.searchsorted(np.sort(a), grid, side="right") / len(a)
-    cdf_b = np.searchsorted(np.sort(b), grid, side="right") / len(b)
-    return float(np.abs(cdf_a - cdf_b).max())
 
 
 KS_BOUND = 1.95 * np.sqrt(2 / 3000)  # the statistic's 0.001 critical value for two samples of 3000
