@@ -71,7 +71,9 @@ class EpochRun:
         self.bad = {int(s["position"]) % len(self.order) for s in skipped}  # this epoch's skipped positions so far
         self.first_skip: dict[str, Any] | None = skipped[0] if skipped else None
         self._stop = threading.Event()
-        self.produced = threading.Event()  # set once the graph stage has put its last batch on out_q
+        # Set once the read stage has queued its plan's last chunk: the next epoch's run may start then, its reads
+        # overlapping this run's last batches in the graph (the graph's lock keeps the two runs' batches apart).
+        self.may_start_next = threading.Event()
         self.read_q: queue.Queue[Any] = queue.Queue(parts.config.prefetch)
         self.out_q: queue.Queue[Any] = queue.Queue(parts.config.prefetch)
         self.more: queue.Queue[int] = queue.Queue()  # samples the graph stage rejected, for the reader to replace
@@ -80,7 +82,7 @@ class EpochRun:
         reader, assembler = ReadStage(self), GraphStage(self, position)
         self._threads = [
             threading.Thread(target=self._guard, args=(reader.loop, self.read_q, position, number), daemon=True),
-            threading.Thread(target=self._guard, args=(self._assemble, self.out_q, assembler, number), daemon=True),
+            threading.Thread(target=self._guard, args=(assembler.loop, self.out_q, number), daemon=True),
         ]
         for thread in self._threads:
             thread.start()
@@ -126,11 +128,6 @@ class EpochRun:
             if isinstance(item, _Failure):
                 raise item.error
             return None if item is _DONE else item
-
-    def _assemble(self, assembler: GraphStage, number: int) -> None:
-        assembler.loop(number)
-        if not self.stopped:
-            self.produced.set()
 
     def _guard(self, loop: Any, out: queue.Queue[Any], *args: Any) -> None:
         try:

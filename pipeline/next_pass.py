@@ -2,10 +2,15 @@
 
 A pass's threads stop producing once its last batch is queued, and a new ``iter()`` used to start from empty
 queues: every epoch began with a wait for the first read and the first graph run, which on a small dataset (or a
-fast device) is a visible share of the step. Once a pass has produced its last batch, the Loader starts the run the
-next ``iter()`` will most likely ask for (the next epoch from its start, nothing skipped yet), and ``iter()`` takes it
-when it asks for exactly that. Anything else (``set_epoch`` to another epoch, ``load_state_dict`` elsewhere) stops
-it and starts afresh; the batches are the same either way, since every draw is keyed by (seed, epoch, sample).
+fast device) is a visible share of the step. Once a pass's reader has read its epoch (its last chunk is queued
+for the graph), the Loader starts the run the next ``iter()`` will most likely ask for (the next epoch from its
+start, nothing skipped yet), and ``iter()`` takes it when it asks for exactly that. Its reads overlap the last
+batches of this pass in the graph, and the graph's lock makes its graph stage wait until this pass's last batch
+is out: the two runs never share the graph. It used to start only once the graph had queued the last batch, and a
+training loop that took each batch as it came (faster than the graph) took the last one before that was seen, so
+the next epoch was not started ahead at all (issue 36: its first batch waited 59-70 ms). Anything else
+(``set_epoch`` to another epoch, ``load_state_dict`` elsewhere) stops it and starts afresh; the batches are the
+same either way, since every draw is keyed by (seed, epoch, sample).
 
 The run holds the Loader's parts, not the Loader, so a Loader dropped after its last pass is freed at once; its
 finalizer stops the run and waits for its threads (no read of a shard outlives the Loader). A run nobody takes
@@ -27,7 +32,7 @@ if TYPE_CHECKING:
 __all__ = ["IDLE_S", "NextPass"]
 
 IDLE_S = 20.0
-_JOIN_S = 30.0  # a stopped run's graph thread finishes the batch it is on; the next run must not share the graph
+_JOIN_S = 30.0  # a stopped run's graph thread finishes the batch it is on (then frees the graph's lock)
 
 
 class NextPass:
@@ -37,7 +42,7 @@ class NextPass:
         self._run: EpochRun | None = None
 
     def start(self, parts: RunParts, graph: Graph, epoch: int) -> None:
-        """Start ``epoch``'s run from its beginning (the pass before it must have stopped using ``graph``)."""
+        """Start ``epoch``'s run from its beginning; its graph stage waits for ``graph``'s lock (the pass before's)."""
         self.discard()
         self._run = EpochRun(parts, graph, epoch, 0, 0, 0, skipped=[], idle_s=IDLE_S)
 

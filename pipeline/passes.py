@@ -28,14 +28,14 @@ class Pass:
         echo: times each batch is yielded.
         delivery: what each batch carries beside its images (labels, ``columns=``) and where.
         skipped: the list each batch's skipped samples are added to (the Loader's ``skipped``).
-        produced: called once with this pass when its run has queued its last batch (the Loader starts the next
-            epoch's run then).
+        start_next: called once with this pass when its run may start the next epoch's run (its reader has read
+            the epoch: the next run's reads overlap this one's last batches in the graph).
     """
 
     def __init__(self, run: EpochRun, cursor: tuple[int, int, int], *, echo: int, delivery: Delivery,
-                 skipped: list[dict[str, Any]], produced: Callable[[Pass], None]):
+                 skipped: list[dict[str, Any]], start_next: Callable[[Pass], None]):
         self.echo, self.delivery = echo, delivery
-        self._skipped, self._produced = skipped, produced
+        self._skipped, self._start_next = skipped, start_next
         self.over = False
         self._why: str | None = None
         self._begin(run, cursor)
@@ -82,9 +82,9 @@ class Pass:
                 self.run.stop()
                 raise
             self._skipped.extend(batch.skipped)
-            if not self._next_started and self.run.produced.is_set():
+            if not self._next_started and self.run.may_start_next.is_set():
                 self._next_started = True
-                self._produced(self)
+                self._start_next(self)
             labels = batch_labels(self.delivery, batch.rows)
             out: tuple[Any, ...] = (batch.output, labels)
             if self.delivery.columns:

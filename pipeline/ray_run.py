@@ -68,7 +68,7 @@ class RayRun:
         self.bad = {int(s["position"]) % self.n for s in skipped}
         self.first: dict[str, Any] | None = skipped[0] if skipped else None
         self.total = self.config.batches(self.n)
-        self.produced = threading.Event()  # as EpochRun's: set once its last batch is out
+        self.may_start_next = threading.Event()  # as EpochRun's; here once its last batch is out
         self.bytes_moved = 0  # bytes of batch outputs received from the actors
         self._flights: deque[_Flight] = deque()
         self._send_number, self._send_start, self._number = number, position, number
@@ -196,7 +196,7 @@ class RayRun:
             self._report(result, flight.number)
             self._number = flight.number + 1
             if self._number == self.total:
-                self.produced.set()
+                self.may_start_next.set()
             rows = np.array(result.rows, dtype=np.int64, copy=True)  # Ray's zero-copy arrays are read-only
             yield Batch(flight.number, flight.start, result.end, rows, skipped=result.skipped,
                         output=self._output(result.output, flight.number))

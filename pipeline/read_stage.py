@@ -57,6 +57,8 @@ class ReadStage:
                 start_time = time.perf_counter()
                 chunk, position = self._chunk(pool, position, wanted, known_bad)
                 run.record("read", "busy", start_time, number)
+                if not plan:  # the epoch is read (before its last chunk is queued, so before its last batch is out)
+                    run.may_start_next.set()
                 if not run.put(run.read_q, chunk):
                     return
                 number += 1

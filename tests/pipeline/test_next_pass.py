@@ -5,11 +5,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from stallfree import Loader
 from stallfree.pipeline import next_pass
+from stallfree.pipeline.readers import FileListReader
 from stallfree.transforms import RandomHorizontalFlip, RandomResizedCrop
 
 SPEC = [RandomResizedCrop(16, scale=(0.3, 1.0)), RandomHorizontalFlip()]
@@ -39,6 +41,28 @@ def test_epochs_in_a_row_take_the_run_started_ahead_and_match_fresh_loaders(inde
     second = list(running)
     assert same(first, epoch(indexed_list, 0)) and same(second, epoch(indexed_list, 1))
     assert running.epoch == 2
+
+
+class SlowReads(FileListReader):
+    """A file list whose every read takes 5 ms: the loop always waits for the graph, as on a slow disk."""
+
+    def read(self, index: int) -> np.ndarray:
+        time.sleep(0.005)
+        return super().read(index)
+
+
+def test_the_next_epoch_starts_before_the_last_batch_is_out_when_the_loop_waits_for_each(
+        indexed_list: Path) -> None:
+    # issue 36: a loop that waited for each batch took the last one before the graph said it had queued it, and the
+    # next epoch was not started ahead at all. Now the reader's end starts it, before the last batch can be out.
+    running = Loader(SlowReads(indexed_list), batch_size=8, transform=SPEC, seed=5, dtype="uint8", num_threads=1)
+    for _ in range(3):
+        it = iter(running)
+        for _ in range(len(running)):
+            next(it)
+        assert running._next._run is not None  # before the pass has even ended
+        with pytest.raises(StopIteration):
+            next(it)
 
 
 def test_another_epoch_or_a_state_elsewhere_discards_it(indexed_list: Path) -> None:
@@ -102,3 +126,35 @@ def test_a_clock_set_between_passes_sees_the_whole_next_pass(indexed_list: Path)
     running.clock = clock
     batches = len(list(running))
     assert sorted(b for stage, b in clock.spans if stage == "augment") == list(range(batches))
+
+
+def test_start_has_the_first_batches_ready_before_the_first_iter_and_they_are_the_same(indexed_list: Path) -> None:
+    started = loader(indexed_list).start()
+    ahead = started._next._run
+    assert ahead is not None and ahead.epoch == 0
+    deadline = time.monotonic() + 10.0
+    while not ahead.out_q.full() and time.monotonic() < deadline:  # read and run in the graph, unasked
+        time.sleep(0.05)
+    assert ahead.out_q.full()
+    it = iter(started)
+    assert it.run is ahead  # iter() took it
+    assert same(list(it), epoch(indexed_list, 0))
+    assert same(list(started), epoch(indexed_list, 1))
+
+
+def test_start_then_another_epoch_or_during_a_pass(indexed_list: Path) -> None:
+    started = loader(indexed_list).start()
+    started.set_epoch(3)  # the run started for epoch 0 is not the one asked for
+    assert same(list(started), epoch(indexed_list, 3))
+    busy = loader(indexed_list)
+    it = iter(busy)
+    first = next(it)
+    assert busy.start() is busy and busy._next._run is None  # during a pass: nothing to start
+    assert same([first, *it], epoch(indexed_list, 0))
+    partway = loader(indexed_list)
+    part = iter(partway)
+    next(part)
+    resumed = loader(indexed_list)
+    resumed.load_state_dict(partway.state_dict())
+    assert resumed.start()._next._run is None  # inside an epoch: iter() starts there as before
+    assert same(list(resumed), list(part))
