@@ -16,11 +16,11 @@ __all__ = ["register"]
 # it prints its table to `out` and returns what --json prints and --json-file writes.
 BENCHMARKS = (
     "loader", "breakdown", "e2e", "resize", "clock", "ingest", "transforms", "train", "plan", "scale", "remote",
-    "webdataset", "rebuilds", "ray",
+    "webdataset", "rebuilds", "ray", "stall",
 )
 # The benchmarks that build the Loader's graph in this process: its Numba kernels are loaded (or compiled, once
 # after installing, with a line saying so) before their first timed batch.
-LOADER_BENCHMARKS = ("loader", "breakdown", "e2e", "resize", "transforms", "webdataset", "remote", "ray")
+LOADER_BENCHMARKS = ("loader", "breakdown", "e2e", "resize", "transforms", "webdataset", "remote", "ray", "stall")
 
 
 def options(name: str, data: Path, **overrides: Any) -> argparse.Namespace:

@@ -1,0 +1,58 @@
+"""`stallfree bench stall`: the wait split that adds up, the result's shape, and argument errors (no timing asserted)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stallfree.bench.stall import parts
+from stallfree.cli import main
+
+
+def test_the_three_parts_add_up_to_the_stall() -> None:
+    waits = [0.060, 0.0003, 0.0002, 0.012, 0.0004, 0.027]  # the first batch, hand-offs, two slow ones
+    split = parts(waits, wall=2.0, jitter_s=0.005)
+    assert split["start"] == pytest.approx(0.030)
+    assert split["handoff"] == pytest.approx((0.0003 + 0.0002 + 0.005 + 0.0004 + 0.005) / 2.0)
+    assert split["jitter"] == pytest.approx((0.007 + 0.022) / 2.0)
+    assert split["start"] + split["handoff"] + split["jitter"] == pytest.approx(split["stall"])
+    assert split["slow"] == 2 and split["first_ms"] == pytest.approx(60.0) and split["max_ms"] == pytest.approx(27.0)
+
+
+def test_a_tiny_run_writes_every_epoch_and_its_waits(image_folder: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    result_path = tmp_path / "stall.json"
+    code = main(["bench", "stall", str(image_folder), "--synthetic", "0", "--epochs", "2", "--runs", "1",
+                 "--batch-size", "4", "--threads", "1", "--build-s", "0.2", "--no-progress",
+                 "--json-file", str(result_path)])
+    out = capsys.readouterr().out
+    assert code == 0
+    result = json.loads(result_path.read_text())
+    batches = result["batches"]
+    (run,) = result["runs"]
+    assert run["speed"] == pytest.approx(0.8 * run["standalone"])
+    for epoch in [*run["epochs"], *run["fresh"].values()]:
+        assert len(epoch["waits_ms"]) == batches + 1  # every batch, and the next() that ends the epoch
+        assert epoch["images"] == batches * 4
+        assert epoch["start"] + epoch["handoff"] + epoch["jitter"] == pytest.approx(epoch["stall"])
+    assert len(run["epochs"]) == 2 and set(run["fresh"]) == {"cold", "started"}
+    assert set(result["summary"]) == {"first", "rest", "cold", "started"}
+    assert "a fresh Loader's first epoch, start()ed (median)" in out
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--load", "1.5"], "--load must be in (0, 1], a share of the Loader's stand-alone rate, got 1.5"),
+        (["--epochs", "0"], "--epochs must be positive, got 0"),
+        (["--switch-interval-ms", "0"], "--switch-interval-ms must be positive, got 0.0"),
+        (["--batch-size", "1000"], "fewer than one batch of 1000"),
+    ],
+)
+def test_bad_arguments_are_one_line_and_exit_2(image_folder: Path, extra: list[str], message: str,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "stall", str(image_folder), "--synthetic", "0", *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
