@@ -204,9 +204,10 @@ def make_feed(data: str | None, *, train: bool, batch_size: int, image_size: int
     # by default the baseline's augmentation, so that a run fed by torch's DataLoader does the same work per image
     steps = (training_transform(transform, image_size) if train else
              [Resize(image_size * 256 // 224), CenterCrop(image_size), Normalize(MEAN, STD)])
-    return Loader(data, batch_size, transform=steps, shuffle=train, seed=seed, drop_last=train, rank=replica,
-                  world_size=replicas, device=device, clock=clock, num_threads=workers,
-                  verify=verify)
+    loader = Loader(data, batch_size, transform=steps, shuffle=train, seed=seed, drop_last=train, rank=replica,
+                    world_size=replicas, device=device, clock=clock, num_threads=workers, verify=verify)
+    # The training feed makes its first batches while the stages build their models (the first step's input wait).
+    return loader.start() if train else loader
 
 
 def unpadded_samples(feed: Any) -> int:
