@@ -13,10 +13,13 @@ The time in ``next()`` (the stall) is split three ways, which add up to it:
 
 - **epoch start**: the wait for each epoch's first batch (what the run started ahead for the next epoch, if it
   was started and had time, saved);
-- **hand-off**: every other batch's wait up to ``--jitter-ms`` (taking a batch that was ready: the queue, the
-  labels, the iterator; about constant per batch);
-- **jitter**: the waits' excess over ``--jitter-ms`` (a batch that was not ready: the prefetch depth did not
-  absorb a slow batch).
+- **hand-off**: the waits of the other batches that were already made when asked for (queued: the time is the
+  taking itself, and the interpreter's lock, the GIL, held by a Loader thread when the loop wants it back);
+- **jitter**: the waits of batches not made yet when asked for (the Loader fell behind: the prefetch depth did not
+  absorb a slow batch, or the machine's cores were taken).
+
+What is neither the device's time nor the stall is the loop's own **overrun** (its sleep ending late, the GIL taken
+back after it): of R + stall + overrun = 100%.
 
 Each kind of epoch is summed up apart: the first after the pass at full speed (its run could start only as that
 pass's reader finished, and a loop at full speed leaves it no time), the epochs after it (each started ahead while
@@ -71,8 +74,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--build-s", type=float, default=1.0,
                         help="seconds between a fresh Loader's construction and its first batch: the job building "
                         "its model (default 1)")
-    parser.add_argument("--jitter-ms", type=float, default=5.0,
-                        help="a wait beyond this is jitter, below it hand-off (default 5)")
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -85,17 +86,22 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"--prefetch must be positive, got {args.prefetch}")
     if args.switch_interval_ms is not None and not args.switch_interval_ms > 0:
         raise ValueError(f"--switch-interval-ms must be positive, got {args.switch_interval_ms}")
-    if args.jitter_ms < 0 or args.build_s < 0:
-        raise ValueError(f"--jitter-ms and --build-s must be >= 0, got {args.jitter_ms} and {args.build_s}")
+    if args.build_s < 0:
+        raise ValueError(f"--build-s must be >= 0, got {args.build_s}")
 
 
 def _epoch(loader: Any, device: SimAccelerator | None, batch: int) -> dict[str, Any]:
-    """One epoch from ``iter()`` on: every ``next()``'s wait (the last, which ends the epoch, included)."""
+    """One epoch from ``iter()`` on: every ``next()``'s wait, the last (which ends the epoch) included.
+
+    And whether each batch was already made (on the run's output queue) when asked for.
+    """
     waits: list[float] = []
+    ready: list[bool] = []
     start = time.perf_counter()
     it = iter(loader)
     images = 0
     while True:
+        ready.append(it.run.out_q.qsize() > 0)
         asked = time.perf_counter()
         try:
             next(it)
@@ -107,23 +113,24 @@ def _epoch(loader: Any, device: SimAccelerator | None, batch: int) -> dict[str, 
         if device is not None:
             device.step(batch)
     wall = time.perf_counter() - start
-    return {"wall_s": wall, "images": images, "img_per_s": images / wall, "waits_s": waits}
+    return {"wall_s": wall, "images": images, "img_per_s": images / wall, "waits_s": waits, "ready": ready}
 
 
-def parts(waits: list[float], wall: float, jitter_s: float) -> dict[str, float]:
+def parts(waits: list[float], ready: list[bool], wall: float) -> dict[str, float]:
     """The stall of one epoch's ``waits`` (seconds, in order) over ``wall``, split into start, hand-off and jitter.
 
-    The three add up to the stall: the first batch's wait, then every other wait up to ``jitter_s``, then the rest.
+    The three add up to the stall: the first batch's wait, the other waits of batches ``ready`` when asked for,
+    and the waits of those that were not.
     """
-    rest = waits[1:]
-    stall = sum(waits)
-    return {"stall": stall / wall, "start": waits[0] / wall if waits else 0.0,
-            "handoff": sum(min(w, jitter_s) for w in rest) / wall,
-            "jitter": sum(max(0.0, w - jitter_s) for w in rest) / wall,
+    rest = list(zip(waits[1:], ready[1:], strict=True))
+    handed = [w for w, r in rest if r]
+    late = [w for w, r in rest if not r]
+    return {"stall": sum(waits) / wall, "start": waits[0] / wall if waits else 0.0,
+            "handoff": sum(handed) / wall, "jitter": sum(late) / wall,
             "first_ms": waits[0] * 1e3 if waits else 0.0,
-            "median_ms": statistics.median(rest) * 1e3 if rest else 0.0,
-            "max_ms": max(rest) * 1e3 if rest else 0.0,
-            "slow": sum(1 for w in rest if w > jitter_s)}
+            "handoff_median_ms": statistics.median(handed) * 1e3 if handed else 0.0,
+            "handoff_max_ms": max(handed) * 1e3 if handed else 0.0,
+            "late": len(late), "late_max_ms": max(late) * 1e3 if late else 0.0}
 
 
 def _loader(args: argparse.Namespace) -> Any:
@@ -137,7 +144,8 @@ def _loader(args: argparse.Namespace) -> Any:
 
 def _timed(loader: Any, device: SimAccelerator, args: argparse.Namespace) -> dict[str, Any]:
     one = _epoch(loader, device, args.batch_size)
-    one.update(parts(one["waits_s"], one["wall_s"], args.jitter_ms / 1e3), of_r=one["img_per_s"] / device.images_per_s)
+    one.update(parts(one["waits_s"], one["ready"], one["wall_s"]), of_r=one["img_per_s"] / device.images_per_s)
+    one["overrun"] = 1.0 - one["of_r"] - one["stall"]
     return one
 
 
@@ -171,7 +179,8 @@ def _summary(runs: list[dict[str, Any]], key: str) -> dict[str, float]:
     if not chosen:
         return {}
     return {name: statistics.median(e[name] for e in chosen)
-            for name in ("stall", "start", "handoff", "jitter", "of_r", "first_ms", "median_ms", "max_ms", "slow")}
+            for name in ("of_r", "stall", "start", "handoff", "jitter", "overrun", "first_ms", "handoff_median_ms",
+                         "handoff_max_ms", "late", "late_max_ms")}
 
 
 def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
@@ -196,7 +205,7 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
         for e in [*r["epochs"], *r["fresh"].values()]:
             e["waits_ms"] = [round(w * 1e3, 3) for w in e.pop("waits_s")]
     result = {"images": len(files), "batch_size": args.batch_size, "batches": len(files) // args.batch_size,
-              "threads": args.threads, "load": args.load, "jitter_ms": args.jitter_ms, "prefetch": args.prefetch,
+              "threads": args.threads, "load": args.load, "prefetch": args.prefetch,
               "switch_interval_ms": (args.switch_interval_ms or interval * 1e3), "load_average": os.getloadavg(),
               "build_s": args.build_s, "runs": runs, "summary": {key: _summary(runs, key) for key in KINDS}}
     _print(result, out)
@@ -208,20 +217,21 @@ def _print(result: dict[str, Any], out: TextIO) -> None:
     print(f"{result['images']} JPEGs, batch {result['batch_size']} ({result['batches']} a epoch), "
           f"{result['threads']} threads; an accelerator at {load:.0%} of the Loader's stand-alone rate; "
           f"load average {result['load_average'][0]:.2f} at the end", file=out)
-    print("| run | epoch | alone img/s | R img/s | of R | stall | start | hand-off | jitter | first ms | "
-          "median ms | max ms | waits > jitter |", file=out)
+    print("| run | epoch | alone img/s | R img/s | of R | stall | start | hand-off | jitter | overrun | first ms | "
+          "hand-off median / max ms | late batches (max ms) |", file=out)
     print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|", file=out)
     for i, r in enumerate(result["runs"]):
         rows = [(str(j), e) for j, e in enumerate(r["epochs"])] + [(f"fresh, {k}", e) for k, e in r["fresh"].items()]
         for name, e in rows:
             print(f"| {i} | {name} | {r['standalone']:.0f} | {r['speed']:.0f} | {e['of_r']:.1%} | {e['stall']:.2%} | "
-                  f"{e['start']:.2%} | {e['handoff']:.2%} | {e['jitter']:.2%} | {e['first_ms']:.1f} | "
-                  f"{e['median_ms']:.2f} | {e['max_ms']:.1f} | {e['slow']} |", file=out)
+                  f"{e['start']:.2%} | {e['handoff']:.2%} | {e['jitter']:.2%} | {e['overrun']:.2%} | "
+                  f"{e['first_ms']:.1f} | {e['handoff_median_ms']:.2f} / {e['handoff_max_ms']:.1f} | "
+                  f"{e['late']} ({e['late_max_ms']:.1f}) |", file=out)
     for key, label in KINDS.items():
         s = result["summary"][key]
         if not s:
             continue
         met = s["stall"] < GOAL["stall_share"] and s["of_r"] >= GOAL["of_r"]
         print(f"{label} (median): {s['of_r']:.1%} of R, stall {s['stall']:.2%} (start {s['start']:.2%}, hand-off "
-              f"{s['handoff']:.2%}, jitter {s['jitter']:.2%}); goal < 2% and >= 97% of R: "
+              f"{s['handoff']:.2%}, jitter {s['jitter']:.2%}), overrun {s['overrun']:.2%}; goal < 2% and >= 97% of R: "
               f"{'met' if met else 'not met'}", file=out)

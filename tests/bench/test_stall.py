@@ -1,4 +1,4 @@
-"""`stallfree bench stall`: the wait split that adds up, the result's shape, and argument errors (no timing asserted)."""
+"""`stallfree bench stall`: the wait split that adds up, the result's shape, argument errors (no timing asserted)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,15 @@ from stallfree.cli import main
 
 
 def test_the_three_parts_add_up_to_the_stall() -> None:
-    waits = [0.060, 0.0003, 0.0002, 0.012, 0.0004, 0.027]  # the first batch, hand-offs, two slow ones
-    split = parts(waits, wall=2.0, jitter_s=0.005)
+    waits = [0.060, 0.0003, 0.0002, 0.012, 0.0004, 0.027]  # the first batch, hand-offs, two batches not made yet
+    ready = [False, True, True, False, True, False]
+    split = parts(waits, ready, wall=2.0)
     assert split["start"] == pytest.approx(0.030)
-    assert split["handoff"] == pytest.approx((0.0003 + 0.0002 + 0.005 + 0.0004 + 0.005) / 2.0)
-    assert split["jitter"] == pytest.approx((0.007 + 0.022) / 2.0)
+    assert split["handoff"] == pytest.approx((0.0003 + 0.0002 + 0.0004) / 2.0)
+    assert split["jitter"] == pytest.approx((0.012 + 0.027) / 2.0)
     assert split["start"] + split["handoff"] + split["jitter"] == pytest.approx(split["stall"])
-    assert split["slow"] == 2 and split["first_ms"] == pytest.approx(60.0) and split["max_ms"] == pytest.approx(27.0)
+    assert split["late"] == 2 and split["late_max_ms"] == pytest.approx(27.0)
+    assert split["first_ms"] == pytest.approx(60.0) and split["handoff_max_ms"] == pytest.approx(0.4)
 
 
 def test_a_tiny_run_writes_every_epoch_and_its_waits(image_folder: Path, tmp_path: Path,
@@ -37,6 +39,7 @@ def test_a_tiny_run_writes_every_epoch_and_its_waits(image_folder: Path, tmp_pat
         assert len(epoch["waits_ms"]) == batches + 1  # every batch, and the next() that ends the epoch
         assert epoch["images"] == batches * 4
         assert epoch["start"] + epoch["handoff"] + epoch["jitter"] == pytest.approx(epoch["stall"])
+        assert epoch["of_r"] + epoch["stall"] + epoch["overrun"] == pytest.approx(1.0)
     assert len(run["epochs"]) == 2 and set(run["fresh"]) == {"cold", "started"}
     assert set(result["summary"]) == {"first", "rest", "cold", "started"}
     assert "a fresh Loader's first epoch, start()ed (median)" in out
