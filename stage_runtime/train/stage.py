@@ -24,11 +24,17 @@ __all__ = ["SimulatedCompute", "TimedStage", "chain_forward"]
 
 
 class TimedStage(PipelineStage):
-    """``PipelineStage`` adding ``busy_s`` (seconds computing since the last :meth:`take_busy`) and clock spans."""
+    """``PipelineStage`` adding ``busy_s`` (seconds computing since the last :meth:`take_busy`) and clock spans.
 
-    def __init__(self, *args: Any, clock: Any = None, sim: StageTimes | None = None, **kwargs: Any):
+    ``hold_s`` (forward, backward): seconds its sends to the next and to the previous stage's rank wait before they
+    are posted (``--link-delay``, :mod:`stallfree.stage_runtime.train.link_delay`); each wait is a ``waiting`` span
+    of ``send{index}``.
+    """
+
+    def __init__(self, *args: Any, clock: Any = None, sim: StageTimes | None = None,
+                 hold_s: tuple[float, float] = (0.0, 0.0), **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.busy_s, self.clock, self.step_number, self.sim = 0.0, clock, 0, sim
+        self.busy_s, self.clock, self.step_number, self.sim, self.hold_s = 0.0, clock, 0, sim, hold_s
 
     def _timed(self, sim_s: float | None, fn: Any, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
@@ -56,6 +62,23 @@ class TimedStage(PipelineStage):
     def backward_weight_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
         sim = None if self.sim is None else self.sim.backward_weight_s
         return self._timed(sim, super().backward_weight_one_chunk, *args, **kwargs)
+
+    def get_fwd_send_ops(self, fwd_chunk_id: int) -> list[dist.P2POp]:
+        return self._held(self.hold_s[0], super().get_fwd_send_ops(fwd_chunk_id))
+
+    def get_bwd_send_ops(self, bwd_chunk_id: int) -> list[dist.P2POp]:
+        return self._held(self.hold_s[1], super().get_bwd_send_ops(bwd_chunk_id))
+
+    def _held(self, seconds: float, ops: list[dist.P2POp]) -> list[dist.P2POp]:
+        # torch's schedules ask for a chunk's send ops right after its compute and post them at once or with the
+        # next batch of operations: holding here holds the sender before its message leaves. No ops: the next
+        # stage is on this rank, and nothing crosses a link.
+        if ops and seconds > 0:
+            start = time.perf_counter()
+            hold(seconds)
+            if self.clock is not None:
+                self.clock.record(f"send{self.stage_index}", "waiting", start, time.perf_counter(), self.step_number)
+        return ops
 
     def take_busy(self) -> float:
         """Busy seconds since the last call, and reset."""
