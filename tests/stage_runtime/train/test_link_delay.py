@@ -18,6 +18,7 @@ from stallfree.stage_runtime.accelerator import parse_accelerator
 from stallfree.stage_runtime.plan.attribution import trainer_steps
 from stallfree.stage_runtime.plan.costs import NO_OVERHEAD, LayerTimes, Link, StageCost
 from stallfree.stage_runtime.plan.orders import Op
+from stallfree.stage_runtime.plan.pilots import read_pilot
 from stallfree.stage_runtime.plan.predict import job_program, predict_training
 from stallfree.stage_runtime.plan.simulate import simulate
 from stallfree.stage_runtime.train.config import TrainConfig
@@ -122,3 +123,14 @@ def test_a_delayed_pair_delivers_each_message_no_sooner_than_the_delay_and_holds
                 held[(stage, step)] = held.get((stage, step), 0) + 1
     # per step: stage 1's forward sends (to rank 2) and stage 2's backward sends (to rank 1), one per micro-batch
     assert held == {(f"send{s}", step): micro for s in (1, 2) for step in range(1, 4)}
+
+
+def test_a_run_with_a_delay_is_refused_as_a_pilot(tmp_path: Path) -> None:
+    # its held senders would be fitted as the runtime's per-send overhead of every plan
+    config = TrainConfig(stages=2, link_delay=parse_link_delay("0-1:20"))
+    layers = {"layers": [{"forward_s": 0.001, "backward_s": 0.002, "weight_s": 0.001, "param_bytes": 0,
+                          "activation_bytes": 64}] * 2, "optimizer_s": 0.0}
+    (tmp_path / "summary.json").write_text(json.dumps({"config": config.to_json(), "layer_costs": layers,
+                                                       "balance": [1, 1]}))
+    with pytest.raises(ValueError, match=r"a job run with --link-delay 0-1:20 holds its senders"):
+        read_pilot(tmp_path)
