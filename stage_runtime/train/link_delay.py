@@ -5,9 +5,10 @@ back, in both directions) wait 20 ms on its sender before it is posted. What the
 sender is held for each message: the sending rank sleeps (holding no core, as the simulated device does for
 compute) right after the action that made the message, then posts the send; the message therefore arrives at
 least the delay after the action ended, and the sender computes nothing in between. It is idle time in the
-trainer's bubble, and ``stallfree train``'s prediction charges the same hold (:attr:`~stallfree.stage_runtime.plan.
-costs.Link.hold_s`). It is not a latency that overlaps the sender's compute (``stallfree plan --cross-link``'s
-latency is): a held sender is the pessimistic end of a slow link (docs/plan.md, "A slow link, run for real").
+trainer's bubble, and ``stallfree train``'s prediction charges the same hold
+(:attr:`stallfree.stage_runtime.plan.costs.Link.hold_s`). It is not a latency that overlaps the sender's compute
+(``stallfree plan --cross-link``'s latency is): a held sender is the pessimistic end of a slow link (docs/plan.md,
+"A slow link, run for real").
 
 The delay applies to the schedule's messages, what the plan simulator models; the labels stage 0 sends the last
 stage once per step and the evaluation's forward are not delayed.
