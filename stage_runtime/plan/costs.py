@@ -67,15 +67,10 @@ class StageCost:
 
 @dataclass(frozen=True)
 class Link:
-    """A link between two devices: ``bytes_per_s`` of bandwidth and ``latency_s`` per message.
-
-    ``hold_s`` holds the sender for that long before each message leaves, idle (``stallfree train --link-delay``:
-    the sender sleeps, then posts the send); latency, unlike it, overlaps the sender's next compute.
-    """
+    """A link between two devices: ``bytes_per_s`` of bandwidth and ``latency_s`` per message."""
 
     bytes_per_s: float
     latency_s: float
-    hold_s: float = 0.0
 
     def busy_s(self, nbytes: int) -> float:
         """How long a message of ``nbytes`` occupies the link (latency does not occupy it)."""
@@ -89,7 +84,7 @@ class Link:
                     if self.bytes_per_s >= f or u == "B")
         lat = next(f"{self.latency_s / f:g}{u}" for f, u in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us"), (1e-9, "ns"))
                    if self.latency_s >= f or u == "ns")
-        return f"{rate},{lat}" + (f" (the sender held {self.hold_s * 1e3:g} ms a message)" if self.hold_s else "")
+        return f"{rate},{lat}"
 
 
 FREE_LINK = Link(float("inf"), 0.0)

@@ -114,9 +114,9 @@ def read_pilot(out_dir: str | Path) -> Pilot:
         config = TrainConfig(**summary["config"])
     except (KeyError, TypeError) as err:
         raise ValueError(f"{path}: its 'config' is not a stallfree train job's ({err})") from None
-    if config.link_delay is not None:  # its spans would fit the senders' holds as the runtime's overhead
-        raise ValueError(f"{path}: a job run with --link-delay {config.link_delay} holds its senders, which is no "
-                         "overhead of torch's runtime; give pilots run without --link-delay")
+    if config.link_delay is not None:  # its spans would fit the delayed messages' waits as the runtime's overhead
+        raise ValueError(f"{path}: a job run with --link-delay {config.link_delay} waits for its delayed messages, "
+                         "which is no overhead of torch's runtime; give pilots run without --link-delay")
     program, owner = job_program(config)
     costs = stage_costs([LayerTimes(**c) for c in layers["layers"]], summary["balance"],
                         float(layers["optimizer_s"]))

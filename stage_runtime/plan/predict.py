@@ -109,8 +109,9 @@ def predict_training(config: Any, balance: tuple[int, ...], num_classes: int, li
         overhead = replace(overhead, action_s=0.0, kind_s=())
     order, owner = job_program(config)
     sharing = job_cores(config) if share_cores else None
-    delay, base = config.link_delay, link  # a LinkDelay parsed by TrainConfig: the pair's sender held per message
-    links = (lambda a, b: base) if delay is None else (lambda a, b: replace(base, hold_s=delay.seconds(a, b)))
+    delay, base = config.link_delay, link  # a LinkDelay parsed by TrainConfig: the pair's link's added latency
+    links = ((lambda a, b: base) if delay is None else
+             (lambda a, b: replace(base, latency_s=base.latency_s + delay.seconds(a, b))))
     result = simulate_step(order, owner, costs, links, causes=True, overhead=overhead, cores=sharing)
     assert result.bubble is not None  # causes=True splits it
     shown = attribute([list(result.spans)], owner)

@@ -9,8 +9,7 @@ Dependencies (``N`` model stages, stage ``s`` on rank ``owner[s]``)::
     I(s, m)  as B; W(s, m) needs I(s, m);  O (optimizer) needs nothing but its rank's earlier operations
 
 A send occupies its directed link for bytes / bandwidth (messages on one link queue first-come first-served),
-arrives a latency later, and costs the sender nothing (torch's sends are asynchronous) but the link's ``hold_s``
-(``stallfree train --link-delay``: the sender idles that long before the message leaves). A rank busy computing is
+arrives a latency later, and costs the sender nothing (torch's sends are asynchronous). A rank busy computing is
 busy; a rank waiting is idle, and the idle share of ranks x schedule time is the bubble, measured as the trainer
 measures it. The bubble is split into causes by simulating the same order twice more: with every stage's cost
 the mean of the stages' and free links (what is left is the schedule's own warm-up and cool-down), then with the
@@ -269,8 +268,8 @@ class _Events:
         if src == dst:
             self.ready[(kind, dst_stage, m)] = at
             return at
+        at += self.overhead.sender_s  # posting the send occupies the sender; the message leaves after it
         ln = self.link(src, dst)
-        at += ln.hold_s + self.overhead.sender_s  # a held sender, then posting the send; the message leaves after
         start = max(at, self.link_free.get((src, dst), 0.0))
         self.link_free[(src, dst)] = start + ln.busy_s(nbytes)
         self.ready[(kind, dst_stage, m)] = start + ln.busy_s(nbytes) + ln.latency_s

@@ -47,7 +47,7 @@ class TrainConfig:
     # each stage waits as a device training R img/s per replica would. None: the real device.
     accelerator: SimAccelerator | None = None
     # "0-1:20" (or several, comma-separated or a list; parsed here, once, into the LinkDelay this field then holds):
-    # every message the schedule sends between pipeline ranks 0 and 1 waits 20 ms on its sender (train/link_delay.py)
+    # every message the schedule sends between pipeline ranks 0 and 1 arrives 20 ms late (train/link_delay.py)
     link_delay: LinkDelay | None = None
     stages: int = 2  # pipeline ranks (processes) per replica
     schedule: str = "1f1b"

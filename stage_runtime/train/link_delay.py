@@ -1,17 +1,25 @@
 """A slow link between two pipeline ranks, run for real: ``--link-delay RANKS:MS``.
 
-``0-1:20`` makes every message the schedule sends between pipeline ranks 0 and 1 (activations forward, gradients
-back, in both directions) wait 20 ms on its sender before it is posted. What the wait models is a link whose
-sender is held for each message: the sending rank sleeps (holding no core, as the simulated device does for
-compute) right after the action that made the message, then posts the send; the message therefore arrives at
-least the delay after the action ended, and the sender computes nothing in between. It is idle time in the
-trainer's bubble, and ``stallfree train``'s prediction charges the same hold
-(:attr:`stallfree.stage_runtime.plan.costs.Link.hold_s`). It is not a latency that overlaps the sender's compute
-(``stallfree plan --cross-link``'s latency is): a held sender is the pessimistic end of a slow link (docs/plan.md,
-"A slow link, run for real").
+``0-1:20`` gives the link between pipeline ranks 0 and 1 a latency of 20 ms: every message the schedule sends
+between them (activations forward, gradients back, in both directions) arrives 20 ms after it was sent, while its
+sender goes on computing. That is what a cross-site (WAN) link's latency does, and what the plan simulator's
+:class:`~stallfree.stage_runtime.plan.costs.Link` latency models, so ``stallfree plan --cross-link BW,20ms`` with
+the sites cut at that pair predicts the run, and so does ``stallfree train``'s own prediction (docs/plan.md, "A
+slow link, run for real").
 
-The delay applies to the schedule's messages, what the plan simulator models; the labels stage 0 sends the last
-stage once per step and the evaluation's forward are not delayed.
+How it is run (``stage.TimedStage``), on the receiving side. The sender appends its clock reading
+(``time.perf_counter()``, taken when torch's schedule asks for the chunk's send ops, right after its compute) to the
+chunk's messages, as one more tensor in the same batch of sends; the receiver appends the matching receive to the
+chunk's receive ops. Torch's schedules wait for a chunk's whole batch of receives before they run the chunk, and
+the stage then waits, holding no core, until the sender's reading plus the delay before computing (a ``waiting``
+span ``link{stage}`` in the trace). Nothing is posted late and no send is held back: the sender's sends complete as
+they would on a fast link, its next chunk starts right after its last, and gloo's in-order matching per pair keeps
+every message where it was. Both readings come from one clock: ``perf_counter`` is ``CLOCK_MONOTONIC``, shared by
+every process of a machine (the trainer's spans rely on it too), so a job across machines is refused
+(:meth:`LinkDelay.check_one_machine`). A message read later than the delay (its receiver was busy) waits no more.
+
+The delay applies to the schedule's messages, what the simulator models; the labels stage 0 sends the last stage
+once per step and the evaluation's forward are not delayed.
 
 The string is parsed once, where it enters (``TrainConfig``); this module imports no torch.
 """
@@ -30,7 +38,7 @@ _HINT = "--link-delay wants RANK-RANK:MS pairs like 0-1:20 (comma-separated or r
 
 @dataclass(frozen=True)
 class LinkDelay:
-    """Seconds each message between two pipeline ranks waits on its sender: ``((low rank, high rank, s), ...)``."""
+    """The latency in seconds of each delayed link between two pipeline ranks: ``((low rank, high rank, s), ...)``."""
 
     pairs: tuple[tuple[int, int, float], ...]
 
@@ -56,6 +64,17 @@ class LinkDelay:
             if (a, b) not in pairs:
                 raise ValueError(f"--link-delay {a}-{b}: pipeline ranks {a} and {b} exchange no messages in {where}; "
                                  f"the pairs that do: {shown}")
+
+    def check_one_machine(self, local_processes: int, processes: int) -> None:
+        """Refuse a job whose ``processes`` are not all on this machine (``local_processes`` of them are).
+
+        Raises:
+            ValueError: the delay compares clock readings of two processes, which only one machine's clock allows.
+        """
+        if local_processes != processes:
+            raise ValueError(f"--link-delay {self}: the job runs {processes} processes, {local_processes} on this "
+                             "machine; a delayed message is timed by one clock every process of a machine shares, "
+                             "so run a job with --link-delay on one machine (--nnodes 1)")
 
     def __str__(self) -> str:
         return ",".join(f"{a}-{b}:{s * 1e3:g}" for a, b, s in self.pairs)

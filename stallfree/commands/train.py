@@ -107,9 +107,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "instead of computing, holding no CPU (throughput then measures the input path and the "
                    "pipeline, not the model)")
     p.add_argument("--link-delay", action="append", metavar="RANKS:MS",
-                   help="a slow link: every message the schedule sends between two pipeline ranks waits MS ms on its "
-                   "sender before it is posted (the sender idles), e.g. 0-1:20; comma-separated or repeated for "
-                   "several pairs; the summary's prediction charges the same (docs/plan.md, \"A slow link\")")
+                   help="a slow link: every message the schedule sends between two pipeline ranks arrives MS ms "
+                   "after it was sent, while its sender goes on computing (a cross-site latency), e.g. 0-1:20; "
+                   "comma-separated or repeated for several pairs; one machine only; stallfree plan --cross-link "
+                   "and the summary's prediction model the same (docs/plan.md, \"A slow link\")")
     p.add_argument("--out", dest="out_dir", default=d["out_dir"], help=f"run folder (default {d['out_dir']})")
     p.add_argument("--checkpoint-dir", help="default: OUT/checkpoints")
     p.add_argument("--checkpoint-every", type=int, default=d["checkpoint_every"], help="steps; 0: at the end only")
