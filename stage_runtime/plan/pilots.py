@@ -96,8 +96,8 @@ def read_pilot(out_dir: str | Path) -> Pilot:
 
     Raises:
         FileNotFoundError: a file the job should have written is missing (the message names it).
-        ValueError: its summary has no layer costs (a job given ``--balance`` measures none), or its spans do not
-            match its schedule.
+        ValueError: its summary has no layer costs (a job given ``--balance`` measures none), it ran with
+            ``--link-delay``, or its spans do not match its schedule.
     """
     from stallfree.stage_runtime.train.config import TrainConfig
 
@@ -114,6 +114,9 @@ def read_pilot(out_dir: str | Path) -> Pilot:
         config = TrainConfig(**summary["config"])
     except (KeyError, TypeError) as err:
         raise ValueError(f"{path}: its 'config' is not a stallfree train job's ({err})") from None
+    if config.link_delay is not None:  # its spans would fit the delayed messages' waits as the runtime's overhead
+        raise ValueError(f"{path}: a job run with --link-delay {config.link_delay} waits for its delayed messages, "
+                         "which is no overhead of torch's runtime; give pilots run without --link-delay")
     program, owner = job_program(config)
     costs = stage_costs([LayerTimes(**c) for c in layers["layers"]], summary["balance"],
                         float(layers["optimizer_s"]))

@@ -17,11 +17,19 @@ it, outside the trainer's step time and bubble); ``step_with_optimizer_s`` adds 
 from __future__ import annotations
 
 import os
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from stallfree.stage_runtime.plan.attribution import attribute
-from stallfree.stage_runtime.plan.costs import NO_OVERHEAD, Cores, HostOverhead, Link, parse_link, stage_costs
+from stallfree.stage_runtime.plan.costs import (
+    NO_OVERHEAD,
+    Cores,
+    HostOverhead,
+    Link,
+    StageCost,
+    parse_link,
+    stage_costs,
+)
 from stallfree.stage_runtime.plan.orders import Op, placement, torch_order
 from stallfree.stage_runtime.plan.simulate import simulate_step
 
@@ -96,14 +104,32 @@ def predict_training(config: Any, balance: tuple[int, ...], num_classes: int, li
         finally:
             torch.set_num_threads(previous)  # process-wide: leave it as we found it
     costs = stage_costs(layers, balance, optimizer_s)
+    if config.accelerator is not None:  # a SimAccelerator: each stage waits its time, the host's actions inside it
+        costs = _simulated_device(config.accelerator, micro, costs)
+        overhead = replace(overhead, action_s=0.0, kind_s=())
     order, owner = job_program(config)
     sharing = job_cores(config) if share_cores else None
-    result = simulate_step(order, owner, costs, lambda a, b: link, causes=True, overhead=overhead, cores=sharing)
+    delay, base = config.link_delay, link  # a LinkDelay parsed by TrainConfig: the pair's link's added latency
+    links = ((lambda a, b: base) if delay is None else
+             (lambda a, b: replace(base, latency_s=base.latency_s + delay.seconds(a, b))))
+    result = simulate_step(order, owner, costs, links, causes=True, overhead=overhead, cores=sharing)
     assert result.bubble is not None  # causes=True splits it
     shown = attribute([list(result.spans)], owner)
     return {"per_action_s": shown.per_action_s, "per_message_s": shown.per_message_s, "send_s": shown.send_s,
             "step_s": result.schedule_s, "step_with_optimizer_s": result.step_s,
             "images_per_s": config.batch_size * config.dp / result.schedule_s,
-            "bubble": result.bubble.total, "causes": result.bubble.to_dict(), "link": link.describe(),
+            "bubble": result.bubble.total, "causes": result.bubble.to_dict(),
+            "link": link.describe() + ("" if delay is None else f", --link-delay {delay}"),
             "link_source": source, "overhead": overhead.to_dict(),
             "cores": None if sharing is None else asdict(sharing)}
+
+
+def _simulated_device(accelerator: Any, micro: int, costs: list[StageCost]) -> list[StageCost]:
+    """The stages as ``--accelerator sim:R`` runs them: each its share of the device's time, as the trainer splits it.
+
+    The trainer waits each chunk's time from the chunk's start, so the runtime's own work in it takes no more time
+    (the per-action host overhead is dropped with it); sizes and the optimizer stay the measured ones.
+    """
+    times = accelerator.stage_times(micro, [c.forward_s + c.backward_s for c in costs])
+    return [replace(c, forward_s=t.forward_s, backward_s=t.backward_s, weight_s=t.backward_weight_s)
+            for c, t in zip(costs, times, strict=True)]

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from stallfree.stage_runtime.accelerator import SimAccelerator, parse_accelerator
+from stallfree.stage_runtime.train.link_delay import LinkDelay, parse_link_delay
 from stallfree.stage_runtime.train.optim import LR_SCHEDULES, OPTIMIZERS, LrSchedule, Optimizer
 from stallfree.stage_runtime.train.schedules import ScheduleSpec, schedule_spec
 
@@ -45,6 +46,9 @@ class TrainConfig:
     # "sim:R" (the string is parsed here, once, into the SimAccelerator this field then holds) or a SimAccelerator:
     # each stage waits as a device training R img/s per replica would. None: the real device.
     accelerator: SimAccelerator | None = None
+    # "0-1:20" (or several, comma-separated or a list; parsed here, once, into the LinkDelay this field then holds):
+    # every message the schedule sends between pipeline ranks 0 and 1 arrives 20 ms late (train/link_delay.py)
+    link_delay: LinkDelay | None = None
     stages: int = 2  # pipeline ranks (processes) per replica
     schedule: str = "1f1b"
     virtual_stages: int = 2  # stages per rank for interleaved-1f1b and zero-bubble
@@ -105,10 +109,16 @@ class TrainConfig:
                              "or give a dataset fed by stallfree")
         # the one place the string is parsed: the CLI, a Python user and a summary's JSON form all enter here
         object.__setattr__(self, "accelerator", parse_accelerator(self.accelerator))
+        object.__setattr__(self, "link_delay", parse_link_delay(self.link_delay))
+        if self.link_delay is not None:
+            owner = [self.spec.owner(s, self.stages) for s in range(self.model_stages)]
+            self.link_delay.check(self.stages, [(a, b) for a, b in zip(owner, owner[1:], strict=False) if a != b],
+                                  f"{self.schedule} with {self.stages} pipeline ranks")
 
     def to_json(self) -> dict[str, Any]:
-        """The fields as JSON values (``accelerator`` as its ``sim:R`` string); ``TrainConfig(**it)`` rebuilds it."""
-        return {**asdict(self), "accelerator": None if self.accelerator is None else str(self.accelerator)}
+        """The fields as JSON values (``accelerator``, ``link_delay`` as strings); ``TrainConfig(**it)`` rebuilds it."""
+        return {**asdict(self), "accelerator": None if self.accelerator is None else str(self.accelerator),
+                "link_delay": None if self.link_delay is None else str(self.link_delay)}
 
     def total_steps(self, steps_per_epoch: int) -> int:
         """Optimizer steps the run takes: every epoch's, or ``max_steps`` if fewer."""

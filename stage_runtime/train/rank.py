@@ -136,7 +136,8 @@ class Rank:
             sim = list(accelerator.stage_times(micro, chosen[1]))
             self.modules = {s: SimulatedCompute(m, shapes[s][1].shape[1:]) for s, m in self.modules.items()}
         self.stages = [TimedStage(m, s, c.model_stages, self.device, input_args=shapes[s][0],
-                                  output_args=shapes[s][1], group=self.pp_group, clock=self.clock, sim=sim[s])
+                                  output_args=shapes[s][1], group=self.pp_group, clock=self.clock, sim=sim[s],
+                                  delay_s=self._delay_s(s))
                        for s, m in self.modules.items()]
         self.schedule = build_schedule(c.schedule, self.stages, c.microbatches, nn.functional.cross_entropy)
         self.params = [p for m in self.modules.values() for p in m.parameters()]
@@ -145,6 +146,15 @@ class Rank:
                                           weight_decay=c.weight_decay) if self.params else None)
         self.scheduler = (build_scheduler(self.optimizer, total=c.total_steps(self.steps_per_epoch),
                                           warmup=c.warmup_steps, schedule=c.lr_schedule) if self.optimizer else None)
+
+    def _delay_s(self, stage: int) -> tuple[float, float]:
+        """``--link-delay``'s latency of model stage ``stage``'s links: (to the next stage's rank, to the previous)."""
+        c, delay = self.config, self.config.link_delay  # a LinkDelay, parsed by TrainConfig
+        if delay is None:
+            return 0.0, 0.0
+        pp = [c.spec.owner(s, c.stages) for s in range(c.model_stages)]
+        return (delay.seconds(pp[stage], pp[stage + 1]) if stage + 1 < len(pp) else 0.0,
+                delay.seconds(pp[stage], pp[stage - 1]) if stage > 0 else 0.0)
 
     @property
     def first(self) -> bool:

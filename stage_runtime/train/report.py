@@ -158,10 +158,10 @@ def format_summary(summary: dict[str, Any]) -> str:
 def with_prediction(config: Any, summary: dict[str, Any]) -> dict[str, Any]:
     """``summary`` with the plan simulator's prediction under ``predicted``, where it applies.
 
-    :func:`format_summary` shows it beside the measured bubble. It applies to a job on this machine's own
-    processors (no simulated ``--accelerator``) that no plan's prediction came with (that one is shown instead).
+    :func:`format_summary` shows it beside the measured bubble. It applies to a job that no plan's prediction came
+    with (that one is shown instead); under a simulated ``--accelerator`` it simulates the device's stage times.
     """
-    if config.accelerator is None and config.plan_prediction is None and "balance" in summary:
+    if config.plan_prediction is None and "balance" in summary:
         summary["predicted"] = predict_run(config, summary)
     return summary
 

@@ -24,11 +24,20 @@ __all__ = ["SimulatedCompute", "TimedStage", "chain_forward"]
 
 
 class TimedStage(PipelineStage):
-    """``PipelineStage`` adding ``busy_s`` (seconds computing since the last :meth:`take_busy`) and clock spans."""
+    """``PipelineStage`` adding ``busy_s`` (seconds computing since the last :meth:`take_busy`) and clock spans.
 
-    def __init__(self, *args: Any, clock: Any = None, sim: StageTimes | None = None, **kwargs: Any):
+    ``delay_s`` (next, previous): the latency of the link to the next and to the previous stage's rank
+    (``--link-delay``; how it is run: :mod:`stallfree.stage_runtime.train.link_delay`). A message over a delayed link
+    carries its sender's clock reading, and the receiver starts the chunk that reads it no sooner than that reading
+    plus the delay; each such wait is a ``waiting`` span of ``link{index}``.
+    """
+
+    def __init__(self, *args: Any, clock: Any = None, sim: StageTimes | None = None,
+                 delay_s: tuple[float, float] = (0.0, 0.0), **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.busy_s, self.clock, self.step_number, self.sim = 0.0, clock, 0, sim
+        self.busy_s, self.clock, self.step_number, self.sim, self.delay_s = 0.0, clock, 0, sim, delay_s
+        # ("F" or "B", chunk) -> (the sender's clock reading, filled by its receive; the link's delay)
+        self._sent_at: dict[tuple[str, int], tuple[torch.Tensor, float]] = {}
 
     def _timed(self, sim_s: float | None, fn: Any, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
@@ -44,11 +53,14 @@ class TimedStage(PipelineStage):
             if self.clock is not None:
                 self.clock.record(f"stage{self.stage_index}", "busy", start, end, self.step_number)
 
-    def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
-        return self._timed(None if self.sim is None else self.sim.forward_s, super().forward_one_chunk, *args, **kwargs)
+    def forward_one_chunk(self, fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+        self._delivered(("F", fwd_chunk_id))
+        return self._timed(None if self.sim is None else self.sim.forward_s, super().forward_one_chunk, fwd_chunk_id,
+                           *args, **kwargs)
 
     def backward_one_chunk(self, bwd_chunk_id: int, loss: Any = None, full_backward: bool = True,
                            last_backward: bool = False) -> Any:
+        self._delivered(("B", bwd_chunk_id))
         sim = None if self.sim is None else self.sim.backward_s if full_backward else self.sim.backward_input_s
         return self._timed(sim, super().backward_one_chunk, bwd_chunk_id, loss=loss, full_backward=full_backward,
                            last_backward=last_backward)
@@ -57,10 +69,60 @@ class TimedStage(PipelineStage):
         sim = None if self.sim is None else self.sim.backward_weight_s
         return self._timed(sim, super().backward_weight_one_chunk, *args, **kwargs)
 
+    # torch's schedules take a chunk's send ops right after its compute and its receive ops before it, post each
+    # list as one batch and wait for the whole batch before the chunk that reads it: a clock reading appended to
+    # both lists travels with the message, in the same order on the pair (gloo and NCCL match in posting order).
+    # No ops: the neighbouring stage is on this rank, and nothing crosses a link.
+
+    def get_fwd_send_ops(self, fwd_chunk_id: int) -> list[dist.P2POp]:
+        return self._stamped(self.delay_s[0], super().get_fwd_send_ops(fwd_chunk_id))
+
+    def get_bwd_send_ops(self, bwd_chunk_id: int) -> list[dist.P2POp]:
+        return self._stamped(self.delay_s[1], super().get_bwd_send_ops(bwd_chunk_id))
+
+    def get_fwd_recv_ops(self, fwd_chunk_id: int) -> list[dist.P2POp]:
+        return self._stamp_received(self.delay_s[1], ("F", fwd_chunk_id), super().get_fwd_recv_ops(fwd_chunk_id))
+
+    def get_bwd_recv_ops(self, bwd_chunk_id: int) -> list[dist.P2POp]:
+        return self._stamp_received(self.delay_s[0], ("B", bwd_chunk_id), super().get_bwd_recv_ops(bwd_chunk_id))
+
+    def _stamped(self, delay: float, ops: list[dist.P2POp]) -> list[dist.P2POp]:
+        if not ops or delay <= 0:
+            return ops
+        stamp = torch.tensor([time.perf_counter()], dtype=torch.float64, device=_comm_device(self.device))
+        return [*ops, dist.P2POp(dist.isend, stamp, _one_peer(ops), ops[0].group)]
+
+    def _stamp_received(self, delay: float, key: tuple[str, int], ops: list[dist.P2POp]) -> list[dist.P2POp]:
+        if not ops or delay <= 0:
+            return ops
+        stamp = torch.empty(1, dtype=torch.float64, device=_comm_device(self.device))
+        self._sent_at[key] = (stamp, delay)
+        return [*ops, dist.P2POp(dist.irecv, stamp, _one_peer(ops), ops[0].group)]
+
+    def _delivered(self, key: tuple[str, int]) -> None:
+        """Wait until the chunk's delayed input has arrived: its sender's reading plus the link's delay."""
+        received = self._sent_at.pop(key, None)
+        if received is None:
+            return
+        stamp, delay = received
+        start = time.perf_counter()
+        hold(delay, since=float(stamp.item()))  # one clock for every process of the machine (CLOCK_MONOTONIC)
+        if self.clock is not None:
+            self.clock.record(f"link{self.stage_index}", "waiting", start, time.perf_counter(), self.step_number)
+
     def take_busy(self) -> float:
         """Busy seconds since the last call, and reset."""
         busy, self.busy_s = self.busy_s, 0.0
         return busy
+
+
+def _one_peer(ops: list[dist.P2POp]) -> int:
+    """The one rank a chunk's messages go to or come from (a sequential pipeline's stage has one neighbour a side)."""
+    peers = {op.peer for op in ops}
+    if len(peers) != 1:
+        raise NotImplementedError(f"--link-delay delays a stage's messages to one neighbour; this chunk's go to or "
+                                  f"come from ranks {sorted(peers)}")
+    return peers.pop()
 
 
 def _comm_device(device: torch.device) -> torch.device:

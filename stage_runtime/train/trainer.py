@@ -99,6 +99,8 @@ def check(config: TrainConfig) -> None:
 
     env = torchrun_env()  # under torchrun, this machine's processes share its GPUs
     check_device(config.device, processes=int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if env else config.world_size)
+    if env is not None and config.link_delay is not None:
+        config.link_delay.check_one_machine(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), env[1])
 
     for name, data in (("training data", config.data), ("--eval", config.eval_data)):
         if data is None:

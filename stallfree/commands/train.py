@@ -20,6 +20,7 @@ EXAMPLES = """examples:
   stallfree train ./data/train --accelerator sim:1000 --feed torch   # would a 1,000 img/s device wait for data?
   stallfree train ./data/train --model mypkg.nets:resnet --transform "RandomResizedCrop(32), RandomHorizontalFlip(), \\
       Normalize()" --optimizer adamw --lr 1e-3 --weight-decay 0.05 --lr-schedule cosine --warmup-steps 100
+  stallfree train --synthetic 512 --accelerator sim:400 --stages 2 --link-delay 0-1:20   # a slow cut, run for real
   stallfree train ./shards/train --verify none          # trust the shards: no SHA-256 read before the batches
   stallfree train ./data/train --no-progress --json | jq .images_per_s   # the summary alone on stdout
   torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint host:29500 -m stallfree.cli train ./data/train \\
@@ -105,6 +106,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="simulate a device that trains R img/s per replica: each stage waits the device's time "
                    "instead of computing, holding no CPU (throughput then measures the input path and the "
                    "pipeline, not the model)")
+    p.add_argument("--link-delay", action="append", metavar="RANKS:MS",
+                   help="a slow link: every message the schedule sends between two pipeline ranks arrives MS ms "
+                   "after it was sent, while its sender goes on computing (a cross-site latency), e.g. 0-1:20; "
+                   "comma-separated or repeated for several pairs; one machine only; stallfree plan --cross-link "
+                   "and the summary's prediction model the same (docs/plan.md, \"A slow link\")")
     p.add_argument("--out", dest="out_dir", default=d["out_dir"], help=f"run folder (default {d['out_dir']})")
     p.add_argument("--checkpoint-dir", help="default: OUT/checkpoints")
     p.add_argument("--checkpoint-every", type=int, default=d["checkpoint_every"], help="steps; 0: at the end only")
