@@ -21,7 +21,14 @@ from dataclasses import asdict
 from typing import Any
 
 from stallfree.stage_runtime.plan.attribution import attribute
-from stallfree.stage_runtime.plan.costs import NO_OVERHEAD, Cores, HostOverhead, Link, parse_link, stage_costs
+from stallfree.stage_runtime.plan.books import known_costs, predicted_books
+from stallfree.stage_runtime.plan.costs import (
+    NO_OVERHEAD,
+    Cores,
+    HostOverhead,
+    Link,
+    parse_link,
+)
 from stallfree.stage_runtime.plan.orders import Op, placement, torch_order
 from stallfree.stage_runtime.plan.simulate import simulate_step
 
@@ -95,13 +102,14 @@ def predict_training(config: Any, balance: tuple[int, ...], num_classes: int, li
             layers, optimizer_s = measure_model(model, config.image_size, micro)
         finally:
             torch.set_num_threads(previous)  # process-wide: leave it as we found it
-    costs = stage_costs(layers, balance, optimizer_s)
+    costs = known_costs(config, layers, balance, optimizer_s)
     order, owner = job_program(config)
     sharing = job_cores(config) if share_cores else None
     result = simulate_step(order, owner, costs, lambda a, b: link, causes=True, overhead=overhead, cores=sharing)
     assert result.bubble is not None  # causes=True splits it
     shown = attribute([list(result.spans)], owner)
-    return {"per_action_s": shown.per_action_s, "per_message_s": shown.per_message_s, "send_s": shown.send_s,
+    books = predicted_books(result, order, owner, costs, config.batch_size * config.dp)
+    return {"books": books.to_dict(), "per_action_s": shown.per_action_s, "per_message_s": shown.per_message_s, "send_s": shown.send_s,
             "step_s": result.schedule_s, "step_with_optimizer_s": result.step_s,
             "images_per_s": config.batch_size * config.dp / result.schedule_s,
             "bubble": result.bubble.total, "causes": result.bubble.to_dict(), "link": link.describe(),

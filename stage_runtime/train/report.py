@@ -38,6 +38,7 @@ class Report:
         self.ranks, self.replicas, self.progress, self.log_every = ranks, replicas, progress, log_every
         self.totals: dict[str, float] = {"wait_s": 0.0, "step_s": 0.0, "busy_s": 0.0, "images": 0, "steps": 0,
                                          "compute_step_s": 0.0}
+        self.step_times: list[tuple[float, float]] = []  # per step of this run: stage 0's wait, the schedule's step
         self._bar: Any = None
         self._first: dict[str, float] | None = None
         self.last_loss = float("nan")
@@ -55,6 +56,7 @@ class Report:
         """Add one step: stage 0's input wait, the schedule's wall time, the ranks' summed busy time, its rate."""
         # The first step of a run pays for warm-up (DataLoader workers starting, first sends, allocations); the
         # summary leaves it out when there are others, train.jsonl keeps it.
+        self.step_times.append((wait_s, pipe_s))
         figures = {"wait_s": wait_s, "compute_step_s": pipe_s, "step_s": wait_s + pipe_s, "busy_s": busy_s,
                    "images": images * self.replicas, "steps": 1}
         if self._first is None:
