@@ -42,7 +42,8 @@ from .costs import FREE_LINK, LayerTimes, StageCost, stage_costs
 from .orders import Op
 from .simulate import Span, StepResult, compute_s, simulate
 
-__all__ = ["PARTS", "Books", "job_books", "known_costs", "measured_books", "predicted_books", "records_steps", "span_costs"]
+__all__ = ["PARTS", "Books", "job_books", "known_costs", "measured_books", "predicted_books", "records_steps",
+           "span_costs"]
 
 PARTS = ("warmup_cooldown", "imbalance", "communication", "runtime", "input", "unattributed")
 _STAGE = re.compile(r"stage(\d+)")
@@ -74,8 +75,10 @@ class Books:
 
 def known_costs(config: Any, layers: Sequence[LayerTimes], balance: Sequence[int],
                 optimizer_s: float = 0.0) -> list[StageCost]:
-    """Each model stage's compute per micro-batch: the measured layers' own, or under ``--accelerator sim:R`` the
-    simulated device's times, known exactly (the trainer's split of ``R`` by the same measured costs).
+    """Each model stage's compute per micro-batch: the measured layers' own, or the simulated device's.
+
+    Under ``--accelerator sim:R`` the device's times are known exactly (the trainer's split of ``R`` by the same
+    measured costs).
 
     The sizes (activations, parameters) and the optimizer's share are the measured layers' in both cases.
     """
@@ -92,8 +95,8 @@ def span_costs(steps: Sequence[Sequence[Span]], stages: int) -> list[StageCost]:
     """Each stage's mean measured busy time per kind of action, as costs (a real device's 'known' compute)."""
     seen: dict[tuple[int, str], list[float]] = {}
     for spans in steps:
-        for s in spans:
-            seen.setdefault((s.op.stage, s.op.kind), []).append(s.end - s.start)
+        for span in spans:
+            seen.setdefault((span.op.stage, span.op.kind), []).append(span.end - span.start)
 
     def mean(stage: int, kind: str) -> float:
         values = seen.get((stage, kind), [])
@@ -107,7 +110,8 @@ def span_costs(steps: Sequence[Sequence[Span]], stages: int) -> list[StageCost]:
     return out
 
 
-def records_steps(records: Mapping[int, Mapping[str, Any]], program: Mapping[int, Sequence[Op]]) -> dict[int, list[Span]]:
+def records_steps(records: Mapping[int, Mapping[str, Any]],
+                  program: Mapping[int, Sequence[Op]]) -> dict[int, list[Span]]:
     """Each step's spans from every rank's stage-clock records, keyed by the stage clock's step number.
 
     A step where some rank's busy spans do not match its program one for one (the clock dropped some) is left out.

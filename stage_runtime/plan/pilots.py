@@ -34,10 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from .attribution import Measured, fit_overhead, trainer_steps
+from .books import known_costs
 from .calibrate import FAMILIES
 from .costs import Cores, HostOverhead, LayerTimes, Link, StageCost
 from .orders import Op
-from .books import known_costs
 from .predict import job_program
 from .simulate import simulate
 

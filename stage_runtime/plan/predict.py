@@ -109,7 +109,8 @@ def predict_training(config: Any, balance: tuple[int, ...], num_classes: int, li
     assert result.bubble is not None  # causes=True splits it
     shown = attribute([list(result.spans)], owner)
     books = predicted_books(result, order, owner, costs, config.batch_size * config.dp)
-    return {"books": books.to_dict(), "per_action_s": shown.per_action_s, "per_message_s": shown.per_message_s, "send_s": shown.send_s,
+    return {"books": books.to_dict(),
+            "per_action_s": shown.per_action_s, "per_message_s": shown.per_message_s, "send_s": shown.send_s,
             "step_s": result.schedule_s, "step_with_optimizer_s": result.step_s,
             "images_per_s": config.batch_size * config.dp / result.schedule_s,
             "bubble": result.bubble.total, "causes": result.bubble.to_dict(), "link": link.describe(),

@@ -100,3 +100,18 @@ def test_could_do_counts_every_stage_a_rank_hosts(measured: dict, schedule: str)
         assert rank["could_do_images_per_s"] == pytest.approx(RATE / sum(mine), rel=1e-9)
     if len(cost) > 2:  # two model stages per rank: no rank can do the device's RATE
         assert summary["books"]["job"]["could_do_images_per_s"] < RATE
+
+
+def test_stallfree_plan_gives_its_best_plans_books_in_plan_json_and_the_png(tmp_path: Path) -> None:
+    from stallfree.cli import main
+
+    layer = {"forward_s": 0.001, "backward_s": 0.002, "weight_s": 0.001, "param_bytes": 1000, "activation_bytes": 100}
+    costs = tmp_path / "costs.json"
+    costs.write_text(json.dumps({"microbatch": 1, "layers": [layer, {**layer, "forward_s": 0.003}, layer, layer]}))
+    assert main(["plan", "--costs", str(costs), "--devices", "2", "--batch-size", "8", "--out", str(tmp_path)]) == 0
+    best = json.loads((tmp_path / "plan.json").read_text())["best"]
+    for rank in best["books"]["ranks"]:
+        assert sum(rank["parts"].values()) == pytest.approx(rank["loss"], abs=1e-12)
+        assert rank["parts"]["unattributed"] == pytest.approx(0.0, abs=1e-12)
+    assert best["books"]["images_per_s"] == pytest.approx(8 / best["schedule_s"])
+    assert (tmp_path / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
