@@ -5,27 +5,34 @@ action it runs (all the model stages it hosts: two under ZBV and the interleaved
 ``--accelerator sim:R`` that is the device's time of each action, known exactly; on a real device it is the mean
 measured busy time of each (stage, kind) of action, which then holds the runtime's own work inside the actions.
 The job *did* ``images / T`` per second, ``T`` the measured step (stage 0's input wait + rank 0's schedule step),
-so rank ``r`` lost ``1 - c_r / T`` of its time. That loss is written as::
+so rank ``r`` lost ``1 - c_r / T`` of its time. The trainer's step is rank 0's (its schedule step ends with its last
+action; the schedule's other ranks may still run weight gradients then, and the trainer's step leaves them out), so
+the known step ``T_known`` here is when rank 0's last action ends in the schedule run with the known compute alone.
+The loss is written as::
 
-    T - c_r =  warm-up/cool-down_r + imbalance_r            (the schedule with the known compute alone: T_known - c_r)
-             + input + communication + host runtime          (what the measured step adds to T_known)
-             + unattributed                                  (the measured path's known end less T_known)
+    T - c_r =  warm-up/cool-down_r + imbalance_r + after step_r   (T_known - c_r: the schedule with the known compute)
+             + input + communication + host runtime          (T - T_known: what the measured step adds to it)
 
 - **warm-up/cool-down**: rank ``r``'s idle in the schedule simulated with the known compute, no link and no
   runtime, every stage capped at ``r``'s own pace (no stage slower than ``r``'s slowest of that kind): the fill and
   drain of the schedule itself;
 - **imbalance**: what the stages slower than ``r``'s own add to that idle (0 on the slowest rank; never negative,
-  since a step only grows when a stage slows);
+  since a step only grows when a stage slows); both are counted until rank 0's step or ``r``'s own last action
+  ends, the later;
+- **after step**: minus ``r``'s known compute after rank 0's last action (0, or negative under the zero-bubble
+  schedules, whose other ranks still run weight gradients when rank 0 is done: the trainer's step leaves that
+  work out, so a rank's compute is not all inside ``T``);
 - **input, communication, host runtime**: how much later the measured step ended than the known one, walked back
-  along its critical path from the step's last action. Each action on it was gated by the later-ending of its
+  along its critical path from rank 0's last action. Each action on it was gated by the later-ending of its
   rank's previous action and the action on another rank whose output it reads. The action's time beyond its known
   compute is **host runtime**; a gap's growth over the same gap in the known schedule (idle the schedule has anyway,
   already in warm-up/cool-down and imbalance) is **communication** after a message-maker on another rank (posting,
   the link, the receive) and **host runtime** after the rank's own action, as is the schedule step's own set-up and
   finish (rank 0's step less the path). **input** is stage 0's wait for its batch. These are the job's: every
-  rank's step is the same ``T``;
-- **unattributed**: the known end of the measured path's last action less the known step (<= 0; 0 when the step
-  ends with the action the known schedule ends with). It is shown, and the tests hold it within 2 points.
+  rank's step is the same ``T``.
+
+Each part is measured (or known), none is the remainder of the others: they add up to the loss because the path
+covers rank 0's step exactly and rank 0's last action is the same action in both schedules.
 
 The same books are read from a simulated step (:func:`predicted_books`: its spans, no input), so that predicted and
 measured compare part by part. Clocks are ``time.perf_counter``, one monotonic clock for every process of a machine.
@@ -45,7 +52,7 @@ from .simulate import Span, StepResult, compute_s, simulate
 __all__ = ["PARTS", "Books", "job_books", "known_costs", "measured_books", "predicted_books", "records_steps",
            "span_costs"]
 
-PARTS = ("warmup_cooldown", "imbalance", "communication", "runtime", "input", "unattributed")
+PARTS = ("warmup_cooldown", "imbalance", "communication", "runtime", "input", "after_step")
 _STAGE = re.compile(r"stage(\d+)")
 
 
@@ -144,16 +151,15 @@ def _producer(op: Op, last: int) -> tuple[str, int, int] | None:
 
 def _walk(spans: Sequence[Span], owner: Sequence[int], costs: Sequence[StageCost],
           known: Mapping[Op, Span]) -> dict[str, float]:
-    """How far one step's last action ended after its time in the known schedule, along its critical path.
+    """How far rank 0's last action of one step ended after its time in the known schedule, along the critical path.
 
-    ``known`` holds every action as the schedule runs it with the known compute alone. Walking back from the
-    step's last action, each action on the path was gated by the later-ending of its rank's previous action and
+    ``known`` holds every action as the schedule runs it with the known compute alone. Walking back from rank 0's
+    last action, each action on the path was gated by the later-ending of its rank's previous action and
     the action on another rank whose output it reads. Along the path, the measured step exceeds the known one by
     each action's time beyond its known compute (host runtime) and each gap's growth over the same gap in the
     known schedule (communication after a message-maker on another rank, host runtime after the rank's own
     action): the known gap is idle the schedule has anyway, counted in warm-up/cool-down and imbalance. Returns
-    seconds: ``communication``, ``runtime`` and ``known_end`` (the path's last action's end in the known
-    schedule), with ``communication + runtime + known_end`` = the measured path, exactly.
+    seconds, ``communication`` and ``runtime``: with that action's known end they make the measured path, exactly.
     """
     last = len(owner) - 1
     by_op = {(s.op.kind, s.op.stage, s.op.mb): s for s in spans}
@@ -162,8 +168,8 @@ def _walk(spans: Sequence[Span], owner: Sequence[int], costs: Sequence[StageCost
         row = sorted((s for s in spans if s.rank == r), key=lambda s: s.start)
         previous.update(zip(row[1:], row[:-1], strict=True))
     origin = min(s.start for s in spans)
-    cur = max(spans, key=lambda s: s.end)
-    out = {"communication": 0.0, "runtime": 0.0, "known_end": known[cur.op].end}
+    cur = max((s for s in spans if s.rank == 0), key=lambda s: s.end)  # the trainer's step is rank 0's
+    out = {"communication": 0.0, "runtime": 0.0}
     while True:
         mine = known[cur.op]
         out["runtime"] += (cur.end - cur.start) - (mine.end - mine.start)
@@ -182,21 +188,31 @@ def _walk(spans: Sequence[Span], owner: Sequence[int], costs: Sequence[StageCost
 
 
 def _idle_split(program: Mapping[int, Sequence[Op]], owner: Sequence[int],
-                costs: Sequence[StageCost]) -> tuple[StepResult, list[float], list[float], list[float]]:
-    """The known-compute step, and per rank its compute, warm-up/cool-down and imbalance (seconds)."""
+                costs: Sequence[StageCost]) -> tuple[StepResult, list[float], list[dict[str, float]]]:
+    """The known-compute step, and per rank its compute and its idle split into parts (seconds).
+
+    The parts: warm-up/cool-down, imbalance and its compute after rank 0's step (``after_step``, <= 0); the three
+    make ``T_known - c_r``.
+    """
     free = lambda a, b: FREE_LINK  # noqa: E731
     ranks = len(program)
     known = simulate(program, owner, costs, free, optimizer_s=[0.0] * ranks)
     compute = [sum(compute_s(op, costs[op.stage]) for op in program[r] if op.kind != "O") for r in range(ranks)]
     whole = any(op.kind == "B" for ops in program.values() for op in ops)  # B, or I and W apart
-    warmup, imbalance = [], []
+    step = _end(known, 0)
+    parts = []
     for r in range(ranks):
         mine = [costs[s] for s in range(len(owner)) if owner[s] == r]
-        capped = [_capped(c, mine, whole) for c in costs]
-        alone = simulate(program, owner, capped, free, optimizer_s=[0.0] * ranks).schedule_s
-        warmup.append(alone - compute[r])
-        imbalance.append(known.schedule_s - alone)
-    return known, compute, warmup, imbalance
+        capped = simulate(program, owner, [_capped(c, mine, whole) for c in costs], free, optimizer_s=[0.0] * ranks)
+        alone = max(_end(capped, 0), _end(capped, r))  # until rank 0's step or r's own work ends, the later
+        ends = max(step, _end(known, r))
+        parts.append({"warmup_cooldown": alone - compute[r], "imbalance": ends - alone, "after_step": step - ends})
+    return known, compute, parts
+
+
+def _end(result: StepResult, rank: int) -> float:
+    """When ``rank``'s last action of a simulated step ends (rank 0's: the step as the trainer times it)."""
+    return max(s.end for s in result.spans if s.rank == rank and s.op.kind != "O")
 
 
 def _capped(cost: StageCost, mine: Sequence[StageCost], whole: bool) -> StageCost:
@@ -229,26 +245,24 @@ def measured_books(steps: Sequence[Sequence[Span]], step_times: Sequence[tuple[f
     if not steps or len(steps) != len(step_times):
         raise ValueError(f"the books need one (wait, step) per step of spans, got {len(steps)} steps of spans and "
                          f"{len(step_times)} step times")
-    known, compute, warmup, imbalance = _idle_split(program, owner, costs)
+    known, compute, idle = _idle_split(program, owner, costs)
     at = {s.op: s for s in known.spans}
-    total = {"input": 0.0, "communication": 0.0, "runtime": 0.0, "known_end": 0.0, "step": 0.0}
+    total = {"input": 0.0, "communication": 0.0, "runtime": 0.0, "step": 0.0}
     for spans, (wait, pipe) in zip(steps, step_times, strict=True):
         path = _walk([s for s in spans if s.op.kind != "O"], owner, costs, at)
-        length = max(s.end for s in spans) - min(s.start for s in spans)
+        length = max(s.end for s in spans if s.rank == 0) - min(s.start for s in spans)
         total["input"] += wait
         total["communication"] += path["communication"]
         total["runtime"] += path["runtime"] + pipe - length  # the schedule step's set-up and finish beside the path
-        total["known_end"] += path["known_end"]
         total["step"] += wait + pipe
     n, step = len(steps), total["step"]
     could, loss, parts = [], [], []
     for r in range(len(program)):
         could.append(images / compute[r] if compute[r] > 0 else float("inf"))
         loss.append(1 - n * compute[r] / step)
-        parts.append({"warmup_cooldown": n * warmup[r] / step, "imbalance": n * imbalance[r] / step,
+        parts.append({**{k: n * v / step for k, v in idle[r].items()},
                       "communication": total["communication"] / step, "runtime": total["runtime"] / step,
-                      "input": total["input"] / step,
-                      "unattributed": (total["known_end"] - n * known.schedule_s) / step})
+                      "input": total["input"] / step})
     return Books(n * images / step, step / n, tuple(could), tuple(loss), tuple(parts), n)
 
 
@@ -256,7 +270,8 @@ def predicted_books(result: StepResult, program: Mapping[int, Sequence[Op]], own
                     costs: Sequence[StageCost], images: int) -> Books:
     """The books of a simulated step (no input: the simulator predicts the schedule's step)."""
     spans = [s for s in result.spans if s.op.kind != "O"]
-    return measured_books([spans], [(0.0, result.schedule_s)], program, owner, costs, images)
+    return measured_books([spans], [(0.0, _end(result, 0))], program, owner, costs, images)
+
 
 
 def job_books(config: Any, balance: Sequence[int], layer_costs: Mapping[str, Any] | None,

@@ -15,10 +15,10 @@ from .simulate import StepResult
 __all__ = ["draw_books", "draw_timeline"]
 
 PART_COLOURS = {"compute": "#4c72b0", "warmup_cooldown": "#c7c7c7", "imbalance": "#dd8452", "communication": "#8172b3",
-                "runtime": "#c44e52", "input": "#937860", "unattributed": "#000000"}
+                "runtime": "#c44e52", "input": "#937860", "after_step": "#000000"}
 PART_NAMES = {"compute": "compute", "warmup_cooldown": "warm-up/cool-down", "imbalance": "imbalance",
               "communication": "communication", "runtime": "host runtime", "input": "input",
-              "unattributed": "unattributed"}
+              "after_step": "after rank 0's step"}
 COLOURS = {"F": "#4c72b0", "B": "#55a868", "I": "#64b5cd", "W": "#e1b12c", "O": "#8c8c8c"}
 NAMES = {"F": "forward", "B": "backward", "I": "input gradient", "W": "weight gradient", "O": "optimizer"}
 
@@ -83,10 +83,13 @@ def draw_books(ax: Any, books: Books) -> None:
             if share > 0:
                 ax.barh(r, share * 100, left=left, color=PART_COLOURS[part], height=0.7)
                 left += share * 100
-        ax.text(101, r, f"could do {books.could_do[r]:.0f} img/s, lost {books.loss[r]:.1%}", va="center", fontsize=7)
+        after = books.parts[r]["after_step"]  # <= 0: compute the trainer's step leaves out, drawn past 100%
+        ax.text(max(101, left + 1), r, f"could do {books.could_do[r]:.0f} img/s, lost {books.loss[r]:.1%}"
+                + (f" ({-after:.1%} of its compute after rank 0's step)" if after < 0 else ""), va="center", fontsize=7)
     ax.set_yticks(range(ranks), [f"rank {r}" for r in range(ranks)])
     ax.invert_yaxis()
-    ax.set_xlim(0, 125)
+    ax.axvline(100, color="black", linewidth=0.5)
+    ax.set_xlim(0, 135)
     ax.set_xlabel(f"% of the step (did {books.images_per_s:.0f} img/s); the parts of each rank's loss add up to it")
     shown = [p for p in ("compute", *PARTS) if p == "compute" or any(books.parts[r][p] > 0 for r in range(ranks))]
     ax.legend(handles=[Patch(color=PART_COLOURS[p], label=PART_NAMES[p]) for p in shown], loc="upper center",

@@ -155,7 +155,7 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 
 _NAMES = {"warmup_cooldown": "warm-up/cool-down", "imbalance": "imbalance", "communication": "communication",
-          "runtime": "host runtime", "input": "input", "unattributed": "unattributed"}
+          "runtime": "host runtime", "input": "input", "after_step": "after rank 0's step"}
 
 
 def _parts(parts: dict[str, float]) -> str:
