@@ -40,7 +40,7 @@ measured compare part by part. Clocks are ``time.perf_counter``, one monotonic c
 
 from __future__ import annotations
 
-import re
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -49,11 +49,9 @@ from .costs import FREE_LINK, LayerTimes, StageCost, stage_costs
 from .orders import Op
 from .simulate import Span, StepResult, compute_s, simulate
 
-__all__ = ["PARTS", "Books", "job_books", "known_costs", "measured_books", "predicted_books", "records_steps",
-           "span_costs"]
+__all__ = ["PARTS", "Books", "job_books", "known_costs", "measured_books", "predicted_books", "span_costs"]
 
 PARTS = ("warmup_cooldown", "imbalance", "communication", "runtime", "input", "after_step")
-_STAGE = re.compile(r"stage(\d+)")
 
 
 @dataclass(frozen=True)
@@ -115,29 +113,6 @@ def span_costs(steps: Sequence[Sequence[Span]], stages: int) -> list[StageCost]:
         backward = mean(s, "B") or mean(s, "I") + weight
         out.append(StageCost(mean(s, "F"), backward, weight, 0, 0, 0, 0.0))
     return out
-
-
-def records_steps(records: Mapping[int, Mapping[str, Any]],
-                  program: Mapping[int, Sequence[Op]]) -> dict[int, list[Span]]:
-    """Each step's spans from every rank's stage-clock records, keyed by the stage clock's step number.
-
-    A step where some rank's busy spans do not match its program one for one (the clock dropped some) is left out.
-    """
-    per_step: dict[int, list[Span]] = {}
-    broken: set[int] = set()
-    for rank, ops in program.items():
-        rows: dict[int, list[tuple[float, float, int]]] = {}
-        for stage, state, start, end, step, *_ in records[rank]["spans"]:
-            match = _STAGE.fullmatch(str(stage))
-            if match and state == "busy" and step is not None:
-                rows.setdefault(int(step), []).append((float(start), float(end), int(match.group(1))))
-        for step, row in rows.items():
-            row.sort()
-            if len(row) != len(ops) or any(stage != op.stage for (_, _, stage), op in zip(row, ops, strict=False)):
-                broken.add(step)
-                continue
-            per_step.setdefault(step, []).extend(Span(rank, op, a, b) for (a, b, _), op in zip(row, ops, strict=True))
-    return {k: v for k, v in sorted(per_step.items()) if k not in broken and len({s.rank for s in v}) == len(program)}
 
 
 def _producer(op: Op, last: int) -> tuple[str, int, int] | None:
@@ -275,28 +250,33 @@ def predicted_books(result: StepResult, program: Mapping[int, Sequence[Op]], own
 
 
 def job_books(config: Any, balance: Sequence[int], layer_costs: Mapping[str, Any] | None,
-              records: Sequence[Mapping[str, Any]], step_times: Sequence[tuple[float, float]]) -> Books | None:
+              records: Sequence[dict[str, Any]], step_times: Sequence[tuple[float, float]]) -> Books | None:
     """The books of a finished ``stallfree train`` job (``config``, a ``TrainConfig``), from what rank 0 holds.
 
     ``records``: every rank's stage-clock records (replica 0's pipeline ranks are read); ``step_times``: stage 0's
     wait and rank 0's schedule step of each step this run trained, in order (the clock numbers them 1, 2, ...).
     The first step (warm-up of the processes) is left out when there are others, as the summary's figures do.
-    ``None`` when no step's spans are complete.
+    ``None``, with a warning, when the spans do not match the schedule (the clock dropped some).
     """
+    from .attribution import steps_from_records
     from .predict import job_program
 
     program, owner = job_program(config)
-    by_step = records_steps({r: records[r] for r in program}, program)
-    numbers = [k for k in by_step if 1 <= k <= len(step_times)]
-    if len(numbers) > 1:
-        numbers = [k for k in numbers if k > 1]
-    if not numbers:
+    try:  # one list per step of this run, in order: the i-th is the step of step_times[i]
+        steps = steps_from_records({r: (f"rank {r}'s spans", records[r]) for r in program}, program, skip=0)
+    except ValueError as err:
+        warnings.warn(f"no books in the summary: {err}", stacklevel=2)
         return None
-    steps = [by_step[k] for k in numbers]
+    if len(steps) != len(step_times) or not steps:
+        warnings.warn(f"no books in the summary: spans of {len(steps)} steps for {len(step_times)} steps trained",
+                      stacklevel=2)
+        return None
+    times = list(step_times)
+    if len(steps) > 1:
+        steps, times = steps[1:], times[1:]
     if config.accelerator is not None and layer_costs is not None:
         costs = known_costs(config, [LayerTimes(**t) for t in layer_costs["layers"]], balance,
                             float(layer_costs["optimizer_s"]))
     else:
         costs = span_costs(steps, len(owner))
-    return measured_books(steps, [step_times[k - 1] for k in numbers], program, owner, costs,
-                          config.batch_size * config.dp)
+    return measured_books(steps, times, program, owner, costs, config.batch_size * config.dp)
