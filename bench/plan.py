@@ -23,6 +23,12 @@ whether the simulator's top choice among the cells run (the fastest predicted) i
 measured; then, per cell, what the job's spans show per action kind, per message and per send beside the
 simulated step's (``stage_runtime/plan/attribution.py``). The load averages at the start and the end say how
 busy the machine was.
+
+With ``--accelerator sim:R`` every cell trains on the simulated device (each stage's compute a wait of known
+length, ``stage_runtime/accelerator.py``) and is predicted with those known times, so only the host runtime and
+the communication are left to predict (the calibration and the pilots fit them as without it). A further table
+sets each cell's books (``stage_runtime/plan/books.py``) measured beside predicted, part by part, and counts the
+cells whose step (rank 0's) is within 10% and every part of every rank within 3 points, with what misses.
 """
 
 from __future__ import annotations
@@ -41,8 +47,10 @@ from .plan_report import (
     BUBBLE_POINTS,
     STEP_TOLERANCE,
     Sweep,
+    books_cell,
     link_source,
     print_attribution,
+    print_books,
     print_cells,
     print_load,
     print_overheads,
@@ -59,11 +67,13 @@ EXAMPLES = """examples:
   stallfree bench plan --stages 4 --no-sharing             # predict as if each stage process had its own cores
   stallfree bench plan --stages 2 --pilot-schedules gpipe interleaved-1f1b zero-bubble   # 1F1B, ZBV by family
   stallfree bench plan --no-pilots                         # the near-empty pipeline's calibration alone
+  stallfree bench plan --accelerator sim:400 --models small_cnn --repeats 2   # compute known: the books part by part
 """
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The benchmark's options."""
+    from stallfree.stage_runtime.accelerator import parse_accelerator  # no torch import either
     from stallfree.stage_runtime.train.schedules import SCHEDULES  # all synchronous; no torch import for --help
 
     parser.add_argument("--models", nargs="+", choices=("mlp", "small_cnn"), default=["mlp", "small_cnn"],
@@ -86,6 +96,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "without from its family's (default: every --schedules)")
     parser.add_argument("--no-pilots", action="store_true",
                         help="predict with the near-empty pipeline's calibration alone")
+    parser.add_argument("--accelerator", type=parse_accelerator, default=None, metavar="sim:R",
+                        help="train every cell on the simulated device of R images/s (each stage's compute a wait of "
+                        "known length) and predict with those known times: only the host runtime and the "
+                        "communication are left to predict; the table then compares the step (within 10%%) and "
+                        "each part of the books (within 3 points)")
     parser.add_argument("--no-sharing", action="store_true",
                         help="predict as if each stage process had cores of its own (by default the simulated ranks "
                         "share this machine's cores as the stage processes do)")
@@ -113,7 +128,8 @@ def _jobs(args: argparse.Namespace, stages: int, out: Path) -> tuple[list[Any], 
                 config = TrainConfig(
                     model=model, image_size=args.image_size, samples=args.batch_size * (args.steps + 1),
                     stages=stages, schedule=schedule, microbatches=m, batch_size=args.batch_size,
-                    max_steps=args.steps, progress=False, out_dir=str(out / f"{model}-{schedule}-s{stages}-m{m}"))
+                    max_steps=args.steps, progress=False, accelerator=args.accelerator,
+                    out_dir=str(out / f"{model}-{schedule}-s{stages}-m{m}"))
                 try:
                     check(config)  # e.g. more model stages than the model has layers: said, not a failed sweep
                 except ValueError as err:
@@ -158,13 +174,14 @@ def _row(config: Any, summary: dict[str, Any], predicted: dict[str, Any]) -> dic
     return {"model": config.model, "schedule": config.schedule, "stages": config.stages,
             "microbatches": config.microbatches, "balance": summary["balance"],
             "measured_step_s": step_s, "measured_bubble": bubble, "cores": predicted["cores"],
-            "measured_spans": shown.to_dict(), **_prediction(predicted)}
+            "measured_spans": shown.to_dict(), "measured_books": summary.get("books"), **_prediction(predicted)}
 
 
 def _prediction(predicted: dict[str, Any]) -> dict[str, Any]:
     """A row's predicted fields from :func:`_predicted`'s result."""
     return {"predicted_step_s": predicted["step_s"], "predicted_bubble": predicted["bubble"],
-            "predicted_spans": {k: predicted[k] for k in ("per_action_s", "per_message_s", "send_s")}}
+            "predicted_spans": {k: predicted[k] for k in ("per_action_s", "per_message_s", "send_s")},
+            "predicted_books": predicted["books"]}
 
 
 def _median_cell(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -180,6 +197,8 @@ def _median_cell(runs: list[dict[str, Any]]) -> dict[str, Any]:
     row["step_error"] = row["predicted_step_s"] / row["measured_step_s"] - 1
     row["within"] = (abs(row["step_error"]) <= STEP_TOLERANCE
                      and abs(row["predicted_bubble"] - row["measured_bubble"]) <= BUBBLE_POINTS)
+    if all(r.get("measured_books") for r in runs):
+        row.update(books_cell(runs))
     return row
 
 
@@ -198,11 +217,14 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
     print_load(load_start, load_end, out)
     print_overheads(args, given, sweep, out)
     result = print_cells(args, sweep.rows, out)
+    if args.accelerator is not None:
+        result["books"] = print_books(args, sweep.rows, out)
     for reason in sweep.skipped:
         print(f"skipped {reason}", file=out)
     print_attribution(sweep.rows, out)
     return {"load_average": {"start": list(load_start), "end": list(load_end)},
             "link": given.describe() if given else None, "link_source": link_source(given),
+            "accelerator": str(args.accelerator) if args.accelerator else None,
             "overhead_used": not args.no_overhead, "cores_shared": not args.no_sharing,
             "calibration": sweep.calibrations, "pilots": sweep.pilot_fits, "rows": sweep.rows, **result,
             "skipped": sweep.skipped}
@@ -278,7 +300,7 @@ def _cell_row(cell: Sequence[Any], summaries: dict[str, Any], link: Any, choice:
         only = _median_cell([{**r, **_prediction(_predicted(c, summaries[c.out_dir], link, alone, share))}
                              for r, c in zip(runs_of_cell, cell, strict=True)])
         row["calibration_only"] = {k: only[k] for k in ("predicted_step_s", "predicted_bubble", "step_error",
-                                                        "within")}
+                                                        "within", "books_within") if k in only}
     return row
 
 

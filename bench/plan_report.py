@@ -10,10 +10,15 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-__all__ = ["BUBBLE_POINTS", "STEP_TOLERANCE", "TOP_TOLERANCE", "Sweep", "link_source", "print_attribution",
-           "print_cells", "print_load", "print_overheads", "top_choices"]
+__all__ = ["BOOKS_POINTS", "BOOKS_STEP", "BUBBLE_POINTS", "STEP_TOLERANCE", "TOP_TOLERANCE", "Sweep", "books_cell",
+           "link_source", "print_attribution", "print_books", "print_cells", "print_load", "print_overheads",
+           "top_choices"]
 
 STEP_TOLERANCE, BUBBLE_POINTS, TOP_TOLERANCE = 0.15, 0.05, 0.10
+BOOKS_STEP, BOOKS_POINTS = 0.10, 0.03  # under --accelerator sim:R, where only runtime and communication are predicted
+_BOOK_PARTS = ("warmup_cooldown", "imbalance", "communication", "runtime", "input", "after_step")
+_SHORT = {"warmup_cooldown": "warm", "imbalance": "imbal", "communication": "comm", "runtime": "runtime",
+          "input": "input", "after_step": "after"}
 
 
 @dataclass
@@ -46,9 +51,10 @@ def print_overheads(args: argparse.Namespace, given: Any, sweep: Sweep, out: Tex
                 print(f"  {name}: {_overhead_line(o)}", file=out)
     for stages in dict.fromkeys(r["stages"] for r in sweep.rows):
         shared = next(r["cores"] for r in sweep.rows if r["stages"] == stages)
+        alone = ("the simulated device holds no core (--accelerator)" if args.accelerator is not None
+                 else "each simulated rank computes on cores of its own (--no-sharing)")
         print(f"S={stages}: " + (f"the simulated ranks share {shared['count']} cores, {shared['threads']} torch "
-                                 f"thread(s) each, as the stage processes do" if shared else
-                                 "each simulated rank computes on cores of its own (--no-sharing)"), file=out)
+                                 f"thread(s) each, as the stage processes do" if shared else alone), file=out)
 
 
 def print_cells(args: argparse.Namespace, rows: list[dict[str, Any]], out: TextIO) -> dict[str, Any]:
@@ -171,3 +177,53 @@ def print_attribution(rows: list[dict[str, Any]], out: TextIO) -> None:
         cells.append(f"{_ms(m['send_s'])} / {_ms(p['send_s'])}")
         print(f"| {r['model']:<9} | {r['schedule']:<16} | {r['stages']} | {r['microbatches']:>2} | "
               + " | ".join(f"{c:>11}" for c in cells) + " |", file=out)
+
+
+def books_cell(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A cell's books from its runs: per rank and part, the medians measured and predicted.
+
+    Also whether the step is within 10% and every part of every rank within 3 points (``books_misses`` names what
+    is not).
+    """
+    ranks = len(runs[0]["measured_books"]["ranks"])
+    measured = [{p: statistics.median(r["measured_books"]["ranks"][k]["parts"][p] for r in runs)
+                 for p in _BOOK_PARTS} for k in range(ranks)]
+    predicted = [{p: statistics.median(r["predicted_books"]["ranks"][k]["parts"][p] for r in runs)
+                  for p in _BOOK_PARTS} for k in range(ranks)]
+    # rank 0's step, as the trainer times it (the simulated step ends with the last rank's last action)
+    predicted_step = statistics.median(r["predicted_books"]["step_s"] for r in runs)
+    step_error = predicted_step / statistics.median(r["measured_step_s"] for r in runs) - 1
+    misses = ["step"] if abs(step_error) > BOOKS_STEP else []
+    misses += [p for p in _BOOK_PARTS if any(abs(m[p] - q[p]) > BOOKS_POINTS for m, q in zip(measured, predicted,
+                                                                                            strict=True))]
+    job = runs[0]["measured_books"]["job"]["rank"]
+    return {"books_measured": measured, "books_predicted": predicted, "books_job_rank": job,
+            "books_predicted_step_s": predicted_step, "books_step_error": step_error,
+            "books_within": not misses, "books_misses": misses}
+
+
+def print_books(args: argparse.Namespace, rows: list[dict[str, Any]], out: TextIO) -> dict[str, Any]:
+    """Under ``--accelerator``: per cell, the step and the slowest rank's loss by part, measured / predicted.
+
+    Then the count of cells whose step is within 10% and every rank's every part within 3 points.
+    """
+    print(f"the books under {args.accelerator} (compute known; step: rank 0's schedule step; parts: percent of "
+          f"the step, the slowest rank's, measured / predicted; the prediction has no input); ok = step within "
+          f"{BOOKS_STEP:.0%} and every rank's parts within {BOOKS_POINTS * 100:.0f} points", file=out)
+    print(f"| {'model':<9} | {'schedule':<16} | S |  M | {'step ms':>15} | "
+          + " | ".join(f"{_SHORT[p]:>11}" for p in _BOOK_PARTS) + " | ok  |", file=out)
+    print(f"|{'-' * 11}|{'-' * 18}|---|----|{'-' * 17}|" + f"{'-' * 13}|" * len(_BOOK_PARTS) + "-----|", file=out)
+    cells = [r for r in rows if "books_within" in r]
+    for r in cells:
+        k = r["books_job_rank"]
+        m, q = r["books_measured"][k], r["books_predicted"][k]
+        parts = [f"{m[p] * 100:.1f} / {q[p] * 100:.1f}" for p in _BOOK_PARTS]
+        step = f"{r['measured_step_s'] * 1e3:.1f} / {r['books_predicted_step_s'] * 1e3:.1f}"
+        print(f"| {r['model']:<9} | {r['schedule']:<16} | {r['stages']} | {r['microbatches']:>2} | {step:>15} | "
+              + " | ".join(f"{c:>11}" for c in parts) + f" | {'yes' if r['books_within'] else 'no':<3} |", file=out)
+    hits = sum(r["books_within"] for r in cells)
+    misses = {what: sum(what in r["books_misses"] for r in cells) for what in ("step", *_BOOK_PARTS)}
+    print(f"{hits} of {len(cells)} cells within {BOOKS_STEP:.0%} step time and {BOOKS_POINTS * 100:.0f} points on "
+          f"every part of every rank; cells missing, by what misses: "
+          + ", ".join(f"{_SHORT.get(k, k)} {v}" for k, v in misses.items()), file=out)
+    return {"within": hits, "cells": len(cells), "misses": misses}

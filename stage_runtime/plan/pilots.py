@@ -34,8 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from .attribution import Measured, fit_overhead, trainer_steps
+from .books import known_costs
 from .calibrate import FAMILIES
-from .costs import Cores, HostOverhead, LayerTimes, Link, StageCost, stage_costs
+from .costs import Cores, HostOverhead, LayerTimes, Link, StageCost
 from .orders import Op
 from .predict import job_program
 from .simulate import simulate
@@ -118,8 +119,8 @@ def read_pilot(out_dir: str | Path) -> Pilot:
         raise ValueError(f"{path}: a job run with --link-delay {config.link_delay} waits for its delayed messages, "
                          "which is no overhead of torch's runtime; give pilots run without --link-delay")
     program, owner = job_program(config)
-    costs = stage_costs([LayerTimes(**c) for c in layers["layers"]], summary["balance"],
-                        float(layers["optimizer_s"]))
+    costs = known_costs(config, [LayerTimes(**c) for c in layers["layers"]], summary["balance"],
+                        float(layers["optimizer_s"]))  # under sim:R, the device's known times
     return Pilot(str(out), config.model, config.schedule, config.stages, config.microbatches, program,
                  tuple(owner), tuple(costs), measured_step(out)[0],
                  tuple(tuple(s) for s in trainer_steps(out, program)))

@@ -83,7 +83,8 @@ class PlanResult:
         png = draw_timeline(best.result, out / "timeline.png",
                             f"{best.schedule}, {best.ranks} ranks x {best.virtual} stages, {best.microbatches} "
                             f"micro-batches, balance {','.join(map(str, best.balance))}: step "
-                            f"{best.result.step_s * 1e3:.3f} ms, bubble {best.result.bubble_share:.0%} (predicted)")
+                            f"{best.result.step_s * 1e3:.3f} ms, bubble {best.result.bubble_share:.0%} (predicted)",
+                            books=best.books())
         return out / "plan.json", png
 
 

@@ -12,6 +12,7 @@ from typing import Any, cast
 
 from stallfree.stage_runtime.train.schedules import SCHEDULE_SPECS, SCHEDULES, schedule_spec
 
+from .books import Books, predicted_books
 from .costs import FREE_LINK, NO_OVERHEAD, Cores, HostOverhead, LayerTimes, Link, StageCost, stage_costs
 from .orders import placement, torch_order
 from .simulate import StepResult, simulate_step
@@ -69,6 +70,12 @@ class Candidate:
         """Images per second at the simulated step time."""
         return self.batch / self.result.step_s if self.result.step_s > 0 else float("inf")
 
+    def books(self) -> Books:
+        """The simulated step's books (:mod:`.books`): per rank, could-do and the loss by part."""
+        order = torch_order(self.schedule, self.ranks, self.microbatches, self.virtual)
+        return predicted_books(self.result, order, placement(self.schedule, self.ranks, len(self.costs)), self.costs,
+                               self.batch)
+
     def to_dict(self) -> dict[str, Any]:
         """As ``plan.json`` writes it; the first keys are ``stallfree train``'s flags."""
         r = self.result
@@ -78,7 +85,8 @@ class Candidate:
                 "images_per_s": self.images_per_s, "bubble": r.bubble.to_dict() if r.bubble else
                 {"total": r.bubble_share}, "busy_s": list(r.busy_s), "idle_s": list(r.idle_s),
                 "memory_bytes": list(self.memory_bytes), "peak_activation_bytes": list(r.peak_activation_bytes),
-                "fits": self.fits, "cross_site_cuts": self.cross_cuts, "messages": r.transfers}
+                "fits": self.fits, "cross_site_cuts": self.cross_cuts, "messages": r.transfers,
+                "books": self.books().to_dict() if r.bubble else None}  # the top plans (split bubbles) only
 
 
 def splits(layers: Sequence[LayerTimes], stages: int) -> dict[str, tuple[int, ...]]:

@@ -21,14 +21,13 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from stallfree.stage_runtime.plan.attribution import attribute
+from stallfree.stage_runtime.plan.books import known_costs, predicted_books
 from stallfree.stage_runtime.plan.costs import (
     NO_OVERHEAD,
     Cores,
     HostOverhead,
     Link,
-    StageCost,
     parse_link,
-    stage_costs,
 )
 from stallfree.stage_runtime.plan.orders import Op, placement, torch_order
 from stallfree.stage_runtime.plan.simulate import simulate_step
@@ -83,6 +82,7 @@ def predict_training(config: Any, balance: tuple[int, ...], num_classes: int, li
     from stallfree.stage_runtime.train.models import build_model
 
     micro = config.batch_size // config.microbatches
+    fitted = overhead is not None  # given: fitted for this job (pilots), not the calibration's
     threads = stage_threads(config.world_size, config.threads)
     source = "given" if link is not None else "default"
     if link is None and not config.device.startswith("cuda"):
@@ -103,9 +103,11 @@ def predict_training(config: Any, balance: tuple[int, ...], num_classes: int, li
             layers, optimizer_s = measure_model(model, config.image_size, micro)
         finally:
             torch.set_num_threads(previous)  # process-wide: leave it as we found it
-    costs = stage_costs(layers, balance, optimizer_s)
-    if config.accelerator is not None:  # a SimAccelerator: each stage waits its time, the host's actions inside it
-        costs = _simulated_device(config.accelerator, micro, costs)
+    costs = known_costs(config, layers, balance, optimizer_s)
+    if config.accelerator is not None and not fitted:
+        # The calibration's per-action overhead is the CPU runtime's around real compute; a simulated stage waits its
+        # time from the chunk's start, so the runtime's work falls inside the wait (pilots run under sim:R fit what
+        # is left, and are given as ``overhead``).
         overhead = replace(overhead, action_s=0.0, kind_s=())
     order, owner = job_program(config)
     sharing = job_cores(config) if share_cores else None
@@ -115,7 +117,9 @@ def predict_training(config: Any, balance: tuple[int, ...], num_classes: int, li
     result = simulate_step(order, owner, costs, links, causes=True, overhead=overhead, cores=sharing)
     assert result.bubble is not None  # causes=True splits it
     shown = attribute([list(result.spans)], owner)
-    return {"per_action_s": shown.per_action_s, "per_message_s": shown.per_message_s, "send_s": shown.send_s,
+    books = predicted_books(result, order, owner, costs, config.batch_size * config.dp)
+    return {"books": books.to_dict(),
+            "per_action_s": shown.per_action_s, "per_message_s": shown.per_message_s, "send_s": shown.send_s,
             "step_s": result.schedule_s, "step_with_optimizer_s": result.step_s,
             "images_per_s": config.batch_size * config.dp / result.schedule_s,
             "bubble": result.bubble.total, "causes": result.bubble.to_dict(),
@@ -123,13 +127,3 @@ def predict_training(config: Any, balance: tuple[int, ...], num_classes: int, li
             "link_source": source, "overhead": overhead.to_dict(),
             "cores": None if sharing is None else asdict(sharing)}
 
-
-def _simulated_device(accelerator: Any, micro: int, costs: list[StageCost]) -> list[StageCost]:
-    """The stages as ``--accelerator sim:R`` runs them: each its share of the device's time, as the trainer splits it.
-
-    The trainer waits each chunk's time from the chunk's start, so the runtime's own work in it takes no more time
-    (the per-action host overhead is dropped with it); sizes and the optimizer stay the measured ones.
-    """
-    times = accelerator.stage_times(micro, [c.forward_s + c.backward_s for c in costs])
-    return [replace(c, forward_s=t.forward_s, backward_s=t.backward_s, weight_s=t.backward_weight_s)
-            for c, t in zip(costs, times, strict=True)]

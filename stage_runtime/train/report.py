@@ -38,6 +38,7 @@ class Report:
         self.ranks, self.replicas, self.progress, self.log_every = ranks, replicas, progress, log_every
         self.totals: dict[str, float] = {"wait_s": 0.0, "step_s": 0.0, "busy_s": 0.0, "images": 0, "steps": 0,
                                          "compute_step_s": 0.0}
+        self.step_times: list[tuple[float, float]] = []  # per step of this run: stage 0's wait, the schedule's step
         self._bar: Any = None
         self._first: dict[str, float] | None = None
         self.last_loss = float("nan")
@@ -55,6 +56,7 @@ class Report:
         """Add one step: stage 0's input wait, the schedule's wall time, the ranks' summed busy time, its rate."""
         # The first step of a run pays for warm-up (DataLoader workers starting, first sends, allocations); the
         # summary leaves it out when there are others, train.jsonl keeps it.
+        self.step_times.append((wait_s, pipe_s))
         figures = {"wait_s": wait_s, "compute_step_s": pipe_s, "step_s": wait_s + pipe_s, "busy_s": busy_s,
                    "images": images * self.replicas, "steps": 1}
         if self._first is None:
@@ -123,13 +125,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     theory = summary.get("bubble_theory")
     theory_s = f"{theory:.1%}" if theory is not None else "n/a"
     acc = summary.get("eval_top1")
-    ideal = summary.get("accelerator_images_per_s")
-    headline = []
-    if ideal:
-        headline = [f"the pipeline could do {ideal:.0f} img/s on this accelerator ({summary['accelerator']}); it did "
-                    f"{summary['images_per_s']:.0f}; the input cost {summary['input_stall_fraction']:.1%}, the bubble "
-                    f"{summary['bubble_fraction']:.1%} (simulated device: the figures measure the input path and "
-                    "the pipeline, not the model)"]
+    books = summary.get("books")
+    headline = _books_lines(summary, books) if books else []
     lines = [*headline,
         f"trained {summary['model']} in {summary['stages']} pipeline ranks x {summary['replicas']} replicas, "
         f"schedule {summary['schedule']}, {summary['microbatches']} micro-batches: {summary['steps']} steps "
@@ -147,12 +144,36 @@ def format_summary(summary: dict[str, Any]) -> str:
                      f"cool-down {c['warmup_cooldown']:.1%}, imbalance {c['imbalance']:.1%}, communication "
                      f"{c['communication']:.1%} over {sim['link']}, runtime {c.get('runtime', 0.0):.1%}); "
                      f"{sim['images_per_s']:.1f} images/s predicted")
+    if sim and sim.get("books"):
+        lines.append(f"  predicted      {_parts(sim['books']['job']['parts'])}  (the simulator's books, no input)")
     predicted = summary.get("plan_prediction")
     if predicted:
         ratio = summary["images_per_s"] / predicted["images_per_s"]
         lines.append(f"  the plan      {predicted['images_per_s']:10.1f} images/s and a {predicted['bubble']:.1%} "
                      f"bubble predicted ({predicted['plan']}); measured {ratio:.2f}x its rate")
     return "\n".join(lines)
+
+
+_NAMES = {"warmup_cooldown": "warm-up/cool-down", "imbalance": "imbalance", "communication": "communication",
+          "runtime": "host runtime", "input": "input", "after_step": "after rank 0's step"}
+
+
+def _parts(parts: dict[str, float]) -> str:
+    return ", ".join(f"{name} {parts.get(key, 0.0):.1%}" for key, name in _NAMES.items())
+
+
+def _books_lines(summary: dict[str, Any], books: dict[str, Any]) -> list[str]:
+    """The books (``summary["books"]``, :mod:`stallfree.stage_runtime.plan.books`): the job's line, then each rank's."""
+    job = books["job"]
+    where = (f"on this accelerator ({summary['accelerator']})" if summary.get("accelerator")
+             else "at its measured compute")
+    lines = [f"the pipeline could do {job['could_do_images_per_s']:.0f} img/s {where} (rank {job['rank']}'s own "
+             f"compute, the slowest rank's); it did {books['images_per_s']:.0f}, {job['loss']:.1%} lost: "
+             f"{_parts(job['parts'])}"]
+    for r in books["ranks"]:
+        lines.append(f"  rank {r['rank']}: could do {r['could_do_images_per_s']:.0f} img/s, lost {r['loss']:.1%}: "
+                     f"{_parts(r['parts'])}")
+    return lines
 
 
 def with_prediction(config: Any, summary: dict[str, Any]) -> dict[str, Any]:

@@ -229,6 +229,10 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
                    "layer_costs": job.layer_costs,
                    "config": config, **report.fractions()}
         report.close()
+        from stallfree.stage_runtime.plan.books import job_books
+
+        books = job_books(c, job.balance, job.layer_costs, spans or [], report.step_times)
+        summary["books"] = None if books is None else books.to_dict()
         merged = StageClock()
         for r, records in enumerate(spans or []):
             one = StageClock()

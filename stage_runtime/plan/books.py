@@ -1,0 +1,282 @@
+"""The pipeline's books: per rank, what it could do, what it did, and the loss split into parts that add up.
+
+A rank *could do* ``images / c`` per second, ``c`` being its own compute per step: the known compute of every
+action it runs (all the model stages it hosts: two under ZBV and the interleaved schedules). Under
+``--accelerator sim:R`` that is the device's time of each action, known exactly; on a real device it is the mean
+measured busy time of each (stage, kind) of action, which then holds the runtime's own work inside the actions.
+The job *did* ``images / T`` per second, ``T`` the measured step (stage 0's input wait + rank 0's schedule step),
+so rank ``r`` lost ``1 - c_r / T`` of its time. The trainer's step is rank 0's (its schedule step ends with its last
+action; the schedule's other ranks may still run weight gradients then, and the trainer's step leaves them out), so
+the known step ``T_known`` here is when rank 0's last action ends in the schedule run with the known compute alone.
+The loss is written as::
+
+    T - c_r =  warm-up/cool-down_r + imbalance_r + after step_r   (T_known - c_r: the schedule with the known compute)
+             + input + communication + host runtime          (T - T_known: what the measured step adds to it)
+
+- **warm-up/cool-down**: rank ``r``'s idle in the schedule simulated with the known compute, no link and no
+  runtime, every stage capped at ``r``'s own pace (no stage slower than ``r``'s slowest of that kind): the fill and
+  drain of the schedule itself;
+- **imbalance**: what the stages slower than ``r``'s own add to that idle (0 on the slowest rank; never negative,
+  since a step only grows when a stage slows); both are counted until rank 0's step or ``r``'s own last action
+  ends, the later;
+- **after step**: minus ``r``'s known compute after rank 0's last action (0, or negative under the zero-bubble
+  schedules, whose other ranks still run weight gradients when rank 0 is done: the trainer's step leaves that
+  work out, so a rank's compute is not all inside ``T``);
+- **input, communication, host runtime**: how much later the measured step ended than the known one, walked back
+  along its critical path from rank 0's last action. Each action on it was gated by the later-ending of its
+  rank's previous action and the action on another rank whose output it reads. The action's time beyond its known
+  compute is **host runtime**; a gap's growth over the same gap in the known schedule (idle the schedule has anyway,
+  already in warm-up/cool-down and imbalance) is **communication** after a message-maker on another rank (posting,
+  the link, the receive) and **host runtime** after the rank's own action, as is the schedule step's own set-up and
+  finish (rank 0's step less the path). **input** is stage 0's wait for its batch. These are the job's: every
+  rank's step is the same ``T``.
+
+Each part is measured (or known), none is the remainder of the others: they add up to the loss because the path
+covers rank 0's step exactly and rank 0's last action is the same action in both schedules.
+
+The same books are read from a simulated step (:func:`predicted_books`: its spans, no input), so that predicted and
+measured compare part by part. Clocks are ``time.perf_counter``, one monotonic clock for every process of a machine.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .costs import FREE_LINK, LayerTimes, StageCost, stage_costs
+from .orders import Op
+from .simulate import Span, StepResult, compute_s, simulate
+
+__all__ = ["PARTS", "Books", "job_books", "known_costs", "measured_books", "predicted_books", "span_costs"]
+
+PARTS = ("warmup_cooldown", "imbalance", "communication", "runtime", "input", "after_step")
+
+
+@dataclass(frozen=True)
+class Books:
+    """Per rank: could-do images/s, the loss and its parts (shares of the step); the job's are its slowest rank's."""
+
+    images_per_s: float  # what the job did
+    step_s: float  # mean step
+    could_do: tuple[float, ...]  # per rank
+    loss: tuple[float, ...]  # per rank, 1 - did / could do
+    parts: tuple[dict[str, float], ...]  # per rank, PARTS -> share of the step; they sum to the loss
+    steps: int  # steps the books are over
+
+    @property
+    def slowest(self) -> int:
+        """The rank with the most compute: the one the job's throughput follows."""
+        return min(range(len(self.could_do)), key=lambda r: self.could_do[r])
+
+    def to_dict(self) -> dict[str, Any]:
+        """As JSON: ``ranks`` (one entry per rank) and ``job`` (the slowest rank's)."""
+        ranks = [{"rank": r, "could_do_images_per_s": self.could_do[r], "loss": self.loss[r], "parts": self.parts[r]}
+                 for r in range(len(self.could_do))]
+        return {"images_per_s": self.images_per_s, "step_s": self.step_s, "steps": self.steps,
+                "job": ranks[self.slowest], "ranks": ranks}
+
+
+def known_costs(config: Any, layers: Sequence[LayerTimes], balance: Sequence[int],
+                optimizer_s: float = 0.0) -> list[StageCost]:
+    """Each model stage's compute per micro-batch: the measured layers' own, or the simulated device's.
+
+    Under ``--accelerator sim:R`` the device's times are known exactly (the trainer's split of ``R`` by the same
+    measured costs).
+
+    The sizes (activations, parameters) and the optimizer's share are the measured layers' in both cases.
+    """
+    measured = stage_costs(layers, balance, optimizer_s)
+    if config.accelerator is None:
+        return measured
+    micro = config.batch_size // config.microbatches
+    times = config.accelerator.stage_times(micro, [c.forward_s + c.backward_s for c in measured])
+    return [replace(c, forward_s=t.forward_s, backward_s=t.backward_s, weight_s=t.backward_weight_s)
+            for c, t in zip(measured, times, strict=True)]
+
+
+def span_costs(steps: Sequence[Sequence[Span]], stages: int) -> list[StageCost]:
+    """Each stage's mean measured busy time per kind of action, as costs (a real device's 'known' compute)."""
+    seen: dict[tuple[int, str], list[float]] = {}
+    for spans in steps:
+        for span in spans:
+            seen.setdefault((span.op.stage, span.op.kind), []).append(span.end - span.start)
+
+    def mean(stage: int, kind: str) -> float:
+        values = seen.get((stage, kind), [])
+        return sum(values) / len(values) if values else 0.0
+
+    out = []
+    for s in range(stages):
+        weight = mean(s, "W")
+        backward = mean(s, "B") or mean(s, "I") + weight
+        out.append(StageCost(mean(s, "F"), backward, weight, 0, 0, 0, 0.0))
+    return out
+
+
+def _producer(op: Op, last: int) -> tuple[str, int, int] | None:
+    """The (kind, stage, micro-batch) of the action whose output ``op`` reads from the next or previous stage."""
+    if op.kind == "F" and op.stage > 0:
+        return "F", op.stage - 1, op.mb
+    if op.kind in ("B", "I") and op.stage < last:
+        return "BI", op.stage + 1, op.mb
+    return None
+
+
+def _walk(spans: Sequence[Span], owner: Sequence[int], costs: Sequence[StageCost],
+          known: Mapping[Op, Span]) -> dict[str, float]:
+    """How far rank 0's last action of one step ended after its time in the known schedule, along the critical path.
+
+    ``known`` holds every action as the schedule runs it with the known compute alone. Walking back from rank 0's
+    last action, each action on the path was gated by the later-ending of its rank's previous action and
+    the action on another rank whose output it reads. Along the path, the measured step exceeds the known one by
+    each action's time beyond its known compute (host runtime) and each gap's growth over the same gap in the
+    known schedule (communication after a message-maker on another rank, host runtime after the rank's own
+    action): the known gap is idle the schedule has anyway, counted in warm-up/cool-down and imbalance. Returns
+    seconds, ``communication`` and ``runtime``: with that action's known end they make the measured path, exactly.
+    """
+    last = len(owner) - 1
+    by_op = {(s.op.kind, s.op.stage, s.op.mb): s for s in spans}
+    previous: dict[Span, Span] = {}
+    for r in {s.rank for s in spans}:
+        row = sorted((s for s in spans if s.rank == r), key=lambda s: s.start)
+        previous.update(zip(row[1:], row[:-1], strict=True))
+    origin = min(s.start for s in spans)
+    cur = max((s for s in spans if s.rank == 0), key=lambda s: s.end)  # the trainer's step is rank 0's
+    out = {"communication": 0.0, "runtime": 0.0}
+    while True:
+        mine = known[cur.op]
+        out["runtime"] += (cur.end - cur.start) - (mine.end - mine.start)
+        local = previous.get(cur)
+        reads = _producer(cur.op, last)
+        remote = None
+        if reads is not None and owner[reads[1]] != cur.rank:
+            remote = next((by_op[(k, reads[1], reads[2])] for k in reads[0] if (k, reads[1], reads[2]) in by_op), None)
+        gate = max((g for g in (local, remote) if g is not None), key=lambda g: g.end, default=None)
+        if gate is None:  # the step's first action (0 and 0 in both, or the path starts late)
+            out["runtime"] += (cur.start - origin) - mine.start
+            return out
+        grown = (cur.start - gate.end) - (mine.start - known[gate.op].end)
+        out["communication" if gate is remote else "runtime"] += grown
+        cur = gate
+
+
+def _idle_split(program: Mapping[int, Sequence[Op]], owner: Sequence[int],
+                costs: Sequence[StageCost]) -> tuple[StepResult, list[float], list[dict[str, float]]]:
+    """The known-compute step, and per rank its compute and its idle split into parts (seconds).
+
+    The parts: warm-up/cool-down, imbalance and its compute after rank 0's step (``after_step``, <= 0); the three
+    make ``T_known - c_r``.
+    """
+    free = lambda a, b: FREE_LINK  # noqa: E731
+    ranks = len(program)
+    known = simulate(program, owner, costs, free, optimizer_s=[0.0] * ranks)
+    compute = [sum(compute_s(op, costs[op.stage]) for op in program[r] if op.kind != "O") for r in range(ranks)]
+    whole = any(op.kind == "B" for ops in program.values() for op in ops)  # B, or I and W apart
+    step = _end(known, 0)
+    parts = []
+    for r in range(ranks):
+        mine = [costs[s] for s in range(len(owner)) if owner[s] == r]
+        capped = simulate(program, owner, [_capped(c, mine, whole) for c in costs], free, optimizer_s=[0.0] * ranks)
+        alone = max(_end(capped, 0), _end(capped, r))  # until rank 0's step or r's own work ends, the later
+        ends = max(step, _end(known, r))
+        parts.append({"warmup_cooldown": alone - compute[r], "imbalance": ends - alone, "after_step": step - ends})
+    return known, compute, parts
+
+
+def _end(result: StepResult, rank: int) -> float:
+    """When ``rank``'s last action of a simulated step ends (rank 0's: the step as the trainer times it)."""
+    return max(s.end for s in result.spans if s.rank == rank and s.op.kind != "O")
+
+
+def _capped(cost: StageCost, mine: Sequence[StageCost], whole: bool) -> StageCost:
+    """``cost`` with no kind of action slower than the slowest of that kind among ``mine`` (a rank's stages)."""
+    forward = min(cost.forward_s, max(c.forward_s for c in mine))
+    weight = min(cost.weight_s, max(c.weight_s for c in mine))
+    if whole:  # the schedule runs the backward whole: cap it as one
+        backward = min(cost.backward_s, max(c.backward_s for c in mine))
+        return replace(cost, forward_s=forward, backward_s=backward, weight_s=min(weight, backward))
+    inputs = min(cost.input_s, max(c.input_s for c in mine))
+    return replace(cost, forward_s=forward, backward_s=inputs + weight, weight_s=weight)
+
+
+def measured_books(steps: Sequence[Sequence[Span]], step_times: Sequence[tuple[float, float]],
+                   program: Mapping[int, Sequence[Op]], owner: Sequence[int], costs: Sequence[StageCost],
+                   images: int) -> Books:
+    """The books of measured (or simulated) steps.
+
+    Args:
+        steps: each step's spans (every rank's compute actions).
+        step_times: per step, stage 0's input wait and rank 0's schedule step (seconds).
+        program: each rank's operations, in the order it ran them.
+        owner: the rank of each model stage.
+        costs: each model stage's known compute per micro-batch.
+        images: images per step (all replicas).
+
+    Raises:
+        ValueError: no step, or ``steps`` and ``step_times`` of different lengths.
+    """
+    if not steps or len(steps) != len(step_times):
+        raise ValueError(f"the books need one (wait, step) per step of spans, got {len(steps)} steps of spans and "
+                         f"{len(step_times)} step times")
+    known, compute, idle = _idle_split(program, owner, costs)
+    at = {s.op: s for s in known.spans}
+    total = {"input": 0.0, "communication": 0.0, "runtime": 0.0, "step": 0.0}
+    for spans, (wait, pipe) in zip(steps, step_times, strict=True):
+        path = _walk([s for s in spans if s.op.kind != "O"], owner, costs, at)
+        length = max(s.end for s in spans if s.rank == 0) - min(s.start for s in spans)
+        total["input"] += wait
+        total["communication"] += path["communication"]
+        total["runtime"] += path["runtime"] + pipe - length  # the schedule step's set-up and finish beside the path
+        total["step"] += wait + pipe
+    n, step = len(steps), total["step"]
+    could, loss, parts = [], [], []
+    for r in range(len(program)):
+        could.append(images / compute[r] if compute[r] > 0 else float("inf"))
+        loss.append(1 - n * compute[r] / step)
+        parts.append({**{k: n * v / step for k, v in idle[r].items()},
+                      "communication": total["communication"] / step, "runtime": total["runtime"] / step,
+                      "input": total["input"] / step})
+    return Books(n * images / step, step / n, tuple(could), tuple(loss), tuple(parts), n)
+
+
+def predicted_books(result: StepResult, program: Mapping[int, Sequence[Op]], owner: Sequence[int],
+                    costs: Sequence[StageCost], images: int) -> Books:
+    """The books of a simulated step (no input: the simulator predicts the schedule's step)."""
+    spans = [s for s in result.spans if s.op.kind != "O"]
+    return measured_books([spans], [(0.0, _end(result, 0))], program, owner, costs, images)
+
+
+
+def job_books(config: Any, balance: Sequence[int], layer_costs: Mapping[str, Any] | None,
+              records: Sequence[dict[str, Any]], step_times: Sequence[tuple[float, float]]) -> Books | None:
+    """The books of a finished ``stallfree train`` job (``config``, a ``TrainConfig``), from what rank 0 holds.
+
+    ``records``: every rank's stage-clock records (replica 0's pipeline ranks are read); ``step_times``: stage 0's
+    wait and rank 0's schedule step of each step this run trained, in order (the clock numbers them 1, 2, ...).
+    The first step (warm-up of the processes) is left out when there are others, as the summary's figures do.
+    ``None``, with a warning, when the spans do not match the schedule (the clock dropped some).
+    """
+    from .attribution import steps_from_records
+    from .predict import job_program
+
+    program, owner = job_program(config)
+    try:  # one list per step of this run, in order: the i-th is the step of step_times[i]
+        steps = steps_from_records({r: (f"rank {r}'s spans", records[r]) for r in program}, program, skip=0)
+    except ValueError as err:
+        warnings.warn(f"no books in the summary: {err}", stacklevel=2)
+        return None
+    if len(steps) != len(step_times) or not steps:
+        warnings.warn(f"no books in the summary: spans of {len(steps)} steps for {len(step_times)} steps trained",
+                      stacklevel=2)
+        return None
+    times = list(step_times)
+    if len(steps) > 1:
+        steps, times = steps[1:], times[1:]
+    if config.accelerator is not None and layer_costs is not None:
+        costs = known_costs(config, [LayerTimes(**t) for t in layer_costs["layers"]], balance,
+                            float(layer_costs["optimizer_s"]))
+    else:
+        costs = span_costs(steps, len(owner))
+    return measured_books(steps, times, program, owner, costs, config.batch_size * config.dp)
