@@ -64,7 +64,8 @@ EXAMPLES = """examples:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The benchmark's options."""
-    from stallfree.stage_runtime.train.schedules import SCHEDULES  # all synchronous; no torch import for --help
+    # the synchronous ones (the planner ranks them; 2bw is simulated apart); no torch import for --help
+    from stallfree.stage_runtime.train.schedules import FLUSHING as SCHEDULES
 
     parser.add_argument("--models", nargs="+", choices=("mlp", "small_cnn"), default=["mlp", "small_cnn"],
                         help="bundled models to plan and train")

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from stallfree.stage_runtime.train.schedules import SCHEDULE_SPECS, SCHEDULES, schedule_spec
+from stallfree.stage_runtime.train.schedules import FLUSHING, schedule_spec
 
 from .costs import FREE_LINK, NO_OVERHEAD, Cores, HostOverhead, LayerTimes, Link, StageCost, stage_costs
 from .orders import placement, torch_order
@@ -18,7 +18,7 @@ from .simulate import StepResult, simulate_step
 
 __all__ = ["Candidate", "Network", "SYNC_SCHEDULES", "rank_plans", "splits"]
 
-SYNC_SCHEDULES = SCHEDULES  # the table's: all of them flush (the asynchronous ones are in .asynchronous)
+SYNC_SCHEDULES = FLUSHING  # the table's that flush (2bw does not: it is simulated in .asynchronous)
 # Weights, their gradients and SGD's momentum buffer: the trainer's optimizer holds three copies of each parameter.
 STATE_COPIES = 3
 
@@ -128,7 +128,7 @@ def rank_plans(layers_for: Callable[[int], Sequence[LayerTimes]], optimizer_s: f
         ValueError: an unknown schedule (the message lists the known ones), or nothing can be simulated (say, a
             model of one layer).
     """
-    names = tuple(SCHEDULE_SPECS if schedules is None else schedules)
+    names = tuple(SYNC_SCHEDULES if schedules is None else schedules)
     specs = {name: schedule_spec(name) for name in names}  # an unknown name fails before any simulation
     out: list[Candidate] = []
     n_layers = len(layers_for(batch))
