@@ -159,9 +159,10 @@ def with_prediction(config: Any, summary: dict[str, Any]) -> dict[str, Any]:
     """``summary`` with the plan simulator's prediction under ``predicted``, where it applies.
 
     :func:`format_summary` shows it beside the measured bubble. It applies to a job on this machine's own
-    processors (no simulated ``--accelerator``) that no plan's prediction came with (that one is shown instead).
+    processors (no simulated ``--accelerator``) that no plan's prediction came with (that one is shown instead),
+    and whose schedule flushes (one step of ``2bw`` is not a step of the simulator's: ``plan.asynchronous``).
     """
-    if config.accelerator is None and config.plan_prediction is None and "balance" in summary:
+    if config.accelerator is None and config.plan_prediction is None and "balance" in summary and config.spec.flush:
         summary["predicted"] = predict_run(config, summary)
     return summary
 

@@ -39,6 +39,10 @@ __all__ = ["TwoBW"]
 _ACTIVATION, _GRADIENT = 1, 2  # p2p tags (the labels' send uses the default, 0)
 
 
+def _nothing(*args: Any) -> None:
+    return None
+
+
 class TwoBW:
     """One rank's stage of a 2BW pipeline: its order, sends, weight versions and updates.
 
@@ -118,7 +122,9 @@ class TwoBW:
             out = out / self.microbatches  # torch's schedules scale each micro-batch's gradient by 1/M
         else:
             grad = self._recv(self.output_shape, self.next, _GRADIENT)
-        self._timed(None if self.sim is None else self.sim.backward_s, torch.autograd.backward, out, grad)
+        # Under sim:R the first stage's stand-in leaves nothing to differentiate: its time is the device's alone.
+        backward = torch.autograd.backward if out.requires_grad else _nothing
+        self._timed(None if self.sim is None else self.sim.backward_s, backward, out, grad)
         if x is not None:
             assert x.grad is not None
             self._send(x.grad, self.prev, _GRADIENT)  # type: ignore[arg-type]
