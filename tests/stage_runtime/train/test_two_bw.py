@@ -77,28 +77,31 @@ def _reference(config: TrainConfig, steps: int, *, stale: bool) -> dict[str, tor
     ``w`` of each step after the first) run their forward before the previous step's update: they read version
     ``t-1``, the others ``t``. Each gradient is taken through every stage at the version that stage's forward read.
     ``stale=False`` reads version ``t`` everywhere: synchronous gradient accumulation, which 2BW must not equal.
+    With ``config.dp`` replicas each takes its shard of the data and the gradients are averaged.
     """
     torch.manual_seed(config.seed)
     layers = list(build_model(config.model, 10, config.image_size, **config.model_kwargs))
     bounds = [0, BALANCE[0], sum(BALANCE)]
     stages = [nn.Sequential(*layers[bounds[s]:bounds[s + 1]]) for s in range(2)]
     history = [[{n: p.detach().clone() for n, p in st.named_parameters()}] for st in stages]  # [stage][version]
-    feed = TensorBatches(config.samples, config.batch_size, config.image_size, 10, seed=config.seed)
+    feeds = [iter(TensorBatches(config.samples, config.batch_size, config.image_size, 10, seed=config.seed,
+                                rank=d, world_size=config.dp)) for d in range(config.dp)]
     velocity: list[dict[str, torch.Tensor]] = [{}, {}]
-    for t, (x, y) in zip(range(steps), feed, strict=False):
+    for t in range(steps):
         sums = [{n: torch.zeros_like(w) for n, w in history[s][t].items()} for s in range(2)]
-        for j, (xm, ym) in enumerate(zip(x.tensor_split(M), y.tensor_split(M), strict=True)):
-            read = [t - 1 if stale and t > 0 and j < 2 - 1 - s else t for s in range(2)]
-            weights = [{n: w.clone().requires_grad_(True) for n, w in history[s][read[s]].items()} for s in range(2)]
-            h = xm
-            for s in range(2):
-                h = functional_call(stages[s], weights[s], (h,))
-            loss = nn.functional.cross_entropy(h, ym) / M
-            flat = [w for s in range(2) for w in weights[s].values()]
-            grads = iter(torch.autograd.grad(loss, flat))
-            for s in range(2):
-                for n in weights[s]:
-                    sums[s][n] += next(grads)
+        for x, y in [next(feed) for feed in feeds]:  # each replica's batch; the gradients are averaged
+            for j, (xm, ym) in enumerate(zip(x.tensor_split(M), y.tensor_split(M), strict=True)):
+                read = [t - 1 if stale and t > 0 and j < 2 - 1 - s else t for s in range(2)]
+                weights = [{n: w.clone().requires_grad_(True) for n, w in history[s][read[s]].items()}
+                           for s in range(2)]
+                h = xm
+                for s in range(2):
+                    h = functional_call(stages[s], weights[s], (h,))
+                loss = nn.functional.cross_entropy(h, ym) / (M * config.dp)
+                grads = iter(torch.autograd.grad(loss, [w for s in range(2) for w in weights[s].values()]))
+                for s in range(2):
+                    for n in weights[s]:
+                        sums[s][n] += next(grads)
         for s in range(2):
             velocity[s] = {n: config.momentum * velocity[s][n] + g if velocity[s] else g for n, g in sums[s].items()}
             history[s].append({n: w - config.lr * velocity[s][n] for n, w in history[s][t].items()})
@@ -140,6 +143,17 @@ def test_2bw_resume_equals_the_uninterrupted_run(runs: dict) -> None:
     resumed = [(r["step"], r["loss"]) for r in rows["resumed"] if "loss" in r]
     assert [s for s, _ in resumed] == [4, 5, 6]
     assert resumed == [(r["step"], r["loss"]) for r in rows["full"] if "loss" in r and r["step"] > 3]
+
+
+def test_2bw_replicas_average_their_gradients_at_each_update(tmp_path: Path) -> None:
+    config = _config(tmp_path, "dp2", dp=2, lr=1.0)
+    train_many([config])
+    got, want = _weights(config), _reference(config, STEPS, stale=True)
+    assert max(float((got[k] - want[k]).abs().max()) for k in want) <= 1e-5
+    replica = {rank: ckpt.load_rank(config.ckpt_root, STEPS, rank)["modules"] for rank in range(4)}
+    for stage_rank in (0, 1):  # replica 1's ranks are 2 and 3: the same weights, bit for bit
+        mine, theirs = replica[stage_rank], replica[stage_rank + 2]
+        assert all(torch.equal(mine[s][k], theirs[s][k]) for s in mine for k in mine[s])
 
 
 def test_2bw_under_a_simulated_accelerator_runs_at_most_its_speed(runs: dict) -> None:
