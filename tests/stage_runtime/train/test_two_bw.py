@@ -59,7 +59,8 @@ def _summary(config: TrainConfig) -> dict:
 
 def _weights(config: TrainConfig) -> dict[str, torch.Tensor]:
     """The full model's state dict, from the final checkpoint's per-rank files."""
-    summary, bounds = _summary(config), [0, BALANCE[0]]
+    summary = _summary(config)
+    bounds = [sum(summary["balance"][:s]) for s in range(len(summary["balance"]))]
     state = {}
     for rank in range(config.world_size):
         for stage, sd in ckpt.load_rank(config.ckpt_root, summary["steps"], rank)["modules"].items():
@@ -79,34 +80,36 @@ def _reference(config: TrainConfig, steps: int, *, stale: bool) -> dict[str, tor
     ``stale=False`` reads version ``t`` everywhere: synchronous gradient accumulation, which 2BW must not equal.
     With ``config.dp`` replicas each takes its shard of the data and the gradients are averaged.
     """
+    assert config.balance is not None
     torch.manual_seed(config.seed)
     layers = list(build_model(config.model, 10, config.image_size, **config.model_kwargs))
-    bounds = [0, BALANCE[0], sum(BALANCE)]
-    stages = [nn.Sequential(*layers[bounds[s]:bounds[s + 1]]) for s in range(2)]
+    n, m = len(config.balance), config.microbatches
+    bounds = [sum(config.balance[:s]) for s in range(n + 1)]
+    stages = [nn.Sequential(*layers[bounds[s]:bounds[s + 1]]) for s in range(n)]
     history = [[{n: p.detach().clone() for n, p in st.named_parameters()}] for st in stages]  # [stage][version]
     feeds = [iter(TensorBatches(config.samples, config.batch_size, config.image_size, 10, seed=config.seed,
                                 rank=d, world_size=config.dp)) for d in range(config.dp)]
-    velocity: list[dict[str, torch.Tensor]] = [{}, {}]
+    velocity: list[dict[str, torch.Tensor]] = [{} for _ in range(n)]
     for t in range(steps):
-        sums = [{n: torch.zeros_like(w) for n, w in history[s][t].items()} for s in range(2)]
+        sums = [{k: torch.zeros_like(w) for k, w in history[s][t].items()} for s in range(n)]
         for x, y in [next(feed) for feed in feeds]:  # each replica's batch; the gradients are averaged
-            for j, (xm, ym) in enumerate(zip(x.tensor_split(M), y.tensor_split(M), strict=True)):
-                read = [t - 1 if stale and t > 0 and j < 2 - 1 - s else t for s in range(2)]
-                weights = [{n: w.clone().requires_grad_(True) for n, w in history[s][read[s]].items()}
-                           for s in range(2)]
+            for j, (xm, ym) in enumerate(zip(x.tensor_split(m), y.tensor_split(m), strict=True)):
+                read = [t - 1 if stale and t > 0 and j < n - 1 - s else t for s in range(n)]
+                weights = [{k: w.clone().requires_grad_(True) for k, w in history[s][read[s]].items()}
+                           for s in range(n)]
                 h = xm
-                for s in range(2):
+                for s in range(n):
                     h = functional_call(stages[s], weights[s], (h,))
-                loss = nn.functional.cross_entropy(h, ym) / (M * config.dp)
-                grads = iter(torch.autograd.grad(loss, [w for s in range(2) for w in weights[s].values()]))
-                for s in range(2):
-                    for n in weights[s]:
-                        sums[s][n] += next(grads)
-        for s in range(2):
-            velocity[s] = {n: config.momentum * velocity[s][n] + g if velocity[s] else g for n, g in sums[s].items()}
-            history[s].append({n: w - config.lr * velocity[s][n] for n, w in history[s][t].items()})
-    return {f"{bounds[s] + int(n.split('.', 1)[0])}.{n.split('.', 1)[1]}": w
-            for s in range(2) for n, w in history[s][steps].items()}
+                loss = nn.functional.cross_entropy(h, ym) / (m * config.dp)
+                grads = iter(torch.autograd.grad(loss, [w for s in range(n) for w in weights[s].values()]))
+                for s in range(n):
+                    for k in weights[s]:
+                        sums[s][k] += next(grads)
+        for s in range(n):
+            velocity[s] = {k: config.momentum * velocity[s][k] + g if velocity[s] else g for k, g in sums[s].items()}
+            history[s].append({k: w - config.lr * velocity[s][k] for k, w in history[s][t].items()})
+    return {f"{bounds[s] + int(k.split('.', 1)[0])}.{k.split('.', 1)[1]}": w
+            for s in range(n) for k, w in history[s][steps].items()}
 
 
 def test_2bw_applies_each_gradient_taken_at_the_version_its_forward_read(runs: dict) -> None:
@@ -154,6 +157,20 @@ def test_2bw_replicas_average_their_gradients_at_each_update(tmp_path: Path) -> 
     for stage_rank in (0, 1):  # replica 1's ranks are 2 and 3: the same weights, bit for bit
         mine, theirs = replica[stage_rank], replica[stage_rank + 2]
         assert all(torch.equal(mine[s][k], theirs[s][k]) for s in mine for k in mine[s])
+
+
+def test_2bw_in_three_stages_with_two_microbatches_keeps_two_versions(tmp_path: Path) -> None:
+    # M = S-1, the fewest that keep two versions: rank 0 holds a whole step in flight at each update, and the
+    # middle stage both receives gradients and sends them on.
+    config = _config(tmp_path, "s3", stages=3, microbatches=2, balance=(2, 3, 3), lr=1.0)
+    train_many([config])
+    got, want = _weights(config), _reference(config, STEPS, stale=True)
+    assert max(float((got[k] - want[k]).abs().max()) for k in want) <= 1e-5
+    predicted = simulate_async("pipedream-2bw", 3, 2, 8, [StageCost(1.0, 2.0, 1.0, 10, 1, 100, 0.0)] * 3,
+                               lambda a, b: FREE_LINK)
+    summary = _summary(config)
+    assert summary["weight_versions"] == list(predicted.weight_versions) == [2, 2, 1]
+    assert summary["staleness_steps"] == list(predicted.staleness) == [1, 1, 0]
 
 
 def test_2bw_under_a_simulated_accelerator_runs_at_most_its_speed(runs: dict) -> None:
