@@ -297,9 +297,9 @@ class Rank:
         losses: list[torch.Tensor] = []
         start = time.perf_counter()
         two_bw.step(images.to(self.device) if self.first else None, labels if self.last else None, losses)
-        # Rank 0's step() returns before the last stage's (it leaves micro-batches in flight): waiting here for the
-        # whole pipeline's part of the step makes the step time comparable with the flushing schedules', whose
-        # rank 0 runs the step's last backward. The trainer's collective after the step would wait as long.
+        # The ranks' step() calls end at different times (each leaves another part of the stream for the next):
+        # waiting here for the whole pipeline's part of the step makes the step time comparable with the flushing
+        # schedules', whose rank 0 runs the step's last backward. The trainer's collective would wait as long.
         dist.barrier(group=self.pp_group)
         pipe_s = time.perf_counter() - start
         loss = float(sum(x.item() for x in losses) / len(losses)) if losses else 0.0

@@ -1,29 +1,35 @@
 """PipeDream-2BW: 1F1B over the micro-batches of consecutive steps, without a flush (``--schedule 2bw``).
 
-torch's schedules end every ``step()`` with each micro-batch's backward done. This runner keeps rank ``r``'s last
-``w = S-1-r`` micro-batches in flight across ``step()`` calls instead, so the pipeline fills once (at the first
-step, and again after each :meth:`TwoBW.drain`) and then runs one forward, one backward, with no idle slot::
+torch's schedules end every ``step()`` with each micro-batch's backward done. This runner keeps micro-batches in
+flight across ``step()`` calls instead, so the pipeline fills once (at the first step, and again after each
+:meth:`TwoBW.drain`) and then runs one forward, one backward, with no idle slot::
 
     S=2, M=3; | ends a step() call; u: the update after a step's M-th backward on that stage
-    rank0: F0 F1 B0 F2 B1 | F3 B2 u F4 B3 F5 B4 | F6 B5 u ...
-    rank1: F0 B0 F1 B1 F2 B2 u | F3 B3 F4 B4 F5 B5 u | ...
+    rank0: F0 F1 B0 F2 | B1 F3 B2 u F4 B3 F5 | B4 F6 B5 u ...
+    rank1: F0 B0 F1 B1 | F2 B2 u F3 B3 F4 B4 | F5 B5 u ...
 
-Each rank's order is torch's 1F1B order over an endless stream of micro-batches, cut after the last forward of the
-step it was given (and the backward that follows it), so every cut is a consistent prefix: no rank waits on a
-micro-batch of a step not given yet. Each stage updates after every ``M`` of its backwards (the gradients
-accumulated, scaled by ``1/M`` as torch's schedules do), and a micro-batch's backward uses the weights its forward
-read (:mod:`.versions`). Activations go forward and gradients back by point-to-point sends on the pipeline's
-process group (``isend``, ``recv``), as torch's stages send them.
+Each rank's order is torch's 1F1B order over an endless stream of micro-batches, cut at each step's end: rank ``r``
+stops ``r`` forwards short of the micro-batches given so far, and the first stage also leaves the backward that
+follows its last forward for the next call. Every cut is a consistent prefix (no rank waits on a micro-batch not given yet). With two
+stages the cuts fall at one instant of the steady state, so the trainer's collective after each step costs no
+idle time; with more there is no such instant (forwards and backwards take different times), and the first
+backwards after the collective wait on each other down the pipeline (docs/train.md measures it). Each stage
+updates after every ``M`` of its backwards (the gradients accumulated, scaled by ``1/M`` as torch's schedules
+do), and a micro-batch's backward uses the weights its forward read (:mod:`.versions`). Activations go forward
+and gradients back by point-to-point sends on the pipeline's process group (``isend``, ``recv``), as torch's
+stages send them.
 
-The last stage runs each backward right after its forward, so a step's losses are all known when its ``step()``
-returns (they do not lag); what lags is the update of the other stages, which lands in the next call. Before an
-evaluation or a checkpoint the caller drains the pipeline (:meth:`TwoBW.drain`): every backward done, every
-update applied, one weight version left; a checkpoint is therefore complete without any in-flight state.
+Losses lag: the last stage's ``step()`` reports the losses of the ``M`` micro-batches it finished in that call,
+the last ``S-1`` of the previous step and the first ``M-S+1`` of this one. Before an evaluation or a checkpoint the
+caller drains the pipeline (:meth:`TwoBW.drain`): every forward and backward done, every update applied, one
+weight version left, so a checkpoint is complete without any in-flight state (the drained micro-batches' losses
+are not reported).
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -64,31 +70,50 @@ class TwoBW:
         self.versions = WeightVersions(module, optimizer)
         self._update, self.clock, self.sim = update, clock, sim
         self.forwards = self.backwards = 0  # micro-batches forwarded / backwarded so far (global indices)
+        self.given = 0  # micro-batches given so far (steps x M)
+        self._inputs: deque[torch.Tensor] = deque()  # the first stage's micro-batches not forwarded yet
+        self._targets: deque[torch.Tensor] = deque()  # the last stage's labels of those
         self._held: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}  # mb -> (input, output or loss)
         self._sends: list[Any] = []
         self.busy_s, self.step_number = 0.0, 0
 
     def step(self, images: torch.Tensor | None = None, target: torch.Tensor | None = None,
              losses: list[torch.Tensor] | None = None) -> None:
-        """Run one step's ``M`` forwards and the backwards 1F1B puts between them.
+        """Take one step's ``M`` micro-batches and run this rank's part of the 1F1B order up to its cut.
 
         ``images`` is the step's batch on the first stage, ``target`` its labels on the last, where ``losses`` gets
-        the micro-batch losses.
+        the losses of the micro-batches finished in this call.
         """
-        inputs = images.tensor_split(self.microbatches) if images is not None else [None] * self.microbatches
-        targets = target.tensor_split(self.microbatches) if target is not None else [None] * self.microbatches
-        for x, y in zip(inputs, targets, strict=True):
-            self._forward(x, y, losses)
-            if self.forwards - self.backwards > self.warmup:
-                self._backward()
+        if images is not None:
+            self._inputs.extend(images.tensor_split(self.microbatches))
+        if target is not None:
+            self._targets.extend(target.tensor_split(self.microbatches))
+        self.given += self.microbatches
+        # the first stage (of several) cuts before the backward after its last forward, the others r forwards early
+        self._run(self.given - self.stage_index, losses, defer=self.prev is None and self.next is not None)
         # The sends are not waited for here: the gradients of the micro-batches the previous stage still holds are
         # received in its next call, after the trainer's per-step collective that this rank would then never reach.
 
     def drain(self) -> None:
-        """Run every backward still in flight (and the update that closes their step): one weight version left."""
+        """Run every forward and backward left (and the updates that close their steps): one weight version left."""
+        self._run(self.given, None, defer=False)
         while self.backwards < self.forwards:
             self._backward()
         self._wait_sends()
+
+    def _run(self, until: int, losses: list[torch.Tensor] | None, defer: bool) -> None:
+        """Forwards up to micro-batch ``until``, each followed by a backward once ``w`` are in flight (1F1B).
+
+        ``defer``: leave the backward that follows the last forward for the next call (the first stage's cut).
+        """
+        if self.forwards - self.backwards > self.warmup:  # the backward left after the last call's last forward
+            self._backward()
+        while self.forwards < until:
+            x = self._inputs.popleft() if self.prev is None else None
+            y = self._targets.popleft() if self.next is None else None
+            self._forward(x, y, losses)
+            if self.forwards - self.backwards > self.warmup and not (defer and self.forwards == until):
+                self._backward()
 
     def take_busy(self) -> float:
         """Busy seconds since the last call, and reset."""
