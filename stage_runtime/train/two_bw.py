@@ -8,16 +8,16 @@ flight across ``step()`` calls instead, so the pipeline fills once (at the first
     rank0: F0 F1 B0 F2 | B1 F3 B2 u F4 B3 F5 | B4 F6 B5 u ...
     rank1: F0 B0 F1 B1 | F2 B2 u F3 B3 F4 B4 | F5 B5 u ...
 
-Each rank's order is torch's 1F1B order over an endless stream of micro-batches, cut at each step's end: rank ``r``
-stops ``r`` forwards short of the micro-batches given so far, and the first stage also leaves the backward that
-follows its last forward for the next call. Every cut is a consistent prefix (no rank waits on a micro-batch not given yet). With two
-stages the cuts fall at one instant of the steady state, so the trainer's collective after each step costs no
-idle time; with more there is no such instant (forwards and backwards take different times), and the first
-backwards after the collective wait on each other down the pipeline (docs/train.md measures it). Each stage
-updates after every ``M`` of its backwards (the gradients accumulated, scaled by ``1/M`` as torch's schedules
-do), and a micro-batch's backward uses the weights its forward read (:mod:`.versions`). Activations go forward
-and gradients back by point-to-point sends on the pipeline's process group (``isend``, ``recv``), as torch's
-stages send them.
+Each rank's order is torch's 1F1B order over an endless stream of micro-batches, cut at each step's end: rank
+``r`` stops ``r`` forwards short of the micro-batches given so far, and the first stage also leaves the backward
+that follows its last forward for the next call. Every cut is a consistent prefix (no rank waits on a micro-batch
+not given yet). With two stages the cuts fall at one instant of the steady state, so the trainer's collective
+after each step costs no idle time; with more there is no such instant (forwards and backwards take different
+times), and the first backwards after the collective wait on each other down the pipeline (docs/train.md
+measures it). Each stage updates after every ``M`` of its backwards (the gradients accumulated, scaled by ``1/M``
+as torch's schedules do), and a micro-batch's backward uses the weights its forward read (:mod:`.versions`).
+Activations go forward and gradients back by point-to-point sends on the pipeline's process group (``isend``,
+``recv``), as torch's stages send them.
 
 Losses lag: the last stage's ``step()`` reports the losses of the ``M`` micro-batches it finished in that call,
 the last ``S-1`` of the previous step and the first ``M-S+1`` of this one. Before an evaluation or a checkpoint the
