@@ -138,25 +138,24 @@ def simulate_async(name: str, ranks: int, microbatches: int, batch: int, costs: 
                        result)
 
 
-def predict_simulated_job(summary: dict[str, Any], steps: int = 8, link: Link = FREE_LINK) -> dict[str, Any]:
-    """2BW's steady state and 1F1B's step, simulated for a ``stallfree train --accelerator sim:R`` job's summary.
+def predict_simulated_job(config: Any, summary: dict[str, Any], steps: int = 8,
+                          link: Link = FREE_LINK) -> dict[str, Any]:
+    """2BW's steady state and 1F1B's step, simulated for a ``--accelerator sim:R`` job (``config``, a ``TrainConfig``).
 
     The job's split, ranks, micro-batches and batch are simulated, each stage taking the simulated device's time
-    per micro-batch: the trainer's (``SimAccelerator.stage_times`` over each stage's measured cost,
-    ``summary["layer_costs"]`` summed by ``summary["balance"]``), and the optimizer its measured share. Steps and
-    images/s include the optimizer (2BW updates inside its pipeline, 1F1B after its schedule); the link defaults
-    to free and the host's own costs (the runtime, the trainer's per-step collective) are left out.
+    per micro-batch: the trainer's (``SimAccelerator.stage_times`` over each stage's measured cost, the summary's
+    ``layer_costs`` summed by its ``balance``), and the optimizer its measured share. Steps and images/s include
+    the optimizer (2BW updates inside its pipeline, 1F1B after its schedule); the link defaults to free and the
+    host's own costs (the runtime, the trainer's per-step collective) are left out.
 
     Raises:
-        ValueError: the summary is not of a ``sim:R`` job with one stage per rank and its layer costs.
+        ValueError: not a ``sim:R`` job with one stage per rank, or a summary without its layer costs.
     """
-    from stallfree.stage_runtime.accelerator import parse_accelerator
-
-    accelerator = parse_accelerator(summary.get("accelerator"))
-    if accelerator is None or summary.get("layer_costs") is None or summary["model_stages"] != summary["stages"]:
-        raise ValueError("predict_simulated_job needs the summary of a --accelerator sim:R job with one stage per "
-                         "rank (gpipe, 1f1b or 2bw) and its layer_costs")
-    ranks, m, batch = summary["stages"], summary["microbatches"], summary["config"]["batch_size"]
+    accelerator = config.accelerator  # a SimAccelerator: TrainConfig parsed the string
+    if accelerator is None or summary.get("layer_costs") is None or config.model_stages != config.stages:
+        raise ValueError("predict_simulated_job needs a --accelerator sim:R job with one stage per rank (gpipe, "
+                         "1f1b or 2bw) and its summary's layer_costs")
+    ranks, m, batch = config.stages, config.microbatches, config.batch_size
     layers = [LayerTimes(**layer) for layer in summary["layer_costs"]["layers"]]
     measured = stage_costs(layers, summary["balance"], float(summary["layer_costs"]["optimizer_s"]))
     device = accelerator.stage_times(batch // m, [c.forward_s + c.backward_s for c in measured])
