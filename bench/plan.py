@@ -73,8 +73,9 @@ EXAMPLES = """examples:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The benchmark's options."""
-    from stallfree.stage_runtime.accelerator import parse_accelerator  # no torch import either
-    from stallfree.stage_runtime.train.schedules import SCHEDULES  # all synchronous; no torch import for --help
+    # no torch import for --help; the schedules are the synchronous ones (the planner ranks them; 2bw apart)
+    from stallfree.stage_runtime.accelerator import parse_accelerator
+    from stallfree.stage_runtime.train.schedules import FLUSHING as SCHEDULES
 
     parser.add_argument("--models", nargs="+", choices=("mlp", "small_cnn"), default=["mlp", "small_cnn"],
                         help="bundled models to plan and train")

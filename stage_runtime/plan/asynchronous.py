@@ -1,4 +1,7 @@
-"""Asynchronous (no-flush) pipelines, simulated only: ``stallfree train`` does not run them.
+"""Asynchronous (no-flush) pipelines, simulated; ``stallfree train --schedule 2bw`` runs ``pipedream-2bw``.
+
+The trainer's runner (``train/two_bw.py``) has the same order, update points and version rule as the simulation
+of ``pipedream-2bw``; ``async-1f1b`` is simulated only.
 
 Both run 1F1B without a flush between steps: the order is torch's own 1F1B loop over the micro-batches of
 ``steps`` steps in a row, so a rank starts the next step's forwards while the last ranks still run this step's
@@ -21,11 +24,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .costs import Cores, Link, StageCost
+from .costs import FREE_LINK, Cores, LayerTimes, Link, StageCost, stage_costs
 from .orders import Op, torch_order
 from .simulate import StepResult, simulate
 
-__all__ = ["ASYNC_SCHEDULES", "AsyncName", "AsyncResult", "simulate_async"]
+__all__ = ["ASYNC_SCHEDULES", "AsyncName", "AsyncResult", "predict_simulated_job", "simulate_async"]
 
 AsyncName = Literal["pipedream-2bw", "async-1f1b"]
 ASYNC_SCHEDULES: tuple[str, ...] = ("pipedream-2bw", "async-1f1b")
@@ -56,7 +59,7 @@ class AsyncResult:
         return {"schedule": self.name, "stages": self.ranks, "microbatches": self.microbatches,
                 "step_s": self.step_s, "images_per_s": self.images_per_s,
                 "weight_versions": list(self.weight_versions), "staleness_steps": list(self.staleness),
-                "memory_bytes": list(self.memory_bytes), "simulated_only": True}
+                "memory_bytes": list(self.memory_bytes), "simulated_only": self.name != "pipedream-2bw"}
 
 
 def _program(name: str, ranks: int, microbatches: int, steps: int) -> dict[int, list[Op]]:
@@ -100,8 +103,10 @@ def simulate_async(name: str, ranks: int, microbatches: int, batch: int, costs: 
         if span.op.kind in ("B", "O"):
             k = (span.op.mb if span.op.kind == "B" else span.op.mb - 1) // microbatches
             done[k] = max(done[k], span.end)
+    # From the middle to the step before the last: the last step's backwards run back to back (no forward of a
+    # next step between them), so its end comes early and would flatter the steady state.
     half = steps // 2
-    step_s = (done[-1] - done[half - 1]) / (steps - half)
+    step_s = (done[-2] - done[half - 1]) / (steps - 1 - half)
     versions, stale = [], []
     for r in range(ranks):
         spans = by_rank[r]
@@ -131,3 +136,35 @@ def simulate_async(name: str, ranks: int, microbatches: int, batch: int, costs: 
               for r in range(ranks)]
     return AsyncResult(name, ranks, microbatches, batch, step_s, tuple(versions), tuple(stale), tuple(memory),
                        result)
+
+
+def predict_simulated_job(config: Any, summary: dict[str, Any], steps: int = 8,
+                          link: Link = FREE_LINK) -> dict[str, Any]:
+    """2BW's steady state and 1F1B's step, simulated for a ``--accelerator sim:R`` job (``config``, a ``TrainConfig``).
+
+    The job's split, ranks, micro-batches and batch are simulated, each stage taking the simulated device's time
+    per micro-batch: the trainer's (``SimAccelerator.stage_times`` over each stage's measured cost, the summary's
+    ``layer_costs`` summed by its ``balance``), and the optimizer its measured share. Steps and images/s include
+    the optimizer (2BW updates inside its pipeline, 1F1B after its schedule); the link defaults to free and the
+    host's own costs (the runtime, the trainer's per-step collective) are left out.
+
+    Raises:
+        ValueError: not a ``sim:R`` job with one stage per rank, or a summary without its layer costs.
+    """
+    accelerator = config.accelerator  # a SimAccelerator: TrainConfig parsed the string
+    if accelerator is None or summary.get("layer_costs") is None or config.model_stages != config.stages:
+        raise ValueError("predict_simulated_job needs a --accelerator sim:R job with one stage per rank (gpipe, "
+                         "1f1b or 2bw) and its summary's layer_costs")
+    ranks, m, batch = config.stages, config.microbatches, config.batch_size
+    layers = [LayerTimes(**layer) for layer in summary["layer_costs"]["layers"]]
+    measured = stage_costs(layers, summary["balance"], float(summary["layer_costs"]["optimizer_s"]))
+    device = accelerator.stage_times(batch // m, [c.forward_s + c.backward_s for c in measured])
+    costs = [StageCost(t.forward_s, t.backward_s, t.backward_weight_s, c.activation_bytes, c.output_bytes,
+                       c.param_bytes, c.optimizer_s) for t, c in zip(device, measured, strict=True)]
+    two_bw = simulate_async("pipedream-2bw", ranks, m, batch, costs, lambda a, b: link, steps=steps)
+    one_f = simulate(torch_order("1f1b", ranks, m), list(range(ranks)), costs, lambda a, b: link)
+    busy = sum(m * (c.forward_s + c.backward_s) for c in costs)  # per step, all ranks: the stages' timed chunks
+    # 2BW's updates run inside its step (idle to the stages' timing); 1F1B's optimizer step after its schedule.
+    return {"2bw": {**two_bw.to_dict(), "bubble": 1 - busy / (ranks * two_bw.step_s)},
+            "1f1b": {"schedule_s": one_f.schedule_s, "step_s": one_f.step_s, "images_per_s": batch / one_f.step_s,
+                     "bubble": 1 - busy / (ranks * one_f.schedule_s)}}

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from stallfree.stage_runtime.train.schedules import SCHEDULE_SPECS, SCHEDULES, schedule_spec
+from stallfree.stage_runtime.train.schedules import FLUSHING, SCHEDULE_SPECS, schedule_spec
 
 from .books import Books, predicted_books
 from .costs import FREE_LINK, NO_OVERHEAD, Cores, HostOverhead, LayerTimes, Link, StageCost, stage_costs
@@ -19,7 +19,7 @@ from .simulate import StepResult, simulate_step
 
 __all__ = ["Candidate", "Network", "SYNC_SCHEDULES", "rank_plans", "splits"]
 
-SYNC_SCHEDULES = SCHEDULES  # the table's: all of them flush (the asynchronous ones are in .asynchronous)
+SYNC_SCHEDULES = FLUSHING  # the table's that flush (2bw does not: it is simulated in .asynchronous)
 # Weights, their gradients and SGD's momentum buffer: the trainer's optimizer holds three copies of each parameter.
 STATE_COPIES = 3
 
@@ -136,8 +136,13 @@ def rank_plans(layers_for: Callable[[int], Sequence[LayerTimes]], optimizer_s: f
         ValueError: an unknown schedule (the message lists the known ones), or nothing can be simulated (say, a
             model of one layer).
     """
-    names = tuple(SCHEDULE_SPECS if schedules is None else schedules)
+    # the table as it is now (a schedule added to it is planned), less the one that does not flush
+    names = tuple(n for n, s in SCHEDULE_SPECS.items() if s.flush) if schedules is None else tuple(schedules)
     specs = {name: schedule_spec(name) for name in names}  # an unknown name fails before any simulation
+    for name, spec in specs.items():
+        if not spec.flush:
+            raise ValueError(f"schedule {name!r} does not flush, so a step alone does not predict it: "
+                             "plan.plan() simulates it over several steps beside the best 1f1b plan")
     out: list[Candidate] = []
     n_layers = len(layers_for(batch))
     for ranks in range(2, network.devices + 1):

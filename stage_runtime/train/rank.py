@@ -27,6 +27,7 @@ from stallfree.stage_runtime.train.optim import build_optimizer, build_scheduler
 from stallfree.stage_runtime.train.partition import LayerCost, plan
 from stallfree.stage_runtime.train.schedules import build_schedule
 from stallfree.stage_runtime.train.stage import SimulatedCompute, TimedStage, chain_forward
+from stallfree.stage_runtime.train.two_bw import TwoBW
 
 if TYPE_CHECKING:
     from stallfree.stage_runtime.train.config import TrainConfig
@@ -135,17 +136,28 @@ class Rank:
         if accelerator is not None:
             sim = list(accelerator.stage_times(micro, chosen[1]))
             self.modules = {s: SimulatedCompute(m, shapes[s][1].shape[1:]) for s, m in self.modules.items()}
+        params = [p for m in self.modules.values() for p in m.parameters()]
+        # A rank whose stages hold no parameters (a Flatten alone) has nothing to step; torch refuses an empty list.
+        self.optimizer = (build_optimizer(params, c.optimizer, lr=c.lr, momentum=c.momentum,
+                                          weight_decay=c.weight_decay) if params else None)
+        self.scheduler = (build_scheduler(self.optimizer, total=c.total_steps(self.steps_per_epoch),
+                                          warmup=c.warmup_steps, schedule=c.lr_schedule) if self.optimizer else None)
+        self.stages: list[TimedStage] = []
+        self.two_bw: TwoBW | None = None  # --schedule 2bw: stallfree's no-flush runner instead of torch's schedule
+        if not c.spec.flush:
+            (s, m), = self.modules.items()  # one stage per rank
+            self.two_bw = TwoBW(m, s, prev=self.owner[s - 1] if s > 0 else None,
+                                next=self.owner[s + 1] if s < c.model_stages - 1 else None,
+                                microbatches=c.microbatches, ranks=c.stages, input_shape=tuple(shapes[s][0].shape),
+                                output_shape=tuple(shapes[s][1].shape), device=self.device, comm=self.comm,
+                                group=self.pp_group, optimizer=self.optimizer, update=self._update,
+                                loss_fn=nn.functional.cross_entropy, clock=self.clock, sim=sim[s])
+            return
         self.stages = [TimedStage(m, s, c.model_stages, self.device, input_args=shapes[s][0],
                                   output_args=shapes[s][1], group=self.pp_group, clock=self.clock, sim=sim[s],
                                   delay_s=self._delay_s(s))
                        for s, m in self.modules.items()]
         self.schedule = build_schedule(c.schedule, self.stages, c.microbatches, nn.functional.cross_entropy)
-        self.params = [p for m in self.modules.values() for p in m.parameters()]
-        # A rank whose stages hold no parameters (a Flatten alone) has nothing to step; torch refuses an empty list.
-        self.optimizer = (build_optimizer(self.params, c.optimizer, lr=c.lr, momentum=c.momentum,
-                                          weight_decay=c.weight_decay) if self.params else None)
-        self.scheduler = (build_scheduler(self.optimizer, total=c.total_steps(self.steps_per_epoch),
-                                          warmup=c.warmup_steps, schedule=c.lr_schedule) if self.optimizer else None)
 
     def _delay_s(self, stage: int) -> tuple[float, float]:
         """``--link-delay``'s latency of model stage ``stage``'s links: (to the next stage's rank, to the previous)."""
@@ -191,8 +203,10 @@ class Rank:
 
         The manifest (``meta.json``, ``latest.json``) goes beside the rank files on every machine, so a run
         whose ``--out`` is not shared keeps a complete, resumable checkpoint on each node (its own ranks' files);
-        on a shared folder the writers write the same bytes, each by an atomic rename.
+        on a shared folder the writers write the same bytes, each by an atomic rename. Under ``2bw`` the pipeline
+        is drained first, so the checkpoint holds one weight version and no micro-batch in flight.
         """
+        self.drain()
         self.sync_running_stats()
         c = self.config
         state = {"modules": {str(s): m.state_dict() for s, m in self.modules.items()},
@@ -253,6 +267,8 @@ class Rank:
             dist.recv(labels, self.owner[0])
         if labels is not None:
             labels = labels.to(self.device)
+        if self.two_bw is not None:
+            return self._train_step_2bw(self.two_bw, images, labels)
         losses: list[torch.Tensor] = []
         start = time.perf_counter()
         if self.first and self.last:
@@ -264,22 +280,63 @@ class Rank:
         else:
             self.schedule.step()
         pipe_s = time.perf_counter() - start
+        self._update()
+        busy = sum(s.take_busy() for s in self.stages)
+        loss = float(sum(x.item() for x in losses) / len(losses)) if losses else 0.0
+        return loss, pipe_s, busy
+
+    def _update(self) -> None:
+        """One optimizer update of this rank's stages, the gradients of the step's micro-batches in place."""
         for module in self.modules.values():
             if isinstance(module, SimulatedCompute):
                 module.zero_grads()
-        if c.dp > 1:
-            for p in self.params:
+        if self.config.dp > 1:
+            for p in (p for m in self.modules.values() for p in m.parameters()):  # 2bw replaces them: read anew
                 if p.grad is not None:
                     dist.all_reduce(p.grad, group=self.dp_group)
-                    p.grad /= c.dp
+                    p.grad /= self.config.dp
         if self.optimizer is not None:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         if self.scheduler is not None:
             self.scheduler.step()
-        busy = sum(s.take_busy() for s in self.stages)
+
+    def _train_step_2bw(self, two_bw: TwoBW, images: Any, labels: Any) -> tuple[float, float, float]:
+        """As :meth:`train_step`, for ``--schedule 2bw``: the updates run inside the runner (one per M backwards)."""
+        two_bw.step_number += 1
+        losses: list[torch.Tensor] = []
+        start = time.perf_counter()
+        two_bw.step(images.to(self.device) if self.first else None, labels if self.last else None, losses)
+        # The ranks' step() calls end at different times (each leaves another part of the stream for the next):
+        # waiting here for the whole pipeline's part of the step makes the step time comparable with the flushing
+        # schedules', whose rank 0 runs the step's last backward. The trainer's collective would wait as long.
+        dist.barrier(group=self.pp_group)
+        pipe_s = time.perf_counter() - start
         loss = float(sum(x.item() for x in losses) / len(losses)) if losses else 0.0
-        return loss, pipe_s, busy
+        return loss, pipe_s, two_bw.take_busy()
+
+    def drain(self) -> None:
+        """Finish every micro-batch in flight (``--schedule 2bw``; the others flush at every step).
+
+        Every rank calls it before the weights are read (evaluation, checkpoint).
+        """
+        if self.two_bw is not None:
+            self.two_bw.drain()
+
+    def weight_versions(self) -> dict[str, list[int]]:
+        """Per pipeline rank (``2bw``): the most weight versions alive at once and the most stale gradient.
+
+        Staleness counts the updates between the version a forward read and the update its gradient went into;
+        ``{}`` for the other schedules.
+
+        A collective over the pipeline group: every rank calls it.
+        """
+        if self.two_bw is None:
+            return {}
+        mine = torch.tensor([self.two_bw.versions.most_alive, self.two_bw.versions.most_stale], device=self.comm)
+        every = [torch.zeros_like(mine) for _ in range(self.config.stages)]
+        dist.all_gather(every, mine, group=self.pp_group)
+        return {"weight_versions": [int(t[0]) for t in every], "staleness_steps": [int(t[1]) for t in every]}
 
     def evaluate(self) -> float:
         """Top-1 accuracy of the whole held-out split, each replica taking its shard; -1.0 without one.
@@ -287,6 +344,7 @@ class Rank:
         The shards are padded to equal length (as ``DistributedSampler`` pads); stage 0 marks the padding's
         labels -1 so that each held-out sample counts once, and the counts are summed over every rank.
         """
+        self.drain()  # 2bw: the weights of every step given so far
         has = torch.tensor([1 if self.eval_feed is not None else 0], device=self.comm)
         dist.broadcast(has, self.base, group=self.pp_group)
         if not int(has):

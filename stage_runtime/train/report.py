@@ -180,9 +180,10 @@ def with_prediction(config: Any, summary: dict[str, Any]) -> dict[str, Any]:
     """``summary`` with the plan simulator's prediction under ``predicted``, where it applies.
 
     :func:`format_summary` shows it beside the measured bubble. It applies to a job that no plan's prediction came
-    with (that one is shown instead); under a simulated ``--accelerator`` it simulates the device's stage times.
+    with (that one is shown instead) and whose schedule flushes (one step of ``2bw`` is not a step of the
+    simulator's: ``plan.asynchronous``); under a simulated ``--accelerator`` it simulates the device's stage times.
     """
-    if config.plan_prediction is None and "balance" in summary:
+    if config.plan_prediction is None and "balance" in summary and config.spec.flush:
         summary["predicted"] = predict_run(config, summary)
     return summary
 

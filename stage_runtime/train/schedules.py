@@ -3,9 +3,10 @@
 The trainer, the planner (``plan/orders.py``, ``plan/planner.py``, ``plan/calibrate.py``), ``stallfree bench`` and
 the docs read it (``docs/train.md``'s table is checked against it); nothing else branches on a schedule's name, so
 a schedule is added here alone: its torch class, placement, stages per rank and family are what the others read
-(``tests/stage_runtime/plan/test_schedule_table.py`` adds one). Every schedule here flushes (a step ends with every
-micro-batch's backward done); the asynchronous ones, which the trainer cannot run, are simulated apart
-(``plan/asynchronous.py``), built on 1F1B's order and set beside the best 1F1B plan, which they name as such.
+(``tests/stage_runtime/plan/test_schedule_table.py`` adds one). Every schedule but ``2bw`` flushes (a step ends with
+every micro-batch's backward done). ``2bw`` (PipeDream-2BW) runs 1F1B's order over the micro-batches of consecutive
+steps without a flush, on stallfree's own runner (``train/two_bw.py``): the planner leaves it out of its ranking
+(:data:`FLUSHING`) and simulates it apart (``plan/asynchronous.py``), beside the best 1F1B plan.
 
 With S ranks, M micro-batches and V stages per rank (``F``: a forward, ``B``: a backward, ``.``: idle)::
 
@@ -30,6 +31,7 @@ if TYPE_CHECKING:  # torch is imported where a schedule is built: `stallfree --h
 
 __all__ = [
     "SCHEDULES",
+    "FLUSHING",
     "SCHEDULE_SPECS",
     "ScheduleName",
     "ScheduleSpec",
@@ -37,7 +39,7 @@ __all__ = [
     "schedule_spec",
 ]
 
-ScheduleName = Literal["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv"]
+ScheduleName = Literal["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv", "2bw"]
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ class ScheduleSpec:
     """
 
     name: ScheduleName
-    torch_class: str  # the class in torch.distributed.pipelining
+    torch_class: str  # the class in torch.distributed.pipelining (for 2bw: the order it runs, 1F1B's)
     placement: Literal["one", "loop", "v"]  # one stage per rank; stage s on rank s % S; rank r holds r and 2S-1-r
     stages_fixed: int | None  # stages per rank, or None: --virtual-stages
     microbatches_per_rank: bool  # torch requires M to be a multiple of the pipeline ranks
@@ -59,6 +61,8 @@ class ScheduleSpec:
     # (``pipeline_order_with_comms``). The names are calibration.json's keys.
     family: Literal["loop", "runtime"]
     min_ranks: int = 1
+    # False: no flush between steps; stallfree's runner (two_bw.py) keeps micro-batches in flight across steps
+    flush: bool = True
 
     def __post_init__(self) -> None:
         if (self.family == "loop") != (self.placement == "one"):
@@ -104,6 +108,12 @@ class ScheduleSpec:
         if self.microbatches_per_rank and ranks > 1 and microbatches % ranks:
             raise ValueError(f"schedule {self.name!r} needs --microbatches to be a multiple of the {ranks} pipeline "
                              f"ranks, got {microbatches}; use {ranks * max(1, round(microbatches / ranks))}")
+        if not self.flush and microbatches < ranks - 1:
+            # rank 0 keeps S-1 micro-batches in flight across the update: more than M of them would read a third
+            # weight version (PipeDream-2BW keeps two: M >= S-1)
+            raise ValueError(f"schedule {self.name!r} keeps two weight versions only with --microbatches >= "
+                             f"pipeline ranks - 1; got {microbatches} micro-batches for {ranks} ranks: use "
+                             f"--microbatches {ranks - 1} or more")
 
     def runs(self, ranks: int, microbatches: int) -> bool:
         """Whether :meth:`check` accepts these counts (a sweep skips the others)."""
@@ -120,8 +130,11 @@ SCHEDULE_SPECS: dict[str, ScheduleSpec] = {s.name: s for s in (
     ScheduleSpec("interleaved-1f1b", "ScheduleInterleaved1F1B", "loop", None, True, "(S-1)/(V*M+S-1)", "runtime"),
     ScheduleSpec("zero-bubble", "ScheduleInterleavedZeroBubble", "loop", None, True, "0", "runtime"),
     ScheduleSpec("zbv", "ScheduleZBVZeroBubble", "v", 2, False, "0", "runtime", min_ranks=2),
+    ScheduleSpec("2bw", "Schedule1F1B", "one", 1, False, "0", "loop", flush=False),
 )}
 SCHEDULES: tuple[str, ...] = tuple(SCHEDULE_SPECS)
+# The schedules whose step ends with every backward done: the ones the planner ranks and simulates step by step.
+FLUSHING: tuple[str, ...] = tuple(name for name, spec in SCHEDULE_SPECS.items() if spec.flush)
 
 
 def schedule_spec(name: str) -> ScheduleSpec:
@@ -136,10 +149,17 @@ def schedule_spec(name: str) -> ScheduleSpec:
 
 
 def build_schedule(name: str, stages: list, microbatches: int, loss_fn: Callable) -> _PipelineSchedule:
-    """The torch schedule object for this rank's ``stages`` (a list of ``PipelineStage``): its ``step`` runs one."""
+    """The torch schedule object for this rank's ``stages`` (a list of ``PipelineStage``): its ``step`` runs one.
+
+    Raises:
+        ValueError: a schedule without a flush (``2bw``): ``two_bw.TwoBW`` runs it, not torch.
+    """
     from torch.distributed import pipelining
 
     spec = schedule_spec(name)
+    if not spec.flush:
+        raise ValueError(f"schedule {name!r} does not flush: stallfree.stage_runtime.train.two_bw.TwoBW runs it, "
+                         "not a torch schedule")
     cls = getattr(pipelining, spec.torch_class)
     # The one-stage-per-rank classes take the stage itself, the others the list of the rank's stages.
     return cls(stages[0] if spec.placement == "one" else stages, microbatches, loss_fn=loss_fn)

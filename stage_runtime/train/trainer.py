@@ -212,6 +212,7 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
             report.eval(epoch, step, accuracy) if accuracy >= 0 else report.close_bar()
     end_epoch = epoch + 1 if step % job.steps_per_epoch == 0 else epoch
     job.save(step, end_epoch)
+    versions = job.weight_versions()  # 2bw's versions and staleness per pipeline rank ({} otherwise); a collective
     # Rank 0 gathers every rank's spans through the process group: the machines may not share --out.
     spans: list[Any] | None = [None] * c.world_size if rank == 0 else None
     dist.gather_object(job.clock.to_records(), spans, dst=0)
@@ -227,7 +228,7 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
                    "accelerator_images_per_s": _ideal(c),
                    "num_classes": job.num_classes, "checkpoint": str(ckpt.step_dir(c.ckpt_root, step)),
                    "layer_costs": job.layer_costs,
-                   "config": config, **report.fractions()}
+                   "config": config, **versions, **report.fractions()}
         report.close()
         from stallfree.stage_runtime.plan.books import job_books
 

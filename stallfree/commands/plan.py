@@ -50,7 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "them from --costs, then simulate one training step for every schedule, pipeline rank count, virtual "
         "stage count, micro-batch count and split, over the links you describe. Prints the fastest that fit in "
         "--memory-per-device with their bubble split into warm-up/cool-down, imbalance and communication, and "
-        "the asynchronous schedules PipeDream-2BW and async 1F1B beside them (simulated only). Writes plan.json "
+        "the asynchronous schedules PipeDream-2BW (stallfree train --schedule 2bw) and async 1F1B (simulated "
+        "only) beside them. Writes plan.json "
         "and timeline.png (the best plan's step) under --out.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -161,7 +162,7 @@ def _print(args: argparse.Namespace, result: PlanResult, out: TextIO) -> None:
               f"{_mib(max(c.memory_bytes)):>13} {c.cross_cuts:>6}", file=out)
     reference = result.reference
     if result.asynchronous and reference is not None:
-        print(f"asynchronous, simulated only (stallfree train runs none of them), beside the best 1f1b plan "
+        print(f"asynchronous (stallfree train runs pipedream-2bw as --schedule 2bw), beside the best 1f1b plan "
               f"(S={reference.ranks}, M={reference.microbatches}, balance {','.join(map(str, reference.balance))},"
               f" {reference.images_per_s:.1f} img/s):", file=out)
         for a in result.asynchronous:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stallfree.stage_runtime.plan.asynchronous import simulate_async
+from stallfree.stage_runtime.plan.asynchronous import predict_simulated_job, simulate_async
 from stallfree.stage_runtime.plan.costs import FREE_LINK, StageCost
 from stallfree.stage_runtime.plan.orders import torch_order
 from stallfree.stage_runtime.plan.simulate import simulate
@@ -48,3 +48,21 @@ def test_async_rejects_what_it_cannot_simulate():
         simulate_async("xpipe", 4, 8, 8, COSTS, FREE)
     with pytest.raises(ValueError, match="one stage per rank"):
         simulate_async("async-1f1b", 2, 8, 8, COSTS, FREE)
+
+
+def test_a_simulated_device_job_is_predicted_without_a_bubble_for_2bw_and_1f1b_s_for_1f1b():
+    from stallfree.stage_runtime.train.config import TrainConfig
+
+    config = TrainConfig(model="mlp", stages=2, microbatches=4, batch_size=32, schedule="2bw", accelerator="sim:200")
+    layer = {"forward_s": 1e-3, "backward_s": 2e-3, "weight_s": 1e-3, "param_bytes": 100, "activation_bytes": 10}
+    summary = {"balance": [1, 1], "layer_costs": {"layers": [layer, layer], "optimizer_s": 0.0}}
+    predicted = predict_simulated_job(config, summary)
+    # equal stages of 8 images / 200 img/s = 40 ms each per micro-batch: 2BW's step is M x 40 ms, the device's rate
+    assert predicted["2bw"]["images_per_s"] == pytest.approx(200.0)
+    assert predicted["2bw"]["bubble"] == pytest.approx(0.0, abs=1e-9)
+    assert predicted["2bw"]["weight_versions"] == [2, 1] and not predicted["2bw"]["simulated_only"]
+    # 1F1B flushes: (M + S - 1) slots of 40 ms per step, a bubble of (S-1)/(M+S-1)
+    assert predicted["1f1b"]["images_per_s"] == pytest.approx(32 / 0.2)
+    assert predicted["1f1b"]["bubble"] == pytest.approx(1 / 5)
+    with pytest.raises(ValueError, match="needs a --accelerator sim:R job"):
+        predict_simulated_job(TrainConfig(model="mlp", schedule="2bw"), summary)
