@@ -256,11 +256,15 @@ def job_books(config: Any, balance: Sequence[int], layer_costs: Mapping[str, Any
     ``records``: every rank's stage-clock records (replica 0's pipeline ranks are read); ``step_times``: stage 0's
     wait and rank 0's schedule step of each step this run trained, in order (the clock numbers them 1, 2, ...).
     The first step (warm-up of the processes) is left out when there are others, as the summary's figures do.
-    ``None``, with a warning, when the spans do not match the schedule (the clock dropped some).
+    ``None``, with a warning, when the spans do not match the schedule (the clock dropped some); ``None`` for a
+    schedule without a flush (``2bw``: its step is no step of the synchronous order the books are read against;
+    its summary gives weight versions, staleness and the bubble instead).
     """
     from .attribution import steps_from_records
     from .predict import job_program
 
+    if not config.spec.flush:
+        return None
     program, owner = job_program(config)
     try:  # one list per step of this run, in order: the i-th is the step of step_times[i]
         steps = steps_from_records({r: (f"rank {r}'s spans", records[r]) for r in program}, program, skip=0)
