@@ -41,7 +41,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from stallfree.bench.loader import contender_stream, image_files, shard_runs, write_synthetic
+from stallfree.bench.loader import bench_files, contender_stream, shard_runs
 from stallfree.core.cpu import cpu_seconds
 from stallfree.stage_runtime.accelerator import SimAccelerator
 
@@ -171,10 +171,7 @@ def _data_facts(files: list[tuple[str, int]]) -> dict[str, float]:
 def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
     """Run the benchmark, print its table to ``out``, draw the PNG and return the results (JSON-able)."""
     _check(args)
-    write_synthetic(args.data, args.synthetic)
-    files = image_files(args.data)
-    if len(files) < args.batch_size:
-        raise ValueError(f"{args.data} has {len(files)} images, fewer than one batch of {args.batch_size}")
+    files = bench_files(args.data, args.synthetic, args.batch_size)
     chosen = [name for name in FEEDS if name in args.feeds]
     speeds = sorted(set(args.speeds))
     feeds: dict[str, Any] = {}

@@ -191,6 +191,19 @@ def write_synthetic(data: Path, count: int) -> None:
         make_image_folder(data, num_classes=8, per_class=per_class, size=(375, 500), vary_size=True, style="natural")
 
 
+def bench_files(data: Path, count: int, batch_size: int) -> list[tuple[str, int]]:
+    """``data``'s (path, label) pairs, after :func:`write_synthetic` writes ``count`` JPEGs into it if it is empty.
+
+    Raises:
+        ValueError: ``data`` holds fewer images than one batch of ``batch_size``.
+    """
+    write_synthetic(data, count)
+    files = image_files(data)
+    if len(files) < batch_size:
+        raise ValueError(f"{data} has {len(files)} images, fewer than one batch of {batch_size}")
+    return files
+
+
 def shard_runs(args: argparse.Namespace, work: Path) -> list[tuple[str, str, Path]]:
     """Ingest ``args.data`` into shards in ``work``, as it is and with ``--max-side 256``: (label, contender, data)."""
     from stallfree.ingest.runner import ingest

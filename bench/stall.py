@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from stallfree.bench.loader import MEAN, STD, image_files, write_synthetic
+from stallfree.bench.loader import MEAN, STD, bench_files
 from stallfree.stage_runtime.accelerator import SimAccelerator
 
 __all__ = ["add_arguments", "parts", "run"]
@@ -188,10 +188,7 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
     from tqdm import tqdm
 
     _check(args)
-    write_synthetic(args.data, args.synthetic)
-    files = image_files(args.data)
-    if len(files) < args.batch_size:
-        raise ValueError(f"{args.data} has {len(files)} images, fewer than one batch of {args.batch_size}")
+    files = bench_files(args.data, args.synthetic, args.batch_size)
     interval = sys.getswitchinterval()
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1e3)
