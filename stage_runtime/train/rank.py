@@ -11,7 +11,6 @@ import copy
 import dataclasses
 import datetime
 import json
-import os
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -83,9 +82,6 @@ class Rank:
         self.owner = [self.base + c.spec.owner(s, c.stages) for s in range(c.model_stages)]
         self.clock = StageClock()
         self._labels_sent: tuple[Any, torch.Tensor] | None = None  # stage 0's last labels isend, until it is done
-        # The pipeline's step is timed across its ranks on perf_counter, which only the processes of one machine
-        # share; a job across machines times it on pipeline rank 0 alone.
-        self.one_clock = (local_size := os.environ.get("LOCAL_WORLD_SIZE")) is None or int(local_size) >= c.world_size
         self.feed = self.eval_feed = None
         info = torch.zeros(2, dtype=torch.int64, device=self.comm)
         if self.pp == 0:

@@ -259,6 +259,10 @@ class _StepStats:
 
     def __init__(self, job: Rank, report: Report | None):
         self.job, self.report = job, report
+        # The pipeline's step is timed across its ranks on perf_counter, which only the processes of one machine
+        # share; a job across machines times it on pipeline rank 0 alone.
+        local = os.environ.get("LOCAL_WORLD_SIZE")
+        self.one_clock = local is None or int(local) >= job.config.world_size
         self._pending: tuple[Any, list[torch.Tensor], int, int, float] | None = None
 
     def post(self, step: int, epoch: int, lr: float, figures: list[float]) -> None:
@@ -285,7 +289,7 @@ class _StepStats:
             return
         rows = [[float(v) for v in t.cpu()] for t in every]  # one per pipeline rank, in pipeline order
         c = self.job.config
-        ends = [r[5] for r in rows] if self.job.one_clock else [rows[0][5]]
+        ends = [r[5] for r in rows] if self.one_clock else [rows[0][5]]
         self.report.step(step, epoch, loss=sum(r[0] for r in rows), wait_s=rows[0][1], t0=rows[0][3],
                          start=rows[0][4], end=max(ends), busy_s=sum(r[2] for r in rows), images=c.batch_size,
                          lr=lr)
