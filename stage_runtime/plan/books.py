@@ -4,35 +4,33 @@ A rank *could do* ``images / c`` per second, ``c`` being its own compute per ste
 action it runs (all the model stages it hosts: two under ZBV and the interleaved schedules). Under
 ``--accelerator sim:R`` that is the device's time of each action, known exactly; on a real device it is the mean
 measured busy time of each (stage, kind) of action, which then holds the runtime's own work inside the actions.
-The job *did* ``images / T`` per second, ``T`` the measured step (stage 0's input wait + rank 0's schedule step),
-so rank ``r`` lost ``1 - c_r / T`` of its time. The trainer's step is rank 0's (its schedule step ends with its last
-action; the schedule's other ranks may still run weight gradients then, and the trainer's step leaves them out), so
-the known step ``T_known`` here is when rank 0's last action ends in the schedule run with the known compute alone.
-The loss is written as::
+The job *did* ``images / T`` per second, ``T`` the measured step (stage 0's input wait + the pipeline's step, timed
+whole: from stage 0 holding its batch to the end of the last rank's schedule step, :class:`~stallfree.stage_runtime.
+train.report.Report`), so rank ``r`` lost ``1 - c_r / T`` of its time. The known step ``T_known`` is when the last
+action of any rank ends in the schedule run with the known compute alone (under the zero-bubble schedules a rank
+other than 0 runs the last weight gradients). The loss is written as::
 
-    T - c_r =  warm-up/cool-down_r + imbalance_r + after step_r   (T_known - c_r: the schedule with the known compute)
+    T - c_r =  warm-up/cool-down_r + imbalance_r             (T_known - c_r: the schedule with the known compute)
              + input + communication + host runtime          (T - T_known: what the measured step adds to it)
 
 - **warm-up/cool-down**: rank ``r``'s idle in the schedule simulated with the known compute, no link and no
   runtime, every stage capped at ``r``'s own pace (no stage slower than ``r``'s slowest of that kind): the fill and
   drain of the schedule itself;
 - **imbalance**: what the stages slower than ``r``'s own add to that idle (0 on the slowest rank; never negative,
-  since a step only grows when a stage slows); both are counted until rank 0's step or ``r``'s own last action
-  ends, the later;
-- **after step**: minus ``r``'s known compute after rank 0's last action (0, or negative under the zero-bubble
-  schedules, whose other ranks still run weight gradients when rank 0 is done: the trainer's step leaves that
-  work out, so a rank's compute is not all inside ``T``);
-- **input, communication, host runtime**: how much later the measured step ended than the known one, walked back
-  along its critical path from rank 0's last action. Each action on it was gated by the later-ending of its
+  since a step only grows when a stage slows); both are counted until the step's last action ends;
+- **after step**: kept in :data:`PARTS` and always 0 now that the step is timed whole (it was minus a rank's
+  compute after rank 0's step, when the trainer timed rank 0's step alone);
+- **input, communication, host runtime**: how much later the measured step ended than the known one, walked back along
+  its critical path from the step's last action (of any rank). Each action on it was gated by the later-ending of its
   rank's previous action and the action on another rank whose output it reads. The action's time beyond its known
   compute is **host runtime**; a gap's growth over the same gap in the known schedule (idle the schedule has anyway,
-  already in warm-up/cool-down and imbalance) is **communication** after a message-maker on another rank (posting,
-  the link, the receive) and **host runtime** after the rank's own action, as is the schedule step's own set-up and
-  finish (rank 0's step less the path). **input** is stage 0's wait for its batch. These are the job's: every
-  rank's step is the same ``T``.
+  already in warm-up/cool-down and imbalance) is **communication** after a message-maker on another rank (posting, the
+  link, the receive) and **host runtime** after the rank's own action, as is the pipeline step's own set-up and finish
+  (the step less the path). **input** is stage 0's wait for its batch. These are the job's: every rank's step is the
+  same ``T``.
 
 Each part is measured (or known), none is the remainder of the others: they add up to the loss because the path
-covers rank 0's step exactly and rank 0's last action is the same action in both schedules.
+covers the step exactly and the step's last action is the same action in both schedules.
 
 The same books are read from a simulated step (:func:`predicted_books`: its spans, no input), so that predicted and
 measured compare part by part. Clocks are ``time.perf_counter``, one monotonic clock for every process of a machine.
@@ -126,9 +124,9 @@ def _producer(op: Op, last: int) -> tuple[str, int, int] | None:
 
 def _walk(spans: Sequence[Span], owner: Sequence[int], costs: Sequence[StageCost],
           known: Mapping[Op, Span]) -> dict[str, float]:
-    """How far rank 0's last action of one step ended after its time in the known schedule, along the critical path.
+    """How far the last action of one step ended after its time in the known schedule, along the critical path.
 
-    ``known`` holds every action as the schedule runs it with the known compute alone. Walking back from rank 0's
+    ``known`` holds every action as the schedule runs it with the known compute alone. Walking back from the step's
     last action, each action on the path was gated by the later-ending of its rank's previous action and
     the action on another rank whose output it reads. Along the path, the measured step exceeds the known one by
     each action's time beyond its known compute (host runtime) and each gap's growth over the same gap in the
@@ -143,7 +141,7 @@ def _walk(spans: Sequence[Span], owner: Sequence[int], costs: Sequence[StageCost
         row = sorted((s for s in spans if s.rank == r), key=lambda s: s.start)
         previous.update(zip(row[1:], row[:-1], strict=True))
     origin = min(s.start for s in spans)
-    cur = max((s for s in spans if s.rank == 0), key=lambda s: s.end)  # the trainer's step is rank 0's
+    cur = max(spans, key=lambda s: s.end)  # the step's last action, on whichever rank
     out = {"communication": 0.0, "runtime": 0.0}
     while True:
         mine = known[cur.op]
@@ -166,28 +164,26 @@ def _idle_split(program: Mapping[int, Sequence[Op]], owner: Sequence[int],
                 costs: Sequence[StageCost]) -> tuple[StepResult, list[float], list[dict[str, float]]]:
     """The known-compute step, and per rank its compute and its idle split into parts (seconds).
 
-    The parts: warm-up/cool-down, imbalance and its compute after rank 0's step (``after_step``, <= 0); the three
-    make ``T_known - c_r``.
+    The parts: warm-up/cool-down and imbalance, which make ``T_known - c_r``, and ``after_step`` (0).
     """
     free = lambda a, b: FREE_LINK  # noqa: E731
     ranks = len(program)
     known = simulate(program, owner, costs, free, optimizer_s=[0.0] * ranks)
     compute = [sum(compute_s(op, costs[op.stage]) for op in program[r] if op.kind != "O") for r in range(ranks)]
     whole = any(op.kind == "B" for ops in program.values() for op in ops)  # B, or I and W apart
-    step = _end(known, 0)
+    step = _end(known)
     parts = []
     for r in range(ranks):
         mine = [costs[s] for s in range(len(owner)) if owner[s] == r]
         capped = simulate(program, owner, [_capped(c, mine, whole) for c in costs], free, optimizer_s=[0.0] * ranks)
-        alone = max(_end(capped, 0), _end(capped, r))  # until rank 0's step or r's own work ends, the later
-        ends = max(step, _end(known, r))
-        parts.append({"warmup_cooldown": alone - compute[r], "imbalance": ends - alone, "after_step": step - ends})
+        alone = _end(capped)  # no slower than the known step: a step only grows when a stage slows
+        parts.append({"warmup_cooldown": alone - compute[r], "imbalance": step - alone, "after_step": 0.0})
     return known, compute, parts
 
 
-def _end(result: StepResult, rank: int) -> float:
-    """When ``rank``'s last action of a simulated step ends (rank 0's: the step as the trainer times it)."""
-    return max(s.end for s in result.spans if s.rank == rank and s.op.kind != "O")
+def _end(result: StepResult) -> float:
+    """When the last compute action of a simulated step ends, on any rank: the step as the trainer times it."""
+    return max(s.end for s in result.spans if s.op.kind != "O")
 
 
 def _capped(cost: StageCost, mine: Sequence[StageCost], whole: bool) -> StageCost:
@@ -208,7 +204,7 @@ def measured_books(steps: Sequence[Sequence[Span]], step_times: Sequence[tuple[f
 
     Args:
         steps: each step's spans (every rank's compute actions).
-        step_times: per step, stage 0's input wait and rank 0's schedule step (seconds).
+        step_times: per step, stage 0's input wait and the pipeline's step, timed whole (seconds).
         program: each rank's operations, in the order it ran them.
         owner: the rank of each model stage.
         costs: each model stage's known compute per micro-batch.
@@ -225,10 +221,10 @@ def measured_books(steps: Sequence[Sequence[Span]], step_times: Sequence[tuple[f
     total = {"input": 0.0, "communication": 0.0, "runtime": 0.0, "step": 0.0}
     for spans, (wait, pipe) in zip(steps, step_times, strict=True):
         path = _walk([s for s in spans if s.op.kind != "O"], owner, costs, at)
-        length = max(s.end for s in spans if s.rank == 0) - min(s.start for s in spans)
+        length = max(s.end for s in spans) - min(s.start for s in spans)
         total["input"] += wait
         total["communication"] += path["communication"]
-        total["runtime"] += path["runtime"] + pipe - length  # the schedule step's set-up and finish beside the path
+        total["runtime"] += path["runtime"] + pipe - length  # the pipeline step's set-up and finish beside the path
         total["step"] += wait + pipe
     n, step = len(steps), total["step"]
     could, loss, parts = [], [], []
@@ -245,7 +241,7 @@ def predicted_books(result: StepResult, program: Mapping[int, Sequence[Op]], own
                     costs: Sequence[StageCost], images: int) -> Books:
     """The books of a simulated step (no input: the simulator predicts the schedule's step)."""
     spans = [s for s in result.spans if s.op.kind != "O"]
-    return measured_books([spans], [(0.0, _end(result, 0))], program, owner, costs, images)
+    return measured_books([spans], [(0.0, _end(result))], program, owner, costs, images)
 
 
 
@@ -254,11 +250,10 @@ def job_books(config: Any, balance: Sequence[int], layer_costs: Mapping[str, Any
     """The books of a finished ``stallfree train`` job (``config``, a ``TrainConfig``), from what rank 0 holds.
 
     ``records``: every rank's stage-clock records (replica 0's pipeline ranks are read); ``step_times``: stage 0's
-    wait and rank 0's schedule step of each step this run trained, in order (the clock numbers them 1, 2, ...).
+    wait and the pipeline's step of each step this run trained, in order (the clock numbers them 1, 2, ...).
     The first step (warm-up of the processes) is left out when there are others, as the summary's figures do.
     ``None``, with a warning, when the spans do not match the schedule (the clock dropped some); ``None`` for a
-    schedule without a flush (``2bw``: its step is no step of the synchronous order the books are read against;
-    its summary gives weight versions, staleness and the bubble instead).
+    schedule that does not flush (``2bw``: a step is a cut of an endless stream, not one of the simulator's steps).
     """
     from .attribution import steps_from_records
     from .predict import job_program

@@ -81,6 +81,7 @@ class Rank:
         self.base = self.replica * c.stages  # global rank of this replica's pipeline rank 0
         self.owner = [self.base + c.spec.owner(s, c.stages) for s in range(c.model_stages)]
         self.clock = StageClock()
+        self._labels_sent: tuple[Any, torch.Tensor] | None = None  # stage 0's last labels isend, until it is done
         self.feed = self.eval_feed = None
         info = torch.zeros(2, dtype=torch.int64, device=self.comm)
         if self.pp == 0:
@@ -253,37 +254,59 @@ class Rank:
             self.feed.load_state_dict(json.loads(state["feed"]))
         return step, int(meta["epoch"])
 
-    def train_step(self, images: Any, labels: Any) -> tuple[float, float, float]:
-        """One optimizer step; returns ``(summed micro-batch loss or 0, schedule seconds, busy seconds)``."""
-        c = self.config
+    def train_step(self, images: Any, labels: Any) -> tuple[float, float, float, float]:
+        """One optimizer step; returns ``(summed micro-batch loss or 0, schedule start, its end, busy seconds)``.
+
+        Start and end are ``time.perf_counter`` readings. The labels go from stage 0 to the last stage by ``isend``
+        (stage 0 does not wait for the last stage to reach this step) and ``irecv``, in posting order per pair.
+        """
         for stage in self.stages:
             stage.step_number += 1
-        if labels is not None:
+        target: Any = None  # the last stage's labels, or what waits for them
+        if self.first and self.last:
+            target = labels.to(self.device)
+        elif self.first:
             labels = labels.to(self.comm)
-        if self.first and not self.last:
-            dist.send(labels, self.owner[-1])
-        elif self.last and not self.first:
-            labels = torch.empty(c.batch_size, dtype=torch.int64, device=self.comm)
-            dist.recv(labels, self.owner[0])
-        if labels is not None:
-            labels = labels.to(self.device)
+            self._wait_labels_sent()
+            self._labels_sent = (dist.isend(labels, self.owner[-1]), labels)  # the tensor lives until it is sent
+        elif self.last:
+            target = self._receive_labels()
         if self.two_bw is not None:
-            return self._train_step_2bw(self.two_bw, images, labels)
+            return self._train_step_2bw(self.two_bw, images, target)
+        if callable(target):
+            target = target()
         losses: list[torch.Tensor] = []
         start = time.perf_counter()
         if self.first and self.last:
-            self.schedule.step(images.to(self.device), target=labels, losses=losses)
+            self.schedule.step(images.to(self.device), target=target, losses=losses)
         elif self.first:
             self.schedule.step(images.to(self.device))
         elif self.last:
-            self.schedule.step(target=labels, losses=losses)
+            self.schedule.step(target=target, losses=losses)
         else:
             self.schedule.step()
-        pipe_s = time.perf_counter() - start
+        end = time.perf_counter()
         self._update()
         busy = sum(s.take_busy() for s in self.stages)
         loss = float(sum(x.item() for x in losses) / len(losses)) if losses else 0.0
-        return loss, pipe_s, busy
+        return loss, start, end, busy
+
+    def _receive_labels(self) -> Any:
+        """Post the receive of this step's labels; returns what waits for them (on this rank's device)."""
+        buf = torch.empty(self.config.batch_size, dtype=torch.int64, device=self.comm)
+        work = dist.irecv(buf, self.owner[0])
+        if work is None:
+            raise RuntimeError(f"rank {self.rank}: irecv of the labels from rank {self.owner[0]} returned no work")
+
+        def labels() -> torch.Tensor:
+            work.wait()
+            return buf.to(self.device)
+        return labels
+
+    def _wait_labels_sent(self) -> None:
+        if self._labels_sent is not None:
+            self._labels_sent[0].wait()
+            self._labels_sent = None
 
     def _update(self) -> None:
         """One optimizer update of this rank's stages, the gradients of the step's micro-batches in place."""
@@ -301,25 +324,28 @@ class Rank:
         if self.scheduler is not None:
             self.scheduler.step()
 
-    def _train_step_2bw(self, two_bw: TwoBW, images: Any, labels: Any) -> tuple[float, float, float]:
-        """As :meth:`train_step`, for ``--schedule 2bw``: the updates run inside the runner (one per M backwards)."""
+    def _train_step_2bw(self, two_bw: TwoBW, images: Any, target: Any) -> tuple[float, float, float, float]:
+        """As :meth:`train_step`, for ``--schedule 2bw``: the updates run inside the runner (one per M backwards).
+
+        ``target``: on the last stage, the step's labels or what waits for them (read at the step's first forward
+        that needs them). Nothing waits for the other ranks here: each rank's call ends at its own cut of the
+        stream, and the trainer times the pipeline's step from every rank's start and end.
+        """
         two_bw.step_number += 1
         losses: list[torch.Tensor] = []
         start = time.perf_counter()
-        two_bw.step(images.to(self.device) if self.first else None, labels if self.last else None, losses)
-        # The ranks' step() calls end at different times (each leaves another part of the stream for the next):
-        # waiting here for the whole pipeline's part of the step makes the step time comparable with the flushing
-        # schedules', whose rank 0 runs the step's last backward. The trainer's collective would wait as long.
-        dist.barrier(group=self.pp_group)
-        pipe_s = time.perf_counter() - start
+        two_bw.step(images.to(self.device) if self.first else None, target, losses)
+        end = time.perf_counter()
         loss = float(sum(x.item() for x in losses) / len(losses)) if losses else 0.0
-        return loss, pipe_s, two_bw.take_busy()
+        return loss, start, end, two_bw.take_busy()
 
     def drain(self) -> None:
         """Finish every micro-batch in flight (``--schedule 2bw``; the others flush at every step).
 
-        Every rank calls it before the weights are read (evaluation, checkpoint).
+        Every rank calls it before the weights are read (evaluation, checkpoint); stage 0's labels sent are waited
+        for too.
         """
+        self._wait_labels_sent()
         if self.two_bw is not None:
             self.two_bw.drain()
 

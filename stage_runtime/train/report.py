@@ -2,9 +2,12 @@
 
 Two fractions describe where time goes, both measured by the stage clock's spans:
 
-- input stall = time stage 0 waited for the Loader / step time (step time = wait + the schedule's step);
-- bubble = idle time of the pipeline ranks inside the schedule's step / (ranks x step time), shown beside the
+- input stall = time stage 0 waited for the Loader / step time (step time = wait + the pipeline's step);
+- bubble = idle time of the pipeline ranks inside the pipeline's step / (ranks x its time), shown beside the
   schedule's theory.
+
+The pipeline's step is timed whole: from stage 0 holding its batch to the end of the last rank's schedule step
+(:meth:`Report.step`), on ``time.perf_counter``, the clock every process of a machine shares.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ class Report:
         self.ranks, self.replicas, self.progress, self.log_every = ranks, replicas, progress, log_every
         self.totals: dict[str, float] = {"wait_s": 0.0, "step_s": 0.0, "busy_s": 0.0, "images": 0, "steps": 0,
                                          "compute_step_s": 0.0}
-        self.step_times: list[tuple[float, float]] = []  # per step of this run: stage 0's wait, the schedule's step
+        self.step_times: list[tuple[float, float]] = []  # per step of this run: input stall, the pipeline's step
+        self._end: float | None = None  # when the last step's pipeline ended (None: after a synchronisation)
         self._bar: Any = None
         self._first: dict[str, float] | None = None
         self.last_loss = float("nan")
@@ -51,9 +55,26 @@ class Report:
             self._bar = tqdm(total=steps, initial=done, desc=f"epoch {epoch}", file=sys.stderr, unit="step",
                              dynamic_ncols=True, leave=True)
 
-    def step(self, step: int, epoch: int, loss: float, wait_s: float, pipe_s: float, busy_s: float,
-             images: int, lr: float | None = None) -> None:
-        """Add one step: stage 0's input wait, the schedule's wall time, the ranks' summed busy time, its rate."""
+    def synced(self) -> None:
+        """Every rank met (checkpoint, evaluation): the next step is timed from its own start, not the last's end."""
+        self._end = None
+
+    def step(self, step: int, epoch: int, *, loss: float, wait_s: float, t0: float, start: float, end: float,
+             busy_s: float, images: int, lr: float | None = None) -> None:
+        """Add one step, timed whole over the pipeline on the clock every process of a machine shares.
+
+        ``t0``: when stage 0 began reading the step's batch (``wait_s`` then passed), ``start`` when its schedule
+        step began, ``end`` when the last rank's ended; ``busy_s`` the ranks' summed compute. The pipeline's step
+        runs from stage 0 holding its batch, or from the previous step's end if later (the ranks overlap
+        consecutive steps where nothing waits between them: ``2bw``, the zero-bubble schedules' tail), to ``end``;
+        the input stall is the part of the wait not hidden under the previous step. Steps then never overlap, so no
+        time is counted twice; rank 0's time between a step's end and its next read (its optimizer step) is in
+        neither, as the plan simulator's step leaves it out.
+        """
+        after = self._end if self._end is not None else float("-inf")
+        self._end = end
+        pipe_s = end - max(t0 + wait_s, after)
+        wait_s = max(0.0, min(wait_s, t0 + wait_s - after))
         # The first step of a run pays for warm-up (DataLoader workers starting, first sends, allocations); the
         # summary leaves it out when there are others, train.jsonl keeps it.
         self.step_times.append((wait_s, pipe_s))
@@ -72,7 +93,7 @@ class Report:
             "input_stall": round(wait_s / step_s, 4) if step_s > 0 else 0.0,
             "bubble": round(max(0.0, 1 - busy_s / (self.ranks * pipe_s)), 4) if pipe_s > 0 else 0.0,
             "step_s": round(step_s, 5),
-            "compute_step_s": round(pipe_s, 5),  # the schedule's step alone, what the plan simulator predicts
+            "compute_step_s": round(pipe_s, 5),  # the pipeline's step alone, what the plan simulator predicts
         }
         if lr is not None:
             row["lr"] = lr
@@ -155,7 +176,7 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 
 _NAMES = {"warmup_cooldown": "warm-up/cool-down", "imbalance": "imbalance", "communication": "communication",
-          "runtime": "host runtime", "input": "input", "after_step": "after rank 0's step"}
+          "runtime": "host runtime", "input": "input"}  # the books' after_step is 0: the step is timed whole
 
 
 def _parts(parts: dict[str, float]) -> str:

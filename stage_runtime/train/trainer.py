@@ -175,6 +175,7 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
     report = Report(out, c.stages, c.dp, c.progress and rank == 0, c.log_every,
                     resume_step=step if c.resume else None) if rank == 0 else None
     total_steps = c.total_steps(job.steps_per_epoch)
+    stats = _StepStats(job, report)
     wall0, accuracy, epoch = time.perf_counter(), None, start_epoch
     for epoch in range(start_epoch, c.epochs):
         if step >= total_steps:
@@ -195,21 +196,19 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
             if job.feed is not None and not hasattr(job.feed, "clock"):
                 job.clock.record("input", "waiting", t0, t0 + wait, step)
             lr = c.lr * lr_factor(step, total_steps, c.warmup_steps, c.lr_schedule)  # what this step uses
-            loss, pipe_s, busy = job.train_step(images, labels)
+            loss, start, end, busy = job.train_step(images, labels)
             step += 1
             if c.crash_at is not None and tuple(c.crash_at[:2]) == (rank, step):
                 os.kill(os.getpid(), c.crash_at[2] if len(c.crash_at) > 2 else 9)
-            stats = torch.tensor([loss if job.last else 0.0, wait if job.first else 0.0, busy,
-                                  pipe_s if job.first else 0.0], device=job.comm)
-            dist.all_reduce(stats, group=job.pp_group)
-            if report is not None:
-                report.step(step, epoch, float(stats[0]), float(stats[1]), float(stats[3]), float(stats[2]),
-                            c.batch_size, lr=lr)
+            stats.post(step, epoch, lr, [loss if job.last else 0.0, wait if job.first else 0.0, busy, t0, start, end])
             if c.checkpoint_every and step % c.checkpoint_every == 0 and step < total_steps:
+                stats.settle()
                 job.save(step, epoch if step % job.steps_per_epoch else epoch + 1)
+        stats.settle()
         accuracy = job.evaluate()
         if report is not None:
             report.eval(epoch, step, accuracy) if accuracy >= 0 else report.close_bar()
+    stats.settle()
     end_epoch = epoch + 1 if step % job.steps_per_epoch == 0 else epoch
     job.save(step, end_epoch)
     versions = job.weight_versions()  # 2bw's versions and staleness per pipeline rank ({} otherwise); a collective
@@ -243,6 +242,57 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
         merged.to_chrome_trace(out / "trace.json")
         summary["trace"] = str(out / "trace.json")
         atomic_write(out / "summary.json", json.dumps(summary, indent=1, default=str).encode())
+
+
+class _StepStats:
+    """Each step's figures, gathered over the pipeline ranks one step late: no collective waits between steps.
+
+    Every rank posts its figures of step ``k`` (``[loss, input wait, busy, t0, start, end]``: the last stage's loss,
+    stage 0's wait for its batch, the rank's busy seconds, and ``time.perf_counter`` before the batch was read and
+    at the start and end of its schedule step) in an ``all_gather`` with ``async_op=True``, and waits for step
+    ``k-1``'s only then, long after every rank posted it. A blocking collective after every step would be a barrier
+    across the pipeline: under ``2bw`` at S>=3 (no instant ends every rank's part of a step) and under the
+    zero-bubble schedules (the other ranks still run weight gradients when rank 0 is done) it idles ranks. Before
+    anything that needs every rank (checkpoint, evaluation, the end) :meth:`settle` waits for the last one.
+    Pipeline rank 0 hands the gathered figures to the :class:`Report`, each step once and in order.
+    """
+
+    def __init__(self, job: Rank, report: Report | None):
+        self.job, self.report = job, report
+        # The pipeline's step is timed across its ranks on perf_counter, which only the processes of one machine
+        # share; a job across machines times it on pipeline rank 0 alone.
+        local = os.environ.get("LOCAL_WORLD_SIZE")
+        self.one_clock = local is None or int(local) >= job.config.world_size
+        self._pending: tuple[Any, list[torch.Tensor], int, int, float] | None = None
+
+    def post(self, step: int, epoch: int, lr: float, figures: list[float]) -> None:
+        """Post step ``step``'s figures, then wait for (and report) the step before it."""
+        mine = torch.tensor(figures, dtype=torch.float64, device=self.job.comm)  # float64: perf_counter's seconds
+        every = [torch.zeros_like(mine) for _ in range(self.job.config.stages)]
+        work = dist.all_gather(every, mine, group=self.job.pp_group, async_op=True)
+        previous, self._pending = self._pending, (work, every, step, epoch, lr)
+        if previous is not None:
+            self._finish(previous)
+
+    def settle(self) -> None:
+        """Wait for the last step posted and report it; the next step starts after a synchronisation."""
+        if self._pending is not None:
+            self._finish(self._pending)
+            self._pending = None
+        if self.report is not None:
+            self.report.synced()
+
+    def _finish(self, pending: tuple[Any, list[torch.Tensor], int, int, float]) -> None:
+        work, every, step, epoch, lr = pending
+        work.wait()
+        if self.report is None:
+            return
+        rows = [[float(v) for v in t.cpu()] for t in every]  # one per pipeline rank, in pipeline order
+        c = self.job.config
+        ends = [r[5] for r in rows] if self.one_clock else [rows[0][5]]
+        self.report.step(step, epoch, loss=sum(r[0] for r in rows), wait_s=rows[0][1], t0=rows[0][3],
+                         start=rows[0][4], end=max(ends), busy_s=sum(r[2] for r in rows), images=c.batch_size,
+                         lr=lr)
 
 
 def _ideal(c: TrainConfig) -> float | None:

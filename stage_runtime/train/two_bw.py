@@ -11,13 +11,13 @@ flight across ``step()`` calls instead, so the pipeline fills once (at the first
 Each rank's order is torch's 1F1B order over an endless stream of micro-batches, cut at each step's end: rank
 ``r`` stops ``r`` forwards short of the micro-batches given so far, and the first stage also leaves the backward
 that follows its last forward for the next call. Every cut is a consistent prefix (no rank waits on a micro-batch
-not given yet). With two stages the cuts fall at one instant of the steady state, so the trainer's collective
-after each step costs no idle time; with more there is no such instant (forwards and backwards take different
-times), and the first backwards after the collective wait on each other down the pipeline (docs/train.md
-measures it). Each stage updates after every ``M`` of its backwards (the gradients accumulated, scaled by ``1/M``
-as torch's schedules do), and a micro-batch's backward uses the weights its forward read (:mod:`.versions`).
-Activations go forward and gradients back by point-to-point sends on the pipeline's process group (``isend``,
-``recv``), as torch's stages send them.
+not given yet). Nothing synchronises the ranks between steps (the trainer gathers a step's figures one step
+late, the labels go by ``isend``), so a rank runs on into the next step's part of the stream as soon as its inputs
+are there: at any S the steady state has no idle slot but what the updates and uneven stages leave. Each stage
+updates after every ``M`` of its backwards (the gradients accumulated, scaled by ``1/M`` as torch's schedules
+do), and a micro-batch's backward uses the weights its forward read (:mod:`.versions`). Activations go forward
+and gradients back by point-to-point sends on the pipeline's process group (``isend``, ``recv``), as torch's
+stages send them.
 
 Losses lag: the last stage's ``step()`` reports the losses of the ``M`` micro-batches it finished in that call,
 the last ``S-1`` of the previous step and the first ``M-S+1`` of this one. Before an evaluation or a checkpoint the
@@ -72,27 +72,31 @@ class TwoBW:
         self.forwards = self.backwards = 0  # micro-batches forwarded / backwarded so far (global indices)
         self.given = 0  # micro-batches given so far (steps x M)
         self._inputs: deque[torch.Tensor] = deque()  # the first stage's micro-batches not forwarded yet
-        self._targets: deque[torch.Tensor] = deque()  # the last stage's labels of those
+        self._targets: deque[torch.Tensor | Callable[[], torch.Tensor]] = deque()  # the last stage's, per step
+        self._split: deque[torch.Tensor] = deque()  # the micro-batches' labels of the step being forwarded
         self._held: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}  # mb -> (input, output or loss)
         self._sends: list[Any] = []
         self.busy_s, self.step_number = 0.0, 0
 
-    def step(self, images: torch.Tensor | None = None, target: torch.Tensor | None = None,
+    def step(self, images: torch.Tensor | None = None,
+             target: torch.Tensor | Callable[[], torch.Tensor] | None = None,
              losses: list[torch.Tensor] | None = None) -> None:
         """Take one step's ``M`` micro-batches and run this rank's part of the 1F1B order up to its cut.
 
-        ``images`` is the step's batch on the first stage, ``target`` its labels on the last, where ``losses`` gets
-        the losses of the micro-batches finished in this call.
+        ``images`` is the step's batch on the first stage, ``target`` its labels on the last (or a function that
+        waits for them: called at the first forward of this step's micro-batches, which at S>=2 comes after the
+        previous step's micro-batches left in flight), where ``losses`` gets the losses of the micro-batches
+        finished in this call.
         """
         if images is not None:
             self._inputs.extend(images.tensor_split(self.microbatches))
         if target is not None:
-            self._targets.extend(target.tensor_split(self.microbatches))
+            self._targets.append(target)
         self.given += self.microbatches
         # the first stage (of several) cuts before the backward after its last forward, the others r forwards early
         self._run(self.given - self.stage_index, losses, defer=self.prev is None and self.next is not None)
         # The sends are not waited for here: the gradients of the micro-batches the previous stage still holds are
-        # received in its next call, after the trainer's per-step collective that this rank would then never reach.
+        # received in its next call, which may start only after this rank's (the trainer waits for no other rank).
 
     def drain(self) -> None:
         """Run every forward and backward left (and the updates that close their steps): one weight version left."""
@@ -110,10 +114,17 @@ class TwoBW:
             self._backward()
         while self.forwards < until:
             x = self._inputs.popleft() if self.prev is None else None
-            y = self._targets.popleft() if self.next is None else None
+            y = self._target() if self.next is None else None
             self._forward(x, y, losses)
             if self.forwards - self.backwards > self.warmup and not (defer and self.forwards == until):
                 self._backward()
+
+    def _target(self) -> torch.Tensor | None:
+        """The next micro-batch's labels (the last stage's), waiting for its step's labels at its first."""
+        if not self._split and self._targets:
+            target = self._targets.popleft()
+            self._split.extend((target() if callable(target) else target).tensor_split(self.microbatches))
+        return self._split.popleft() if self._split else None
 
     def take_busy(self) -> float:
         """Busy seconds since the last call, and reset."""
