@@ -123,8 +123,9 @@ class HostOverhead:
     ``PipelineStage``'s chunk calls (argument handling, shape checks, autograd plumbing), which the trainer's stage
     timing counts as busy. ``kind_s`` replaces it for the kinds it names (``(("I", 9e-4), ("W", 8e-4))``): torch's
     input- and weight-gradient chunks cost more than a forward. ``message_s`` occupies a rank once per message it
-    receives (before the action that reads it) and ``send_s`` once per message it sends (after the action that
-    made it; ``None``: the same as ``message_s``): posting and completing a gloo operation, idle in the trainer's
+    receives, from when it is free to read it (less the wait, if the message arrives later: the receive completes
+    as it arrives) and ``send_s`` once per message it sends (after posting it, the message already on its way;
+    ``None``: the same as ``message_s``): posting and completing a gloo operation, idle in the trainer's
     bubble. ``gap_s`` idles a rank after each of its actions, before the next (and before its send): the
     runtime's own bookkeeping between two chunk calls. ``step_s`` is the schedule step's own set-up (splitting the
     batch into micro-batches, merging the losses), idle on every rank. Measured by

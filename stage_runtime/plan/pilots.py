@@ -16,7 +16,8 @@ and rank 0's layer costs, ``train.jsonl`` and every rank's ``spans-{rank}.json``
    stage's compute, the gap between actions, the sender's cost of a send and the receiver's of a message.
 2. Two costs the spans do not show, from the jobs' measured schedule steps: a set-up per step (``step_s``, idle on
    every rank) and an idle after every action beyond the gap the spans show (added to ``gap_s``). Each pilot
-   configuration gives one equation, its measured step (the median over its runs) less the simulated one with the
+   configuration gives one equation, its measured step (the median over its runs) less the simulated one (timed as
+   the trainer times it: :func:`~.books.predicted_books`' step) with the
    overhead of 1 = ``step_s`` + (the simulated step's growth per second of gap) x the extra gap; least squares
    over the configurations, both at least 0. Pilots of few and of many micro-batches tell the two apart: a set-up
    per step weighs alike on both, an idle per action grows with the actions on the critical path.
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .attribution import Measured, fit_overhead, trainer_steps
-from .books import known_costs
+from .books import known_costs, predicted_books
 from .calibrate import FAMILIES
 from .costs import Cores, HostOverhead, LayerTimes, Link, StageCost
 from .orders import Op
@@ -127,8 +128,13 @@ def read_pilot(out_dir: str | Path) -> Pilot:
 
 
 def _simulated_s(pilot: Pilot, link: Link, overhead: HostOverhead, cores: Cores | None) -> float:
-    return simulate(pilot.program, pilot.owner, pilot.costs, lambda a, b: link, overhead=overhead,
-                    cores=cores).schedule_s
+    """The simulated step as the trainer times it (the books' step: rank 0's), to set beside ``pilot.step_s``.
+
+    Not the whole schedule: under the zero-bubble schedules the other ranks still run weight gradients when rank
+    0's step ends, and comparing the two fitted that difference (up to a fifth of the step) as overhead.
+    """
+    result = simulate(pilot.program, pilot.owner, pilot.costs, lambda a, b: link, overhead=overhead, cores=cores)
+    return predicted_books(result, pilot.program, pilot.owner, pilot.costs, 1).step_s
 
 
 def _non_negative_fit(rows: Sequence[tuple[float, float]]) -> tuple[float, float]:
