@@ -16,9 +16,10 @@ and rank 0's layer costs, ``train.jsonl`` and every rank's ``spans-{rank}.json``
    stage's compute, the gap between actions, the sender's cost of a send and the receiver's of a message.
 2. Two costs the spans do not show, from the jobs' measured schedule steps: a set-up per step (``step_s``, idle on
    every rank) and an idle after every action beyond the gap the spans show (added to ``gap_s``). Each pilot
-   configuration gives one equation, its measured step (the median over its runs) less the simulated one (timed as
-   the trainer times it: :func:`~.books.predicted_books`' step) with the
-   overhead of 1 = ``step_s`` + (the simulated step's growth per second of gap) x the extra gap; least squares
+   configuration gives one equation: its measured step (the median over its runs of each run's mean step, not
+   its median: a loaded machine's job pays its busy moments, and the books split the mean) less the simulated one
+   (as the trainer times it: :func:`~.books.predicted_books`' step) with the overhead of 1 = ``step_s`` + (the
+   simulated step's growth per second of gap) x the extra gap; least squares
    over the configurations, both at least 0. Pilots of few and of many micro-batches tell the two apart: a set-up
    per step weighs alike on both, an idle per action grows with the actions on the critical path.
 
@@ -42,7 +43,7 @@ from .orders import Op
 from .predict import job_program
 from .simulate import simulate
 
-__all__ = ["Pilot", "PilotFit", "fit_pilots", "measured_step", "read_pilot"]
+__all__ = ["Pilot", "PilotFit", "fit_pilots", "mean_step", "measured_step", "read_pilot"]
 
 _PROBE_S = 1e-4  # the extra gap at which the simulated step's growth per second of gap is read
 
@@ -59,7 +60,7 @@ class Pilot:
     program: dict[int, list[Op]]  # what each rank ran (torch's order)
     owner: tuple[int, ...]
     costs: tuple[StageCost, ...]  # per model stage, from the layer costs rank 0 measured
-    step_s: float  # the median schedule step after the first
+    step_s: float  # the mean schedule step after the first (:func:`mean_step`)
     steps: tuple[tuple[Any, ...], ...]  # the spans of each step after the first
 
     @property
@@ -72,6 +73,18 @@ class Pilot:
         return Measured([list(s) for s in self.steps], self.owner, self.costs)
 
 
+def _logged_steps(out_dir: str | Path) -> list[dict[str, Any]]:
+    """A job's logged steps after the first (all of them if there is one), from its ``train.jsonl``."""
+    path = Path(out_dir) / "train.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file (stallfree train writes one per job)")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    steps = [r for r in rows if "loss" in r]
+    if not steps:
+        raise ValueError(f"{path}: no training step logged")
+    return steps[1:] or steps
+
+
 def measured_step(out_dir: str | Path) -> tuple[float, float]:
     """Median schedule step seconds and bubble over a job's steps after the first, from its ``train.jsonl``.
 
@@ -82,15 +95,17 @@ def measured_step(out_dir: str | Path) -> tuple[float, float]:
         FileNotFoundError: no ``train.jsonl``.
         ValueError: no step in it.
     """
-    path = Path(out_dir) / "train.jsonl"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file (stallfree train writes one per job)")
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    steps = [r for r in rows if "loss" in r]
-    if not steps:
-        raise ValueError(f"{path}: no training step logged")
-    steps = steps[1:] or steps
+    steps = _logged_steps(out_dir)
     return statistics.median(r["compute_step_s"] for r in steps), statistics.median(r["bubble"] for r in steps)
+
+
+def mean_step(out_dir: str | Path) -> float:
+    """The mean schedule step seconds over a job's steps after the first: what a job pays on this machine.
+
+    The median leaves out the steps that met a busy moment (another process's time slice, 2-20 ms here); a job's
+    time, and the books that split it, pay them. Errors as :func:`measured_step`.
+    """
+    return statistics.fmean(r["compute_step_s"] for r in _logged_steps(out_dir))
 
 
 def read_pilot(out_dir: str | Path) -> Pilot:
@@ -123,7 +138,7 @@ def read_pilot(out_dir: str | Path) -> Pilot:
     costs = known_costs(config, [LayerTimes(**c) for c in layers["layers"]], summary["balance"],
                         float(layers["optimizer_s"]))  # under sim:R, the device's known times
     return Pilot(str(out), config.model, config.schedule, config.stages, config.microbatches, program,
-                 tuple(owner), tuple(costs), measured_step(out)[0],
+                 tuple(owner), tuple(costs), mean_step(out),
                  tuple(tuple(s) for s in trainer_steps(out, program)))
 
 

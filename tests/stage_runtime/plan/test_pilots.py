@@ -10,7 +10,14 @@ import pytest
 
 from stallfree.stage_runtime.plan.costs import HostOverhead, LayerTimes, Link, stage_costs
 from stallfree.stage_runtime.plan.orders import placement, torch_order
-from stallfree.stage_runtime.plan.pilots import Pilot, _non_negative_fit, fit_pilots, measured_step, read_pilot
+from stallfree.stage_runtime.plan.pilots import (
+    Pilot,
+    _non_negative_fit,
+    fit_pilots,
+    mean_step,
+    measured_step,
+    read_pilot,
+)
 from stallfree.stage_runtime.plan.simulate import simulate
 
 LINK = Link(2e9, 0.0)
@@ -114,3 +121,7 @@ def test_a_pilot_folder_missing_what_the_trainer_writes_is_named(tmp_path: Path)
                                                                           (2.0, 0.2))]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert measured_step(tmp_path) == (2.0, 0.2)  # the median after the first step
+    assert mean_step(tmp_path) == 2.0  # (1 + 3 + 2) / 3: every step after the first
+    rows.append({"loss": 1.0, "compute_step_s": 10.0, "bubble": 0.5})  # a step that met a busy machine
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert measured_step(tmp_path)[0] == 2.5 and mean_step(tmp_path) == 4.0
