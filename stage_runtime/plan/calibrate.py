@@ -22,7 +22,7 @@ CPU), measure two things in one start-up (most of it importing torch in each pro
    already there; ``step_s`` is then what the measured schedule still takes beyond the simulated
    one, the mean over the runs.
 
-Medians of the schedule steps, means of the spans. The measurement runs with the torch threads the trainer gives
+Medians of the schedule steps and of the spans. The measurement runs with the torch threads the trainer gives
 each stage process, so that per-action costs are those of the job's processes; with more stage processes than
 cores, ``ranks`` of them share the cores as the job's will.
 """

@@ -16,10 +16,10 @@ and rank 0's layer costs, ``train.jsonl`` and every rank's ``spans-{rank}.json``
    stage's compute, the gap between actions, the sender's cost of a send and the receiver's of a message.
 2. Two costs the spans do not show, from the jobs' measured schedule steps: a set-up per step (``step_s``, idle on
    every rank) and an idle after every action beyond the gap the spans show (added to ``gap_s``). Each pilot
-   configuration gives one equation: its measured step (the median over its runs of each run's mean step, not
-   its median: a loaded machine's job pays its busy moments, and the books split the mean) less the simulated one
-   (as the trainer times it: :func:`~.books.predicted_books`' step) with the overhead of 1 = ``step_s`` + (the
-   simulated step's growth per second of gap) x the extra gap; least squares
+   configuration gives one equation: its measured step (the median over its runs of each run's median step: a
+   burst of load during a pilot's few steps would otherwise be fitted as overhead every cell pays) less the
+   simulated one (as the trainer times it: :func:`~.books.predicted_books`' step) with the overhead of 1 =
+   ``step_s`` + (the simulated step's growth per second of gap) x the extra gap; least squares
    over the configurations, both at least 0. Pilots of few and of many micro-batches tell the two apart: a set-up
    per step weighs alike on both, an idle per action grows with the actions on the critical path.
 
@@ -60,7 +60,7 @@ class Pilot:
     program: dict[int, list[Op]]  # what each rank ran (torch's order)
     owner: tuple[int, ...]
     costs: tuple[StageCost, ...]  # per model stage, from the layer costs rank 0 measured
-    step_s: float  # the mean schedule step after the first (:func:`mean_step`)
+    step_s: float  # the median schedule step after the first
     steps: tuple[tuple[Any, ...], ...]  # the spans of each step after the first
 
     @property
@@ -138,7 +138,7 @@ def read_pilot(out_dir: str | Path) -> Pilot:
     costs = known_costs(config, [LayerTimes(**c) for c in layers["layers"]], summary["balance"],
                         float(layers["optimizer_s"]))  # under sim:R, the device's known times
     return Pilot(str(out), config.model, config.schedule, config.stages, config.microbatches, program,
-                 tuple(owner), tuple(costs), mean_step(out),
+                 tuple(owner), tuple(costs), measured_step(out)[0],
                  tuple(tuple(s) for s in trainer_steps(out, program)))
 
 
