@@ -134,7 +134,8 @@ def _load(avg: tuple[float, float, float]) -> str:
 def _overhead_line(o: dict[str, Any]) -> str:
     kinds = ", ".join(f"{k} {v * 1e6:.0f}" for k, v in o["kind_s"].items())
     return (f"us per action {kinds}; {o['gap_s'] * 1e6:.0f} us between actions, {o['send_s'] * 1e6:.0f} us per "
-            f"send, {o['message_s'] * 1e6:.0f} us per receive, {o['step_s'] * 1e6:.0f} us per step")
+            f"send, {o['message_s'] * 1e6:.0f} us per receive, {o.get('wire_s', 0.0) * 1e6:.0f} us per message "
+            f"beyond the link, {o['step_s'] * 1e6:.0f} us per step")
 
 
 def _pilot_names(rows: list[dict[str, Any]], model: str, stages: str) -> str:

@@ -13,7 +13,9 @@ and rank 0's layer costs, ``train.jsonl`` and every rank's ``spans-{rank}.json``
 (:data:`~.calibrate.FAMILIES`, one runtime each):
 
 1. :func:`~.attribution.fit_overhead` over the family's jobs' spans: each action kind's busy time beyond its
-   stage's compute, the gap between actions, the sender's cost of a send and the receiver's of a message.
+   stage's compute, the gap between actions, the sender's cost of a send and the receiver's of a message, and
+   the delay of a message its reader waited for beyond the link's latency (``wire_s``: torch's 1F1B waits for
+   the next forward's receive with the last backward's send, and its messages took twice GPipe's at S = 4).
 2. Two costs the spans do not show, from the jobs' measured schedule steps: a set-up per step (``step_s``, idle on
    every rank) and an idle after every action beyond the gap the spans show (added to ``gap_s``). Each pilot
    configuration gives one equation: its measured step (the median over its runs of each run's median step: a
@@ -201,7 +203,9 @@ class PilotFit:
 
 def _fit(pilots: Sequence[Pilot], link: Link, cores: Cores | None) -> HostOverhead:
     """One overhead for ``pilots`` (see the module docstring)."""
-    overhead, _ = fit_overhead([p.measured() for p in pilots], link)
+    overhead, latency_s = fit_overhead([p.measured() for p in pilots], link)
+    # what the schedule adds to the link for a message its reader waits for (the link: the near-empty GPipe's)
+    overhead = replace(overhead, wire_s=max(0.0, latency_s - link.latency_s))
     configs: dict[tuple[str, str, int, int], list[Pilot]] = {}
     for p in pilots:
         configs.setdefault(p.config_key, []).append(p)

@@ -17,7 +17,8 @@ real costs and free links (what that adds is imbalance); the rest is communicati
 
 The host's own cost of torch's runtime (:class:`~.costs.HostOverhead`, calibrated on this machine) is charged too:
 ``action_s`` (or its kind's ``kind_s``) on every compute action (busy, as the trainer's stage timing counts it),
-``gap_s`` after every compute action (idle, before its send), ``send_s`` on the sending rank after it posts a
+``gap_s`` after every compute action (idle, before its send), ``wire_s`` on every message between ranks (its
+delay beyond the link's latency), ``send_s`` on the sending rank after it posts a
 send to another rank (idle; the message leaves as it is posted), ``message_s`` on the receiving rank for a
 message that is already there when the rank is free to read it (idle: the receive is posted then and completes
 ``message_s`` later, or when the message arrives if that is later, the receive's cost then hidden in the wait:
@@ -276,7 +277,7 @@ class _Events:
         ln = self.link(src, dst)
         start = max(at, self.link_free.get((src, dst), 0.0))  # posted: gloo's thread sends while the rank goes on
         self.link_free[(src, dst)] = start + ln.busy_s(nbytes)
-        self.ready[(kind, dst_stage, m)] = start + ln.busy_s(nbytes) + ln.latency_s
+        self.ready[(kind, dst_stage, m)] = start + ln.busy_s(nbytes) + ln.latency_s + self.overhead.wire_s
         self.remote.add((kind, dst_stage, m))
         self.transfers += 1
         return at + self.overhead.sender_s  # the runtime's own work around the posting occupies the sender

@@ -81,6 +81,15 @@ def test_the_fitted_overhead_is_the_one_that_made_the_pilots() -> None:
     assert zb.step_s == pytest.approx(2e-3, abs=1e-9) and zb.gap_s == pytest.approx(80e-6, abs=1e-9)
 
 
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_a_schedules_delay_of_its_messages_beyond_the_link_is_fitted(schedule: str) -> None:
+    truth = replace(TRUTH, wire_s=300e-6)  # each message 0.3 ms later than the link says
+    fitted = fit_pilots([_pilot(schedule, m, truth) for m in (2, 8)], LINK).overhead(schedule)
+    assert fitted is not None and fitted.wire_s == pytest.approx(300e-6, abs=1e-9)
+    assert fitted.step_s == pytest.approx(0.0, abs=1e-9) and fitted.gap_s == pytest.approx(80e-6, abs=1e-9)
+    assert _simulated(schedule, 4, fitted) == pytest.approx(_simulated(schedule, 4, truth), rel=1e-9)
+
+
 @pytest.mark.parametrize(("schedule", "hidden"), [("gpipe", 100e-6), ("gpipe", 1e-3), ("1f1b", 1e-3)])
 def test_an_idle_per_action_the_spans_do_not_show_is_told_from_a_set_up_per_step(schedule: str,
                                                                                  hidden: float) -> None:
