@@ -217,7 +217,7 @@ def _fit(pilots: Sequence[Pilot], link: Link, cores: Cores | None) -> HostOverhe
         short.append(statistics.median(p.step_s - s for p, s in zip(runs, simulated, strict=True)))
         base.append(simulated[0])
     # The step grows faster than linearly with the gap (more of the actions' gaps land on the critical path as
-    # they grow: small_cnn's GPipe over 4 ranks at M = 8 grew 28% faster at 0.9 ms than at 0.1), so the growth
+    # they grow: small_cnn's GPipe over 4 ranks at M = 8 grew 28% faster at 0.9 ms than at 0.1 ms), so the growth
     # per second of gap is read again at the extra gap just fitted (a secant) until the fit stands still.
     extra_gap_s, step_s = _PROBE_S, 0.0
     for _ in range(_ROUNDS):
