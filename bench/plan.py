@@ -166,7 +166,7 @@ def _predicted(config: Any, summary: dict[str, Any], link: Any, overhead: Any, s
 def _row(config: Any, summary: dict[str, Any], predicted: dict[str, Any]) -> dict[str, Any]:
     """One run of a cell: measured (train.jsonl and the spans) beside ``predicted`` (:func:`_predicted`)."""
     from stallfree.stage_runtime.plan.attribution import attribute, trainer_steps
-    from stallfree.stage_runtime.plan.pilots import measured_step
+    from stallfree.stage_runtime.plan.pilots import mean_step, measured_step
     from stallfree.stage_runtime.plan.predict import job_program
 
     step_s, bubble = measured_step(config.out_dir)
@@ -174,7 +174,8 @@ def _row(config: Any, summary: dict[str, Any], predicted: dict[str, Any]) -> dic
     shown = attribute(trainer_steps(config.out_dir, order), owner)
     return {"model": config.model, "schedule": config.schedule, "stages": config.stages,
             "microbatches": config.microbatches, "balance": summary["balance"],
-            "measured_step_s": step_s, "measured_bubble": bubble, "cores": predicted["cores"],
+            "measured_step_s": step_s, "measured_bubble": bubble, "measured_mean_step_s": mean_step(config.out_dir),
+            "cores": predicted["cores"],
             "measured_spans": shown.to_dict(), "measured_books": summary.get("books"), **_prediction(predicted)}
 
 

@@ -172,16 +172,19 @@ def _median(values: Sequence[float], default: float = 0.0) -> float:
 def fit_overhead(runs: Sequence[Measured], link: Link, step_s: float = 0.0) -> tuple[HostOverhead, float]:
     """The runtime overhead the measured ``runs`` show beyond their stages' compute, and the link's latency.
 
-    Per kind (``kind_s``): the mean busy time of its actions less their stage's compute for that kind;
-    ``action_s``: the same over every action (for kinds not seen). The idle costs are medians: ``gap_s``, the gap
+    Per kind (``kind_s``): the median busy time of its actions less their stage's compute for that kind;
+    ``action_s``: the same over every action (for kinds not seen). The idle costs, medians too: ``gap_s``, the gap
     between two actions of a rank where the first sends nothing to another rank and the second reads nothing
     from one; ``send_s``, the gap after an action that sends, less ``gap_s``; ``message_s`` (the receiver's
     completion of a message that is there), the gap before an action whose message arrived long before its rank
     was free (made more than twice the median delay earlier); the latency, the delay of the messages a rank
-    waited for less the gap, the send, the receive and their bytes on ``link``'s bandwidth (its own latency is
-    not used: a ping-pong's is not what a pipeline's messages see). ``step_s`` is given: the spans do not show
-    the step's own set-up. Medians for the idle costs because a calibration's few steps on a loaded machine
-    catch a few gaps of a whole time slice (2-5 ms) that would dominate their mean.
+    waited for (free a ``message_s`` before the message was made) less the gap and their bytes on ``link``'s
+    bandwidth: such a message leaves as its sender posts it, after the gap, and the receive completes as it
+    arrives (:mod:`.simulate`'s rule; ``link``'s own latency is not used: a ping-pong's is not what a
+    pipeline's messages see). ``step_s`` is given: the spans do not show
+    the step's own set-up. Medians because a few steps on a loaded machine catch a few gaps and actions of
+    a whole time slice (2-20 ms) that would dominate their mean: in one sweep a burst of load during mlp's
+    1F1B pilots made the mean forward 1.6 ms beyond its compute, where the cells' steps then paid 0.2-0.3.
 
     Raises:
         ValueError: no compute action in the spans.
@@ -205,15 +208,19 @@ def fit_overhead(runs: Sequence[Measured], link: Link, step_s: float = 0.0) -> t
     send_s = max(0.0, _median(gaps, gap_s) - gap_s)
     messages = [(run, made, read, free + gap_s) for run, out in zip(runs, sent, strict=True)
                 for _, made, read, free in _messages(run.steps, run.owner, send_s, out)]
-    waited = [(run, made, read) for run, made, read, free in messages if free <= made.end]
-    typical = _median([read.start - made.end for _, made, read in waited])
+    waited = [(run, made, read, free) for run, made, read, free in messages if free <= made.end]
+    typical = _median([read.start - made.end for _, made, read, _ in waited])
     receive_s = _median([read.start - free for _, made, read, free in messages if free - made.end > 2 * typical])
-    latency_s = _median([read.start - made.end - gap_s - send_s - receive_s
+    # A receive posted before its message arrives completes as it arrives (the simulator's rule), so the delay
+    # of a message whose reader had posted its receive a receive's time before it was made is the sender's gap,
+    # the link and its bytes: the send's own cost follows the posting, the receive's hides in the wait.
+    early = [w for w in waited if w[3] + receive_s <= w[1].end] or waited
+    latency_s = _median([read.start - made.end - gap_s
                          - link.busy_s(run.costs[min(made.op.stage, read.op.stage)].output_bytes)
-                         for run, made, read in waited], link.latency_s)
+                         for run, made, read, _ in early], link.latency_s)
     every = [v for values in residual.values() for v in values]
-    overhead = HostOverhead(max(0.0, statistics.fmean(every)), receive_s, max(0.0, step_s), send_s,
-                            tuple((k, max(0.0, statistics.fmean(v))) for k, v in sorted(residual.items())), gap_s)
+    overhead = HostOverhead(_median(every), receive_s, max(0.0, step_s), send_s,
+                            tuple((k, _median(v)) for k, v in sorted(residual.items())), gap_s)
     return overhead, latency_s
 
 

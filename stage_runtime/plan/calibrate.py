@@ -6,8 +6,9 @@ CPU), measure two things in one start-up (most of it importing torch in each pro
 1. **The link.** Ranks 0 and 1 exchange a small and a large tensor back and forth (ping-pong, the way a pipeline's
    activation and its gradient travel). The large message's extra time over the small one gives the bandwidth:
    ``bytes / (t_large - t_small)`` per direction. The latency is what the near-empty GPipe's messages (below)
-   took beyond their send and receive: half a small round trip is a different path (blocking ``send`` and
-   ``recv``, no schedule) and measured 0.2-2 ms here, where the pipeline's messages took 0.1-0.5 ms.
+   took beyond the sender's gap, where their receive was posted early (it then completes as they arrive): half a
+   small round trip is a different path (blocking ``send`` and ``recv``, no schedule) and measured 0.2-2 ms here,
+   where the pipeline's messages took 0.1-0.5 ms.
 2. **The runtime's overhead.** The ranks are the stages of a model that computes almost nothing (one
    ``Linear(4, 4)`` per model stage, on micro-batches of one row) and run torch's own schedules over it through
    the trainer's own timed stage (``TimedStage``), which records each action as a span on the stage clock:
@@ -17,11 +18,11 @@ CPU), measure two things in one start-up (most of it importing torch in each pro
    loop and the others by its action-list runtime, whose costs differ (each schedule's ``family`` in the table of
    schedules, :data:`FAMILIES`): each family's overhead is fitted from its own runs. The spans give the overhead
    (:func:`~.attribution.fit_overhead`): each action kind's busy time beyond the layer's compute for that kind
-   (measured by the partitioner's ``measure_layers``), the sender's gap after a send, and each message's delay
-   beyond the send and the link; ``step_s`` is then what the measured schedule still takes beyond the simulated
+   (measured by the partitioner's ``measure_layers``), the sender's gap after a send, the receive of a message
+   already there; ``step_s`` is then what the measured schedule still takes beyond the simulated
    one, the mean over the runs.
 
-Medians of the schedule steps, means of the spans. The measurement runs with the torch threads the trainer gives
+Medians of the schedule steps and of the spans. The measurement runs with the torch threads the trainer gives
 each stage process, so that per-action costs are those of the job's processes; with more stage processes than
 cores, ``ranks`` of them share the cores as the job's will.
 """
@@ -356,7 +357,7 @@ def fit_pipeline(pipeline: Sequence[PipelineTimes], layer: LayerTimes,
         shown.append(attribute(steps, owner).to_dict())
     _, latency_s = fit_overhead([m for p, _, m in runs if FAMILIES[p.schedule] == "loop"] or
                                 [m for _, _, m in runs], link)
-    link = Link(link.bytes_per_s, latency_s)  # what GPipe's messages wait for, beyond their send and receive
+    link = Link(link.bytes_per_s, latency_s)  # what GPipe's messages waited for take beyond the sender's gap
     overheads = {}
     for family in dict.fromkeys(FAMILIES[p.schedule] for p in pipeline):
         mine = [run for run in runs if FAMILIES[run[0].schedule] == family]

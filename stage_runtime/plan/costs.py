@@ -123,11 +123,15 @@ class HostOverhead:
     ``PipelineStage``'s chunk calls (argument handling, shape checks, autograd plumbing), which the trainer's stage
     timing counts as busy. ``kind_s`` replaces it for the kinds it names (``(("I", 9e-4), ("W", 8e-4))``): torch's
     input- and weight-gradient chunks cost more than a forward. ``message_s`` occupies a rank once per message it
-    receives (before the action that reads it) and ``send_s`` once per message it sends (after the action that
-    made it; ``None``: the same as ``message_s``): posting and completing a gloo operation, idle in the trainer's
+    receives, from when it is free to read it (less the wait, if the message arrives later: the receive completes
+    as it arrives) and ``send_s`` once per message it sends (after posting it, the message already on its way;
+    ``None``: the same as ``message_s``): posting and completing a gloo operation, idle in the trainer's
     bubble. ``gap_s`` idles a rank after each of its actions, before the next (and before its send): the
-    runtime's own bookkeeping between two chunk calls. ``step_s`` is the schedule step's own set-up (splitting the
-    batch into micro-batches, merging the losses), idle on every rank. Measured by
+    runtime's own bookkeeping between two chunk calls. ``wire_s`` delays every message between ranks beyond its
+    link's latency: how the schedule posts and waits for its messages (torch's 1F1B waits for the next forward's
+    receive together with the last backward's send, which completes only when its own reader posts the receive),
+    fitted by the pilots from the messages their readers waited for. ``step_s`` is the schedule step's own set-up
+    (splitting the batch into micro-batches, merging the losses), idle on every rank. Measured by
     :func:`~stallfree.stage_runtime.plan.calibrate.calibrate_host`.
     """
 
@@ -137,12 +141,15 @@ class HostOverhead:
     send_s: float | None = None
     kind_s: tuple[tuple[str, float], ...] = ()
     gap_s: float = 0.0
+    wire_s: float = 0.0
 
     def __post_init__(self) -> None:
-        values = [self.action_s, self.message_s, self.step_s, self.sender_s, self.gap_s, *(v for _, v in self.kind_s)]
+        values = [self.action_s, self.message_s, self.step_s, self.sender_s, self.gap_s, self.wire_s,
+                  *(v for _, v in self.kind_s)]
         if min(values) < 0:
             raise ValueError(f"host overheads must be >= 0 seconds, got action {self.action_s}, message "
-                             f"{self.message_s}, step {self.step_s}, send {self.send_s}, gap {self.gap_s}, per kind "
+                             f"{self.message_s}, step {self.step_s}, send {self.send_s}, gap {self.gap_s}, wire "
+                             f"{self.wire_s}, per kind "
                              f"{dict(self.kind_s)}")
         unknown = [k for k, _ in self.kind_s if k not in KINDS]
         if unknown:
@@ -164,7 +171,7 @@ class HostOverhead:
     def to_dict(self) -> dict[str, Any]:
         """As JSON (:meth:`from_dict` reads it back)."""
         return {"action_s": self.action_s, "message_s": self.message_s, "step_s": self.step_s,
-                "send_s": self.sender_s, "gap_s": self.gap_s, "kind_s": dict(self.kind_s)}
+                "send_s": self.sender_s, "gap_s": self.gap_s, "wire_s": self.wire_s, "kind_s": dict(self.kind_s)}
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> HostOverhead:
@@ -182,7 +189,7 @@ class HostOverhead:
         return cls(_number(data, "action_s", where, 0.0), _number(data, "message_s", where, 0.0),
                    _number(data, "step_s", where, 0.0), None if send is None else _number(data, "send_s", where),
                    tuple((str(k), _number(kinds, k, f"{where}, kind_s")) for k in sorted(kinds)),
-                   _number(data, "gap_s", where, 0.0))
+                   _number(data, "gap_s", where, 0.0), _number(data, "wire_s", where, 0.0))
 
 
 NO_OVERHEAD = HostOverhead()

@@ -17,9 +17,13 @@ real costs and free links (what that adds is imbalance); the rest is communicati
 
 The host's own cost of torch's runtime (:class:`~.costs.HostOverhead`, calibrated on this machine) is charged too:
 ``action_s`` (or its kind's ``kind_s``) on every compute action (busy, as the trainer's stage timing counts it),
-``send_s`` on the sending rank after an action that sends to another rank and ``message_s`` on the receiving rank
-before the action that reads it (idle), ``gap_s`` after every compute action (idle, before its send), and
-``step_s`` on every rank before the first action (idle). With all of them 0 the textbook holds.
+``gap_s`` after every compute action (idle, before its send), ``wire_s`` on every message between ranks (its
+delay beyond the link's latency), ``send_s`` on the sending rank after it posts a
+send to another rank (idle; the message leaves as it is posted), ``message_s`` on the receiving rank for a
+message that is already there when the rank is free to read it (idle: the receive is posted then and completes
+``message_s`` later, or when the message arrives if that is later, the receive's cost then hidden in the wait:
+gloo moves a message posted before its receive only once the receive is posted), and ``step_s`` on every rank
+before the first action (idle). With all of them 0 the textbook holds.
 
 Ranks that share cores (:class:`~.costs.Cores`: stage processes on one CPU machine) compute slower while more of
 them compute at once than the cores hold, so the simulation advances from event to event (an action starts, its
@@ -260,7 +264,9 @@ class _Events:
             return None
         message = ("act" if op.kind == "F" else "grad", op.stage, op.mb)
         receive = self.overhead.message_s if op.kind in "FBI" and message in self.remote else 0.0
-        return max(at, self.now[r]) + receive
+        # The receive is posted once the rank is free and takes message_s to complete a message already there;
+        # a message still on its way completes as it arrives, the receive's cost hidden in the wait.
+        return max(at, self.now[r] + receive)
 
     def send(self, kind: str, src_stage: int, dst_stage: int, m: int, at: float, nbytes: int) -> float:
         """Send from ``src_stage`` at ``at``; returns when its sender is free again."""
@@ -268,14 +274,13 @@ class _Events:
         if src == dst:
             self.ready[(kind, dst_stage, m)] = at
             return at
-        at += self.overhead.sender_s  # posting the send occupies the sender; the message leaves after it
         ln = self.link(src, dst)
-        start = max(at, self.link_free.get((src, dst), 0.0))
+        start = max(at, self.link_free.get((src, dst), 0.0))  # posted: gloo's thread sends while the rank goes on
         self.link_free[(src, dst)] = start + ln.busy_s(nbytes)
-        self.ready[(kind, dst_stage, m)] = start + ln.busy_s(nbytes) + ln.latency_s
+        self.ready[(kind, dst_stage, m)] = start + ln.busy_s(nbytes) + ln.latency_s + self.overhead.wire_s
         self.remote.add((kind, dst_stage, m))
         self.transfers += 1
-        return at
+        return at + self.overhead.sender_s  # the runtime's own work around the posting occupies the sender
 
     def reshare(self, t: float, computing: int) -> None:
         """At ``t``, ``computing`` ranks compute from now on: settle the compute done so far if the speed changes.

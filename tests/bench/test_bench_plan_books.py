@@ -30,3 +30,11 @@ def test_a_cell_within_both_targets_counts_and_one_that_misses_names_the_part() 
     counts = print_books(argparse.Namespace(accelerator="sim:400"), rows, out)
     assert counts["within"] == 1 and counts["cells"] == 2 and counts["misses"]["communication"] == 1
     assert "1 of 2 cells within 10% step time and 3 points" in out.getvalue()
+
+
+def test_the_step_is_set_beside_the_mean_step_its_books_split() -> None:
+    # Median 100 ms, but one step of six met a busy machine: the run's mean step, the one its parts are shares of,
+    # is 110 ms, and a prediction of 110 ms is right (it would be 10% off the median).
+    run = {**_run(0.100, 0.110), "measured_mean_step_s": 0.110}
+    cell = books_cell([run])
+    assert cell["books_measured_step_s"] == 0.110 and cell["books_step_error"] == 0.0 and cell["books_within"]

@@ -119,11 +119,19 @@ def test_gpipe_keeps_its_textbook_bubble_with_an_action_overhead():
 
 
 def test_a_message_costs_its_sender_and_its_receiver_idle_time():
-    # GPipe, 2 ranks, 1 micro-batch, free links: F0 | send | recv F1 B1 | send | recv B0, each message 0.1 twice.
-    result = _run("gpipe", 2, 1, overhead=HostOverhead(message_s=0.1))
-    assert result.schedule_s == pytest.approx(1 + 1 + 2 + 2 + 4 * 0.1)
-    assert result.busy_s == pytest.approx([3.0, 3.0])  # messages are idle, as the trainer counts them
-    assert result.bubble.communication == pytest.approx(0.4 / result.schedule_s)
+    # GPipe, 2 ranks, 2 micro-batches, F = 1, B = 2, free links; each send occupies its sender 0.3 after it is
+    # posted (the message leaves then), each receive 0.5 from when its rank is free, or until the message
+    # arrives if that is later (the receive's cost hidden in the wait):
+    #   rank 0: F0 0-1 | send | F1 1.3-2.3 | send  ...........  B0 5.5-7.5 (grad there at 5.5, free since 2.6)
+    #           B1 8-10 (grad there at 7.8, but free at 7.5 + 0.5 = 8)
+    #   rank 1: F0 1-2 (there at 1) | F1 2.5-3.5 (there at 2.3, free at 2 + 0.5) | B0 3.5-5.5 | send | B1 5.8-7.8
+    result = _run("gpipe", 2, 2, overhead=HostOverhead(message_s=0.5, send_s=0.3))
+    starts = {str(s.op): s.start for s in result.spans}
+    assert starts == pytest.approx({"0F0": 0.0, "0F1": 1.3, "1F0": 1.0, "1F1": 2.5, "1B0": 3.5, "1B1": 5.8,
+                                    "0B0": 5.5, "0B1": 8.0})
+    assert result.schedule_s == pytest.approx(10.0)
+    assert result.busy_s == pytest.approx([6.0, 6.0])  # messages are idle, as the trainer counts them
+    assert result.bubble.communication == pytest.approx((10.0 - 9.0) / result.schedule_s)  # 9: no message costs
 
 
 def test_the_step_set_up_is_idle_on_every_rank_and_its_own_cause():
