@@ -148,10 +148,11 @@ def read_pilot(out_dir: str | Path) -> Pilot:
 
 
 def _simulated_s(pilot: Pilot, link: Link, overhead: HostOverhead, cores: Cores | None) -> float:
-    """The simulated step as the trainer times it (the books' step: rank 0's), to set beside ``pilot.step_s``.
+    """The simulated step as the trainer times it (the books' step), to set beside ``pilot.step_s``.
 
-    Not the whole schedule: under the zero-bubble schedules the other ranks still run weight gradients when rank
-    0's step ends, and comparing the two fitted that difference (up to a fifth of the step) as overhead.
+    The trainer times the pipeline's step whole, to the last compute action on any rank (under the zero-bubble
+    schedules the other ranks' weight gradients after rank 0's last action included), and so does the books' step;
+    the simulated schedule's own end also counts its optimizer steps, which the trainer times apart.
     """
     result = simulate(pilot.program, pilot.owner, pilot.costs, lambda a, b: link, overhead=overhead, cores=cores)
     return predicted_books(result, pilot.program, pilot.owner, pilot.costs, 1).step_s
