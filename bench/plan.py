@@ -28,7 +28,8 @@ With ``--accelerator sim:R`` every cell trains on the simulated device (each sta
 length, ``stage_runtime/accelerator.py``) and is predicted with those known times, so only the host runtime and
 the communication are left to predict (the calibration and the pilots fit them as without it). A further table
 sets each cell's books (``stage_runtime/plan/books.py``) measured beside predicted, part by part, and counts the
-cells whose step (rank 0's) is within 10% and every part of every rank within 3 points, with what misses.
+cells whose step (the pipeline's, timed whole) is within 10% and every part of every rank within 3 points, with
+what misses.
 """
 
 from __future__ import annotations

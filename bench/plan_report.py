@@ -10,15 +10,16 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from stallfree.stage_runtime.plan.books import PARTS as _BOOK_PARTS
+
 __all__ = ["BOOKS_POINTS", "BOOKS_STEP", "BUBBLE_POINTS", "STEP_TOLERANCE", "TOP_TOLERANCE", "Sweep", "books_cell",
            "link_source", "print_attribution", "print_books", "print_cells", "print_load", "print_overheads",
            "top_choices"]
 
 STEP_TOLERANCE, BUBBLE_POINTS, TOP_TOLERANCE = 0.15, 0.05, 0.10
 BOOKS_STEP, BOOKS_POINTS = 0.10, 0.03  # under --accelerator sim:R, where only runtime and communication are predicted
-_BOOK_PARTS = ("warmup_cooldown", "imbalance", "communication", "runtime", "input", "after_step")
 _SHORT = {"warmup_cooldown": "warm", "imbalance": "imbal", "communication": "comm", "runtime": "runtime",
-          "input": "input", "after_step": "after"}
+          "input": "input"}
 
 
 @dataclass
@@ -60,8 +61,8 @@ def print_overheads(args: argparse.Namespace, given: Any, sweep: Sweep, out: Tex
 def print_cells(args: argparse.Namespace, rows: list[dict[str, Any]], out: TextIO) -> dict[str, Any]:
     """The table of cells and the counts within the targets; returns those counts and the top choices."""
     print(f"batch {args.batch_size}, {args.steps} steps per job, medians after the first, medians of "
-          f"{args.repeats} run(s) of each job; step = rank 0's schedule step, the optimizer outside it (as the "
-          "trainer measures)", file=out)
+          f"{args.repeats} run(s) of each job; step = the pipeline's step timed whole (stage 0 holding its batch to "
+          "the last rank's last action), the optimizer outside it (as the trainer measures)", file=out)
     print(f"| {'model':<9} | {'schedule':<16} | {'S':>1} | {'M':>2} | {'step ms meas.':>13} | {'pred.':>8} | "
           f"{'error':>6} | {'bubble meas.':>12} | {'pred.':>6} | ok  | pilot |", file=out)
     print(f"|{'-' * 11}|{'-' * 18}|{'-' * 3}|{'-' * 4}|{'-' * 15}|{'-' * 10}|{'-' * 8}|{'-' * 14}|{'-' * 8}|-----|"
@@ -191,8 +192,8 @@ def books_cell(runs: list[dict[str, Any]]) -> dict[str, Any]:
                  for p in _BOOK_PARTS} for k in range(ranks)]
     predicted = [{p: statistics.median(r["predicted_books"]["ranks"][k]["parts"][p] for r in runs)
                   for p in _BOOK_PARTS} for k in range(ranks)]
-    # rank 0's step, as the trainer times it (the simulated step ends with the last rank's last action); the
-    # measured one is each run's mean step, as its books split it (their parts are shares of the mean)
+    # the pipeline's whole step, as the trainer times it and the simulated step ends (the last action of any rank);
+    # the measured one is each run's mean step, as its books split it (their parts are shares of the mean)
     predicted_step = statistics.median(r["predicted_books"]["step_s"] for r in runs)
     measured_step = statistics.median(r.get("measured_mean_step_s", r["measured_step_s"]) for r in runs)
     step_error = predicted_step / measured_step - 1
@@ -211,7 +212,7 @@ def print_books(args: argparse.Namespace, rows: list[dict[str, Any]], out: TextI
 
     Then the count of cells whose step is within 10% and every rank's every part within 3 points.
     """
-    print(f"the books under {args.accelerator} (compute known; step: rank 0's schedule step, a run's mean; parts: "
+    print(f"the books under {args.accelerator} (compute known; step: the pipeline's whole step, a run's mean; parts: "
           f"percent of the step, the slowest rank's, measured / predicted; the prediction has no input); ok = step "
           f"within {BOOKS_STEP:.0%} and every rank's parts within {BOOKS_POINTS * 100:.0f} points", file=out)
     print(f"| {'model':<9} | {'schedule':<16} | S |  M | {'step ms':>15} | "

@@ -18,8 +18,6 @@ other than 0 runs the last weight gradients). The loss is written as::
   drain of the schedule itself;
 - **imbalance**: what the stages slower than ``r``'s own add to that idle (0 on the slowest rank; never negative,
   since a step only grows when a stage slows); both are counted until the step's last action ends;
-- **after step**: kept in :data:`PARTS` and always 0 now that the step is timed whole (it was minus a rank's
-  compute after rank 0's step, when the trainer timed rank 0's step alone);
 - **input, communication, host runtime**: how much later the measured step ended than the known one, walked back along
   its critical path from the step's last action (of any rank). Each action on it was gated by the later-ending of its
   rank's previous action and the action on another rank whose output it reads. The action's time beyond its known
@@ -28,6 +26,8 @@ other than 0 runs the last weight gradients). The loss is written as::
   link, the receive) and **host runtime** after the rank's own action, as is the pipeline step's own set-up and finish
   (the step less the path). **input** is stage 0's wait for its batch. These are the job's: every rank's step is the
   same ``T``.
+
+The step is timed whole, to the end of the last action of any rank, so no rank's compute falls after it.
 
 Each part is measured (or known), none is the remainder of the others: they add up to the loss because the path
 covers the step exactly and the step's last action is the same action in both schedules.
@@ -49,7 +49,7 @@ from .simulate import Span, StepResult, compute_s, simulate
 
 __all__ = ["PARTS", "Books", "job_books", "known_costs", "measured_books", "predicted_books", "span_costs"]
 
-PARTS = ("warmup_cooldown", "imbalance", "communication", "runtime", "input", "after_step")
+PARTS = ("warmup_cooldown", "imbalance", "communication", "runtime", "input")
 
 
 @dataclass(frozen=True)
@@ -164,7 +164,7 @@ def _idle_split(program: Mapping[int, Sequence[Op]], owner: Sequence[int],
                 costs: Sequence[StageCost]) -> tuple[StepResult, list[float], list[dict[str, float]]]:
     """The known-compute step, and per rank its compute and its idle split into parts (seconds).
 
-    The parts: warm-up/cool-down and imbalance, which make ``T_known - c_r``, and ``after_step`` (0).
+    The parts: warm-up/cool-down and imbalance, which make ``T_known - c_r``.
     """
     free = lambda a, b: FREE_LINK  # noqa: E731
     ranks = len(program)
@@ -177,7 +177,7 @@ def _idle_split(program: Mapping[int, Sequence[Op]], owner: Sequence[int],
         mine = [costs[s] for s in range(len(owner)) if owner[s] == r]
         capped = simulate(program, owner, [_capped(c, mine, whole) for c in costs], free, optimizer_s=[0.0] * ranks)
         alone = _end(capped)  # no slower than the known step: a step only grows when a stage slows
-        parts.append({"warmup_cooldown": alone - compute[r], "imbalance": step - alone, "after_step": 0.0})
+        parts.append({"warmup_cooldown": alone - compute[r], "imbalance": step - alone})
     return known, compute, parts
 
 

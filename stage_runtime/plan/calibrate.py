@@ -81,7 +81,8 @@ class PipelineTimes:
 
     schedule: str
     microbatches: int
-    schedule_s: float  # rank 0's schedule.step, as the trainer times it (median over the timed steps)
+    schedule_s: float  # rank 0's schedule.step after a barrier (median over the timed steps); not the trainer's
+    # step, which is the pipeline's timed whole since issue 39 (the pilots refit the step's set-up from such steps)
     records: tuple[dict[str, Any], ...] = field(repr=False)  # per rank, its stage clock's records
 
 
@@ -222,7 +223,7 @@ def _near_empty_pipeline(rank: int, ranks: int,
         for i in range(steps + 2):  # two untimed: the first step sets up the stage's buffers and connections
             for stage in timed:
                 stage.step_number = i
-            dist.barrier()  # the trainer's ranks meet once a step too (its all-reduce of the step's figures)
+            dist.barrier()  # the ranks start each step together (the trainer's no longer meet between steps)
             start = time.perf_counter()
             if first and last:
                 runner.step(x, target=y, losses=[])

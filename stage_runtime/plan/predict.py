@@ -10,8 +10,9 @@ A CPU job's stage processes share this machine's cores, each computing on the to
 compute at once than the cores hold (:class:`~.costs.Cores`). It runs in the command's process after training,
 with the torch threads each stage process had.
 
-The step it predicts is the one the trainer measures: rank 0's ``schedule.step`` (the optimizer step runs after
-it, outside the trainer's step time and bubble); ``step_with_optimizer_s`` adds the slowest rank's optimizer.
+The step it predicts is the one the trainer measures: the pipeline's step, timed whole, to the end of the last
+compute action on any rank (the optimizer step runs after it, outside the trainer's step time and bubble);
+``step_with_optimizer_s`` adds the slowest rank's optimizer.
 """
 
 from __future__ import annotations

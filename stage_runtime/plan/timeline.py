@@ -15,10 +15,9 @@ from .simulate import StepResult
 __all__ = ["draw_books", "draw_timeline"]
 
 PART_COLOURS = {"compute": "#4c72b0", "warmup_cooldown": "#c7c7c7", "imbalance": "#dd8452", "communication": "#8172b3",
-                "runtime": "#c44e52", "input": "#937860", "after_step": "#000000"}
+                "runtime": "#c44e52", "input": "#937860"}
 PART_NAMES = {"compute": "compute", "warmup_cooldown": "warm-up/cool-down", "imbalance": "imbalance",
-              "communication": "communication", "runtime": "host runtime", "input": "input",
-              "after_step": "after rank 0's step"}
+              "communication": "communication", "runtime": "host runtime", "input": "input"}
 COLOURS = {"F": "#4c72b0", "B": "#55a868", "I": "#64b5cd", "W": "#e1b12c", "O": "#8c8c8c"}
 NAMES = {"F": "forward", "B": "backward", "I": "input gradient", "W": "weight gradient", "O": "optimizer"}
 
@@ -83,9 +82,8 @@ def draw_books(ax: Any, books: Books) -> None:
             if share > 0:
                 ax.barh(r, share * 100, left=left, color=PART_COLOURS[part], height=0.7)
                 left += share * 100
-        after = books.parts[r]["after_step"]  # <= 0: compute the trainer's step leaves out, drawn past 100%
-        ax.text(max(101, left + 1), r, f"could do {books.could_do[r]:.0f} img/s, lost {books.loss[r]:.1%}"
-                + (f" ({-after:.1%} of its compute after rank 0's step)" if after < 0 else ""), va="center", fontsize=7)
+        ax.text(max(101, left + 1), r, f"could do {books.could_do[r]:.0f} img/s, lost {books.loss[r]:.1%}",
+                va="center", fontsize=7)
     ax.set_yticks(range(ranks), [f"rank {r}" for r in range(ranks)])
     ax.invert_yaxis()
     ax.axvline(100, color="black", linewidth=0.5)

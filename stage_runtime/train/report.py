@@ -176,7 +176,7 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 
 _NAMES = {"warmup_cooldown": "warm-up/cool-down", "imbalance": "imbalance", "communication": "communication",
-          "runtime": "host runtime", "input": "input"}  # the books' after_step is 0: the step is timed whole
+          "runtime": "host runtime", "input": "input"}
 
 
 def _parts(parts: dict[str, float]) -> str:

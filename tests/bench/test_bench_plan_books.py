@@ -8,8 +8,7 @@ import io
 
 from stallfree.bench.plan_report import books_cell, print_books
 
-PARTS = {"warmup_cooldown": 0.2, "imbalance": 0.0, "communication": 0.02, "runtime": 0.05, "input": 0.01,
-         "after_step": 0.0}
+PARTS = {"warmup_cooldown": 0.2, "imbalance": 0.0, "communication": 0.02, "runtime": 0.05, "input": 0.01}
 
 
 def _run(measured_step: float, predicted_step: float, **predicted: float) -> dict:
