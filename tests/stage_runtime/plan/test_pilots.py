@@ -33,7 +33,7 @@ def _per_rank(schedule: str) -> int:
 
 
 def _simulated(schedule: str, m: int, overhead: HostOverhead) -> float:
-    """The simulated step as the trainer times it: rank 0's (the books' step)."""
+    """The simulated step as the trainer times it: the pipeline's whole step (the books' step)."""
     per_rank = _per_rank(schedule)
     owner = placement(schedule, 2, 2 * per_rank)
     costs = stage_costs(LAYERS, [len(LAYERS) // len(owner)] * len(owner))
@@ -76,8 +76,8 @@ def test_the_fitted_overhead_is_the_one_that_made_the_pilots() -> None:
     assert _simulated("gpipe", 4, gpipe) == pytest.approx(_simulated("gpipe", 4, truth), rel=1e-9)
     zb = fit.overhead("zero-bubble")
     assert zb is not None and dict(zb.kind_s) == pytest.approx({"F": 90e-6, "I": 120e-6, "W": 140e-6}, abs=1e-9)
-    # rank 0's step, as the trainer times it, ends before the other rank's last weight gradients: none of that
-    # is taken for a set-up per step
+    # the step, as the trainer times it, ends with the other rank's last weight gradients, as the books' step does:
+    # none of them is taken for a set-up per step
     assert zb.step_s == pytest.approx(2e-3, abs=1e-9) and zb.gap_s == pytest.approx(80e-6, abs=1e-9)
 
 
