@@ -158,6 +158,9 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"  input stall    {summary['input_stall_fraction']:10.1%}  (stage 0 waiting for the Loader / step time)",
         f"  bubble         {summary['bubble_fraction']:10.1%}  measured; theory {theory_s}",
     ]
+    if summary.get("weight_versions") is not None:  # a schedule without a flush (2bw)
+        lines.append(f"  weights        {_listed(summary['weight_versions'])} versions kept per stage at most; "
+                     f"staleness {_listed(summary['staleness_steps'])} updates")
     sim = summary.get("predicted")
     if sim:
         c = sim["causes"]
@@ -177,6 +180,10 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 _NAMES = {"warmup_cooldown": "warm-up/cool-down", "imbalance": "imbalance", "communication": "communication",
           "runtime": "host runtime", "input": "input"}
+
+
+def _listed(values: list[int]) -> str:
+    return ", ".join(str(v) for v in values)
 
 
 def _parts(parts: dict[str, float]) -> str:

@@ -21,6 +21,7 @@ from stallfree.stage_runtime.plan.costs import FREE_LINK, StageCost
 from stallfree.stage_runtime.train import checkpoint as ckpt
 from stallfree.stage_runtime.train.feed import TensorBatches
 from stallfree.stage_runtime.train.models import build_model
+from stallfree.stage_runtime.train.report import format_summary
 from stallfree.stage_runtime.train.schedules import build_schedule
 from stallfree.stage_runtime.train.trainer import TrainConfig, train_many
 
@@ -129,6 +130,8 @@ def test_2bw_keeps_the_versions_and_staleness_the_simulator_predicts(runs: dict)
         summary = _summary(runs[name])
         assert summary["weight_versions"] == list(predicted.weight_versions) == [2, 1], name
         assert summary["staleness_steps"] == list(predicted.staleness) == [1, 0], name
+    printed = format_summary(_summary(runs["2bw"]))
+    assert "  weights        2, 1 versions kept per stage at most; staleness 1, 0 updates" in printed
 
 
 def test_2bw_with_momentum_carries_the_optimizer_state_across_versions(runs: dict) -> None:
