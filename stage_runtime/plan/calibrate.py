@@ -14,13 +14,13 @@ CPU), measure two things in one start-up (most of it importing torch in each pro
    the trainer's own timed stage (``TimedStage``), which records each action as a span on the stage clock:
    ``ScheduleGPipe`` at 2 and 8 micro-batches (forwards and full backwards), then ``ScheduleInterleaved1F1B``
    and ``ScheduleInterleavedZeroBubble`` (forwards, input and weight gradients) with 2 stages per rank at
-   2 x ranks. Rank 0 times ``schedule.step`` as the trainer does. torch runs GPipe and 1F1B by a hand-written
-   loop and the others by its action-list runtime, whose costs differ (each schedule's ``family`` in the table of
-   schedules, :data:`FAMILIES`): each family's overhead is fitted from its own runs. The spans give the overhead
-   (:func:`~.attribution.fit_overhead`): each action kind's busy time beyond the layer's compute for that kind
-   (measured by the partitioner's ``measure_layers``), the sender's gap after a send, the receive of a message
-   already there; ``step_s`` is then what the measured schedule still takes beyond the simulated
-   one, the mean over the runs.
+   2 x ranks. Each step is timed whole, as the trainer times it: from a barrier to the last rank's end. torch
+   runs GPipe and 1F1B by a hand-written loop and the others by its action-list runtime, whose costs differ (each
+   schedule's ``family`` in the table of schedules, :data:`FAMILIES`): each family's overhead is fitted from its
+   own runs. The spans give the overhead (:func:`~.attribution.fit_overhead`): each action kind's busy time
+   beyond the layer's compute for that kind (measured by the partitioner's ``measure_layers``), the sender's gap
+   after a send, the receive of a message already there; ``step_s`` is then what the measured schedule still
+   takes beyond the simulated one, the mean over the runs.
 
 Medians of the schedule steps and of the spans. The measurement runs with the torch threads the trainer gives
 each stage process, so that per-action costs are those of the job's processes; with more stage processes than
@@ -81,8 +81,7 @@ class PipelineTimes:
 
     schedule: str
     microbatches: int
-    schedule_s: float  # rank 0's schedule.step after a barrier (median over the timed steps); not the trainer's
-    # step, which is the pipeline's timed whole since issue 39 (the pilots refit the step's set-up from such steps)
+    schedule_s: float  # the pipeline's schedule step timed whole after a barrier, as the trainer times it (median)
     records: tuple[dict[str, Any], ...] = field(repr=False)  # per rank, its stage clock's records
 
 
@@ -187,7 +186,7 @@ def _ping_pong(rank: int, repeats: int) -> dict[int, float]:
 
 def _near_empty_pipeline(rank: int, ranks: int,
                          steps: int) -> tuple[list[tuple[float, dict[str, Any]]], LayerTimes]:
-    """Per run of :data:`RUNS`: this rank's median schedule step and its spans; and the layer's compute."""
+    """Per run of :data:`RUNS`: the median schedule step (timed whole) and this rank's spans; the layer's compute."""
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -219,7 +218,7 @@ def _near_empty_pipeline(rank: int, ranks: int,
         runner: Any = build_schedule(schedule, timed, m, nn.functional.cross_entropy)
         first, last = spec.owner(0, ranks) == rank, spec.owner(stages - 1, ranks) == rank
         x, y = torch.randn(m, WIDTH), torch.zeros(m, dtype=torch.int64)
-        walls = []
+        times = []
         for i in range(steps + 2):  # two untimed: the first step sets up the stage's buffers and connections
             for stage in timed:
                 stage.step_number = i
@@ -233,15 +232,32 @@ def _near_empty_pipeline(rank: int, ranks: int,
                 runner.step(target=y, losses=[])
             else:
                 runner.step()
-            wall = time.perf_counter() - start
+            end = time.perf_counter()
             for layer in layers:
                 layer.zero_grad(set_to_none=True)
             for stage in timed:
                 stage.take_busy()
             if i >= 2:
-                walls.append(wall)
-        out.append((statistics.median(walls), clock.to_records()))
+                times.append((start, end))
+        out.append((statistics.median(_whole_steps(times, ranks)), clock.to_records()))
     return out, near_empty
+
+
+def _whole_steps(times: list[tuple[float, float]], ranks: int) -> list[float]:
+    """Each step timed whole, as the trainer times it: from the first rank's start to the last rank's end.
+
+    ``times`` is this rank's (start, end) of each step on ``time.perf_counter``, the one clock the processes of a
+    machine share; a collective over every rank (each calls it). Under the zero-bubble schedules the other ranks
+    still run weight gradients when rank 0's step returns.
+    """
+    import torch
+    import torch.distributed as dist
+
+    mine = torch.tensor(times, dtype=torch.float64)
+    every = [torch.zeros_like(mine) for _ in range(ranks)]
+    dist.all_gather(every, mine)
+    stacked = torch.stack(every)  # rank, step, (start, end)
+    return (stacked[:, :, 1].max(0).values - stacked[:, :, 0].min(0).values).tolist()
 
 
 def _worker(rank: int, ranks: int, port: int, repeats: int, steps: int, threads: int, queue: Any) -> None:
