@@ -167,8 +167,8 @@ def _predicted(config: Any, summary: dict[str, Any], link: Any, overhead: Any, s
 def _row(config: Any, summary: dict[str, Any], predicted: dict[str, Any]) -> dict[str, Any]:
     """One run of a cell: measured (train.jsonl and the spans) beside ``predicted`` (:func:`_predicted`)."""
     from stallfree.stage_runtime.plan.attribution import attribute, trainer_steps
+    from stallfree.stage_runtime.plan.orders import job_program
     from stallfree.stage_runtime.plan.pilots import mean_step, measured_step
-    from stallfree.stage_runtime.plan.predict import job_program
 
     step_s, bubble = measured_step(config.out_dir)
     order, owner = job_program(config)

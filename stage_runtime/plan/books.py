@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .costs import FREE_LINK, LayerTimes, StageCost, stage_costs
-from .orders import Op
+from .orders import Op, job_program
 from .simulate import Span, StepResult, compute_s, simulate
 
 __all__ = ["PARTS", "Books", "job_books", "known_costs", "measured_books", "predicted_books", "span_costs"]
@@ -256,7 +256,6 @@ def job_books(config: Any, balance: Sequence[int], layer_costs: Mapping[str, Any
     schedule that does not flush (``2bw``: a step is a cut of an endless stream, not one of the simulator's steps).
     """
     from .attribution import steps_from_records
-    from .predict import job_program
 
     if not config.spec.flush:
         return None

@@ -18,7 +18,7 @@ from typing import Any
 
 from stallfree.stage_runtime.train.schedules import ScheduleSpec, schedule_spec
 
-__all__ = ["Op", "placement", "torch_order"]
+__all__ = ["Op", "job_program", "placement", "torch_order"]
 
 
 @dataclass(frozen=True)
@@ -129,3 +129,10 @@ def torch_order(schedule: str, ranks: int, microbatches: int, virtual: int = 2) 
         raise ValueError(f"ranks, micro-batches and virtual stages must be >= 1, got {ranks}, {microbatches}, "
                          f"{virtual}")
     return {r: list(ops) for r, ops in enumerate(_cached(schedule_spec(schedule), ranks, microbatches, virtual))}
+
+
+def job_program(config: Any) -> tuple[dict[int, list[Op]], list[int]]:
+    """What each rank of ``config``'s job (a ``TrainConfig``) runs, in torch's order, and each model stage's rank."""
+    per_rank = config.spec.stages_per_rank(config.virtual_stages)
+    return (torch_order(config.schedule, config.stages, config.microbatches, per_rank),
+            placement(config.schedule, config.stages, config.model_stages))

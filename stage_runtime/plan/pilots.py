@@ -42,8 +42,7 @@ from .attribution import Measured, fit_overhead, trainer_steps
 from .books import known_costs, predicted_books
 from .calibrate import FAMILIES
 from .costs import Cores, HostOverhead, LayerTimes, Link, StageCost
-from .orders import Op
-from .predict import job_program
+from .orders import Op, job_program
 from .simulate import simulate
 
 __all__ = ["Pilot", "PilotFit", "fit_pilots", "mean_step", "measured_step", "read_pilot"]

@@ -30,19 +30,12 @@ from stallfree.stage_runtime.plan.costs import (
     Link,
     parse_link,
 )
-from stallfree.stage_runtime.plan.orders import Op, placement, torch_order
+from stallfree.stage_runtime.plan.orders import job_program
 from stallfree.stage_runtime.plan.simulate import simulate_step
 
-__all__ = ["DEFAULT_LINK", "job_cores", "job_program", "predict_training"]
+__all__ = ["DEFAULT_LINK", "job_cores", "predict_training"]
 
 DEFAULT_LINK = "25GB/s,5us"  # stallfree plan's default, for a GPU job (the calibration measures gloo on CPU)
-
-
-def job_program(config: Any) -> tuple[dict[int, list[Op]], list[int]]:
-    """What each rank of ``config``'s job runs, in torch's order, and the rank of each model stage."""
-    per_rank = config.spec.stages_per_rank(config.virtual_stages)
-    return (torch_order(config.schedule, config.stages, config.microbatches, per_rank),
-            placement(config.schedule, config.stages, config.model_stages))
 
 
 def job_cores(config: Any) -> Cores | None:

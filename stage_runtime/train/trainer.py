@@ -233,6 +233,11 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
 
         books = job_books(c, job.balance, job.layer_costs, spans or [], report.step_times)
         summary["books"] = None if books is None else books.to_dict()
+        if not c.spec.flush and c.accelerator is not None and c.model_stages == c.stages and job.layer_costs:
+            from stallfree.stage_runtime.plan.asynchronous import predict_simulated_job
+
+            # 2bw's steady state and 1F1B's step on the same split, simulated (the books need a flushing schedule)
+            summary["predicted_steady"] = predict_simulated_job(c, summary, steps=16)
         merged = StageClock()
         for r, records in enumerate(spans or []):
             one = StageClock()

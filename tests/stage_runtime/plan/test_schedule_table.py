@@ -12,10 +12,9 @@ import pytest
 
 from stallfree.stage_runtime.plan.calibrate import FAMILIES, Calibration
 from stallfree.stage_runtime.plan.costs import HostOverhead, LayerTimes, Link, parse_link, scale_layers
-from stallfree.stage_runtime.plan.orders import placement, torch_order
+from stallfree.stage_runtime.plan.orders import job_program, placement, torch_order
 from stallfree.stage_runtime.plan.pilots import PilotFit
 from stallfree.stage_runtime.plan.planner import Network, rank_plans
-from stallfree.stage_runtime.plan.predict import job_program
 from stallfree.stage_runtime.train.config import TrainConfig
 from stallfree.stage_runtime.train.schedules import SCHEDULE_SPECS, ScheduleSpec
 

@@ -18,8 +18,9 @@ from stallfree.cli import main
 from stallfree.stage_runtime.accelerator import parse_accelerator
 from stallfree.stage_runtime.plan.attribution import trainer_steps
 from stallfree.stage_runtime.plan.costs import NO_OVERHEAD, LayerTimes, Link
+from stallfree.stage_runtime.plan.orders import job_program
 from stallfree.stage_runtime.plan.pilots import read_pilot
-from stallfree.stage_runtime.plan.predict import job_program, predict_training
+from stallfree.stage_runtime.plan.predict import predict_training
 from stallfree.stage_runtime.train.config import TrainConfig
 from stallfree.stage_runtime.train.link_delay import LinkDelay, parse_link_delay
 from stallfree.stage_runtime.train.trainer import train
