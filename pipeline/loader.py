@@ -249,6 +249,7 @@ class Loader:
         **dataloader_keywords: Any,
     ):
         check_dataloader_keywords(dataloader_keywords)
+        self.dataset = source  # the source as given, as DataLoader's `.dataset` (before a torchvision one is unwrapped)
         source, transform, target_transform = unwrap_torchvision_dataset(source, transform, target_transform)
         check_arguments(batch_size=batch_size, drop_last=drop_last, shuffle=shuffle, block_shards=block_shards,
                         seed=seed, prefetch=prefetch, io_threads=io_threads, echo=echo, num_threads=num_threads,

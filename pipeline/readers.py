@@ -23,6 +23,7 @@ from stallfree.ingest.remote import is_url
 from stallfree.pipeline.hf_reader import HuggingFaceReader, is_hf_dataset
 from stallfree.pipeline.reader_base import BaseReader, Reader, as_reader
 from stallfree.pipeline.shards import ShardReader, Verify, is_shard_folder
+from stallfree.pipeline.subset import SubsetReader, subset_rows
 from stallfree.pipeline.webdataset import is_webdataset
 
 __all__ = [
@@ -247,12 +248,20 @@ def unwrap_torchvision_dataset(source: Any, transform: Any, target_transform: An
     ``ImageFolder``/``DatasetFolder`` with torchvision's default loader become its files, in its order, with its
     labels and classes (decoded in the graph as ``pil_loader`` decodes them); any other torchvision dataset (one
     with a custom ``loader=``, CIFAR10, MNIST...) is read through a copy of it with its transforms removed, so that
-    its items are the PIL images the transforms would have got. Other sources are returned as they are.
+    its items are the PIL images the transforms would have got. A torch ``Subset`` (``random_split``'s splits too,
+    nested or not) of one brings the dataset's transforms and keeps its rows: it becomes one ``Subset`` of the
+    unwrapped dataset (:func:`~stallfree.pipeline.subset.subset_rows`). Other sources are returned as they are.
 
     Raises:
         ValueError: a transform both on the dataset and in ``Loader(transform=...)`` (or ``target_transform``), or
-            a joint ``transforms=`` of (image, target), which the graph cannot run.
+            a joint ``transforms=`` of (image, target), which the graph cannot run; a Subset index out of range.
     """
+    inner, rows = subset_rows(source)
+    if rows is not None:
+        from torch.utils.data import Subset
+
+        opened, transform, target_transform = unwrap_torchvision_dataset(inner, transform, target_transform)
+        return (source if opened is inner else Subset(opened, rows.tolist())), transform, target_transform
     if not type(source).__module__.startswith("torchvision.datasets"):
         return source, transform, target_transform
     name = type(source).__name__
@@ -287,11 +296,15 @@ def open_source(source: str | os.PathLike[str] | Reader | Any, *, exif: Exif = "
     ending in ``.tar`` or with a ``{a..b}`` range: a :class:`~stallfree.pipeline.webdataset.WebDatasetReader`
     given the keywords ``remote``), an ingested shard folder, the URL of one (``s3://``, ``gs://``, ``http(s)://``,
     ``file://``: a :class:`RemoteShardReader` given the keywords ``remote``), a CSV/Parquet list, an image folder,
-    or a map-style torch Dataset (see :class:`DatasetReader`).
+    a map-style torch Dataset (see :class:`DatasetReader`), or a torch ``Subset`` of any of these (a
+    :class:`~stallfree.pipeline.subset.SubsetReader` of its rows).
 
     Raises:
         ValueError: ``exif="apply"`` for ``--raw`` shards, whose pixels were decoded at ingest without turning.
     """
+    inner, rows = subset_rows(source)
+    if rows is not None:
+        return SubsetReader(open_source(inner, exif=exif, verify=verify, remote=remote), rows)
     if isinstance(source, DatasetReader):
         copied = copy.copy(source)
         copied.exif = exif
