@@ -109,12 +109,15 @@ def hf_columns(schema: Any, where: str) -> HFColumns | None:
     return HFColumns(image, label, classes)
 
 
-def check_class_labels(column: Any, classes: list[str], where: str, name: str = "label") -> np.ndarray:
+def check_class_labels(column: Any, classes: list[str], where: str, name: str = "label",
+                       unlabeled: bool = False) -> np.ndarray:
     """A ``ClassLabel`` column ``name`` (Arrow integers) as int64 labels, each a number of one of ``classes``.
 
+    ``unlabeled=True`` (the Loader's rule) takes ``-1``, ``datasets``' "no label", as it is; ingest refuses it.
+
     Raises:
-        ValueError: naming ``where`` and the first bad row: an empty cell, ``-1`` (``datasets``' "no label"), or
-            a number past the class names.
+        ValueError: naming ``where`` and the first bad row: an empty cell, ``-1`` (``datasets``' "no label") unless
+            ``unlabeled``, another negative number, or a number past the class names.
     """
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -124,7 +127,7 @@ def check_class_labels(column: Any, classes: list[str], where: str, name: str = 
     if column.null_count:
         raise ValueError(f"{where} row {pc.index(pc.is_null(column), True).as_py()}: empty label cell")
     labels = column.to_numpy().astype(np.int64)
-    bad = (labels < 0) | (labels >= len(classes))
+    bad = ((labels < 0) & ~((labels == -1) & unlabeled)) | (labels >= len(classes))
     if np.any(bad):
         row = int(np.argmax(bad))
         value = int(labels[row])

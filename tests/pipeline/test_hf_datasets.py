@@ -112,3 +112,84 @@ def test_a_loader_over_a_dataset_resumes_bit_exact(pictures: tuple[Path, list[Pa
     assert len(rest) == len(whole) - 1
     for (a, la), (b, lb) in zip(rest, whole[1:], strict=True):
         assert np.array_equal(a, b) and np.array_equal(la, lb)
+
+
+def test_a_string_label_column_holds_class_names_numbered_in_sorted_order(
+        pictures: tuple[Path, list[Path], list[int]]) -> None:
+    listing, paths, labels = pictures
+    data = [p.read_bytes() for p in paths]
+    features = datasets.Features({"img": datasets.Image(), "label": datasets.Value("string")})
+    ds = datasets.Dataset.from_dict({"img": data, "label": [CLASSES[y] for y in labels]}, features=features)
+    # was: "labels must be class names or whole numbers, got object"
+    from_hf = Loader(ds, batch_size=4, transform=SPEC, seed=3, dtype="uint8", num_threads=1)
+    from_files = Loader(listing, batch_size=4, transform=SPEC, seed=3, dtype="uint8", num_threads=1)
+    assert from_hf.classes == CLASSES and from_hf.labels.tolist() == labels
+    for (a, la), (b, lb) in zip(_batches(from_hf), _batches(from_files), strict=True):
+        assert np.array_equal(a, b) and np.array_equal(la, lb)
+    unsorted = datasets.Dataset.from_dict({"img": data[:3], "label": ["cow", "ant", "bee"]}, features=features)
+    reader = HuggingFaceReader(unsorted)
+    assert reader.classes == ["ant", "bee", "cow"] and reader.labels().tolist() == [2, 0, 1]  # as ImageFolder sorts
+
+
+def test_an_unlabeled_split_loads_with_label_minus_one_and_a_warning(
+        pictures: tuple[Path, list[Path], list[int]]) -> None:
+    _, paths, labels = pictures
+    data = [{"bytes": p.read_bytes(), "path": None} for p in paths]
+    labelled = datasets.Dataset.from_dict({"img": data, "label": labels}, features=_features())
+    test_split = datasets.Dataset.from_dict({"img": data, "label": [-1] * 10}, features=_features())
+    # was: "row 0: negative label -1"
+    with pytest.warns(UserWarning, match=r"ClassLabel column 'label' is -1, datasets' 'no label', in every row .*"
+                                         r"their label in each batch is -1"):
+        loader = Loader(test_split, batch_size=4, transform=SPEC, seed=3, dtype="uint8", num_threads=1)
+    assert loader.classes == CLASSES
+    reference = Loader(labelled, batch_size=4, transform=SPEC, seed=3, dtype="uint8", num_threads=1)
+    for (a, la), (b, _) in zip(_batches(loader), _batches(reference), strict=True):
+        assert np.array_equal(a, b) and la.tolist() == [-1] * len(la)
+    some = datasets.Dataset.from_dict({"img": data, "label": [-1, *labels[1:]]}, features=_features())
+    with pytest.warns(UserWarning, match=r"is -1, datasets' 'no label', in 1 of 10 rows"):
+        assert HuggingFaceReader(some).labels().tolist() == [-1, *labels[1:]]
+    with pytest.raises(ValueError, match=r"column 'n' row 2: negative label -1"):  # only a ClassLabel's -1 is "none"
+        HuggingFaceReader(labelled.add_column("n", [0, 1, -1, *labels[3:]]), label="n")
+
+
+def test_a_dataset_dict_is_refused_naming_its_splits(pictures: tuple[Path, list[Path], list[int]]) -> None:
+    _, paths, labels = pictures
+    ds = datasets.Dataset.from_dict({"img": [p.read_bytes() for p in paths], "label": labels}, features=_features())
+    splits = datasets.DatasetDict({"train": ds, "test": ds})
+    # was: "dataset DatasetDict has no `targets`"
+    with pytest.raises(TypeError, match=r"a datasets.DatasetDict holds the splits \['train', 'test'\], not one "
+                                        r"dataset: pass the split to load, as in Loader\(ds\['train'\], \.\.\.\)"):
+        Loader(splits, batch_size=2, transform=[CenterCrop(8)])
+    assert Loader(splits["test"], batch_size=2, transform=[CenterCrop(8)]).labels.tolist() == labels
+
+
+@pytest.mark.parametrize("how", ["with_transform", "set_transform"])
+def test_a_python_transform_on_the_dataset_is_refused_by_name(pictures: tuple[Path, list[Path], list[int]],
+                                                             how: str) -> None:
+    _, paths, labels = pictures
+    ds = datasets.Dataset.from_dict({"img": [p.read_bytes() for p in paths], "label": labels}, features=_features())
+
+    def augment(batch: dict[str, list[object]]) -> dict[str, list[object]]:
+        return batch
+
+    if how == "with_transform":
+        transformed = ds.with_transform(augment)
+    else:
+        transformed = ds.with_format(None)  # a copy, then changed in place
+        transformed.set_transform(augment)
+    # was: the transform silently dropped, the images read as stored
+    with pytest.raises(TypeError, match=r"has a transform .*augment \(ds.with_transform / ds.set_transform\), which "
+                                        r"the Loader would not run.*Loader\(ds, transform=\.\.\.\).*ds.reset_format"):
+        Loader(transformed, batch_size=2, transform=[CenterCrop(8)])
+    transformed.reset_format()
+    assert len(Loader(transformed, batch_size=2, transform=[CenterCrop(8)])) == 5
+
+
+def test_a_subset_of_a_dataset_reads_its_rows(pictures: tuple[Path, list[Path], list[int]]) -> None:
+    from torch.utils.data import Subset
+
+    _, paths, labels = pictures
+    ds = datasets.Dataset.from_dict({"img": [p.read_bytes() for p in paths], "label": labels}, features=_features())
+    loader = Loader(Subset(ds, [7, 2, 4]), batch_size=3, transform=[CenterCrop(8)], columns=["path"], shuffle=False)
+    (_, got, extra), = list(loader)
+    assert got.tolist() == [labels[7], labels[2], labels[4]] and extra["path"][0].endswith("[7]")
