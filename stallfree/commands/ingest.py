@@ -142,6 +142,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     info.add_argument("out", help="an ingested folder (holding manifest.json), or its URL")
     _add_storage_options(info)
     add_json_arguments(info)
+    add_progress_argument(info)  # it shows none (one manifest is read), but every command takes the flag
     info.set_defaults(func=_info)
 
 
