@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from stallfree.commands.output import add_json_arguments, add_progress_argument, emit, human
+from stallfree.commands.output import add_json_arguments, add_progress_argument, emit, human, require_writable
 
 __all__ = ["register"]
 
@@ -76,6 +76,7 @@ def _sizes(args: argparse.Namespace) -> tuple[int, int]:
 
 def _demo(args: argparse.Namespace) -> int:
     images, epochs = _sizes(args)
+    require_writable(args.out, "--out")  # a read-only current folder, where the default --out goes
     from stallfree.core.atomic import atomic_write
     from stallfree.core.dali import require_dali
 
