@@ -7,7 +7,7 @@ from typing import Any
 
 from stallfree.stage_runtime.profile.report import headline
 
-__all__ = ["report", "verify_line"]
+__all__ = ["report", "slowdown_line", "verify_line"]
 
 
 def _rows(r: Mapping[str, Any]) -> list[tuple[str, float, str]]:
@@ -101,6 +101,18 @@ def verify_line(v: Mapping[str, Any]) -> str:
     return line
 
 
+def slowdown_line(slowdown: float) -> str:
+    """What the input pipeline cost the step itself: ``step_slowdown`` (the real run's mean step / the step alone - 1).
+
+    A real run's step cannot be faster than the same step with nothing beside it; a negative figure is the two runs'
+    noise (other load on the machine, too few batches), said so rather than printed as a slowdown of -23%.
+    """
+    if slowdown < 0:
+        return (f"the input pipeline did not measurably slow the step (its mean in the real run was {-slowdown:.1%} "
+                "shorter than the step alone: noise, such as other load on the machine; more --batches narrow it)")
+    return f"the input pipeline slowed the step by {slowdown:.1%} (its mean in the real run against the step alone)"
+
+
 def report(r: Mapping[str, Any]) -> str:
     """``profile.json``'s content (``r``) as the table and lines ``stallfree profile`` prints."""
     batch, s = r["batch_size"], r["stalls"]
@@ -114,8 +126,7 @@ def report(r: Mapping[str, Any]) -> str:
     lines.append(f"{headline(s)}. Step time {s['real_step_s'] * 1e3:.1f} ms (ideal {s['ideal_step_s'] * 1e3:.1f} "
                  f"ms, from memory {s['cached_step_s'] * 1e3:.1f} ms).")
     if r.get("step_slowdown") is not None:
-        lines.append(f"the input pipeline slowed the step by {r['step_slowdown']:.1%} (its mean in the real run "
-                     "against the step alone)")
+        lines.append(slowdown_line(r["step_slowdown"]))
     a = r.get("accelerator")
     if a:
         lines.append(f"with a device of {a['images_per_s']:g} img/s, this loader stalls {a['measured_stall']:.1%} "

@@ -31,7 +31,7 @@ def options(name: str, data: Path, **overrides: Any) -> argparse.Namespace:
     """
     module = importlib.import_module(f"stallfree.bench.{name}")
     parser = argparse.ArgumentParser(prog=f"stallfree bench {name}")
-    module.add_arguments(parser)
+    _add_arguments(parser, module)
     args = parser.parse_args([str(data)])
     unknown = sorted(set(overrides) - set(vars(args)))
     if unknown:
@@ -59,10 +59,15 @@ def register(sub: argparse._SubParsersAction) -> None:
             epilog=getattr(module, "EXAMPLES", None),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        module.add_arguments(bench_parser)
-        add_json_arguments(bench_parser)
-        add_progress_argument(bench_parser)
+        _add_arguments(bench_parser, module)
         bench_parser.set_defaults(func=lambda args, module=module: _run(module, args))
+
+
+def _add_arguments(parser: argparse.ArgumentParser, module: ModuleType) -> None:
+    """The benchmark's own options and those every command has: one list for the command line and for the demo."""
+    module.add_arguments(parser)
+    add_json_arguments(parser)
+    add_progress_argument(parser)
 
 
 def _run(module: ModuleType, args: argparse.Namespace) -> int:

@@ -4,20 +4,28 @@
 2. Ingest: a learnable synthetic dataset (shapes in random colours) into Arrow shards.
 3. Train: a small CNN split into 2 pipeline stages with 1F1B, fed by the Loader over those shards, with
    evaluation on a held-out split and the report (input stall, pipeline bubble, accuracy against chance).
+
+With STALLFREE_DEMO_QUICK=1 in the environment the defaults shrink to --images 64 --epochs 1: every step still
+runs, on less data, in about half a minute (CI runs the README's set-up line so; the accuracy is then near chance).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from stallfree.commands.output import add_json_arguments, add_progress_argument, emit, human
+from stallfree.commands.output import add_json_arguments, add_progress_argument, emit, human, require_writable
 
 __all__ = ["register"]
+
+QUICK = "STALLFREE_DEMO_QUICK"
+# (--images, --epochs) when the flags are not given: as documented, and with QUICK=1
+DEFAULTS, QUICK_DEFAULTS = (640, 6), (64, 1)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,9 +44,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--keep-data", action="store_true",
                         help="keep the generated datasets under OUT/data (default: a temporary folder, removed at the "
                         "end)")
-    parser.add_argument("--images", type=int, default=640,
-                        help="ImageNet-sized JPEGs for the loader comparison (default 640)")
-    parser.add_argument("--epochs", type=int, default=6, help="training epochs (default 6)")
+    parser.add_argument("--images", type=int,
+                        help=f"ImageNet-sized JPEGs for the loader comparison (default {DEFAULTS[0]}; "
+                        f"{QUICK_DEFAULTS[0]} with {QUICK}=1)")
+    parser.add_argument("--epochs", type=int,
+                        help=f"training epochs (default {DEFAULTS[1]}; {QUICK_DEFAULTS[1]} with {QUICK}=1)")
     parser.add_argument("--skip-bench", action="store_true", help="skip step 1, the end-to-end comparison")
     add_json_arguments(parser)
     add_progress_argument(parser)
@@ -49,7 +59,24 @@ def _step(title: str) -> None:
     print(f"\n== {title}", file=sys.stderr, flush=True)
 
 
+def _sizes(args: argparse.Namespace) -> tuple[int, int]:
+    """(images, epochs): the flags', else the defaults, the quick ones when the environment asks for them."""
+    quick = os.environ.get(QUICK, "")
+    if quick not in ("", "0", "1"):
+        raise ValueError(f"{QUICK} must be 1 (a quick demo on less data) or 0, got {quick!r}")
+    images, epochs = QUICK_DEFAULTS if quick == "1" else DEFAULTS
+    images = images if args.images is None else args.images
+    epochs = epochs if args.epochs is None else args.epochs
+    if images < 64:
+        raise ValueError(f"--images must be at least one batch of 64, got {images}")
+    if epochs < 1:
+        raise ValueError(f"--epochs must be positive, got {epochs}")
+    return images, epochs
+
+
 def _demo(args: argparse.Namespace) -> int:
+    images, epochs = _sizes(args)
+    require_writable(args.out, "--out")  # a read-only current folder, where the default --out goes
     from stallfree.core.atomic import atomic_write
     from stallfree.core.dali import require_dali
 
@@ -62,10 +89,6 @@ def _demo(args: argparse.Namespace) -> int:
     from stallfree.stage_runtime.train.report import format_summary, with_prediction
     from stallfree.stage_runtime.train.trainer import demo_config, train
 
-    if args.images < 64:
-        raise ValueError(f"--images must be at least one batch of 64, got {args.images}")
-    if args.epochs < 1:
-        raise ValueError(f"--epochs must be positive, got {args.epochs}")
     announce_compiles(args.progress)
     out = human(args)
     result: dict[str, Any] = {"bench": None, "ingest": {}, "out": str(args.out)}
@@ -75,8 +98,8 @@ def _demo(args: argparse.Namespace) -> int:
         if not args.skip_bench:
             _step("1/3 end to end: a simulated accelerator at 80% of stallfree's stand-alone rate, fed by torch's "
                   "DataLoader and by stallfree (ImageNet-sized synthetic JPEGs)")
-            bench_args = options("e2e", data / "imagenet-like", synthetic=args.images, speeds=[],
-                                 feeds=["stallfree", "torch"], batches=max(1, args.images // 64 // 2), warmup=5,
+            bench_args = options("e2e", data / "imagenet-like", synthetic=images, speeds=[],
+                                 feeds=["stallfree", "torch"], batches=max(1, images // 64 // 2), warmup=5,
                                  png=args.out / "e2e.png", goals=False, progress=args.progress)
             result["bench"] = e2e.run(bench_args, out)
         _step("2/3 ingest a learnable synthetic dataset (shapes in random colours) into Arrow shards")
@@ -88,7 +111,7 @@ def _demo(args: argparse.Namespace) -> int:
             print(f"{split}: {summary['images']} images into {summary['shards']} shard(s)", file=sys.stderr)
         _step("3/3 train a small CNN in 2 pipeline stages with 1F1B, fed by the Loader over the shards")
         config = demo_config(str(data / "shards" / "train"), str(data / "shards" / "val"), str(args.out / "run"),
-                             epochs=args.epochs, progress=args.progress)
+                             epochs=epochs, progress=args.progress)
         result["train"] = with_prediction(config, train(config))  # the simulator's bubble beside the measured one
         print(format_summary(result["train"]), file=out)
         accuracy = result["train"].get("eval_top1")

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stallfree.commands.output import add_json_arguments, add_progress_argument, emit, human
+from stallfree.commands.output import add_json_arguments, add_progress_argument, emit, human, require_writable
 
 __all__ = ["register"]
 
@@ -142,6 +142,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     info.add_argument("out", help="an ingested folder (holding manifest.json), or its URL")
     _add_storage_options(info)
     add_json_arguments(info)
+    add_progress_argument(info)  # it shows none (one manifest is read), but every command takes the flag
     info.set_defaults(func=_info)
 
 
@@ -169,6 +170,7 @@ def _ingest(args: argparse.Namespace) -> int:
             raise ValueError(f"--staging and --storage-options apply to parts at a URL, but OUT is {target!r}; drop "
                              "them")
         else:
+            require_writable(target, "OUT")
             summary = merge(target)
         print(f"merged {summary['parts']} parts: {summary['images']} images in {summary['shards']} shards, "
               f"{summary['rejected']} rejected", file=human(args))
@@ -183,6 +185,8 @@ def _ingest(args: argparse.Namespace) -> int:
     )
     src, out = args.paths
     remote = is_url(out)
+    if not remote:
+        require_writable(out, "OUT")
     if not remote and (args.staging is not None or args.storage_options is not None):
         raise ValueError(f"--staging and --storage-options apply to an OUT at a URL (s3://, gs://, file://), but OUT "
                          f"is {out!r}; drop them")

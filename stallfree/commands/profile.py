@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from stallfree.commands.output import add_json_arguments, add_progress_argument, emit, human
+from stallfree.commands.output import add_json_arguments, add_progress_argument, emit, human, require_writable
 
 __all__ = ["register"]
 
@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from stallfree.stage_runtime.train.models import resolve
 
     # What fails in one line fails before the kernels compile (profile_dataset checks them again, for Python users).
+    require_writable(args.out, "--out")  # not after minutes of measuring
     check_device(args.device)
     if args.accelerator is None:
         resolve(MODEL_ALIASES.get(args.model, args.model))

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stallfree.commands.output import add_json_arguments, add_progress_argument, emit, human
+from stallfree.commands.output import add_json_arguments, add_progress_argument, emit, human, require_writable
 
 __all__ = ["register"]
 
@@ -123,6 +123,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
+    require_writable(args.out_dir, "--out")  # before torch loads: a read-only current folder, the default's home
     from stallfree.stage_runtime.train import checkpoint as checkpoint
     from stallfree.stage_runtime.train.report import format_summary, with_prediction
     from stallfree.stage_runtime.train.trainer import StageFailure, TrainConfig, train

@@ -15,6 +15,15 @@ def test_options_are_the_command_lines_defaults_with_overrides(tmp_path: Path) -
     assert args.shards is False and args.repeats == 3 and args.batch_size == 64  # defaults from add_arguments
 
 
+def test_options_hold_what_the_bench_command_adds(tmp_path: Path) -> None:
+    # Issue 44, item 1: the demo's `options("e2e", ..., progress=...)` raised "TypeError: bench e2e has no option
+    # progress": the command line's --no-progress and --json were added to the command's parser only.
+    args = options("e2e", tmp_path, synthetic=64, speeds=[], feeds=["stallfree", "torch"], batches=1, warmup=5,
+                   png=tmp_path / "e2e.png", goals=False, progress=False)
+    assert args.progress is False and args.synthetic == 64 and args.feeds == ["stallfree", "torch"]
+    assert options("e2e", tmp_path).progress is True and args.json is False and args.json_file is None
+
+
 def test_an_unknown_option_is_refused(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="bench loader has no option batchez"):
         options("loader", tmp_path, batchez=2)

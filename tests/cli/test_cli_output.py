@@ -55,6 +55,12 @@ def test_info_json(shards: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert result["rows"] == 24 and sum(result["classes"].values()) == 24
 
 
+def test_info_takes_no_progress_as_every_command_does(shards: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 44, item 6: the README says every command takes --no-progress; info exited 2 ("unrecognized arguments").
+    assert main(["info", str(shards), "--no-progress"]) == 0
+    assert "24 rows in" in capsys.readouterr().out
+
+
 def test_verify_json_lists_the_problems(shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["verify", str(shards), "--json"]) == 0
     assert _json_alone(capsys)[0] == {"out": str(shards), "ok": True, "problems": []}
