@@ -1,7 +1,9 @@
-"""Real HTTP servers on 127.0.0.1 for the remote benchmark and the tests: a file server with Range, a fault proxy.
+"""Real HTTP servers on 127.0.0.1 for the remote benchmark and the tests: file servers, with Range or not; a proxy.
 
 - :class:`RangeServer` serves a folder over HTTP/1.1 with ``Range: bytes=a-b`` (206 replies), ``HEAD`` and
   keep-alive, as a static file server or a CDN does.
+- :class:`PlainServer` serves a folder with the standard library's handler, the one ``python -m http.server`` runs:
+  it ignores Range (a ``200`` with the whole file) and closes each connection (HTTP/1.0).
 - :class:`FaultProxy` forwards HTTP requests to it, or to an object store of :mod:`stallfree.bench.stores`
   (S3, Cloud Storage), and, on command, adds latency, caps bandwidth, answers
   503, 500, 403 or 404, drops the connection, truncates the body, flips a byte, stalls, trickles the body at a few
@@ -15,17 +17,20 @@ Everything listens on 127.0.0.1 only, on a port the system picks.
 
 from __future__ import annotations
 
+import functools
 import http.client
 import re
 import socket
+import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TextIO
 
-__all__ = ["CONTROL", "FaultProxy", "RangeServer", "serve"]
+__all__ = ["CONTROL", "FaultProxy", "PlainServer", "RangeServer", "serve"]
 
 CONTROL = "/__proxy__/latency/"
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)$")
@@ -41,14 +46,16 @@ class _Server(ThreadingHTTPServer):
     closed = False
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        if not self.closed:  # a handler still running when its server (or upstream) closed is no news
+        # a handler still running when its server (or upstream) closed, or a client that closed its end (a request
+        # given up), is no news
+        if not self.closed and not isinstance(sys.exc_info()[1], ConnectionError):
             super().handle_error(request, client_address)
 
 
 class _Background:
     """A server run on a thread; ``url`` is where it listens."""
 
-    def __init__(self, handler: type[BaseHTTPRequestHandler]):
+    def __init__(self, handler: Callable[..., BaseHTTPRequestHandler]):
         self.httpd = _Server(("127.0.0.1", 0), handler)
         self.httpd.owner = self  # type: ignore[attr-defined]
         self.port = self.httpd.server_address[1]
@@ -134,6 +141,32 @@ class RangeServer(_Background):
     def __init__(self, root: str | Path):
         self.root = Path(root)
         super().__init__(_RangeHandler)
+
+
+class _PlainHandler(SimpleHTTPRequestHandler):
+    """``python -m http.server``'s handler as it is, quiet, noting each request (what a test asserts on)."""
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        """Quiet: a test's output is its assertions."""
+
+    def send_head(self) -> Any:
+        owner: PlainServer = self.server.owner  # type: ignore[attr-defined]
+        with owner.lock:
+            owner.seen.append((self.command, self.path, self.headers.get("Range")))
+        return super().send_head()
+
+
+class PlainServer(_Background):
+    """``root`` over HTTP on 127.0.0.1 as ``python -m http.server`` serves it: no Range; a context manager.
+
+    :attr:`seen` lists every request as ``(method, path, its Range header or None)``.
+    """
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self.seen: list[tuple[str, str, str | None]] = []
+        self.lock = threading.Lock()
+        super().__init__(functools.partial(_PlainHandler, directory=str(self.root)))
 
 
 #: What :meth:`FaultProxy.inject` knows; the status answers carry no body.

@@ -31,10 +31,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from stallfree.ingest.fetch import Progress, Stopped, TooLarge, Unexpected, fetch, pause
+from stallfree.ingest.fetch import Ignored, Pace, Progress, Stopped, TooLarge, Unexpected, fetch, pause
 
-__all__ = ["RemoteStoreError", "Retry", "is_url", "list_objects", "open_store", "read_object", "read_range", "redact",
-           "retried", "scrubbed", "store_error", "transient"]
+__all__ = ["RangeIgnored", "RemoteStoreError", "Retry", "is_url", "list_objects", "open_store", "read_object",
+           "read_range", "redact", "retried", "scrubbed", "store_error", "transient"]
 
 #: The optional extra that brings each scheme's client.
 _CLIENTS = {"s3": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs"), "http": ("aiohttp", "remote"),
@@ -49,6 +49,13 @@ class RemoteStoreError(RuntimeError):
     """
 
 
+class RangeIgnored(RemoteStoreError):
+    """A ranged read whose server ignores Range (it answered with the whole object): the caller may read it whole.
+
+    Raised by :func:`read_range` before the body is read; a WebDataset reader then fetches the tar whole.
+    """
+
+
 @dataclass(frozen=True)
 class Retry:
     """How downloads are retried.
@@ -58,21 +65,40 @@ class Retry:
         backoff: seconds before the first retry; it doubles each time, up to ``max_backoff``.
         max_backoff: the longest wait between tries.
         timeout: seconds without a byte after which a try fails (and a waiting reader raises once tries are spent).
+        min_rate: bytes a second, averaged over ``rate_window`` seconds once bytes flow, under which a try fails (a
+            store trickling bytes); 0: no such rule.
+        rate_window: the seconds ``min_rate`` is averaged over.
+
+    ``min_rate`` and ``rate_window`` default to 1 KiB/s over 30 s. A link that slow cannot feed training (a
+    256 MB shard would take three days), while any real one, a congested or mobile link included, is tens of KB/s
+    or more: the rule ends a trickle and no link a job could use. 30 s (curl's ``--speed-time`` default) outlasts
+    the pauses of a working connection (TCP's retransmission backoff, a store's throttling) and is half the default
+    ``timeout``, so a trickle fails no later than a silence does.
     """
 
     attempts: int = 5
     backoff: float = 0.25
     max_backoff: float = 8.0
     timeout: float = 60.0
+    min_rate: float = 1024.0
+    rate_window: float = 30.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.attempts, int) or isinstance(self.attempts, bool) or self.attempts < 1:
             raise ValueError(f"retries must be an int >= 1 (tries per download), got {self.attempts!r}")
-        for name in ("backoff", "max_backoff", "timeout"):
+        for name in ("backoff", "max_backoff", "timeout", "rate_window"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-                name = "remote_timeout" if name == "timeout" else name  # the Loader keyword it comes from
+            if not _number(value) or not value > 0:
+                name = _KEYWORDS.get(name, name)  # the Loader keyword it comes from
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        if not _number(self.min_rate) or not 0 <= self.min_rate < float("inf"):
+            raise ValueError(f"remote_min_rate must be a number of bytes per second >= 0 (0: no minimum), got "
+                             f"{self.min_rate!r}")
+
+    @property
+    def pace(self) -> Pace:
+        """When one request is given up: no byte for ``timeout``, or under ``min_rate`` over ``rate_window``."""
+        return Pace(self.timeout, self.min_rate, self.rate_window)
 
     def wait(self, failed: int) -> float:
         """Seconds to wait after the ``failed``-th failed try."""
@@ -81,6 +107,14 @@ class Retry:
     def deadline(self) -> float:
         """The longest a download may take to give up: every try stalling, and every wait between them."""
         return self.attempts * self.timeout + sum(self.wait(i) for i in range(1, self.attempts))
+
+
+#: Retry's fields that a Loader keyword of another name sets, for messages.
+_KEYWORDS = {"timeout": "remote_timeout", "rate_window": "remote_rate_window"}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def is_url(source: Any) -> bool:
@@ -178,6 +212,8 @@ def _clean(err: BaseException, what: str) -> BaseException:
     reason = scrubbed(err).split(": ", 1)[-1]
     if isinstance(err, RemoteStoreError):
         return err
+    if isinstance(err, Ignored):
+        return RangeIgnored(f"{what}: {err}")
     if isinstance(err, (Unexpected, Stopped)):
         return RemoteStoreError(f"{what}: {err}")
     if isinstance(err, TooLarge):
@@ -266,7 +302,7 @@ def read_object(fs: Any, path: str, url: str, retry: Retry, limit: int | None = 
         RemoteStoreError: tries spent, or too slow.
     """
     shown = redact(url)
-    return retried(lambda: fetch(fs, path, None, Progress(), retry.timeout, limit=limit, deadline=deadline), shown,
+    return retried(lambda: fetch(fs, path, None, Progress(), retry.pace, limit=limit, deadline=deadline), shown,
                    retry)
 
 
@@ -274,9 +310,10 @@ def read_range(fs: Any, path: str, url: str, start: int, end: int, retry: Retry)
     """Bytes ``start`` to ``end`` of object ``path`` (``url`` for messages): one ranged GET, retried.
 
     Raises:
-        RemoteStoreError: tries spent, a missing or refused object, or a server that ignores Range.
+        RangeIgnored: the server ignores Range (none of the whole object it sent was read).
+        RemoteStoreError: tries spent, or a missing or refused object.
     """
-    return retried(lambda: fetch(fs, path, (start, end), Progress(), retry.timeout), redact(url), retry,
+    return retried(lambda: fetch(fs, path, (start, end), Progress(), retry.pace), redact(url), retry,
                    clean=store_error)
 
 

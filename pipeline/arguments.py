@@ -140,11 +140,13 @@ def check_arguments(
 
 #: The Loader keywords of a remote source, and their defaults (a local source refuses any other value).
 REMOTE_DEFAULTS: dict[str, Any] = {"cache_dir": None, "cache_limit": None, "storage_options": None, "downloads": None,
-                                   "read_ahead": None, "retries": 5, "remote_timeout": 60.0}
+                                   "read_ahead": None, "retries": 5, "remote_timeout": 60.0, "remote_min_rate": 1024.0,
+                                   "remote_rate_window": 30.0}
 
 
 #: The remote keywords a WebDataset source at a URL takes (its tars are read by range: no shard cache to size).
-_WEBDATASET_KEYWORDS = ("cache_dir", "storage_options", "retries", "remote_timeout", "downloads", "read_ahead")
+_WEBDATASET_KEYWORDS = ("cache_dir", "cache_limit", "storage_options", "retries", "remote_timeout", "remote_min_rate",
+                        "remote_rate_window", "downloads", "read_ahead")
 
 
 def remote_keywords(options: dict[str, Any], *, source: Any, on_error: str, remote: bool,
@@ -154,8 +156,8 @@ def remote_keywords(options: dict[str, Any], *, source: Any, on_error: str, remo
     ``options`` holds the Loader's remote keywords (those of :data:`REMOTE_DEFAULTS`) as the user gave them.
 
     A WebDataset source (``webdataset``) takes ``cache_dir`` (its index cache), and when ``remote`` its store's
-    options, retries, ``downloads`` and ``read_ahead`` (for its ranges), and the Loader's ``on_error``; it refuses
-    ``cache_limit`` (there is no shard cache).
+    options, retries and stall rules, ``downloads`` and ``read_ahead`` (for its ranges), ``cache_limit`` (the bound
+    on the tars read whole, from a server that ignores Range), and the Loader's ``on_error``.
     """
     if webdataset:
         allowed: tuple[str, ...] = _WEBDATASET_KEYWORDS if remote else ("cache_dir",)
@@ -180,7 +182,8 @@ def remote_keywords(options: dict[str, Any], *, source: Any, on_error: str, remo
     from stallfree.ingest.remote import Retry
 
     retry = Retry(attempts=int(options["retries"]) if is_int(options["retries"]) else options["retries"],
-                  timeout=options["remote_timeout"])
+                  timeout=options["remote_timeout"], min_rate=options["remote_min_rate"],
+                  rate_window=options["remote_rate_window"])
     for name in ("cache_limit", "read_ahead"):
         if options[name] is not None and (not is_int(options[name]) or options[name] <= 0):
             raise ValueError(f"{name} must be a positive number of bytes or None, got {options[name]!r}")
@@ -190,7 +193,8 @@ def remote_keywords(options: dict[str, Any], *, source: Any, on_error: str, remo
     downloads = {} if options["downloads"] is None else {"downloads": int(options["downloads"])}
     if webdataset:
         return {"cache_dir": options["cache_dir"], "storage_options": options["storage_options"], "retry": retry,
-                "on_error": on_error, "read_ahead": options["read_ahead"], **downloads}
+                "on_error": on_error, "read_ahead": options["read_ahead"], "cache_limit": options["cache_limit"],
+                **downloads}
     return {"cache_dir": options["cache_dir"], "cache_limit": options["cache_limit"],
             "read_ahead": options["read_ahead"], "storage_options": options["storage_options"], "retry": retry,
             **downloads}

@@ -188,10 +188,13 @@ class Loader:
             URL only (docs/remote.md): the local shard cache (default ``~/.cache/stallfree/shards``) and its size
             in bytes (default: no limit), the fsspec store's options (credentials, ``endpoint_url``), concurrent
             downloads (8), bytes fetched ahead of the reads (default 3/4 of the cache, or 1 GiB), tries per download
-            (5) and seconds without a byte before a try fails (60). WebDataset tars take ``cache_dir`` (where their
+            (5) and seconds without a byte before a try fails (60); ``remote_min_rate``, ``remote_rate_window``: a
+            try also fails once it has received under that many bytes a second over that many seconds (1024, 30; 0
+            turns it off). WebDataset tars take ``cache_dir`` (where their
             indexes are kept, default ``~/.cache/stallfree/webdataset-index``) and, at a URL, ``storage_options``,
             ``downloads`` (ranged requests in flight, default 64), ``read_ahead`` (bytes of coming samples held in
-            memory, default 64 MiB), ``retries`` and ``remote_timeout``.
+            memory, default 64 MiB), ``retries``, the three stall keywords, and ``cache_limit`` (tars read whole
+            from a server that ignores Range).
         workers: where the graph runs: ``None`` (this process) or :class:`RayWorkers` (``num_workers`` Ray actors
             on CPU machines, docs/ray.md): the same batches, skips and resume states as here with
             ``placement="cpu"``; a state moves between the two (where the work runs is not in the fingerprint).
@@ -245,6 +248,7 @@ class Loader:
         read_ahead: int | None = None,
         retries: int = 5,
         remote_timeout: float = 60.0,
+        remote_min_rate: float = 1024.0, remote_rate_window: float = 30.0,  # a trickle: under 1 KiB/s over 30 s
         workers: RayWorkers | None = None,
         **dataloader_keywords: Any,
     ):
@@ -273,7 +277,8 @@ class Loader:
         rank, world_size = process_shard(rank, world_size)
         remote_options = {"cache_dir": cache_dir, "cache_limit": cache_limit, "storage_options": storage_options,
                           "downloads": downloads, "read_ahead": read_ahead, "retries": retries,
-                          "remote_timeout": remote_timeout}
+                          "remote_timeout": remote_timeout, "remote_min_rate": remote_min_rate,
+                          "remote_rate_window": remote_rate_window}
         self.reader = _open(source, exif=exif, verify=verify, rank=rank, on_error=on_error, remote=remote_options)
         self.shuffle_mode = "block" if shuffle == "block" else ("global" if shuffle else "none")
         self.block_shards = int(block_shards)

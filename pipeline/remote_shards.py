@@ -2,7 +2,8 @@
 
 ``Loader("s3://bucket/train/")`` (or ``https://``, ``gs://``, ``file://``) reads ``manifest.json`` from the URL on
 construction; nothing else is fetched until a row is read. Each shard is downloaded whole into the
-:class:`~stallfree.pipeline.shard_cache.ShardCache`, checked against the manifest's SHA-256, memory-mapped and
+:class:`~stallfree.pipeline.shard_cache.ShardCache` (by 8 MiB ranges, or in one reply from a server that ignores
+Range, as ``python -m http.server`` does), checked against the manifest's SHA-256, memory-mapped and
 read exactly as a local shard (:class:`~stallfree.pipeline.shards.ShardReader`'s ``_Shard``, the same structural
 checks). The :class:`~stallfree.pipeline.read_ahead.ReadAhead` downloads the shards the coming rows need.
 
@@ -25,7 +26,7 @@ import numpy as np
 from stallfree.ingest.labels import parse_labels
 from stallfree.ingest.manifest import MANIFEST, read_manifest
 from stallfree.ingest.remote import Retry, open_store, read_object, redact
-from stallfree.ingest.transfer import download
+from stallfree.ingest.transfer import NoRange, download
 from stallfree.pipeline.read_ahead import ReadAhead
 from stallfree.pipeline.reader_base import BaseReader
 from stallfree.pipeline.shard_cache import ShardCache, default_cache_dir
@@ -88,6 +89,7 @@ class RemoteShardReader(BaseReader):
         self.cache = ShardCache.shared(folder, cache_limit, downloads, self.retry)
         self._open: dict[int, _Shard] = {}
         self._lock = threading.Lock()
+        self.no_range = NoRange()  # shards whose server ignored Range: asked for whole from then on
         budget = read_ahead if read_ahead is not None else (cache_limit * 3 // 4 if cache_limit else 1 << 30)
         self.read_ahead = ReadAhead(self.cache, self._entries, self._starts, max(budget, largest), self._fetch,
                                     self.names)
@@ -115,7 +117,8 @@ class RemoteShardReader(BaseReader):
     def _fetch(self, sha256: str, dest: Path, progress: Any) -> None:
         entry = self._entries[self._by_sha[sha256]]
         path = f"{self._root}/{entry['file']}"
-        download(self.fs, path, self._url_of(entry), dest, int(entry["bytes"]), sha256, self.retry, progress)
+        download(self.fs, path, self._url_of(entry), dest, int(entry["bytes"]), sha256, self.retry, progress,
+                 self.no_range)
 
     def _forget(self, sha256: str) -> None:
         """The cache evicted a shard: drop its mapping (views already handed out stay valid)."""

@@ -112,6 +112,11 @@ class ShardCache:
             self._evicted.append(weakref.WeakMethod(on_evict))
             self._done.append(weakref.WeakMethod(on_done))
 
+    def close(self) -> None:
+        """Cancel the downloads not started, and let the folder go (its lock): for a cache of one reader's own."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._lockfile.close()
+
     def path(self, sha256: str) -> Path:
         return self.folder / f"{sha256}.arrow"
 
@@ -306,7 +311,6 @@ class ShardCache:
             if call is not None:
                 call(sha256)
         self.path(sha256).unlink(missing_ok=True)  # mapped views of it stay valid until they are dropped (POSIX)
-
 
 
 def _again(error: BaseException) -> BaseException:

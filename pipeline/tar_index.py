@@ -67,8 +67,9 @@ def walk_remote(fs: Any, path: str, shown: str, size: int, retry: Retry) -> dict
 
     Raises:
         ValueError: as :func:`walk`.
-        RemoteStoreError: as :func:`~stallfree.ingest.remote.read_range` (retries spent, a server that ignores Range,
-            a 403 or 404), naming ``shown``.
+        RangeIgnored: the server ignores Range (the caller walks the tar fetched whole).
+        RemoteStoreError: as :func:`~stallfree.ingest.remote.read_range` (retries spent, a 403 or 404), naming
+            ``shown``.
     """
     return walk(_Ranged(fs, path, shown, size, retry), shown, size)
 

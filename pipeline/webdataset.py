@@ -6,10 +6,12 @@ remotely in 1 MiB ranged reads that seek over large members) and grouped into sa
 :func:`stallfree.ingest.tars.samples`, the grouping ``stallfree ingest`` uses, so the two accept and refuse the
 same members. The index is kept in the index cache (:mod:`~stallfree.pipeline.tar_index`): a tar that changed is
 walked again. After that, a sample is one ranged
-read (a local ``seek`` + ``read``, or ``fs.cat_file(path, start, end)``), retried on transient failures. At a URL,
-the rows the sampler reads next are fetched ahead into memory (:class:`~stallfree.pipeline.read_ahead.RangeReadAhead`):
-their ranges sorted by tar and offset and merged where close, ``downloads`` requests in flight, so a block shuffle
-costs a few large requests per stretch of rows and a global one many small concurrent ones.
+read (a local ``seek`` + ``read``, or a ranged GET), retried on transient failures. At a URL, the rows the sampler
+reads next are fetched ahead into memory (:class:`~stallfree.pipeline.read_ahead.RangeReadAhead`): their ranges
+sorted by tar and offset and merged where close, ``downloads`` requests in flight
+(:func:`~stallfree.ingest.fetch.fetch_ranges`), so a block shuffle costs a few large requests per stretch of rows and
+a global one many small concurrent ones. A tar whose server ignores Range is fetched whole, once, and read on local
+disk (:mod:`~stallfree.pipeline.whole_tars`).
 
 The sampler, shuffle (``shuffle="block"`` takes a tar as a shard), resume and error rules are the Loader's, as for
 any source. A compressed or damaged tar (a header that does not parse, a member whose data runs past the tar's
@@ -26,6 +28,7 @@ import itertools
 import math
 import os
 import re
+import threading
 import urllib.parse
 import warnings
 from collections.abc import Sequence
@@ -35,11 +38,13 @@ from typing import Any, Literal
 
 import numpy as np
 
+from stallfree.ingest.fetch import Ignored, Stopped, fetch_ranges
 from stallfree.ingest.labels import class_numbers
-from stallfree.ingest.remote import Retry, is_url, open_store, read_range, redact, retried
+from stallfree.ingest.remote import RangeIgnored, Retry, is_url, open_store, read_range, redact, retried
 from stallfree.pipeline import tar_index
 from stallfree.pipeline.read_ahead import RangeReadAhead
 from stallfree.pipeline.reader_base import BaseReader
+from stallfree.pipeline.whole_tars import WholeTars
 
 __all__ = ["WebDatasetReader", "expand", "is_webdataset"]
 
@@ -104,7 +109,8 @@ def expand(pattern: str) -> list[str]:
 class _Tar:
     """One tar: where it is (``fs`` None for a local file), how it is shown in messages, and its samples' keys.
 
-    Its samples' offsets, sizes and labels are rows ``first:first + len(keys)`` of the reader's arrays.
+    Its samples' offsets, sizes and labels are rows ``first:first + len(keys)`` of the reader's arrays; ``size``
+    and ``stamp`` (ETag or modification time) are what its index was checked against.
     """
 
     location: str
@@ -113,6 +119,8 @@ class _Tar:
     path: str
     keys: list[str]
     first: int
+    size: int
+    stamp: str
 
 
 class WebDatasetReader(BaseReader):
@@ -131,6 +139,8 @@ class WebDatasetReader(BaseReader):
         downloads: tars at a URL: ranged requests in flight at once, for the read-ahead (under a global shuffle
             each is one sample, so they bound the rate at ``downloads`` / the store's latency).
         read_ahead: tars at a URL: bytes of coming samples fetched ahead and held in memory (default 64 MiB).
+        cache_limit: tars at a URL whose server ignores Range are fetched whole to local disk
+            (:mod:`~stallfree.pipeline.whole_tars`): the bytes they may hold there (``None``: no limit).
 
     Raises:
         FileNotFoundError: a tar does not exist (named).
@@ -144,14 +154,19 @@ class WebDatasetReader(BaseReader):
 
     def __init__(self, source: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None,
                  storage_options: dict[str, Any] | None = None, retry: Retry | None = None,
-                 on_error: Literal["raise", "skip"] = "raise", downloads: int = 64, read_ahead: int | None = None):
+                 on_error: Literal["raise", "skip"] = "raise", downloads: int = 64, read_ahead: int | None = None,
+                 cache_limit: int | None = None):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         super().__init__()
         self.reopen_with(source, cache_dir=cache_dir, storage_options=storage_options, retry=retry,
-                         on_error=on_error, downloads=downloads, read_ahead=read_ahead)
+                         on_error=on_error, downloads=downloads, read_ahead=read_ahead, cache_limit=cache_limit)
         self.pattern = os.fspath(source)
         self.retry = retry or Retry()
+        self.cache_limit, self.downloads = cache_limit, downloads
+        self._whole: WholeTars | None = None  # made when a tar's server is found to ignore Range
+        self._whole_lock = threading.Lock()
+        self._ranged: set[str] = set()  # tars seen to answer a ranged request (the read-ahead asks them freely)
         self.index_dir = Path(cache_dir) if cache_dir is not None else tar_index.default_index_dir()
         self.walked = 0  # tars whose headers were walked, not loaded from the index cache (for tests)
         self.rejected: list[dict[str, str]] = []  # the samples left out under on_error="skip"
@@ -176,7 +191,6 @@ class WebDatasetReader(BaseReader):
         self._labels = np.concatenate([np.asarray(i["labels"], np.int64) for i in indexes])
         self._tar_of = np.repeat(np.arange(len(self._tars)), counts)
         self.classes = class_numbers(self._labels)
-        self.downloads = downloads
         remote = any(t.fs is not None for t in self._tars)
         self.read_ahead = RangeReadAhead(self._ranges, self._fetch_ranges, read_ahead or _READ_AHEAD,
                                          rows_per_step=8 * downloads, ranges_per_fetch=downloads,
@@ -197,13 +211,28 @@ class WebDatasetReader(BaseReader):
                 with open(path, "rb") as f:
                     index = tar_index.walk(f, shown, size)
             else:
-                index = tar_index.walk_remote(fs, path, shown, size, self.retry)  # each range retried
+                try:
+                    index = tar_index.walk_remote(fs, path, shown, size, self.retry)  # each range retried
+                except RangeIgnored:  # the tar is fetched whole, once, and walked on local disk
+                    with self._whole_tars().opened(fs, path, shown, size, stamp) as f:
+                        index = tar_index.walk(f, shown, size)
             self.walked += 1
             tar_index.save(self.index_dir, index, shown, size, stamp)
         self.rejected += index["refused"]
         first = self._tars[-1].first + len(self._tars[-1].keys) if self._tars else 0
-        self._tars.append(_Tar(location, shown, fs, path, list(index["keys"]), first))
+        self._tars.append(_Tar(location, shown, fs, path, list(index["keys"]), first, size, stamp))
         return index
+
+    def _whole_tars(self) -> WholeTars:
+        """Where tars whose server ignores Range are fetched whole (made on first need)."""
+        with self._whole_lock:  # the reads' threads and the read-ahead's may meet the server at once
+            if self._whole is None:
+                self._whole = WholeTars(self.index_dir, self.cache_limit, self.retry, min(self.downloads, 8))
+            return self._whole
+
+    def _asks_whole(self, tar: _Tar) -> bool:
+        """Whether ``tar``'s server ignored Range (its samples are read from the whole tar from then on)."""
+        return self._whole is not None and tar.path in self._whole.no_range
 
     def _stat(self, fs: Any, path: str, shown: str) -> tuple[int, str]:
         """The tar's size and what says it changed: its modification time, or the store's ETag."""
@@ -241,9 +270,12 @@ class WebDatasetReader(BaseReader):
     def read(self, index: int) -> np.ndarray:
         """Sample ``index``'s image bytes: one ranged read of its member.
 
+        A tar whose server ignores Range is read from its whole copy (:mod:`~stallfree.pipeline.whole_tars`).
+
         Raises:
             OSError: the tar cannot be read, or ends inside the member (it changed since it was indexed).
-            RemoteStoreError: the store did not answer, refused or lacks the tar, or ignored the ranged request.
+            RemoteStoreError: the store did not answer, or refused or lacks the tar; a tar that must be read whole
+                and is larger than ``cache_limit``.
         """
         ahead = self.read_ahead.take(index) if self.read_ahead is not None else None
         if ahead is not None:
@@ -254,8 +286,13 @@ class WebDatasetReader(BaseReader):
             with open(tar.path, "rb") as f:
                 f.seek(offset)
                 data = f.read(size)
+        elif self._asks_whole(tar):
+            data = self._whole_tars().read(tar.fs, tar.path, tar.shown, tar.size, tar.stamp, offset, size)
         else:
-            data = read_range(tar.fs, tar.path, tar.shown, offset, offset + size, self.retry)
+            try:
+                data = read_range(tar.fs, tar.path, tar.shown, offset, offset + size, self.retry)
+            except RangeIgnored:
+                data = self._whole_tars().read(tar.fs, tar.path, tar.shown, tar.size, tar.stamp, offset, size)
         if len(data) != size:
             raise OSError(f"{tar.shown}:{tar.keys[row]}: the tar ends inside this member ({len(data)} of its {size} "
                           "bytes): it changed since it was indexed")
@@ -276,17 +313,36 @@ class WebDatasetReader(BaseReader):
         return self._tar_of[rows], self._offsets[rows], self._sizes[rows]
 
     def _fetch_ranges(self, tars: list[int], starts: list[int], ends: list[int]) -> list[Any]:
-        """The ranges' bytes (or the exception that ended each), ``downloads`` requests at a time per store."""
+        """The ranges' bytes (or the exception that ended each), ``downloads`` requests at a time per store.
+
+        A tar whose server ignored Range is not asked (its rows are read from the whole tar). A tar not yet seen to
+        answer a range is asked one range first, alone: a server that ignores Range then costs one request (closed
+        by :func:`~stallfree.ingest.fetch.fetch_ranges` before its body), not one per range in flight.
+        """
         answers: list[Any] = [None] * len(tars)
-        by_store: dict[int, list[int]] = {}
+        probes: dict[str, int] = {}  # the first range of each tar not yet seen to answer one
         for i, t in enumerate(tars):
-            by_store.setdefault(id(self._tars[t].fs), []).append(i)
-        for chosen in by_store.values():
-            fs = self._tars[tars[chosen[0]]].fs
-            got = fs.cat_ranges([self._tars[tars[i]].path for i in chosen], [starts[i] for i in chosen],
-                                [ends[i] for i in chosen], batch_size=self.downloads, on_error="return")
-            for i, data in zip(chosen, got, strict=True):
-                answers[i] = data
+            if self._tars[t].path not in self._ranged:
+                probes.setdefault(self._tars[t].path, i)
+        first = set(probes.values())
+        for chosen in (sorted(first), [i for i in range(len(tars)) if i not in first]):
+            by_store: dict[int, list[int]] = {}
+            for i in chosen:
+                if not self._asks_whole(self._tars[tars[i]]):
+                    by_store.setdefault(id(self._tars[tars[i]].fs), []).append(i)
+            for group in by_store.values():
+                fs = self._tars[tars[group[0]]].fs
+                try:
+                    got = fetch_ranges(fs, [self._tars[tars[i]].path for i in group], [starts[i] for i in group],
+                                       [ends[i] for i in group], self.retry.pace, self.downloads)
+                except Stopped:  # the program is exiting
+                    return answers
+                for i, data in zip(group, got, strict=True):
+                    answers[i] = data
+                    if isinstance(data, Ignored):
+                        self._whole_tars().no_range.add(self._tars[tars[i]].path)
+                    elif isinstance(data, bytes):
+                        self._ranged.add(self._tars[tars[i]].path)
         return answers
 
     def describe(self, index: int) -> str:
