@@ -176,7 +176,7 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
                     resume_step=step if c.resume else None) if rank == 0 else None
     total_steps = c.total_steps(job.steps_per_epoch)
     stats = _StepStats(job, report)
-    wall0, accuracy, epoch = time.perf_counter(), None, start_epoch
+    wall0, accuracy = time.perf_counter(), None
     for epoch in range(start_epoch, c.epochs):
         if step >= total_steps:
             break
@@ -203,14 +203,15 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
             stats.post(step, epoch, lr, [loss if job.last else 0.0, wait if job.first else 0.0, busy, t0, start, end])
             if c.checkpoint_every and step % c.checkpoint_every == 0 and step < total_steps:
                 stats.settle()
-                job.save(step, epoch if step % job.steps_per_epoch else epoch + 1)
+                job.save(step, step // job.steps_per_epoch)
         stats.settle()
         accuracy = job.evaluate()
         if report is not None:
             report.eval(epoch, step, accuracy) if accuracy >= 0 else report.close_bar()
     stats.settle()
-    end_epoch = epoch + 1 if step % job.steps_per_epoch == 0 else epoch
-    job.save(step, end_epoch)
+    # The epoch the next step belongs to, which a resumed run continues from the feed's position in it. Not the loop's
+    # `epoch`: a run that stopped mid-epoch at --max-steps has moved it on to the next epoch before breaking out.
+    job.save(step, step // job.steps_per_epoch)
     versions = job.weight_versions()  # 2bw's versions and staleness per pipeline rank ({} otherwise); a collective
     # Rank 0 gathers every rank's spans through the process group: the machines may not share --out.
     spans: list[Any] | None = [None] * c.world_size if rank == 0 else None
