@@ -92,8 +92,8 @@ def check(config: TrainConfig) -> None:
 
     Raises:
         ValueError: a device this machine lacks, a dataset path that does not exist or holds no images, more model
-            stages than layers, or a ``balance`` of the wrong length or sum; each message names the argument and
-            the fix.
+            stages than layers, a ``balance`` of the wrong length or sum, or ``resume`` from a checkpoint of another
+            model, split, schedule or optimizer; each message names the argument and the fix.
     """
     from stallfree.pipeline.readers import open_source
 
@@ -101,6 +101,9 @@ def check(config: TrainConfig) -> None:
     check_device(config.device, processes=int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if env else config.world_size)
     if env is not None and config.link_delay is not None:
         config.link_delay.check_one_machine(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), env[1])
+
+    if config.resume and ckpt.latest(config.ckpt_root) is not None:  # another model, split or schedule: named here
+        ckpt.check_job(config.ckpt_root, ckpt.latest(config.ckpt_root) or 0, config)
 
     for name, data in (("training data", config.data), ("--eval", config.eval_data)):
         if data is None:
@@ -221,6 +224,8 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
         config = {k: v for k, v in c.to_json().items() if k != "crash_at"}  # TrainConfig(**config) rebuilds it
         summary = {"model": c.model, "stages": c.stages, "model_stages": c.model_stages, "replicas": c.dp,
                    "schedule": c.schedule, "microbatches": c.microbatches, "balance": list(job.balance),
+                   # a split not given was measured on this run, or read from the checkpoint resumed
+                   "balance_source": "given" if c.balance else "checkpoint" if c.resume else "measured",
                    "steps": step, "wall_s": wall, "final_loss": report.last_loss,
                    "eval_top1": accuracy if accuracy is not None and accuracy >= 0 else None,
                    "bubble_theory": c.spec.bubble(c.stages, c.microbatches, c.virtual_stages),
