@@ -65,6 +65,10 @@ class StageCost:
         return self.backward_s - self.weight_s
 
 
+# Link.describe's units, largest first (parse_link reads each: _SIZE_UNITS)
+_RATE_UNITS = ((1e15, "PB"), (1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "KB"), (1, "B"))
+
+
 @dataclass(frozen=True)
 class Link:
     """A link between two devices: ``bytes_per_s`` of bandwidth and ``latency_s`` per message."""
@@ -80,8 +84,9 @@ class Link:
         """The link as ``--link`` writes it."""
         if self.bytes_per_s == float("inf"):
             return "free"
-        rate = next(f"{self.bytes_per_s / f:g}{u}/s" for f, u in ((1e9, "GB"), (1e6, "MB"), (1e3, "KB"), (1, "B"))
-                    if self.bytes_per_s >= f or u == "B")
+        # the largest unit the rate reaches, so that a measured 4.19e15 B/s reads 4.19328PB/s, not 4.19328e+06GB/s;
+        # six digits, so that parse_link reads back what was measured
+        rate = next(f"{self.bytes_per_s / f:g}{u}/s" for f, u in _RATE_UNITS if self.bytes_per_s >= f or u == "B")
         lat = next(f"{self.latency_s / f:g}{u}" for f, u in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us"), (1e-9, "ns"))
                    if self.latency_s >= f or u == "ns")
         return f"{rate},{lat}"
@@ -194,8 +199,9 @@ class HostOverhead:
 
 NO_OVERHEAD = HostOverhead()
 
-_SIZE_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20,
-               "gib": 2**30, "tib": 2**40, "kbit": 125, "mbit": 125e3, "gbit": 125e6, "tbit": 125e9}
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "pb": 1e15, "kib": 2**10, "mib": 2**20,
+               "gib": 2**30, "tib": 2**40, "pib": 2**50, "kbit": 125, "mbit": 125e3, "gbit": 125e6, "tbit": 125e9,
+               "pbit": 125e12}
 _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 _NUMBER = r"\s*([0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)\s*"
 
@@ -204,7 +210,7 @@ def parse_bytes(text: str, what: str = "--memory-per-device") -> int:
     """``16GiB``, ``512MB``, ``2e9`` -> bytes.
 
     Raises:
-        ValueError: not a number with one of the units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB.
+        ValueError: not a number with one of the units B, KB, MB, GB, TB, PB, KiB, MiB, GiB, TiB, PiB.
     """
     match = re.fullmatch(_NUMBER + r"([a-zA-Z]*)\s*", text)
     unit = match.group(2).lower() if match else ""

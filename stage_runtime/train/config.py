@@ -6,6 +6,7 @@ import torch.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -16,7 +17,8 @@ from stallfree.stage_runtime.train.link_delay import LinkDelay, parse_link_delay
 from stallfree.stage_runtime.train.optim import LR_SCHEDULES, OPTIMIZERS, LrSchedule, Optimizer
 from stallfree.stage_runtime.train.schedules import ScheduleSpec, schedule_spec
 
-__all__ = ["BUNDLED_MODELS", "VERIFY_MODES", "TrainConfig", "Verify", "stage_threads"]
+__all__ = ["BUNDLED_MODELS", "MAX_TIMEOUT_S", "VERIFY_MODES", "TrainConfig", "Verify", "flag",
+           "stage_threads"]
 
 # The names of stallfree.stage_runtime.train.models.MODELS, listed here because that module needs torch to define
 # them; tests/cli/test_imports.py keeps the two equal.
@@ -26,6 +28,12 @@ BUNDLED_MODELS = ("mlp", "small_cnn", "resnet_cifar", "resnet18", "resnet50", "v
 # imports DALI, which `stallfree train --help` must not; tests/cli/test_imports.py keeps the two equal.
 Verify = Literal["first-use", "open", "none"]
 VERIFY_MODES: tuple[str, ...] = get_args(Verify)
+
+
+MAX_TIMEOUT_S = 7 * 24 * 3600  # --timeout's largest: beyond it, datetime and the backends' clocks overflow
+# The fields whose flag is not ``--`` + the name with dashes (stallfree.commands.train), or that have none.
+_FLAGS = {"timeout_s": "--timeout", "num_classes": "--classes", "samples": "--synthetic", "out_dir": "--out",
+          "eval_data": "--eval", "keep_checkpoints": "keep_checkpoints", "log_every": "log_every"}
 
 
 @dataclass(frozen=True)
@@ -83,9 +91,21 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         schedule_spec(self.schedule)  # an unknown name fails first, listing the known ones
-        for name in ("stages", "microbatches", "dp", "batch_size", "epochs", "image_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("stages", "microbatches", "dp", "batch_size", "epochs", "image_size", "log_every",
+                     "keep_checkpoints", "max_steps", "threads", "num_classes"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                hint = " (leave it out to run every epoch)" if name == "max_steps" else ""
+                raise ValueError(f"{flag(name)} must be >= 1, got {value}{hint}")
+        for name in ("checkpoint_every", "loader_threads"):
+            if (getattr(self, name) or 0) < 0:
+                raise ValueError(f"{flag(name)} must be >= 0, got {getattr(self, name)}")
+        if self.data is None and self.samples < self.batch_size * self.dp:
+            raise ValueError(f"--synthetic {self.samples} is less than one batch per replica (--batch-size "
+                             f"{self.batch_size} x --dp {self.dp}); generate at least {self.batch_size * self.dp}")
+        if not (math.isfinite(self.timeout_s) and 1 <= self.timeout_s <= MAX_TIMEOUT_S):
+            raise ValueError(f"--timeout must be a number of seconds from 1 to {MAX_TIMEOUT_S} (a week), got "
+                             f"{self.timeout_s:g}")
         if self.batch_size % self.microbatches:
             raise ValueError(f"batch_size must divide into micro-batches: batch_size={self.batch_size}, "
                              f"microbatches={self.microbatches}; use a multiple of {self.microbatches}")
@@ -98,11 +118,11 @@ class TrainConfig:
             raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not (math.isfinite(self.lr) and self.lr > 0):  # inf trains to NaN, nan is NaN from the start
+            raise ValueError(f"--lr must be a finite number > 0, got {self.lr}")
         for name in ("weight_decay", "momentum", "warmup_steps"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
+                raise ValueError(f"{flag(name)} must be a finite number >= 0, got {getattr(self, name)}")
         if self.transform is not None and (self.data is None or self.feed == "torch"):
             what = "--synthetic generates tensors" if self.data is None else "--feed torch uses the baseline's own"
             raise ValueError(f"transform applies to the Loader's images of a dataset, but {what}: drop --transform "
@@ -111,6 +131,15 @@ class TrainConfig:
         object.__setattr__(self, "accelerator", parse_accelerator(self.accelerator))
         object.__setattr__(self, "link_delay", parse_link_delay(self.link_delay))
         if self.link_delay is not None:
+            if not self.spec.flush:
+                raise ValueError(f"--link-delay is not run under --schedule {self.schedule}: its runner sends its own "
+                                 "messages, which the delay does not hold (and the summary's prediction does not "
+                                 "model it); use --schedule 1f1b, its order with a flush, or drop --link-delay")
+            slowest = max(s for _, _, s in self.link_delay.pairs)
+            if slowest >= self.timeout_s:
+                raise ValueError(f"--link-delay {self.link_delay} holds a message {slowest:g} s, as long as --timeout "
+                                 f"{self.timeout_s:g} s lets a collective wait; give a shorter delay or a longer "
+                                 "--timeout")
             owner = [self.spec.owner(s, self.stages) for s in range(self.model_stages)]
             self.link_delay.check(self.stages, [(a, b) for a, b in zip(owner, owner[1:], strict=False) if a != b],
                                   f"{self.schedule} with {self.stages} pipeline ranks")
@@ -144,6 +173,11 @@ class TrainConfig:
     def ckpt_root(self) -> Path:
         """Where checkpoints go."""
         return Path(self.checkpoint_dir) if self.checkpoint_dir else Path(self.out_dir) / "checkpoints"
+
+
+def flag(name: str) -> str:
+    """The ``stallfree train`` flag that sets the :class:`TrainConfig` field ``name``, for messages."""
+    return _FLAGS.get(name, "--" + name.replace("_", "-"))
 
 
 def stage_threads(processes: int, threads: int | None = None, cores: int | None = None) -> int:

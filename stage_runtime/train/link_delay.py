@@ -26,6 +26,7 @@ The string is parsed once, where it enters (``TrainConfig``); this module import
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -86,8 +87,8 @@ def parse_link_delay(value: str | Sequence[str] | LinkDelay | None) -> LinkDelay
     The one parser of ``--link-delay``; ``None`` or an empty list: no delay; a :class:`LinkDelay` is returned as it is.
 
     Raises:
-        ValueError: bad syntax, a rank paired with itself, a negative delay or a pair given twice, naming the
-            argument and the accepted form.
+        ValueError: bad syntax, a rank paired with itself, a negative or infinite delay or a pair given twice,
+            naming the argument and the accepted form.
     """
     if value is None or isinstance(value, LinkDelay):
         return value
@@ -100,8 +101,8 @@ def parse_link_delay(value: str | Sequence[str] | LinkDelay | None) -> LinkDelay
         a, b, ms = int(match.group(1)), int(match.group(2)), float(match.group(3))
         if a == b:
             raise ValueError(f"--link-delay {part.strip()}: a link joins two different pipeline ranks, got {a} twice")
-        if ms < 0:
-            raise ValueError(f"--link-delay {part.strip()}: the delay must be >= 0 ms, got {ms:g}")
+        if not (ms >= 0 and math.isfinite(ms)):  # 1e999 reads as inf
+            raise ValueError(f"--link-delay {part.strip()}: the delay must be a finite number of ms >= 0, got {ms:g}")
         key = (min(a, b), max(a, b))
         if key in found:
             raise ValueError(f"--link-delay gives ranks {key[0]}-{key[1]} twice; give each pair one delay")

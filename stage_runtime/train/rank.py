@@ -219,8 +219,7 @@ class Rank:
         ckpt.save_rank(c.ckpt_root, step, self.rank, state)
         dist.barrier()
         if self.local_rank == 0:
-            ckpt.save_meta(c.ckpt_root, step, {"step": step, "epoch": epoch, "balance": list(self.balance),
-                                               "world_size": c.world_size, "schedule": c.schedule})
+            ckpt.save_meta(c.ckpt_root, step, ckpt.manifest(c, step, epoch, self.balance, self.num_classes))
             ckpt.prune(c.ckpt_root, c.keep_checkpoints)
         dist.barrier()
 
@@ -236,6 +235,7 @@ class Rank:
                                     "give every machine the checkpoint folder it saved (its own --out)")
         if step is None:
             raise FileNotFoundError(f"--resume: no checkpoint under {c.ckpt_root} (no latest.json)")
+        ckpt.check_job(c.ckpt_root, step, c, self.num_classes)  # the parent compared all but the dataset's classes
         meta = ckpt.load_meta(c.ckpt_root, step)
         if tuple(meta["balance"]) != self.balance:
             raise ValueError(f"checkpoint was saved with balance {meta['balance']}, this run splits "

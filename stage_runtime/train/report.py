@@ -158,6 +158,10 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"  input stall    {summary['input_stall_fraction']:10.1%}  (stage 0 waiting for the Loader / step time)",
         f"  bubble         {summary['bubble_fraction']:10.1%}  measured; theory {theory_s}",
     ]
+    if summary.get("balance_source") == "measured" and len(summary["balance"]) > 1:
+        split = ",".join(map(str, summary["balance"]))
+        lines.insert(len(headline) + 1, f"  split          {split:>10}  layers per stage, measured on this run "
+                     f"(timings vary from run to run, and so may the split: --balance {split} repeats it)")
     if summary.get("weight_versions") is not None:  # a schedule without a flush (2bw)
         lines.append(f"  weights        {_listed(summary['weight_versions'])} versions kept per stage at most; "
                      f"staleness {_listed(summary['staleness_steps'])} updates")

@@ -92,8 +92,8 @@ def check(config: TrainConfig) -> None:
 
     Raises:
         ValueError: a device this machine lacks, a dataset path that does not exist or holds no images, more model
-            stages than layers, or a ``balance`` of the wrong length or sum; each message names the argument and
-            the fix.
+            stages than layers, a ``balance`` of the wrong length or sum, or ``resume`` from a checkpoint of another
+            model, split, schedule or optimizer; each message names the argument and the fix.
     """
     from stallfree.pipeline.readers import open_source
 
@@ -101,6 +101,9 @@ def check(config: TrainConfig) -> None:
     check_device(config.device, processes=int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if env else config.world_size)
     if env is not None and config.link_delay is not None:
         config.link_delay.check_one_machine(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), env[1])
+
+    if config.resume and ckpt.latest(config.ckpt_root) is not None:  # another model, split or schedule: named here
+        ckpt.check_job(config.ckpt_root, ckpt.latest(config.ckpt_root) or 0, config)
 
     for name, data in (("training data", config.data), ("--eval", config.eval_data)):
         if data is None:
@@ -176,7 +179,7 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
                     resume_step=step if c.resume else None) if rank == 0 else None
     total_steps = c.total_steps(job.steps_per_epoch)
     stats = _StepStats(job, report)
-    wall0, accuracy, epoch = time.perf_counter(), None, start_epoch
+    wall0, accuracy = time.perf_counter(), None
     for epoch in range(start_epoch, c.epochs):
         if step >= total_steps:
             break
@@ -203,14 +206,15 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
             stats.post(step, epoch, lr, [loss if job.last else 0.0, wait if job.first else 0.0, busy, t0, start, end])
             if c.checkpoint_every and step % c.checkpoint_every == 0 and step < total_steps:
                 stats.settle()
-                job.save(step, epoch if step % job.steps_per_epoch else epoch + 1)
+                job.save(step, step // job.steps_per_epoch)
         stats.settle()
         accuracy = job.evaluate()
         if report is not None:
             report.eval(epoch, step, accuracy) if accuracy >= 0 else report.close_bar()
     stats.settle()
-    end_epoch = epoch + 1 if step % job.steps_per_epoch == 0 else epoch
-    job.save(step, end_epoch)
+    # The epoch the next step belongs to, which a resumed run continues from the feed's position in it. Not the loop's
+    # `epoch`: a run that stopped mid-epoch at --max-steps has moved it on to the next epoch before breaking out.
+    job.save(step, step // job.steps_per_epoch)
     versions = job.weight_versions()  # 2bw's versions and staleness per pipeline rank ({} otherwise); a collective
     # Rank 0 gathers every rank's spans through the process group: the machines may not share --out.
     spans: list[Any] | None = [None] * c.world_size if rank == 0 else None
@@ -220,6 +224,8 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
         config = {k: v for k, v in c.to_json().items() if k != "crash_at"}  # TrainConfig(**config) rebuilds it
         summary = {"model": c.model, "stages": c.stages, "model_stages": c.model_stages, "replicas": c.dp,
                    "schedule": c.schedule, "microbatches": c.microbatches, "balance": list(job.balance),
+                   # a split not given was measured on this run, or read from the checkpoint resumed
+                   "balance_source": "given" if c.balance else "checkpoint" if c.resume else "measured",
                    "steps": step, "wall_s": wall, "final_loss": report.last_loss,
                    "eval_top1": accuracy if accuracy is not None and accuracy >= 0 else None,
                    "bubble_theory": c.spec.bubble(c.stages, c.microbatches, c.virtual_stages),

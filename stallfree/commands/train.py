@@ -143,6 +143,8 @@ def _train(args: argparse.Namespace) -> int:
         step = checkpoint.latest(config.ckpt_root)
         kept = (f"no checkpoint was written under {config.ckpt_root}" if step is None else
                 f"the last checkpoint, step {step} under {config.ckpt_root}, is intact (--resume continues it)")
+        if err.cause.startswith(f"{checkpoint.CheckpointWriteError.__name__}:"):  # it says what was kept
+            kept = "--resume continues from it once the checkpoint folder can take the next one"
         print(f"stallfree train: error: {err}; {kept}", file=sys.stderr)
         return 1
     if not summary or not _reports():  # under torchrun only rank 0 holds and prints it

@@ -43,6 +43,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     configs["half"] = _config(out, "half", "1f1b", 2, (3, 5), max_steps=STEPS // 2)
     configs["resumed"] = _config(out, "resumed", "1f1b", 2, (3, 5), resume=True,
                                  checkpoint_dir=str(out / "half" / "checkpoints"))
+    # Extending a run (issue 44, item 4): 4 steps per epoch; 6 steps stop mid-epoch 1, then --resume runs to 10.
+    resume = {"resume": True, "checkpoint_dir": str(out / "ext-6" / "checkpoints")}
+    for name, steps, more in (("ext-6", 6, {}), ("ext-10", 10, {}), ("ext-resumed", 10, resume)):
+        configs[name] = _config(out, name, "1f1b", 2, (3, 5), samples=32, epochs=3, max_steps=steps, **more)
     for schedule, balance in (("1f1b", (3, 5)), ("zero-bubble", (2, 2, 2, 2))):
         configs[f"sim-{schedule}"] = _config(out, f"sim-{schedule}", schedule, 2, balance, accelerator="sim:400")
     # Rank 1 dies after step 4, when rank 0 has logged step 3 past the checkpoint of step 2.
@@ -101,6 +105,22 @@ def test_resume_equals_uninterrupted_run(runs: dict) -> None:
     assert max(float((got[k] - want[k]).abs().max()) for k in want) == 0.0
     rows = [json.loads(line) for line in (Path(resumed.out_dir) / "train.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r] == [3, 4]
+
+
+def test_extending_a_run_that_stopped_mid_epoch_equals_the_longer_run(runs: dict) -> None:
+    # Before: the final checkpoint of a run stopped by --max-steps mid-epoch was labelled with the next epoch, so the
+    # resumed run skipped the rest of epoch 1 and logged step 7 as epoch 2, with other losses.
+    short, resumed, full = (runs["configs"][k] for k in ("ext-6", "ext-resumed", "ext-10"))
+    assert ckpt.load_meta(short.ckpt_root, 6)["epoch"] == 1
+    feed = json.loads(ckpt.load_rank(short.ckpt_root, 6, 0)["feed"])
+    assert (feed["epoch"], feed["batches"]) == (1, 2)  # the feed's place in epoch 1: 2 of its 4 batches delivered
+    rows = {name: [json.loads(line) for line in (Path(c.out_dir) / "train.jsonl").read_text().splitlines()]
+            for name, c in (("resumed", resumed), ("full", full))}
+    steps = {name: [(r["step"], r["epoch"], r["loss"]) for r in got if "loss" in r] for name, got in rows.items()}
+    assert [s[:2] for s in steps["full"][5:]] == [(6, 1), (7, 1), (8, 1), (9, 2), (10, 2)]
+    assert steps["resumed"] == steps["full"][6:]  # steps 7 to 10, their epochs and losses
+    got, want = _weights(resumed), _weights(full)
+    assert max(float((got[k] - want[k]).abs().max()) for k in want) == 0.0
 
 
 def test_summary_reports_fractions_beside_theory(runs: dict) -> None:

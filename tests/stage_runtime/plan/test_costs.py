@@ -17,6 +17,17 @@ def test_parse_link(text, rate, latency):
     assert parse_link(link.describe()).bytes_per_s == pytest.approx(rate, rel=1e-5)
 
 
+@pytest.mark.parametrize(("rate", "latency", "text"), [
+    # a link measured between processes of one machine (gloo through memory): it read "4.19328e+06GB/s,609us"
+    (4.19328e15, 609e-6, "4.19328PB/s,609us"), (2.5e12, 5e-6, "2.5TB/s,5us"), (25e9, 5e-6, "25GB/s,5us"),
+    (1.5e6, 0.02, "1.5MB/s,20ms"), (512.0, 1.0, "512B/s,1s"),
+])
+def test_a_link_is_written_in_the_largest_unit_it_reaches(rate: float, latency: float, text: str) -> None:
+    assert Link(rate, latency).describe() == text
+    back = parse_link(text)
+    assert back.bytes_per_s == pytest.approx(rate, rel=1e-5) and back.latency_s == pytest.approx(latency, rel=1e-5)
+
+
 @pytest.mark.parametrize("text", ["25GB,5us", "fast", "25GB/s", "25XB/s,5us", "25GB/s,5parsecs", "0GB/s,1ms"])
 def test_bad_link_says_the_form(text):
     with pytest.raises(ValueError, match="--link"):

@@ -39,7 +39,7 @@ def test_the_forms_parse_to_one_typed_value_and_back() -> None:
 @pytest.mark.parametrize(("value", "stages", "message"), [
     ("0-1", 2, r"--link-delay wants RANK-RANK:MS pairs like 0-1:20 .*got '0-1'"),
     ("0-1:fast", 2, r"--link-delay wants RANK-RANK:MS .*got '0-1:fast'"),
-    ("0-1:-5", 2, r"--link-delay 0-1:-5: the delay must be >= 0 ms, got -5"),
+    ("0-1:-5", 2, r"--link-delay 0-1:-5: the delay must be a finite number of ms >= 0, got -5"),
     ("1-1:5", 2, r"--link-delay 1-1:5: a link joins two different pipeline ranks"),
     ("0-1:5,1-0:6", 2, r"--link-delay gives ranks 0-1 twice"),
     ("1-2:5", 2, r"--link-delay 1-2: pipeline rank 2 is out of range; 1f1b with 2 pipeline ranks has ranks 0..1"),

@@ -54,8 +54,8 @@ def test_the_optimizer_and_the_rate_each_step_uses(name: str, kind: type) -> Non
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"optimizer": "adam"}, r"optimizer must be one of sgd, adamw, got 'adam'"),
     ({"lr_schedule": "step"}, r"lr_schedule must be one of constant, cosine, got 'step'"),
-    ({"lr": 0.0}, r"lr must be > 0, got 0.0"),
-    ({"warmup_steps": -1}, r"warmup_steps must be >= 0, got -1"),
+    ({"lr": 0.0}, r"--lr must be a finite number > 0, got 0.0"),
+    ({"warmup_steps": -1}, r"--warmup-steps must be a finite number >= 0, got -1"),
     ({"transform": "RandomHorizontalFlip()"}, r"--synthetic generates tensors: drop --transform"),
     ({"transform": "RandomHorizontalFlip()", "data": "d", "feed": "torch"}, r"--feed torch uses the baseline's own"),
 ])
