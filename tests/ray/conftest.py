@@ -17,6 +17,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -94,3 +95,20 @@ def ray_connected(ray_cluster: str) -> str:
     """The cluster's address, with this process connected to it (a test before may have left for another)."""
     connect(ray_cluster)
     return ray_cluster
+
+
+@pytest.fixture
+def workers_of(ray_connected: str) -> Iterator[Any]:
+    """``workers_of(n, **options)``: a RayWorkers whose actors are ended after the test (the cluster has 3 CPUs)."""
+    from stallfree import RayWorkers
+
+    made: list[RayWorkers] = []
+
+    def build(n: int, **options: Any) -> RayWorkers:
+        workers = RayWorkers(num_workers=n, **options)
+        made.append(workers)
+        return workers
+
+    yield build
+    for workers in made:
+        workers.close()
