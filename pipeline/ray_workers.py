@@ -152,7 +152,7 @@ class WorkerPool:
         from stallfree.core.ray_cpus import cluster_cpus
 
         self.workers, self.address = workers, address
-        cpus = cluster_cpus()
+        cpus = cluster_cpus(holders=False)
         shortfall = _shortfall(workers, cpus.total, cpus.largest)
         if shortfall:
             warnings.warn(f"RayWorkers wants {_asked(workers)} but the cluster at {address} {shortfall}: the actors "
@@ -184,9 +184,8 @@ class WorkerPool:
             until = min(deadline, say_at)
             timeout = None if until == math.inf else max(0.0, until - time.monotonic())
             ready, _ = ray.wait(list(waiting), num_returns=len(waiting), timeout=timeout)
-            for ref in ready:
+            for ref in ready:  # started, or died starting: a dead actor's takes fail and it is replaced (RayRun)
                 del waiting[ref]
-                ray.get(ref)  # an actor that died starting raises here (RayActorError), as its batches would
             now = time.monotonic()
             if waiting and now >= deadline:
                 raise TimeoutError(f"RayWorkers could not start {self._pending(waiting)} within start_timeout="

@@ -62,18 +62,23 @@ class ClusterCpus:
         return f"{_n(self.free)} of {_n(self.total)} CPUs free (node{plural} of {sizes} CPUs): {self.held_by()}"
 
 
-def cluster_cpus() -> ClusterCpus:
-    """The connected cluster's CPUs now (this process is a driver of it: ``ray.init`` called)."""
+def cluster_cpus(*, holders: bool = True) -> ClusterCpus:
+    """The connected cluster's CPUs now (this process is a driver of it: ``ray.init`` called).
+
+    Args:
+        holders: whether to read who holds the taken CPUs (else ``unread`` says they were not asked for).
+    """
     import ray
 
     nodes = tuple(float(n["Resources"].get("CPU", 0)) for n in ray.nodes() if n["Alive"])
     total = float(ray.cluster_resources().get("CPU", 0))
     free = float(ray.available_resources().get("CPU", 0))  # the key is absent when none is free
+    if not holders:
+        return ClusterCpus(total, free, nodes, (), unread="not asked for")
     try:
-        holders = _holders(ray)
+        return ClusterCpus(total, free, nodes, _holders(ray))
     except Exception as err:  # noqa: BLE001 - Ray's private table reader moved or failed: the report says so
         return ClusterCpus(total, free, nodes, (), unread=f"{type(err).__name__}: {err}")
-    return ClusterCpus(total, free, nodes, holders)
 
 
 def _holders(ray: Any) -> tuple[Holder, ...]:
