@@ -43,11 +43,21 @@ def _ray_cli(*args: str, env: dict[str, str]) -> None:
 
 
 def _stop_nodes_under(temp: Path) -> None:
-    """Stop this cluster's processes alone: those whose command line names its temp dir (``ray stop`` would stop
-    every Ray process on the machine, other sessions' clusters included)."""
+    """Stop this cluster's processes alone: those whose command line names its temp dir, or whose environment holds
+    this session's token (the head's Ray client server names neither its temp dir nor a parent that stays, and
+    outlived the session); ``ray stop`` would stop every Ray process on the machine, other sessions' included."""
     import psutil
 
-    roots = [p for p in psutil.process_iter(["cmdline"]) if str(temp) in " ".join(p.info["cmdline"] or ())]
+    def ours(process: psutil.Process) -> bool:
+        if str(temp) in " ".join(process.info["cmdline"] or ()):
+            return True
+        if process.pid == os.getpid() or "ray" not in " ".join(process.info["cmdline"] or ()):
+            return False
+        with contextlib.suppress(psutil.Error):
+            return bool(process.environ().get("RAY_AUTH_TOKEN") == os.environ["RAY_AUTH_TOKEN"])
+        return False
+
+    roots = [p for p in psutil.process_iter(["cmdline"]) if ours(p)]
     mine = {p.pid: p for p in roots}
     for root in roots:  # the agents a raylet starts rename themselves (ray::DashboardAgent): take them as children
         with contextlib.suppress(psutil.NoSuchProcess):
