@@ -17,6 +17,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,11 +43,21 @@ def _ray_cli(*args: str, env: dict[str, str]) -> None:
 
 
 def _stop_nodes_under(temp: Path) -> None:
-    """Stop this cluster's processes alone: those whose command line names its temp dir (``ray stop`` would stop
-    every Ray process on the machine, other sessions' clusters included)."""
+    """Stop this cluster's processes alone: those whose command line names its temp dir, or whose environment holds
+    this session's token (the head's Ray client server names neither its temp dir nor a parent that stays, and
+    outlived the session); ``ray stop`` would stop every Ray process on the machine, other sessions' included."""
     import psutil
 
-    roots = [p for p in psutil.process_iter(["cmdline"]) if str(temp) in " ".join(p.info["cmdline"] or ())]
+    def ours(process: psutil.Process) -> bool:
+        if str(temp) in " ".join(process.info["cmdline"] or ()):
+            return True
+        if process.pid == os.getpid() or "ray" not in " ".join(process.info["cmdline"] or ()):
+            return False
+        with contextlib.suppress(psutil.Error):
+            return bool(process.environ().get("RAY_AUTH_TOKEN") == os.environ["RAY_AUTH_TOKEN"])
+        return False
+
+    roots = [p for p in psutil.process_iter(["cmdline"]) if ours(p)]
     mine = {p.pid: p for p in roots}
     for root in roots:  # the agents a raylet starts rename themselves (ray::DashboardAgent): take them as children
         with contextlib.suppress(psutil.NoSuchProcess):
@@ -94,3 +105,20 @@ def ray_connected(ray_cluster: str) -> str:
     """The cluster's address, with this process connected to it (a test before may have left for another)."""
     connect(ray_cluster)
     return ray_cluster
+
+
+@pytest.fixture
+def workers_of(ray_connected: str) -> Iterator[Any]:
+    """``workers_of(n, **options)``: a RayWorkers whose actors are ended after the test (the cluster has 3 CPUs)."""
+    from stallfree import RayWorkers
+
+    made: list[RayWorkers] = []
+
+    def build(n: int, **options: Any) -> RayWorkers:
+        workers = RayWorkers(num_workers=n, **options)
+        made.append(workers)
+        return workers
+
+    yield build
+    for workers in made:
+        workers.close()

@@ -58,21 +58,6 @@ def assert_same(ours: list[Any], theirs: list[Any]) -> None:
                 assert x == y
 
 
-@pytest.fixture
-def workers_of(ray_connected: str) -> Any:
-    """``workers_of(n, **options)``: a RayWorkers whose actors are ended after the test (the cluster has 3 CPUs)."""
-    made: list[RayWorkers] = []
-
-    def build(n: int, **options: Any) -> RayWorkers:
-        workers = RayWorkers(num_workers=n, **options)
-        made.append(workers)
-        return workers
-
-    yield build
-    for workers in made:
-        workers.close()
-
-
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_an_epoch_on_n_actors_is_the_local_loaders_bit_for_bit(n: int, indexed_list: Path, workers_of: Any) -> None:
     local, remote = make(indexed_list), make(indexed_list, workers_of(n))
@@ -194,8 +179,8 @@ def test_bad_worker_settings_are_refused_by_name(indexed_list: Path, ray_connect
         RayWorkers(transfer="float")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="workers must be None or stallfree.RayWorkers"):
         make(indexed_list, workers=2)  # type: ignore[arg-type]
-    with pytest.warns(UserWarning, match=r"wants 4 x 1 = 4 CPUs but the cluster at .* has 3"):
-        RayWorkers(num_workers=4).pool().close()
+    with pytest.raises(ValueError, match=r"start_timeout must be seconds > 0 or None \(no bound\), got 0"):
+        RayWorkers(start_timeout=0)
     with pytest.raises(ValueError, match="needs Normalize as the last step"):
         make(indexed_list, RayWorkers(transfer="uint8"), transform=[Normalize((0.5,), (0.5,)), CenterCrop(8)],
              dtype="float32")
