@@ -351,9 +351,10 @@ class Loader:
                          io_threads=self.io_threads, on_error=self.on_error, max_pixels=self.max_pixels,
                          exif=self.exif, encoded=self.encoded, device=self.device)
 
-    def _parts(self, shard: tuple[int, int]) -> RunParts:
-        """What a run on ``shard`` is made of: the settings and clock as they are now (the profiler sets ``clock``)."""
-        return RunParts(self._config(), self._orders[shard].order(), self.reader, self.compiled, self.clock)
+    def _parts(self, shard: tuple[int, int] | None = None) -> RunParts:
+        """What a run on ``shard`` (else :attr:`sampler`'s) is made of: settings and clock as they are now."""
+        return RunParts(self._config(), self._orders[shard or self._shard()].order(), self.reader, self.compiled,
+                        self.clock)
 
     @property
     def _batch_echo(self) -> int:
