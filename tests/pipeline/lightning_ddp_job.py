@@ -58,6 +58,4 @@ def fit(name: str, data: Loader, ckpt_path: Path | None = None, **kwargs: Any) -
 fit("whole", whole, max_epochs=1, enable_checkpointing=False)
 saver = lightning.pytorch.callbacks.ModelCheckpoint(dirpath=OUT / "ckpt", filename="step1", every_n_train_steps=1)
 fit("first", first, max_steps=1, callbacks=[saver])
-fit("second", second, ckpt_path=OUT / "ckpt" / "step1.ckpt", max_epochs=1,
-    callbacks=[lightning.pytorch.callbacks.ModelCheckpoint(dirpath=OUT / "ckpt", filename="step1",
-                                                            every_n_train_steps=1)])
+fit("second", second, ckpt_path=OUT / "ckpt" / "step1.ckpt", max_epochs=1, enable_checkpointing=False)

@@ -39,7 +39,8 @@ def batches(iterable: Iterable[Any]) -> Batches:
 
 
 def same(a: Batches, b: Batches) -> bool:
-    return len(a) == len(b) and all(torch.equal(x, y) and torch.equal(i, j) for (x, i), (y, j) in zip(a, b))
+    pairs = zip(a, b, strict=False)  # lengths compared first
+    return len(a) == len(b) and all(torch.equal(x, y) and torch.equal(i, j) for (x, i), (y, j) in pairs)
 
 
 def in_fork(work: Callable[[], Any]) -> Any:

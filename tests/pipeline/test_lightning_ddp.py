@@ -40,7 +40,7 @@ def ran(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER}
     done = subprocess.run([sys.executable, str(JOB), str(root / "list.csv"), str(out)], env=env, cwd=root,
-                          capture_output=True, text=True, timeout=400)
+                          capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     return out
 

@@ -42,7 +42,8 @@ def batches(loader: Loader) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def same(a: list[tuple[torch.Tensor, torch.Tensor]], b: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
-    return len(a) == len(b) and all(torch.equal(x, y) and torch.equal(i, j) for (x, i), (y, j) in zip(a, b))
+    pairs = zip(a, b, strict=False)  # lengths compared first
+    return len(a) == len(b) and all(torch.equal(x, y) and torch.equal(i, j) for (x, i), (y, j) in pairs)
 
 
 def labels_of(got: list[tuple[torch.Tensor, torch.Tensor]]) -> list[int]:
