@@ -413,10 +413,7 @@ class Loader:
         self._epoch = int(epoch)
 
     def fingerprint(self) -> dict[str, Any]:
-        """What decides the order and the pixels; a state from a Loader whose fingerprint differs is refused.
-
-        The world size is in it (another one's state resumes elastically), the rank is not (any rank's state loads).
-        """
+        """What decides the order and pixels (with the world size, not the rank); a state of another is refused."""
         return self._fingerprint_of(self._shard()[1])
 
     def _fingerprint_of(self, world_size: int) -> dict[str, Any]:
@@ -452,12 +449,9 @@ class Loader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next batch is the one after the last batch delivered when it was taken.
 
-        It ends a pass in progress. A state is a position in the job's one global order, taken at a batch boundary
-        of synchronous training: it loads on any rank. From another rank of the same ``world_size`` (Lightning saves
-        rank 0's), this rank goes on after its own batches, as its uninterrupted run would; skipped samples are each
-        rank's own (:mod:`stallfree.pipeline.loader_state`). From another ``world_size``, elastically: this rank's
-        share of the samples the old ranks had not delivered (:mod:`stallfree.pipeline.elastic`). It is read for the
-        process's rank now, and again if a pass starts on another (a process group made after it).
+        It ends a pass in progress. Any rank's state loads: from the same ``world_size`` this rank goes on after its
+        own batches (:mod:`stallfree.pipeline.loader_state`), from another elastically (:mod:`.elastic`). It is read
+        for the process's rank now, and again if a pass starts on another (a process group made after it).
 
         Raises:
             ValueError: the state comes from a Loader with another fingerprint (source, order, spec),
@@ -472,7 +466,7 @@ class Loader:
         self._take(loaded, shard, copy.deepcopy(state))
 
     def _read(self, state: object, shard: tuple[int, int]) -> LoaderState:
-        """``state`` checked against this Loader on ``shard`` (:func:`~stallfree.pipeline.loader_state.read_state`)."""
+        """``state`` checked against this Loader on ``shard`` (:func:`read_state`)."""
         return read_state(state, version=STATE_VERSION, fingerprint=self._fingerprint_of(shard[1]),
                           sampler=self._orders[shard], batch_size=self.batch_size, echo=self._batch_echo,
                           batches=self._batches, on_error=self.on_error)
