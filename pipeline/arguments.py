@@ -212,12 +212,15 @@ def describe_spec(steps: Sequence[Transform]) -> str:
 
 
 def loader_fingerprint(loader: Any) -> dict[str, Any]:
-    """What decides a Loader's order and pixels; a state whose fingerprint differs from its Loader's is refused."""
+    """What decides a Loader's order and pixels; a state whose fingerprint differs from its Loader's is refused.
+
+    The Loader adds the world size it runs on (its rank is not in it: any rank loads any rank's state).
+    """
     block = loader.shuffle_mode == "block"
     return {
         "source": source_identity(loader.reader),
         "num_rows": len(loader.reader),
-        "shuffle": f"block/{loader.block_shards}" if block else loader.sampler.shuffle,
+        "shuffle": f"block/{loader.block_shards}" if block else loader.shuffle_mode == "global",
         "drop_last": loader.drop_last,
         "seed": loader.seed,
         "batch_size": loader.batch_size,
@@ -228,6 +231,4 @@ def loader_fingerprint(loader: Any) -> dict[str, Any]:
         "transform": describe_spec(loader.compiled.steps),
         "dtype": loader.compiled.dtype,
         "layout": loader.compiled.layout,
-        "rank": loader.sampler.rank,
-        "world_size": loader.sampler.world_size,
     }

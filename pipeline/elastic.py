@@ -18,8 +18,9 @@ from typing import Any
 
 __all__ = ["ORDER_FIELDS", "elastic_split"]
 
-#: Fingerprint fields that say how the order is dealt over ranks, not what it is: they may differ on resume.
-ORDER_FIELDS = ("rank", "world_size")
+#: Fingerprint fields that say how the order is dealt over ranks, not what it is: they may differ on resume (the rank
+#: is in no fingerprint: any rank loads any rank's state).
+ORDER_FIELDS = ("world_size",)
 
 
 def elastic_split(state: Mapping[str, Any], world_size: int) -> int:

@@ -13,6 +13,8 @@ Loader yields bit-identical batches from the next one on (DESIGN.md, "Known pitf
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
 import os
 import warnings
@@ -38,17 +40,18 @@ from stallfree.pipeline.batch_fields import Delivery
 from stallfree.pipeline.block_order import block_order
 from stallfree.pipeline.epoch import EpochRun
 from stallfree.pipeline.graph import Graph
-from stallfree.pipeline.loader_sampler import LoaderSampler
-from stallfree.pipeline.loader_state import read_state
+from stallfree.pipeline.lifecycle import copied, forked
+from stallfree.pipeline.loader_sampler import LoaderSampler, Orders
+from stallfree.pipeline.loader_state import LoaderState, read_state
 from stallfree.pipeline.next_pass import NextPass
-from stallfree.pipeline.passes import Pass
+from stallfree.pipeline.passes import Pass, Progress
+from stallfree.pipeline.process_group import UnknownRank, cache_rank
 from stallfree.pipeline.ray_run import RayRun
 from stallfree.pipeline.ray_transfer import worker_spec
 from stallfree.pipeline.ray_workers import RayWorkers, run_key
 from stallfree.pipeline.reader_base import BaseReader, Reader
 from stallfree.pipeline.readers import open_source, unwrap_torchvision_dataset
 from stallfree.pipeline.run_config import RunConfig, RunParts
-from stallfree.pipeline.sampler import process_shard
 from stallfree.pipeline.samples import BadSampleError
 from stallfree.pipeline.shards import Verify
 from stallfree.pipeline.webdataset import is_webdataset
@@ -146,11 +149,11 @@ class Loader:
             every rank has the same number of samples, and drop the last incomplete batch. Without it, ranks are
             padded to the same count with samples from the start of the permutation (so a few samples appear
             twice in an epoch when the dataset does not divide by ``world_size``), and the last batch may be short.
-        rank, world_size: this process's shard; taken from ``torch.distributed`` when it is initialised, else from
-            the ``RANK`` and ``WORLD_SIZE`` environment variables (``torchrun`` sets them) when they are set: under
-            DDP the Loader shards as ``DataLoader(sampler=DistributedSampler(...))`` does (and as Lightning and
-            Accelerate shard a DataLoader), each sample once over the job. For every sample on every rank (an
-            evaluation each rank runs whole), pass ``rank=0, world_size=1``.
+        rank, world_size: this process's shard, decided when each pass starts (so that a Loader built at the top
+            of a Lightning DDP script follows the group ``fit`` makes): each one given wins, else
+            ``torch.distributed``'s group, else ``RANK``/``WORLD_SIZE`` (torchrun) or Lightning's ``LOCAL_RANK``/
+            ``NODE_RANK`` (:mod:`~stallfree.pipeline.process_group`). Under DDP it shards as ``DistributedSampler``
+            does, each sample once over the job; ``rank=0, world_size=1`` gives every rank every sample.
         device: ``"cpu"`` or ``"cuda[:N]"``: where the batches are delivered.
         placement: where the graph runs: ``"auto"`` (the GPU when ``device`` is CUDA), ``"cpu"`` or ``"gpu"``.
         num_threads: DALI worker threads (default: the cores this process may use).
@@ -274,24 +277,26 @@ class Loader:
         on_gpu = placement == "gpu" or (placement == "auto" and self.device.type == "cuda")
         self.workers = _check_workers(workers, placement)
         on_gpu = on_gpu and workers is None  # Ray workers run DALI's CPU operators; the batch then goes to device
-        rank, world_size = process_shard(rank, world_size)
         remote_options = {"cache_dir": cache_dir, "cache_limit": cache_limit, "storage_options": storage_options,
                           "downloads": downloads, "read_ahead": read_ahead, "retries": retries,
                           "remote_timeout": remote_timeout, "remote_min_rate": remote_min_rate,
                           "remote_rate_window": remote_rate_window}
-        self.reader = _open(source, exif=exif, verify=verify, rank=rank, on_error=on_error, remote=remote_options)
+        self.reader = _open(source, exif=exif, verify=verify, rank=cache_rank(rank, world_size), on_error=on_error,
+                            remote=remote_options)
         self.shuffle_mode = "block" if shuffle == "block" else ("global" if shuffle else "none")
         self.block_shards = int(block_shards)
         self.batch_size, self.seed, self.drop_last, self.on_error = batch_size, int(seed), bool(drop_last), on_error
         self.echo, self.echo_mode, self.max_pixels = echo, echo_mode, max_pixels
-        self.sampler = self._sampler(rank, world_size)  # loader.sampler.set_epoch is set_epoch (Lightning's fit)
+        echo_k = echo if echo_mode == "example" else 1  # the sampler's; batch echo repeats batches instead
+        permute = block_order(self.reader, self.block_shards, self.seed, echo_k) if shuffle == "block" else None
+        self._orders = Orders(self, rank, world_size, num_rows=len(self.reader), shuffle=self.shuffle_mode != "none",
+                              seed=self.seed, drop_last=self.drop_last, echo=echo_k, permute=permute)
         self.prefetch, self.io_threads, self.clock = prefetch, io_threads, clock
         self.encoded = bool(self.reader.encoded)
         self.columns = _columns(self.reader, columns)
         self.labels = self.reader.labels()
         self.num_threads = num_threads or len(os.sched_getaffinity(0))
         self._graph_device = self.device.index if on_gpu else None
-        self._graph: Graph | None = None  # built on first iteration, so that construction stays cheap
         self._ray_id = run_key() if workers is not None else ""  # names this Loader's setup on the actors
         self._worker_spec = worker_spec(self.compiled, workers.transfer) if workers is not None else None
         self._fingerprint: dict[str, Any] | None = None  # computed on the first state_dict (it hashes the source)
@@ -299,26 +304,33 @@ class Loader:
         self._start = (0, 0, 0)  # where the next pass starts: (position, repeat, batches delivered)
         self._split = 0  # the global position this epoch's split over ranks starts at (elastic resume; else 0)
         self._loaded = False  # whether _start and skipped come from load_state_dict
-        self._pass: weakref.ref[Pass] | None = None
-        self._next = NextPass()  # the next epoch's run, started once this pass's reader has read its epoch
-        weakref.finalize(self, self._next.discard)
+        self._loaded_raw: Any = None  # that state, read again if a pass starts on another shard than it was read for
+        self._fixed = (0, 0)  # the (rank, world_size) of the pass in progress, else of the loaded state
+        self._local()
         self.skipped: list[dict[str, Any]] = []  # this epoch's, so it is also what a resumed Loader carries on
+        with contextlib.suppress(UnknownRank):  # where a rank is known only once the process group is: at the pass
+            self.sampler  # noqa: B018 - an empty dataset, or drop_last over more ranks than samples, refused now
 
-    def _sampler(self, rank: int, world_size: int) -> LoaderSampler:
-        """The order: this rank's share of a global (or block) permutation per epoch, with example echo."""
-        echo_k = self.echo if self.echo_mode == "example" else 1
-        block = self.shuffle_mode == "block"
-        return LoaderSampler(
-            len(self.reader),
-            rank=rank,
-            world_size=world_size,
-            shuffle=self.shuffle_mode != "none",
-            seed=self.seed,
-            drop_last=self.drop_last,
-            echo=echo_k,
-            permute=block_order(self.reader, self.block_shards, self.seed, echo_k) if block else None,
-            owner=weakref.ref(self),
-        )
+    def _local(self) -> None:
+        """What belongs to this process alone, made anew in a copy (pickle, deepcopy, a forked child; lifecycle)."""
+        self._graph: Graph | None = None  # built on first iteration, so that construction stays cheap
+        self._pass: weakref.ref[Pass] | None = None
+        self._progress = Progress()  # whether the pass, even once dropped, delivered a batch
+        self._next = NextPass()  # the next epoch's run, started once this pass's reader has read its epoch
+        self._discard = weakref.finalize(self, self._next.discard)
+        self._pid = os.getpid()
+
+    @property
+    def sampler(self) -> LoaderSampler:
+        """The order of the pass in progress, else of a loaded state, else of this rank now (:class:`Orders`).
+
+        ``loader.sampler.set_epoch`` is :meth:`set_epoch` (Lightning's fit loop calls it).
+        """
+        return self._orders[self._shard()]
+
+    def _shard(self) -> tuple[int, int]:
+        """``(rank, world_size)`` of the pass in progress, else of a loaded state, else of the process now."""
+        return self._fixed if self._current() is not None or self._loaded else self._orders.now()
 
     @property
     def classes(self) -> list[str]:
@@ -345,9 +357,10 @@ class Loader:
                          io_threads=self.io_threads, on_error=self.on_error, max_pixels=self.max_pixels,
                          exif=self.exif, encoded=self.encoded, device=self.device)
 
-    def _parts(self) -> RunParts:
-        """What an epoch run is built from: the settings and the clock as they are now (the profiler sets ``clock``)."""
-        return RunParts(self._config(), self.sampler.order(), self.reader, self.compiled, self.clock)
+    def _parts(self, shard: tuple[int, int] | None = None) -> RunParts:
+        """What a run on ``shard`` (else :attr:`sampler`'s) is made of: settings and clock as they are now."""
+        return RunParts(self._config(), self._orders[shard or self._shard()].order(), self.reader, self.compiled,
+                        self.clock)
 
     @property
     def _batch_echo(self) -> int:
@@ -355,19 +368,24 @@ class Loader:
         return self.echo if self.echo_mode == "batch" else 1
 
     def _current(self) -> Pass | None:
-        """The pass in progress; once a pass has ended (exhausted, failed, dropped), the next epoch is next."""
+        """The pass in progress; once a pass has ended (exhausted, failed, dropped), the next epoch is next.
+
+        Not after a pass ended before its first ``next`` (Lightning's ``iter()`` that checks a dataloader is iterable).
+        """
         ongoing = self._pass() if self._pass is not None else None
-        if ongoing is not None and not ongoing.over:
-            return ongoing
-        if self._pass is not None:
-            self._pass = None
-            self._epoch, self._start, self._loaded, self._split = self._epoch + 1, (0, 0, 0), False, 0
-        return None
+        if (ongoing is None or ongoing.over) and self._pass is not None:
+            ongoing, self._pass = None, None
+            if self._progress.taken:
+                self._epoch, self._start, self._loaded, self._split = self._epoch + 1, (0, 0, 0), False, 0
+        if self._pid != os.getpid():  # a forked child's copy: the parent's pass stays the parent's (lifecycle)
+            forked(self, ongoing)
+            return None
+        return ongoing
 
     def _start_next(self, ended: Pass) -> None:
         """``ended``'s run has read its epoch: start the next epoch's run, which ``iter()`` then takes."""
         if self._graph is not None and self._current() is ended:
-            self._next.start(self._parts(), self._graph, self._epoch + 1)
+            self._next.start(self._parts(self._fixed), self._graph, self._epoch + 1)
 
     def _end_pass(self, why: str) -> bool:
         """End the pass in progress, if any (its iterator then raises ``why``); whether there was one."""
@@ -391,7 +409,7 @@ class Loader:
         ongoing = self._current()
         if ongoing is not None and ongoing.fresh:
             if epoch != self._epoch:
-                self._epoch, self._split = int(epoch), 0
+                self._epoch, self._split, self._start, self._loaded = int(epoch), 0, (0, 0, 0), False
                 self.skipped.clear()  # the list the pass adds to
                 ongoing.restart(*self._run((0, 0, 0)))
             return
@@ -401,10 +419,13 @@ class Loader:
         self._epoch = int(epoch)
 
     def fingerprint(self) -> dict[str, Any]:
-        """What decides the order and the pixels; a state from a Loader whose fingerprint differs is refused."""
-        if self._fingerprint is None:
+        """What decides the order and pixels (with the world size, not the rank); a state of another is refused."""
+        return self._fingerprint_of(self._shard()[1])
+
+    def _fingerprint_of(self, world_size: int) -> dict[str, Any]:
+        if self._fingerprint is None:  # it hashes the source: once
             self._fingerprint = loader_fingerprint(self)
-        return self._fingerprint
+        return {**self._fingerprint, "world_size": world_size}
 
     def state_dict(self) -> dict[str, Any]:
         """The position after the last batch delivered to the caller (JSON-serialisable).
@@ -413,8 +434,12 @@ class Loader:
         epoch (or what :meth:`set_epoch`/:meth:`load_state_dict` chose), which is where ``iter()`` goes on.
         """
         ongoing = self._current()
-        position, repeat, delivered = ongoing.cursor if ongoing is not None else self._start
-        carried = ongoing is not None or self._loaded
+        return self._state_at(ongoing.cursor if ongoing is not None else self._start, ongoing is not None)
+
+    def _state_at(self, cursor: tuple[int, int, int], in_pass: bool) -> dict[str, Any]:
+        """The state of this Loader standing at ``cursor`` (``in_pass``: the pass's; else the next pass's start)."""
+        position, repeat, delivered = cursor
+        rank, world_size = self._fixed if in_pass or self._loaded else self._orders.now()
         return {
             "version": STATE_VERSION,
             "epoch": self._epoch,
@@ -422,42 +447,54 @@ class Loader:
             "repeat": repeat,
             "batches": delivered,
             "split": self._split,
-            "skipped": list(self.skipped) if carried else [],
-            "fingerprint": dict(self.fingerprint()),
+            "skipped": list(self.skipped) if in_pass or self._loaded else [],
+            "rank": rank,  # where it was taken: another rank's state loads too (load_state_dict)
+            "fingerprint": self._fingerprint_of(world_size),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next batch is the one after the last batch delivered when it was taken.
 
-        It ends a pass in progress.
-
-        A state taken on another ``world_size`` (at a batch boundary of synchronous training, any rank's) goes on
-        elastically: this rank's share of the samples the old ranks had not delivered yet, each once over the new
-        ranks (:mod:`stallfree.pipeline.elastic`). The same ``world_size`` with another ``rank`` is refused.
+        It ends a pass in progress. Any rank's state loads: from the same ``world_size`` this rank goes on after its
+        own batches (:mod:`stallfree.pipeline.loader_state`), from another elastically (:mod:`.elastic`). It is read
+        for the process's rank now, and again if a pass starts on another (a process group made after it).
 
         Raises:
-            ValueError: the state comes from a Loader with another fingerprint (source, order, spec, rank),
+            ValueError: the state comes from a Loader with another fingerprint (source, order, spec),
                 naming the field that differs; or it is not a state this Loader could have taken (a field
                 missing, of another type, out of range, or disagreeing with the others: named with its value,
                 :mod:`stallfree.pipeline.loader_state`); or another world size's state has skipped samples or
                 stands between the repeats of an echoed batch. A refused state changes nothing.
         """
-        loaded = read_state(state, version=STATE_VERSION, fingerprint=self.fingerprint(), sampler=self.sampler,
-                            batch_size=self.batch_size, echo=self._batch_echo, batches=self._batches)
+        shard = self._orders.now()
+        loaded = self._read(state, shard)
         self._end_pass("load_state_dict() ended this pass")
-        self._epoch, self._split, self._loaded = loaded.epoch, loaded.split, True
-        self._start, self.skipped = loaded.start, loaded.skipped
+        self._take(loaded, shard, copy.deepcopy(state))
+
+    def _read(self, state: object, shard: tuple[int, int]) -> LoaderState:
+        """``state`` checked against this Loader on ``shard`` (:func:`read_state`)."""
+        return read_state(state, version=STATE_VERSION, fingerprint=self._fingerprint_of(shard[1]),
+                          sampler=self._orders[shard], batch_size=self.batch_size, echo=self._batch_echo,
+                          batches=self._batches, on_error=self.on_error)
+
+    def _take(self, loaded: LoaderState, shard: tuple[int, int], state: Any) -> None:
+        """Stand where ``loaded`` says, on ``shard``."""
+        self._epoch, self._split, self._loaded, self._fixed = loaded.epoch, loaded.split, True, shard
+        self._start, self.skipped, self._loaded_raw = loaded.start, loaded.skipped, state
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self._end_pass("a newer iter() started a new pass over the Loader")
-        position, repeat, delivered = self._start
+        shard = self._orders.now()  # the rank is decided now, as a DistributedSampler made in fit
+        if self._loaded and shard != self._fixed:  # the process group came after load_state_dict
+            self._take(self._read(self._loaded_raw, shard), shard, self._loaded_raw)
+        self._fixed = shard
         if not self._loaded:
             self.skipped = []
-        self._start, self._loaded = (0, 0, 0), False  # what it becomes once this pass ends
-        run, cursor = self._run((position, repeat, delivered))
+        run, cursor = self._run(self._start)
         delivery = Delivery(self.labels, self.reader, self.device, self.pin_memory, self.target_transform, self.columns)
+        self._progress = Progress()
         ongoing = Pass(run, cursor, echo=self._batch_echo, delivery=delivery, skipped=self.skipped,
-                       start_next=self._start_next)
+                       start_next=self._start_next, progress=self._progress)
         self._pass = weakref.ref(ongoing)
         return ongoing
 
@@ -469,7 +506,7 @@ class Loader:
             ray_run = self._ray_run(self.workers, position, (delivered - repeat) // self._batch_echo)
             return cast("EpochRun", ray_run), cursor
         number = (delivered - repeat) // self._batch_echo
-        parts, graph = self._parts(), self._built_graph()
+        parts, graph = self._parts(self._fixed), self._built_graph()
         run = self._next.take(self._epoch, self._split, position, number, self.skipped, parts) or EpochRun(
             parts, graph, self._epoch, self._split, position, number, self.skipped)
         return run, cursor
@@ -506,17 +543,26 @@ class Loader:
         """
         if self.workers is not None or self._current() is not None or self._start != (0, 0, 0) or self._split:
             return self
-        self._next.start(self._parts(), self._built_graph(), self._epoch)
+        self._next.start(self._parts(self._orders.now()), self._built_graph(), self._epoch)
         return self
 
     def _ray_run(self, workers: RayWorkers, position: int, number: int) -> RayRun:
         """The epoch run on ``workers``' actors; they get the parts without the clock (their spans come back)."""
-        parts = self._parts()
+        parts = self._parts(self._fixed)
         compiled, finish = self._worker_spec or worker_spec(self.compiled, workers.transfer)
         setup = (dataclasses.replace(parts, clock=None), compiled, workers.cpus_per_worker)
         key = f"{self._ray_id}:{hash(parts.config)}"
         return RayRun(parts, workers.pool(), (key, setup), finish, self._epoch, self._split, position, number,
                       self.skipped, pin_memory=self.pin_memory)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled or deep-copied: the configuration and :meth:`state_dict`'s position, never the graph or threads."""
+        return copied(self)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        vars(self).update(state)
+        self._local()
+        self._orders.bind(self)
 
     def __enter__(self) -> Loader:
         return self

@@ -4,17 +4,22 @@ Lightning's fit loop (and many hand-written loops) call ``loader.sampler.set_epo
 ``DistributedSampler`` needs. Here that sets the Loader's epoch (:meth:`Loader.set_epoch`), so the loop that drives
 the epoch and the Loader agree: calling it each epoch changes nothing (the Loader advances by itself after a pass),
 and after ``load_state_dict`` setting the state's epoch keeps its position, so a resumed run stays bit-identical.
+
+A Loader has one order per ``(rank, world_size)`` it has run on (:class:`Orders`): its rank is decided when each
+pass starts (:mod:`~stallfree.pipeline.process_group`), so ``loader.sampler`` is the order of the pass in progress,
+else of a loaded state, else of the process's rank now.
 """
 
 from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field, fields
-from typing import Protocol
+from typing import Any, Protocol
 
+from stallfree.pipeline.process_group import process_shard
 from stallfree.pipeline.sampler import Sampler
 
-__all__ = ["LoaderSampler"]
+__all__ = ["LoaderSampler", "Orders"]
 
 
 class _Epochs(Protocol):
@@ -56,3 +61,37 @@ class LoaderSampler(Sampler):
         the state's position.
         """
         self._loader().set_epoch(epoch)
+
+
+class Orders:
+    """A Loader's orders, one per ``(rank, world_size)``, each made on first use from the same settings.
+
+    Args:
+        owner: the Loader (held weakly).
+        rank, world_size: the Loader's arguments (``None``: the process's, :func:`process_shard`).
+        settings: the :class:`Sampler`'s other fields (``num_rows``, ``shuffle``, ``seed``, ...).
+    """
+
+    def __init__(self, owner: _Epochs, rank: int | None, world_size: int | None, **settings: Any):
+        self.arguments, self.settings = (rank, world_size), settings
+        self.bind(owner)
+
+    def bind(self, owner: _Epochs) -> None:
+        """Make the orders for ``owner`` (a copy of the Loader, after pickling)."""
+        self._owner = weakref.ref(owner)
+        self._made: dict[tuple[int, int], LoaderSampler] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"arguments": self.arguments, "settings": self.settings}  # the owner is bound where it lands
+
+    def now(self) -> tuple[int, int]:
+        """This process's ``(rank, world_size)`` now (the arguments win)."""
+        return process_shard(*self.arguments)
+
+    def __getitem__(self, shard: tuple[int, int]) -> LoaderSampler:
+        """The order of rank ``shard[0]`` of ``shard[1]``."""
+        order = self._made.get(shard)
+        if order is None:
+            order = self._made[shard] = LoaderSampler(rank=shard[0], world_size=shard[1], owner=self._owner,
+                                                      **self.settings)
+        return order

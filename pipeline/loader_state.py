@@ -8,10 +8,21 @@ deliveries, ``repeat`` of them repeats of batch ``number = (batches - repeat) //
 else 1), the rank's stream stands at the start of batch ``number``. Every stream position before it was delivered
 once or passed over as skipped (a skipped sample's position, and each later position of it after the stream wraps
 round), so the position follows from the batches and the skipped list; a state whose position does not is refused.
+
+**Another rank's state.** A state is a position in the job's one global order, and it names the rank it was taken
+on (``rank``; before issue 44 in its fingerprint). At a batch boundary of synchronous training every rank has
+delivered the same batches, so a rank that loads another rank's state of the same world size (Lightning
+checkpoints rank 0's Loader and loads it on every rank) stands after its own ``batches`` delivered: bit-identical
+to its own uninterrupted run. Skipped samples (``on_error="skip"``) are each rank's own, and the state lists only
+those of the rank it was taken on: the loading rank starts with none listed and stands where its batches put a rank
+that skipped none. Had it skipped samples in that epoch before the state, the samples that filled their places
+are delivered again after the resume, as many as it skipped (a warning says so with ``on_error="skip"``); a job
+that needs an exact resume with skips saves and loads each rank's own state.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -34,17 +45,18 @@ class LoaderState:
     """A checked state: where the next pass starts.
 
     ``start`` is ``(position, repeat, batches delivered)``; ``split`` the global position the epoch's split over
-    ranks starts at; ``skipped`` this epoch's skipped samples so far.
+    ranks starts at; ``skipped`` this epoch's skipped samples so far; ``rank`` the rank the state was taken on.
     """
 
     epoch: int
     split: int
     start: tuple[int, int, int]
     skipped: list[dict[str, Any]]
+    rank: int
 
 
 def read_state(state: object, *, version: int, fingerprint: Mapping[str, Any], sampler: Sampler, batch_size: int,
-               echo: int, batches: Callable[[int], int]) -> LoaderState:
+               echo: int, batches: Callable[[int], int], on_error: str = "raise") -> LoaderState:
     """Check ``state`` against the Loader it is loaded into.
 
     Args:
@@ -55,6 +67,7 @@ def read_state(state: object, *, version: int, fingerprint: Mapping[str, Any], s
         batch_size: this Loader's batch size.
         echo: how many times each batch is delivered (``echo`` in batch mode, else 1).
         batches: the batches of a pass over a given number of samples per rank.
+        on_error: this Loader's; with ``"skip"``, another rank's state warns (see the module docstring).
 
     Raises:
         ValueError: naming the field and its value: another version or fingerprint, a field missing, of another
@@ -73,6 +86,7 @@ def read_state(state: object, *, version: int, fingerprint: Mapping[str, Any], s
     world = None  # the state's world size, where it is not this Loader's
     if elastic and isinstance(their_print, Mapping):
         world = state_int(_OWNER, their_print, "world_size", low=1, name="fingerprint.world_size")
+    theirs_rank = _rank(state, their_print, sampler.world_size if world is None else world)
     epoch = state_int(_OWNER, state, "epoch")
     split = state_int(_OWNER, state, "split", high=sampler.num_virtual,
                       why=f" (the global positions of an epoch of {sampler.num_virtual} samples)")
@@ -82,8 +96,30 @@ def read_state(state: object, *, version: int, fingerprint: Mapping[str, Any], s
     _check_position(start, skipped, per_rank, batch_size, echo)
     if elastic:  # this rank's share of what the old ranks left, from its start
         split = min(elastic_split(state, sampler.world_size), sampler.num_virtual)
-        return LoaderState(epoch, split, (0, 0, 0), [])
-    return LoaderState(epoch, split, start, skipped)
+        return LoaderState(epoch, split, (0, 0, 0), [], theirs_rank)
+    if theirs_rank != sampler.rank:  # after the same batches as the rank it was taken on, none skipped (listed)
+        if on_error == "skip":
+            warnings.warn(f"rank {sampler.rank} resumes from rank {theirs_rank}'s Loader state: with on_error='skip' "
+                          "each rank skips its own samples and this rank's are not in that state, so if it skipped "
+                          "any in this epoch before the state, as many of its samples from before it are delivered "
+                          "again; load each rank's own state_dict() for an exact resume", UserWarning, stacklevel=4)
+        own = _delivered(start, per_rank, batch_size, echo)
+        return LoaderState(epoch, split, (own, start[1], start[2]), [], theirs_rank)
+    return LoaderState(epoch, split, start, skipped, theirs_rank)
+
+
+def _rank(state: Mapping[str, Any], fingerprint: Any, world_size: int) -> int:
+    """The rank the state was taken on: its ``rank``, or (a state from before issue 44) its fingerprint's."""
+    if "rank" in state or not isinstance(fingerprint, Mapping) or "rank" not in fingerprint:
+        return state_int(_OWNER, state, "rank", high=world_size - 1, why=f" (a rank of world_size={world_size})")
+    return state_int(_OWNER, fingerprint, "rank", high=world_size - 1, name="fingerprint.rank",
+                     why=f" (a rank of world_size={world_size})")
+
+
+def _delivered(start: tuple[int, int, int], per_rank: int, batch_size: int, echo: int) -> int:
+    """Samples the batches of ``start`` (position, repeat, batches) delivered, at most the rank's epoch."""
+    _, repeat, delivered = start
+    return min((delivered - repeat) // echo * batch_size, per_rank)
 
 
 def _cursor(state: Mapping[str, Any], per_rank: int, batch_size: int, echo: int, total: int) -> tuple[int, int, int]:
@@ -134,7 +170,7 @@ def _check_position(start: tuple[int, int, int], skipped: list[dict[str, Any]], 
                     echo: int) -> None:
     """Refuse a position other than the one the batches delivered and the positions passed over lead to."""
     position, repeat, delivered = start
-    samples = min((delivered - repeat) // echo * batch_size, per_rank)
+    samples = _delivered(start, per_rank, batch_size, echo)
     expected = _stream_position(samples, np.array([s["position"] for s in skipped], np.int64), per_rank)
     if position != expected:
         skips = f" and its {len(skipped)} skipped sample(s)" if skipped else " with no skipped samples"

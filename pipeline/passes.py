@@ -2,12 +2,16 @@
 
 It keeps the cursor a checkpoint holds (after the last batch *delivered*, never one prefetched), and once its pass
 ends (exhausted, failed, dropped, or ended by a newer ``iter()``) its ``next`` raises instead of changing the Loader.
+Whether ``next`` was ever called on it outlives the iterator (:class:`Progress`): a pass dropped before its first
+``next`` (Lightning's ``iter()`` that checks a dataloader is iterable) leaves the Loader's epoch where it was.
 """
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from stallfree.pipeline.batch_fields import Delivery, batch_columns, batch_labels
@@ -16,7 +20,14 @@ if TYPE_CHECKING:
     from stallfree.pipeline.epoch import EpochRun
     from stallfree.pipeline.samples import Batch
 
-__all__ = ["Pass"]
+__all__ = ["Pass", "Progress"]
+
+
+@dataclass
+class Progress:
+    """What the Loader knows of its pass once the iterator may be gone: whether ``next`` was called on it."""
+
+    taken: bool = False
 
 
 class Pass:
@@ -30,12 +41,14 @@ class Pass:
         skipped: the list each batch's skipped samples are added to (the Loader's ``skipped``).
         start_next: called once with this pass when its run may start the next epoch's run (its reader has read
             the epoch: the next run's reads overlap this one's last batches in the graph).
+        progress: set when ``next`` is first called.
     """
 
     def __init__(self, run: EpochRun, cursor: tuple[int, int, int], *, echo: int, delivery: Delivery,
-                 skipped: list[dict[str, Any]], start_next: Callable[[Pass], None]):
-        self.echo, self.delivery = echo, delivery
+                 skipped: list[dict[str, Any]], start_next: Callable[[Pass], None], progress: Progress):
+        self.echo, self.delivery, self.progress = echo, delivery, progress
         self._skipped, self._start_next = skipped, start_next
+        self._pid = os.getpid()  # its threads are this process's: a forked child has none of them
         self.over = False
         self._why: str | None = None
         self._begin(run, cursor)
@@ -68,12 +81,16 @@ class Pass:
         return self
 
     def __next__(self) -> Any:
+        if self._pid != os.getpid():
+            raise RuntimeError(f"this Loader iterator's pass runs in process {self._pid}, and this is process "
+                               f"{os.getpid()}, a fork of it: its threads did not come with the fork; iterate the "
+                               "Loader again (`for batch in loader`) to go on from its last batch delivered")
         if self._why is not None:
             raise RuntimeError(f"this Loader iterator's pass is over: {self._why}; iterate the Loader again "
                                "(`for batch in loader`) to go on")
         if self.over:
             raise StopIteration
-        k, self.fresh = self.echo, False
+        k, self.fresh, self.progress.taken = self.echo, False, True
         if self._batch is None or self._repeat == k:
             try:
                 batch = next(self._batches)

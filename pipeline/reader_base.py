@@ -122,6 +122,17 @@ class BaseReader(ABC):
         """Pickle as ``type(self)(*args, **kwargs)``: the reader is opened afresh where it is unpickled."""
         self._opened = (args, kwargs)
 
+    def reopened(self) -> BaseReader:
+        """A fresh copy of a reader that holds open files, locks or threads (:meth:`reopen_with`), else itself.
+
+        A forked child's Loader reads through it: a lock the parent's threads held at the fork is never released.
+        """
+        opened = getattr(self, "_opened", None)
+        if opened is None:
+            return self
+        args, kwargs = opened
+        return type(self)(*args, **kwargs)
+
     def __reduce__(self) -> str | tuple[Any, ...]:
         opened = getattr(self, "_opened", None)
         if opened is None:

@@ -29,7 +29,6 @@ Padding reads global position ``p % num_virtual``, samples from the start of the
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -38,7 +37,7 @@ import numpy as np
 from stallfree.pipeline.block_order import BlockOrder
 from stallfree.pipeline.permutation import Permutation
 
-__all__ = ["Sampler", "process_shard"]
+__all__ = ["Sampler"]
 
 
 @dataclass(frozen=True)
@@ -122,53 +121,3 @@ class Sampler:
     def rows(self, virtual: np.ndarray) -> np.ndarray:
         """The dataset rows of virtual sample ids."""
         return virtual % self.num_rows
-
-
-def _env_int(name: str) -> int | None:
-    text = os.environ.get(name)
-    if text is None:
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={text!r} is not an integer (torchrun sets RANK and "
-                         "WORLD_SIZE to integers); unset it or pass rank= and world_size=") from None
-
-
-def process_shard(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """This process's ``(rank, world_size)``: the arguments, else torch.distributed's group, else the environment.
-
-    The environment is read as torch's ``env://`` initialisation reads it (``RANK``, ``WORLD_SIZE``, set by
-    ``torchrun``), so that a job that builds the Loader before ``init_process_group`` still shards.
-
-    Raises:
-        ValueError: a non-integer or inconsistent argument or environment variable (named).
-    """
-    for name, value in (("rank", rank), ("world_size", world_size)):
-        if value is not None and (not isinstance(value, (int, np.integer)) or isinstance(value, bool)):
-            raise ValueError(f"{name} must be an int or None, got {value!r}")
-    if rank is None or world_size is None:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            rank = dist.get_rank() if rank is None else rank
-            world_size = dist.get_world_size() if world_size is None else world_size
-        else:
-            env_rank, env_world = _env_int("RANK"), _env_int("WORLD_SIZE")
-            if (env_rank is None) != (env_world is None):
-                set_, unset = ("RANK", "WORLD_SIZE") if env_world is None else ("WORLD_SIZE", "RANK")
-                raise ValueError(f"environment variable {set_} is set but {unset} is not; set both (torchrun does), "
-                                 "or pass rank= and world_size=")
-            if env_rank is not None and env_world is not None:
-                if env_world < 1:
-                    raise ValueError(f"environment variable WORLD_SIZE={env_world} must be >= 1")
-                if not 0 <= env_rank < env_world:
-                    raise ValueError(f"environment variable RANK={env_rank} is not in [0, WORLD_SIZE={env_world})")
-                rank = env_rank if rank is None else rank
-                world_size = env_world if world_size is None else world_size
-    rank, world_size = (0 if rank is None else int(rank)), (1 if world_size is None else int(world_size))
-    if world_size < 1:
-        raise ValueError(f"world_size must be an int >= 1, got {world_size}")
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be an int in [0, world_size), got rank={rank}, world_size={world_size}")
-    return rank, world_size

@@ -108,3 +108,24 @@ def test_fit_with_train_and_val_loaders_and_a_bit_exact_resume_from_a_mid_epoch_
     train, val = _loaders(indexed_list)  # fresh Loaders, as in a new process
     _trainer(tmp_path / "second", max_epochs=2).fit(second, train, val, ckpt_path=checkpoint)
     assert first.steps + second.steps == whole.steps  # the same samples, pixels and order, none lost or repeated
+
+
+def test_reloading_the_dataloaders_every_epoch_trains_each_epochs_own_order(indexed_list: Path) -> None:
+    """Issue 44, item 12: Lightning checks the reloaded dataloader with an ``iter()`` it drops, then iterates it."""
+
+    def make() -> Loader:
+        return Loader(indexed_list, batch_size=8, transform=[CenterCrop(8), Normalize()], num_threads=1, seed=2,
+                      shuffle=True, columns=["index"])
+
+    def order(epoch: int) -> list[int]:
+        loader = make()
+        loader.set_epoch(epoch)
+        return [i for _, _, extra in loader for i in extra["index"].tolist()]
+
+    model = Tiny()
+    trainer = lightning.Trainer(accelerator="cpu", devices=1, max_epochs=3, logger=False, enable_checkpointing=False,
+                                enable_progress_bar=False, enable_model_summary=False,
+                                reload_dataloaders_every_n_epochs=1)
+    trainer.fit(model, train_dataloaders=make())
+    # Before: epoch 1 trained epoch 2's permutation and epoch 2 epoch 3's.
+    assert model.seen == [order(0), order(1), order(2)]
