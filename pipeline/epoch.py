@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from stallfree.pipeline.graph_stage import GraphStage
 from stallfree.pipeline.read_stage import ReadStage
-from stallfree.pipeline.samples import BadSampleError, Batch
+from stallfree.pipeline.samples import Batch
+from stallfree.pipeline.skips import SkipPolicy
 
 if TYPE_CHECKING:
     from stallfree.pipeline.graph import Graph
@@ -68,8 +69,7 @@ class EpochRun:
         self._span_lock = threading.Lock()
         self.start = (split, position, number)
         self.order = parts.sampler.virtual_order(epoch, split)
-        self.bad = {int(s["position"]) % len(self.order) for s in skipped}  # this epoch's skipped positions so far
-        self.first_skip: dict[str, Any] | None = skipped[0] if skipped else None
+        self.skips = SkipPolicy(parts.config.on_error, parts.reader, epoch, len(self.order), skipped)
         self._stop = threading.Event()
         # Set once the read stage has queued its plan's last chunk: the next epoch's run may start then, its reads
         # overlapping this run's last batches in the graph (the graph's lock keeps the two runs' batches apart).
@@ -161,13 +161,6 @@ class EpochRun:
         if clock is not None:
             for span in held:
                 clock.record(*span)
-
-    def skip(self, position: int, row: int, reason: str) -> dict[str, Any]:
-        """The skip policy: raise :class:`BadSampleError` with ``on_error="raise"``, else the sample's record."""
-        source = self.parts.reader.describe(row)
-        if self.config.on_error == "raise":
-            raise BadSampleError(source, row, reason)
-        return {"index": row, "source": source, "reason": reason, "epoch": self.epoch, "position": position}
 
     def __iter__(self) -> Iterator[Batch]:
         clock = self.parts.clock

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from stallfree.pipeline.graph import GraphError, Ticket
-from stallfree.pipeline.samples import BadSampleError, Batch
+from stallfree.pipeline.samples import Batch
 
 if TYPE_CHECKING:
     from stallfree.pipeline.epoch import EpochRun
@@ -79,7 +79,7 @@ class GraphStage:
         flying: _Take | None = None
         number = first
         while number < config.batches(per_rank):
-            fresh = _Take(number, config.batch_len(number, per_rank), self._cursor, run.first_skip)
+            fresh = _Take(number, config.batch_len(number, per_rank), self._cursor, run.skips.first)
             try:
                 take = self._take(fresh, wait=flying is None)  # a look-ahead (a batch in the graph) does not wait
             except Exception:
@@ -142,22 +142,8 @@ class GraphStage:
         return self._pending.pop()
 
     def _note_skip(self, record: dict[str, Any], skipped: list[dict[str, Any]]) -> None:
-        run = self.run
-        run.bad.add(int(record["position"]) % len(run.order))
+        self.run.skips.note(record)
         skipped.append(record)
-        run.first_skip = run.first_skip or record
-        self._check_left()
-
-    def _check_left(self) -> None:
-        """Raise once every position of the epoch is skipped: no sample is left to fill a batch with."""
-        run = self.run
-        first = run.first_skip
-        if len(run.bad) >= len(run.order) and first is not None:
-            raise RuntimeError(
-                f"every sample of this rank's epoch was skipped ({len(run.order)} samples; the first: "
-                f"{first['source']}: {first['reason']}); check the data, or the transforms if every sample fails "
-                "in the graph"
-            )
 
     def _take(self, take: _Take, *, wait: bool = True) -> _Take | None:
         """Fill ``take`` up to its size with the stream's next good samples; ``None`` once the run is stopped.
@@ -165,10 +151,10 @@ class GraphStage:
         On a failure (or, without ``wait``, at an entry not read yet) the batch gives back what it took before the
         failure is raised.
         """
-        run, n = self.run, len(self.run.order)
+        run = self.run
         try:
             while len(take.taken) < take.size:
-                self._check_left()
+                run.skips.check_left()
                 entry = self._entry(wait)
                 if entry is None:
                     return None
@@ -178,7 +164,7 @@ class GraphStage:
                 if virtual is None:  # failed the host checks
                     if payload is not None:
                         self._note_skip(payload, take.skipped)
-                elif position % n in run.bad:  # failed in the graph earlier this epoch: replace it
+                elif run.skips.is_bad(position):  # failed in the graph earlier this epoch: replace it
                     take.requested += 1
                     if self._credit:
                         self._credit -= 1
@@ -200,7 +186,7 @@ class GraphStage:
         self._pending.extend(reversed(take.consumed))
         self._cursor = take.start
         self._credit += take.requested
-        self.run.first_skip = take.first_skip
+        self.run.skips.first = take.first_skip
         take.consumed, take.taken, take.skipped, take.requested, take.inputs = [], [], [], 0, None
 
     def _inputs(self, take: _Take) -> tuple[list[np.ndarray], dict[str, list[np.ndarray]]]:
@@ -239,13 +225,8 @@ class GraphStage:
                 run.record("augment", "busy", start_time, take.number)
                 if following is not None and following.ticket is not None:
                     self._give_back(following)
-                if not failure.bad or self.config.on_error == "raise":
-                    row = int(rows[failure.bad[0] if failure.bad else 0])
-                    reason = failure.reasons[0] if failure.bad else str(failure)
-                    raise BadSampleError(parts.reader.describe(row), row, f"decoding failed: {reason}") from failure
-                for i, reason in zip(failure.bad, failure.reasons, strict=True):
-                    self._note_skip(run.skip(take.taken[i][0], int(rows[i]), f"decoding failed: {reason}"),
-                                    take.skipped)
+                positions = [t[0] for t in take.taken]
+                take.skipped.extend(run.skips.graph_failure(failure, positions, rows))
                 bad = set(failure.bad)
                 take.taken = [t for i, t in enumerate(take.taken) if i not in bad]
                 take.inputs = None

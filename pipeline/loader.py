@@ -20,7 +20,7 @@ import os
 import warnings
 import weakref
 from collections.abc import Iterator, Sequence
-from typing import Any, Literal, Protocol, cast
+from typing import Any, Literal, Protocol
 
 import torch
 
@@ -51,6 +51,7 @@ from stallfree.pipeline.ray_transfer import worker_spec
 from stallfree.pipeline.ray_workers import RayWorkers, run_key
 from stallfree.pipeline.reader_base import BaseReader, Reader
 from stallfree.pipeline.readers import open_source, unwrap_torchvision_dataset
+from stallfree.pipeline.run import Run
 from stallfree.pipeline.run_config import RunConfig, RunParts
 from stallfree.pipeline.samples import BadSampleError
 from stallfree.pipeline.shards import Verify
@@ -498,13 +499,11 @@ class Loader:
         self._pass = weakref.ref(ongoing)
         return ongoing
 
-    def _run(self, cursor: tuple[int, int, int]) -> tuple[EpochRun, tuple[int, int, int]]:
+    def _run(self, cursor: tuple[int, int, int]) -> tuple[Run, tuple[int, int, int]]:
         """The epoch run of the current epoch from ``cursor`` (the one started ahead if it fits), and the cursor."""
         position, repeat, delivered = cursor
         if self.workers is not None:
-            # A RayRun stands for an EpochRun in a Pass (iteration, stop, may_start_next); Pass names the class it had.
-            ray_run = self._ray_run(self.workers, position, (delivered - repeat) // self._batch_echo)
-            return cast("EpochRun", ray_run), cursor
+            return self._ray_run(self.workers, position, (delivered - repeat) // self._batch_echo), cursor
         number = (delivered - repeat) // self._batch_echo
         parts, graph = self._parts(self._fixed), self._built_graph()
         run = self._next.take(self._epoch, self._split, position, number, self.skipped, parts) or EpochRun(

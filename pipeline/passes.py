@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from stallfree.pipeline.batch_fields import Delivery, batch_columns, batch_labels
 
 if TYPE_CHECKING:
-    from stallfree.pipeline.epoch import EpochRun
+    from stallfree.pipeline.run import Run
     from stallfree.pipeline.samples import Batch
 
 __all__ = ["Pass", "Progress"]
@@ -31,7 +31,7 @@ class Progress:
 
 
 class Pass:
-    """The iterator of one pass: batches from an :class:`EpochRun`, each yielded ``echo`` times in batch mode.
+    """The iterator of one pass: batches from an :class:`Run`, each yielded ``echo`` times in batch mode.
 
     Args:
         run: the epoch run it takes batches from.
@@ -44,7 +44,7 @@ class Pass:
         progress: set when ``next`` is first called.
     """
 
-    def __init__(self, run: EpochRun, cursor: tuple[int, int, int], *, echo: int, delivery: Delivery,
+    def __init__(self, run: Run, cursor: tuple[int, int, int], *, echo: int, delivery: Delivery,
                  skipped: list[dict[str, Any]], start_next: Callable[[Pass], None], progress: Progress):
         self.echo, self.delivery, self.progress = echo, delivery, progress
         self._skipped, self._start_next = skipped, start_next
@@ -53,7 +53,7 @@ class Pass:
         self._why: str | None = None
         self._begin(run, cursor)
 
-    def _begin(self, run: EpochRun, cursor: tuple[int, int, int]) -> None:
+    def _begin(self, run: Run, cursor: tuple[int, int, int]) -> None:
         self.run, self.cursor, self.fresh = run, cursor, True  # fresh: no batch taken from this iterator yet
         self._batches = iter(run)
         self._batch: tuple[Batch, Any] | None = None
@@ -61,7 +61,7 @@ class Pass:
         self._next_started = False
         weakref.finalize(self, run.stop)  # a dropped iterator stops its threads
 
-    def restart(self, run: EpochRun, cursor: tuple[int, int, int]) -> None:
+    def restart(self, run: Run, cursor: tuple[int, int, int]) -> None:
         """Take batches from ``run`` instead, starting at ``cursor``: only while :attr:`fresh` (nothing taken yet).
 
         As a DataLoader iterator's order is drawn on its first ``next``, ``set_epoch`` between ``iter()`` and the

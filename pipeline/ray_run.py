@@ -29,6 +29,7 @@ import torch
 
 from stallfree.pipeline.ray_transfer import bytes_of, received
 from stallfree.pipeline.samples import BadSampleError, Batch
+from stallfree.pipeline.skips import SkipPolicy
 
 if TYPE_CHECKING:
     from stallfree.pipeline.ray_transfer import Finish
@@ -54,8 +55,8 @@ class _Flight:
 class RayRun:
     """The batches of ``epoch`` (split from ``split``) from ``position`` (batch ``number``), made by ``pool``.
 
-    It stands where an :class:`~stallfree.pipeline.epoch.EpochRun` stands for a
-    :class:`~stallfree.pipeline.passes.Pass`: iterating it yields :class:`Batch` objects in order; :meth:`stop` ends it.
+    A :class:`~stallfree.pipeline.run.Run`, as the local :class:`~stallfree.pipeline.epoch.EpochRun` is: iterating it
+    yields :class:`Batch` objects in order; :meth:`stop` ends it.
     """
 
     def __init__(self, parts: RunParts, pool: WorkerPool, setup: tuple[str, tuple[Any, ...]], finish: Finish,
@@ -65,8 +66,7 @@ class RayRun:
         self.key, self.setup = setup
         self.epoch, self.split, self.pin_memory = epoch, split, pin_memory
         self.n = parts.sampler.length(split)
-        self.bad = {int(s["position"]) % self.n for s in skipped}
-        self.first: dict[str, Any] | None = skipped[0] if skipped else None
+        self.skips = SkipPolicy(self.config.on_error, parts.reader, epoch, self.n, skipped)
         self.total = self.config.batches(self.n)
         self.may_start_next = threading.Event()  # as EpochRun's; here once its last batch is out
         self.bytes_moved = 0  # bytes of batch outputs received from the actors
@@ -101,11 +101,11 @@ class RayRun:
 
     def _end(self, start: int, size: int) -> int:
         """Where a batch of ``size`` from ``start`` ends when none of its samples is newly skipped."""
-        if len(self.bad) >= self.n:
+        if len(self.skips.bad) >= self.n:
             return start
         position, left = start, size
         while left:
-            if position % self.n not in self.bad:
+            if not self.skips.is_bad(position):
                 left -= 1
             position += 1
         return position
@@ -120,7 +120,7 @@ class RayRun:
                 held[flight.slot] += 1
             slot = min(range(slots), key=lambda s: held[s])
             size = self.config.batch_len(self._send_number, self.n)
-            args = (self.epoch, self.split, self._send_start, size, sorted(self.bad), self.first)
+            args = (self.epoch, self.split, self._send_start, size, sorted(self.skips.bad), self.skips.first)
             ref = self.pool.submit(slot, self.key, self.setup, args)
             self._flights.append(_Flight(self._send_number, self._send_start, slot, args, ref))
             self._send_number += 1
@@ -188,8 +188,7 @@ class RayRun:
                 kind, args = result.error
                 raise BadSampleError(*args) if kind == "bad" else RuntimeError(*args)
             for record in result.skipped:
-                self.bad.add(int(record["position"]) % self.n)
-                self.first = self.first or record
+                self.skips.note(record)
             if result.skipped or (self._flights and self._flights[0].start != result.end):
                 self._drop_flights()  # sent from where this batch would have ended: sent again from where it did
                 self._send_number, self._send_start = flight.number + 1, result.end

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stallfree.ingest.images import BadImage, read_header
 from stallfree.pipeline.graph import Graph, GraphError
+from stallfree.pipeline.host_read import HostRead, Size
 from stallfree.pipeline.samples import BadSampleError
-from stallfree.transforms.random import batch_random
+from stallfree.pipeline.skips import SkipPolicy
 
 if TYPE_CHECKING:
     from stallfree.pipeline.run_config import RunParts
@@ -76,8 +76,8 @@ class BatchTaker:
         self.parts, self.config, self.compiled = parts, config, compiled
         self.graph = Graph(compiled, batch_size=config.batch_size, num_threads=num_threads, device_id=None,
                            encoded=config.encoded, seed=config.seed, exif=config.exif)
+        self.host = HostRead(parts, compiled)
         self._epoch: _Epoch | None = None
-        self._first: dict[str, Any] | None = None
         self._pool = ThreadPoolExecutor(max(1, config.io_threads), thread_name_prefix="stallfree-ray-read")
 
     def take(self, epoch: int, split: int, start: int, size: int, bad: list[int],
@@ -90,40 +90,36 @@ class BatchTaker:
         if self._epoch is None or (self._epoch.epoch, self._epoch.split) != (epoch, split):
             self._epoch = _Epoch(self.parts, epoch, split)
         result = TakeResult(read_start=time.time())
-        self._first = first
+        skips = SkipPolicy(self.config.on_error, self.parts.reader, epoch, len(self._epoch.order))
+        skips.bad, skips.first = set(bad), first
         try:
-            self._take(self._epoch, start, size, set(bad), result)
+            self._take(self._epoch, start, size, skips, result)
         except BadSampleError as err:
             result.error = ("bad", (err.source, err.index, err.reason))
         except RuntimeError as err:  # every sample skipped, or the graph (not the data) fails
             result.error = ("runtime", (str(err),))
         return result
 
-    def _take(self, epoch: _Epoch, start: int, size: int, bad: set[int], result: TakeResult) -> None:
+    def _take(self, epoch: _Epoch, start: int, size: int, skips: SkipPolicy, result: TakeResult) -> None:
         position = start
-        taken: list[tuple[int, int, np.ndarray, tuple[int, int]]] = []  # (position, virtual id, bytes, size)
+        taken: list[tuple[int, int, np.ndarray, Size]] = []  # (position, virtual id, bytes, size)
         while True:
             read_start = time.time()
             while len(taken) < size:
-                position, fresh = self._read(epoch, position, size - len(taken), bad, result.skipped)
+                position, fresh = self._read(epoch, position, size - len(taken), skips, result.skipped)
                 taken.extend(fresh)
             taken.sort(key=lambda item: item[0])
             result.read_s += time.time() - read_start
             virtual = [item[1] for item in taken]
-            params = self.compiled.draw(batch_random(self.config.seed, epoch.epoch, virtual),
-                                        [item[3] for item in taken])
+            params = self.host.draw(epoch.epoch, virtual, [item[3] for item in taken])
             rows = self.parts.sampler.rows(np.asarray(virtual, np.int64))
             result.graph_start = time.time()
             try:
                 output = self.graph.run([item[2] for item in taken], params)
             except GraphError as failure:
                 result.graph_end = time.time()
-                if not failure.bad or self.config.on_error == "raise":
-                    row = int(rows[failure.bad[0] if failure.bad else 0])
-                    reason = failure.reasons[0] if failure.bad else str(failure)
-                    raise BadSampleError(self.parts.reader.describe(row), row, f"decoding failed: {reason}") from None
-                for i, reason in zip(failure.bad, failure.reasons, strict=True):
-                    self._skip(epoch, taken[i][0], int(rows[i]), f"decoding failed: {reason}", bad, result.skipped)
+                positions = [item[0] for item in taken]
+                result.skipped.extend(skips.graph_failure(failure, positions, rows))
                 failed = set(failure.bad)
                 taken = [item for i, item in enumerate(taken) if i not in failed]
                 continue
@@ -132,71 +128,26 @@ class BatchTaker:
             result.output = _portable(output, channels_last=self.compiled.layout == "channels_last")
             return
 
-    def _read(self, epoch: _Epoch, position: int, wanted: int, bad: set[int],
-              skipped: list[dict[str, Any]]) -> tuple[int, list[tuple[int, int, np.ndarray, tuple[int, int]]]]:
+    def _read(self, epoch: _Epoch, position: int, wanted: int, skips: SkipPolicy,
+              skipped: list[dict[str, Any]]) -> tuple[int, list[tuple[int, int, np.ndarray, Size]]]:
         """The next ``wanted`` positions from ``position`` not known bad, read and header-checked, in order."""
         order, n = epoch.order, len(epoch.order)
         positions: list[int] = []
         while len(positions) < wanted:
-            _check_left(bad, n, self._first or (skipped[0] if skipped else None))
-            if position % n not in bad:
+            skips.check_left()
+            if not skips.is_bad(position):
                 positions.append(position)
             position += 1
         virtual = order[np.asarray(positions, np.int64) % n]
         rows = self.parts.sampler.rows(virtual).tolist()
         good = []
-        for p, v, row, (data, problem) in zip(positions, virtual.tolist(), rows, self._pool.map(self._fetch, rows),
-                                              strict=True):
-            size = (0, 0)
-            if problem is None:
-                try:
-                    size = self._size(data)
-                except BadImage as err:
-                    problem = err.reason
+        for p, v, row, (data, size, problem) in zip(positions, virtual.tolist(), rows,
+                                                    self.host.rows(self._pool, rows), strict=True):
             if problem is not None:
-                self._skip(epoch, p, int(row), problem, bad, skipped)
+                skipped.append(skips.skip(p, int(row), problem))
                 continue
             good.append((p, int(v), data, size))
         return position, good
-
-    def _skip(self, epoch: _Epoch, position: int, row: int, reason: str, bad: set[int],
-              skipped: list[dict[str, Any]]) -> None:
-        """The skip policy, as the local run's: raise with ``on_error="raise"``, else record and mark the position."""
-        source = self.parts.reader.describe(row)
-        if self.config.on_error == "raise":
-            raise BadSampleError(source, row, reason)
-        skipped.append({"index": row, "source": source, "reason": reason, "epoch": epoch.epoch,
-                        "position": position})
-        bad.add(position % len(epoch.order))
-        self._first = self._first or skipped[-1]
-        _check_left(bad, len(epoch.order), self._first)
-
-    def _fetch(self, row: int) -> tuple[np.ndarray, str | None]:
-        """A row's bytes, or why they cannot be read (the reader stage's rule)."""
-        try:
-            return self.parts.reader.read(int(row)), None
-        except FileNotFoundError:
-            return np.empty(0, np.uint8), "missing file"
-        except OSError as err:
-            return np.empty(0, np.uint8), f"unreadable: {err.strerror or err}"
-
-    def _size(self, data: np.ndarray) -> tuple[int, int]:
-        if not self.config.encoded:
-            return int(data.shape[0]), int(data.shape[1])
-        header = read_header(data, self.config.max_pixels, exif=self.config.exif)
-        return header.height, header.width
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=False)
-
-
-def _check_left(bad: set[int], n: int, first: dict[str, Any] | None) -> None:
-    """The local run's refusal once every position of the epoch is skipped."""
-    if len(bad) >= n and first is not None:
-        raise RuntimeError(
-            f"every sample of this rank's epoch was skipped ({n} samples; the first: {first['source']}: "
-            f"{first['reason']}); check the data, or the transforms if every sample fails in the graph"
-        )
 
 
 def _portable(output: Any, *, channels_last: bool) -> Any:

@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stallfree.ingest.images import BadImage, read_header
-from stallfree.transforms.random import batch_random
+from stallfree.pipeline.host_read import HostRead
 
 if TYPE_CHECKING:
     from stallfree.pipeline.epoch import EpochRun
@@ -38,13 +37,14 @@ class ReadStage:
 
     def __init__(self, run: EpochRun):
         self.run, self.parts, self.config = run, run.parts, run.config
+        self.host = HostRead(run.parts)
 
     def loop(self, position: int, number: int) -> None:
         """Read the stream: a chunk of good samples per remaining batch, then one per sample the graph rejects."""
         run, config = self.run, self.config
         per_rank = len(run.order)
         plan = [config.batch_len(b, per_rank) for b in range(number, config.batches(per_rank))]
-        known_bad = set(run.bad)  # the reader's own view: what it skipped, and what the state carried
+        known_bad = set(run.skips.bad)  # the reader's own view: what it skipped, and what the state carried
         with ThreadPoolExecutor(config.io_threads, thread_name_prefix="stallfree-read") as pool:
             while not run.stopped:
                 if plan:
@@ -80,40 +80,21 @@ class ReadStage:
             if known_bad:
                 entries.extend((int(p), None, None, None) for p in span if int(p) % n in known_bad)
             rows = parts.sampler.rows(order[np.asarray(keep, np.int64) % n]).tolist()
-            for p, row, (data, problem) in zip(keep, rows, pool.map(self._fetch, rows), strict=True):
-                if problem is None:
-                    try:
-                        sizes.append(self._size(data))
-                    except BadImage as bad:
-                        problem = bad.reason
+            for p, row, (data, size, problem) in zip(keep, rows, self.host.rows(pool, rows), strict=True):
                 if problem is not None:
                     known_bad.add(p % n)
-                    entries.append((p, None, run.skip(p, int(row), problem), None))
+                    entries.append((p, None, run.skips.record(p, int(row), problem), None))
                     continue
                 good.append(p)
                 images.append(data)
+                sizes.append(size)
             if len(known_bad) >= n:
                 break
         if good:
             virtual = order[np.asarray(good, np.int64) % n]
-            params = parts.compiled.draw(batch_random(self.config.seed, run.epoch, virtual.tolist()), sizes)
+            params = self.host.draw(run.epoch, virtual.tolist(), sizes)
             names = list(params)
             for i, p in enumerate(good):
                 entries.append((p, int(virtual[i]), images[i], tuple(params[name][i] for name in names)))
         entries.sort(key=lambda entry: entry[0])
         return Chunk(entries), position
-
-    def _fetch(self, row: int) -> tuple[np.ndarray, str | None]:
-        try:
-            return self.parts.reader.read(int(row)), None
-        except FileNotFoundError:
-            return np.empty(0, np.uint8), "missing file"
-        except OSError as err:
-            return np.empty(0, np.uint8), f"unreadable: {err.strerror or err}"
-
-    def _size(self, data: np.ndarray) -> tuple[int, int]:
-        """The (height, width) the crop parameters are drawn on: the header's (after EXIF, if applied)."""
-        if not self.config.encoded:
-            return int(data.shape[0]), int(data.shape[1])
-        header = read_header(data, self.config.max_pixels, exif=self.config.exif)
-        return header.height, header.width
