@@ -36,10 +36,11 @@ def elastic_split(state: Mapping[str, Any], world_size: int) -> int:
             f"stand at different positions and it cannot be continued on world_size={world_size}; resume on "
             f"{theirs} ranks, or start the next epoch (set_epoch) on {world_size}"
         )
-    if state["repeat"]:
+    cursor, split = state["batcher"], state["sampler"]["split"]
+    if cursor["repeat"]:
         raise ValueError(
-            f"this Loader state (world_size={theirs}) was taken after repeat {state['repeat']} of an echoed batch "
+            f"this Loader state (world_size={theirs}) was taken after repeat {cursor['repeat']} of an echoed batch "
             f"(echo_mode='batch'), not at a batch boundary; resume on {theirs} ranks, or take the state after the "
             "batch's last repeat"
         )
-    return int(state.get("split", 0)) + int(state["position"]) * theirs
+    return int(split) + int(cursor["position"]) * theirs

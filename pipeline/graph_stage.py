@@ -78,8 +78,9 @@ class GraphStage:
         per_rank = len(run.order)
         flying: _Take | None = None
         number = first
-        while number < config.batches(per_rank):
-            fresh = _Take(number, config.batch_len(number, per_rank), self._cursor, run.skips.first)
+        batcher = config.batcher
+        while number < batcher.batches(per_rank):
+            fresh = _Take(number, batcher.size(number, per_rank), self._cursor, run.skips.first)
             try:
                 take = self._take(fresh, wait=flying is None)  # a look-ahead (a batch in the graph) does not wait
             except Exception:

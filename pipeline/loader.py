@@ -37,6 +37,7 @@ from stallfree.pipeline.arguments import (
     remote_keywords,
 )
 from stallfree.pipeline.batch_fields import Delivery
+from stallfree.pipeline.batcher import CountBatcher, Cursor
 from stallfree.pipeline.block_order import block_order
 from stallfree.pipeline.epoch import EpochRun
 from stallfree.pipeline.graph import Graph
@@ -61,7 +62,7 @@ from stallfree.transforms.from_torchvision import to_steps
 
 __all__ = ["BadSampleError", "Clock", "Loader"]
 
-STATE_VERSION = 3  # 3: the keyed Feistel order (pipeline/permutation.py) and elastic splits
+STATE_VERSION = 4  # 4: the stages' parts nested (sampler, batcher), the reader's rejections
 
 
 class Clock(Protocol):
@@ -288,6 +289,7 @@ class Loader:
         self.block_shards = int(block_shards)
         self.batch_size, self.seed, self.drop_last, self.on_error = batch_size, int(seed), bool(drop_last), on_error
         self.echo, self.echo_mode, self.max_pixels = echo, echo_mode, max_pixels
+        self.batcher = CountBatcher(batch_size, self.drop_last, echo if echo_mode == "batch" else 1)
         echo_k = echo if echo_mode == "example" else 1  # the sampler's; batch echo repeats batches instead
         permute = block_order(self.reader, self.block_shards, self.seed, echo_k) if shuffle == "block" else None
         self._orders = Orders(self, rank, world_size, num_rows=len(self.reader), shuffle=self.shuffle_mode != "none",
@@ -302,7 +304,7 @@ class Loader:
         self._worker_spec = worker_spec(self.compiled, workers.transfer) if workers is not None else None
         self._fingerprint: dict[str, Any] | None = None  # computed on the first state_dict (it hashes the source)
         self._epoch = 0  # the epoch of the pass in progress, else of the next pass
-        self._start = (0, 0, 0)  # where the next pass starts: (position, repeat, batches delivered)
+        self._start = Cursor()  # where the next pass starts
         self._split = 0  # the global position this epoch's split over ranks starts at (elastic resume; else 0)
         self._loaded = False  # whether _start and skipped come from load_state_dict
         self._loaded_raw: Any = None  # that state, read again if a pass starts on another shard than it was read for
@@ -346,15 +348,11 @@ class Loader:
 
     def __len__(self) -> int:
         """Batches this rank yields per epoch (a pass resumed elastically yields only the epoch's remainder)."""
-        return self._batches(len(self.sampler)) * self._batch_echo
-
-    def _batches(self, per_rank: int) -> int:
-        """Batches of a pass over ``per_rank`` samples."""
-        return self._config().batches(per_rank)
+        return self.batcher.deliveries(len(self.sampler))
 
     def _config(self) -> RunConfig:
         """The settings an epoch run reads, as they are now."""
-        return RunConfig(batch_size=self.batch_size, drop_last=self.drop_last, seed=self.seed, prefetch=self.prefetch,
+        return RunConfig(batcher=self.batcher, seed=self.seed, prefetch=self.prefetch,
                          io_threads=self.io_threads, on_error=self.on_error, max_pixels=self.max_pixels,
                          exif=self.exif, encoded=self.encoded, device=self.device)
 
@@ -362,11 +360,6 @@ class Loader:
         """What a run on ``shard`` (else :attr:`sampler`'s) is made of: settings and clock as they are now."""
         return RunParts(self._config(), self._orders[shard or self._shard()].order(), self.reader, self.compiled,
                         self.clock)
-
-    @property
-    def _batch_echo(self) -> int:
-        """How many times each batch is yielded (``echo`` in batch mode, else 1)."""
-        return self.echo if self.echo_mode == "batch" else 1
 
     def _current(self) -> Pass | None:
         """The pass in progress; once a pass has ended (exhausted, failed, dropped), the next epoch is next.
@@ -377,7 +370,7 @@ class Loader:
         if (ongoing is None or ongoing.over) and self._pass is not None:
             ongoing, self._pass = None, None
             if self._progress.taken:
-                self._epoch, self._start, self._loaded, self._split = self._epoch + 1, (0, 0, 0), False, 0
+                self._epoch, self._start, self._loaded, self._split = self._epoch + 1, Cursor(), False, 0
         if self._pid != os.getpid():  # a forked child's copy: the parent's pass stays the parent's (lifecycle)
             forked(self, ongoing)
             return None
@@ -410,13 +403,13 @@ class Loader:
         ongoing = self._current()
         if ongoing is not None and ongoing.fresh:
             if epoch != self._epoch:
-                self._epoch, self._split, self._start, self._loaded = int(epoch), 0, (0, 0, 0), False
+                self._epoch, self._split, self._start, self._loaded = int(epoch), 0, Cursor(), False
                 self.skipped.clear()  # the list the pass adds to
-                ongoing.restart(*self._run((0, 0, 0)))
+                ongoing.restart(*self._run(Cursor()))
             return
         ended = self._end_pass("set_epoch() ended this pass")
         if ended or epoch != self._epoch:
-            self._start, self._loaded, self._split = (0, 0, 0), False, 0
+            self._start, self._loaded, self._split = Cursor(), False, 0
         self._epoch = int(epoch)
 
     def fingerprint(self) -> dict[str, Any]:
@@ -437,20 +430,21 @@ class Loader:
         ongoing = self._current()
         return self._state_at(ongoing.cursor if ongoing is not None else self._start, ongoing is not None)
 
-    def _state_at(self, cursor: tuple[int, int, int], in_pass: bool) -> dict[str, Any]:
-        """The state of this Loader standing at ``cursor`` (``in_pass``: the pass's; else the next pass's start)."""
-        position, repeat, delivered = cursor
+    def _state_at(self, cursor: Cursor, in_pass: bool) -> dict[str, Any]:
+        """The state of this Loader standing at ``cursor`` (``in_pass``: the pass's; else the next pass's start).
+
+        Each stage's part nests under its name (:mod:`stallfree.pipeline.loader_state`).
+        """
         rank, world_size = self._fixed if in_pass or self._loaded else self._orders.now()
         return {
             "version": STATE_VERSION,
             "epoch": self._epoch,
-            "position": position,
-            "repeat": repeat,
-            "batches": delivered,
-            "split": self._split,
-            "skipped": list(self.skipped) if in_pass or self._loaded else [],
             "rank": rank,  # where it was taken: another rank's state loads too (load_state_dict)
             "fingerprint": self._fingerprint_of(world_size),
+            "sampler": {"split": self._split},
+            "batcher": self.batcher.state_dict(cursor),
+            "skipped": list(self.skipped) if in_pass or self._loaded else [],
+            "rejected": [dict(record) for record in self.reader.rejected],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -475,8 +469,7 @@ class Loader:
     def _read(self, state: object, shard: tuple[int, int]) -> LoaderState:
         """``state`` checked against this Loader on ``shard`` (:func:`read_state`)."""
         return read_state(state, version=STATE_VERSION, fingerprint=self._fingerprint_of(shard[1]),
-                          sampler=self._orders[shard], batch_size=self.batch_size, echo=self._batch_echo,
-                          batches=self._batches, on_error=self.on_error)
+                          sampler=self._orders[shard], batcher=self.batcher, on_error=self.on_error)
 
     def _take(self, loaded: LoaderState, shard: tuple[int, int], state: Any) -> None:
         """Stand where ``loaded`` says, on ``shard``."""
@@ -494,17 +487,16 @@ class Loader:
         run, cursor = self._run(self._start)
         delivery = Delivery(self.labels, self.reader, self.device, self.pin_memory, self.target_transform, self.columns)
         self._progress = Progress()
-        ongoing = Pass(run, cursor, echo=self._batch_echo, delivery=delivery, skipped=self.skipped,
+        ongoing = Pass(run, cursor, batcher=self.batcher, delivery=delivery, skipped=self.skipped,
                        start_next=self._start_next, progress=self._progress)
         self._pass = weakref.ref(ongoing)
         return ongoing
 
-    def _run(self, cursor: tuple[int, int, int]) -> tuple[Run, tuple[int, int, int]]:
+    def _run(self, cursor: Cursor) -> tuple[Run, Cursor]:
         """The epoch run of the current epoch from ``cursor`` (the one started ahead if it fits), and the cursor."""
-        position, repeat, delivered = cursor
+        position, number = cursor.position, self.batcher.number(cursor)
         if self.workers is not None:
-            return self._ray_run(self.workers, position, (delivered - repeat) // self._batch_echo), cursor
-        number = (delivered - repeat) // self._batch_echo
+            return self._ray_run(self.workers, position, number), cursor
         parts, graph = self._parts(self._fixed), self._built_graph()
         run = self._next.take(self._epoch, self._split, position, number, self.skipped, parts) or EpochRun(
             parts, graph, self._epoch, self._split, position, number, self.skipped)
@@ -515,7 +507,7 @@ class Loader:
         if self._graph is None:
             self._graph = Graph(
                 self.compiled,
-                batch_size=self.batch_size,
+                batch_size=self.batcher.largest,
                 num_threads=self.num_threads,
                 device_id=self._graph_device,
                 encoded=self.encoded,
@@ -540,7 +532,7 @@ class Loader:
         a run it started that ``iter()`` does not ask for (``set_epoch`` to another epoch first) is stopped, and one
         left untaken stops after 20 s. The batches are the same either way.
         """
-        if self.workers is not None or self._current() is not None or self._start != (0, 0, 0) or self._split:
+        if self.workers is not None or self._current() is not None or self._start != Cursor() or self._split:
             return self
         self._next.start(self._parts(self._orders.now()), self._built_graph(), self._epoch)
         return self

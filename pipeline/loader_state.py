@@ -2,12 +2,21 @@
 
 A state is read from a checkpoint, which may be damaged, cut short or forged; whatever is wrong with it is a
 ``ValueError`` naming the field and its value at ``load_state_dict``, never a ``KeyError`` there or a strange epoch
-later (``batches=-2`` used to give 12 batches with 8 repeats, ``batches=10**6`` an empty epoch). The cursor
-``(position, repeat, batches)`` is the one :class:`~stallfree.pipeline.passes.Pass` keeps: after ``batches``
-deliveries, ``repeat`` of them repeats of batch ``number = (batches - repeat) // echo`` (``echo`` in batch mode,
-else 1), the rank's stream stands at the start of batch ``number``. Every stream position before it was delivered
-once or passed over as skipped (a skipped sample's position, and each later position of it after the stream wraps
-round), so the position follows from the batches and the skipped list; a state whose position does not is refused.
+later (``batches=-2`` used to give 12 batches with 8 repeats, ``batches=10**6`` an empty epoch).
+
+A state nests its stages' parts, each read by its own stage::
+
+    {"version": 4, "epoch": 3, "rank": 0, "fingerprint": {...},   the Loader: which epoch, taken where, of what
+     "sampler": {"split": 0},                                      the order: where the epoch's split starts
+     "batcher": {"position": 96, "repeat": 0, "batches": 3},      the batcher's cursor (:mod:`.batcher`)
+     "skipped": [...], "rejected": [...]}                          the skip policy's records (:mod:`.skips`)
+
+The batcher's cursor ``(position, repeat, batches)`` is the one :class:`~stallfree.pipeline.passes.Pass` keeps:
+after ``batches`` deliveries, ``repeat`` of them repeats of batch ``number = (batches - repeat) // echo`` (``echo``
+in batch mode, else 1), the rank's stream stands at the start of batch ``number``. Every stream position before it
+was delivered once or passed over as skipped (a skipped sample's position, and each later position of it after the
+stream wraps round), so the position follows from the batches and the skipped list; a state whose position does
+not is refused.
 
 **Another rank's state.** A state is a position in the job's one global order, and it names the rank it was taken
 on (``rank``; before issue 44 in its fingerprint). At a batch boundary of synchronous training every rank has
@@ -23,13 +32,14 @@ that needs an exact resume with skips saves and loads each rank's own state.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from stallfree.core.resume import check_fingerprint, state_int, state_mapping
+from stallfree.pipeline.batcher import Batcher, Cursor
 from stallfree.pipeline.elastic import ORDER_FIELDS, elastic_split
 from stallfree.pipeline.sampler import Sampler
 
@@ -44,19 +54,19 @@ _SKIPPED_FIELDS = ("index", "source", "reason", "epoch", "position")
 class LoaderState:
     """A checked state: where the next pass starts.
 
-    ``start`` is ``(position, repeat, batches delivered)``; ``split`` the global position the epoch's split over
-    ranks starts at; ``skipped`` this epoch's skipped samples so far; ``rank`` the rank the state was taken on.
+    ``start`` is the batcher's cursor; ``split`` the global position the epoch's split over ranks starts at;
+    ``skipped`` this epoch's skipped samples so far; ``rank`` the rank the state was taken on.
     """
 
     epoch: int
     split: int
-    start: tuple[int, int, int]
+    start: Cursor
     skipped: list[dict[str, Any]]
     rank: int
 
 
-def read_state(state: object, *, version: int, fingerprint: Mapping[str, Any], sampler: Sampler, batch_size: int,
-               echo: int, batches: Callable[[int], int], on_error: str = "raise") -> LoaderState:
+def read_state(state: object, *, version: int, fingerprint: Mapping[str, Any], sampler: Sampler, batcher: Batcher,
+               on_error: str = "raise") -> LoaderState:
     """Check ``state`` against the Loader it is loaded into.
 
     Args:
@@ -64,9 +74,7 @@ def read_state(state: object, *, version: int, fingerprint: Mapping[str, Any], s
         version: the state version this Loader writes.
         fingerprint: this Loader's fingerprint.
         sampler: this Loader's sampler (rows, ranks, ``drop_last``).
-        batch_size: this Loader's batch size.
-        echo: how many times each batch is delivered (``echo`` in batch mode, else 1).
-        batches: the batches of a pass over a given number of samples per rank.
+        batcher: this Loader's batcher (what a batch is; it reads its own cursor).
         on_error: this Loader's; with ``"skip"``, another rank's state warns (see the module docstring).
 
     Raises:
@@ -74,7 +82,7 @@ def read_state(state: object, *, version: int, fingerprint: Mapping[str, Any], s
             type or out of range, or fields that disagree (see the module docstring); or a state from another
             world size that cannot be continued on this one (:func:`~stallfree.pipeline.elastic.elastic_split`).
     """
-    state = state_mapping(_OWNER, state)
+    state = _migrated(state_mapping(_OWNER, state), version)
     theirs = state.get("version")
     if isinstance(theirs, bool) or not isinstance(theirs, int) or theirs != version:
         raise ValueError(f"unknown Loader state version {theirs!r} (expected {version}; a state from an older "
@@ -86,54 +94,69 @@ def read_state(state: object, *, version: int, fingerprint: Mapping[str, Any], s
     world = None  # the state's world size, where it is not this Loader's
     if elastic and isinstance(their_print, Mapping):
         world = state_int(_OWNER, their_print, "world_size", low=1, name="fingerprint.world_size")
-    theirs_rank = _rank(state, their_print, sampler.world_size if world is None else world)
+    theirs_rank = state_int(_OWNER, state, "rank", high=(world or sampler.world_size) - 1,
+                            why=f" (a rank of world_size={world or sampler.world_size})")
     epoch = state_int(_OWNER, state, "epoch")
-    split = state_int(_OWNER, state, "split", high=sampler.num_virtual,
+    split = state_int(_OWNER, _part(state, "sampler"), "split", high=sampler.num_virtual, name="sampler.split",
                       why=f" (the global positions of an epoch of {sampler.num_virtual} samples)")
     per_rank = sampler.length(split, world)
-    start = _cursor(state, per_rank, batch_size, echo, batches(per_rank))
-    skipped = _skipped(state, epoch, start[0], per_rank, sampler.num_rows)
-    _check_position(start, skipped, per_rank, batch_size, echo)
+    start = batcher.load_cursor(_part(state, "batcher"), per_rank)
+    skipped = _skipped(state, epoch, start.position, per_rank, sampler.num_rows)
+    _rejected(state)
+    _check_position(batcher, start, skipped, per_rank)
     if elastic:  # this rank's share of what the old ranks left, from its start
         split = min(elastic_split(state, sampler.world_size), sampler.num_virtual)
-        return LoaderState(epoch, split, (0, 0, 0), [], theirs_rank)
+        return LoaderState(epoch, split, Cursor(), [], theirs_rank)
     if theirs_rank != sampler.rank:  # after the same batches as the rank it was taken on, none skipped (listed)
         if on_error == "skip":
             warnings.warn(f"rank {sampler.rank} resumes from rank {theirs_rank}'s Loader state: with on_error='skip' "
                           "each rank skips its own samples and this rank's are not in that state, so if it skipped "
                           "any in this epoch before the state, as many of its samples from before it are delivered "
                           "again; load each rank's own state_dict() for an exact resume", UserWarning, stacklevel=4)
-        own = _delivered(start, per_rank, batch_size, echo)
-        return LoaderState(epoch, split, (own, start[1], start[2]), [], theirs_rank)
+        own = batcher.samples_before(start, per_rank)
+        return LoaderState(epoch, split, Cursor(own, start.repeat, start.delivered), [], theirs_rank)
     return LoaderState(epoch, split, start, skipped, theirs_rank)
 
 
-def _rank(state: Mapping[str, Any], fingerprint: Any, world_size: int) -> int:
-    """The rank the state was taken on: its ``rank``, or (a state from before issue 44) its fingerprint's."""
-    if "rank" in state or not isinstance(fingerprint, Mapping) or "rank" not in fingerprint:
-        return state_int(_OWNER, state, "rank", high=world_size - 1, why=f" (a rank of world_size={world_size})")
-    return state_int(_OWNER, fingerprint, "rank", high=world_size - 1, name="fingerprint.rank",
-                     why=f" (a rank of world_size={world_size})")
+def _migrated(state: Mapping[str, Any], version: int) -> Mapping[str, Any]:
+    """A version 3 state (flat: its cursor and split at the top, the rank in its fingerprint) as version 4 nests it.
+
+    Checkpoints written before the stages nested their parts (issue 45) load as they did; what is wrong with one is
+    named as the version 4 field it became.
+    """
+    if state.get("version") != 3 or version != 4:
+        return state
+    out = {key: value for key, value in state.items() if key not in ("position", "repeat", "batches", "split")}
+    out["version"] = 4
+    out["batcher"] = {key: state[key] for key in ("position", "repeat", "batches") if key in state}
+    if "split" in state:
+        out["sampler"] = {"split": state["split"]}
+    fingerprint = state.get("fingerprint")
+    if isinstance(fingerprint, Mapping) and "rank" in fingerprint:
+        out["fingerprint"] = {key: value for key, value in fingerprint.items() if key != "rank"}
+        out.setdefault("rank", fingerprint["rank"])
+    out.setdefault("rejected", [])
+    return out
 
 
-def _delivered(start: tuple[int, int, int], per_rank: int, batch_size: int, echo: int) -> int:
-    """Samples the batches of ``start`` (position, repeat, batches) delivered, at most the rank's epoch."""
-    _, repeat, delivered = start
-    return min((delivered - repeat) // echo * batch_size, per_rank)
+def _part(state: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    """The nested part ``name`` of a state (a stage's own fields), once it is a dict."""
+    if name not in state:
+        raise ValueError(f"Loader state has no {name!r} field (it was cut short, or is not a Loader state)")
+    part = state[name]
+    if not isinstance(part, Mapping):
+        raise ValueError(f"Loader state has {name}={part!r}: expected a dict (its {name}'s own fields)")
+    return part
 
 
-def _cursor(state: Mapping[str, Any], per_rank: int, batch_size: int, echo: int, total: int) -> tuple[int, int, int]:
-    """``(position, repeat, batches)``, each of the right type and range; position is checked with the skipped."""
-    delivered = state_int(_OWNER, state, "batches", high=total * echo,
-                          why=f" (an epoch of {per_rank} samples per rank in batches of {batch_size}"
-                              + (f", each delivered echo={echo} times)" if echo > 1 else ")"))
-    repeat = state_int(_OWNER, state, "repeat", high=echo - 1,
-                       why=f" (repeats of a batch delivered echo={echo} times, echo_mode='batch')" if echo > 1 else
-                       " (each batch is delivered once: echo_mode='batch' with echo > 1 repeats it)")
-    if (delivered - repeat) % echo:
-        raise ValueError(f"Loader state has repeat={repeat} but batches={delivered}: each batch is delivered "
-                         f"echo={echo} times, so batches - repeat is a multiple of {echo}")
-    return state_int(_OWNER, state, "position"), repeat, delivered
+def _rejected(state: Mapping[str, Any]) -> None:
+    """``rejected``: what the reader left out of the source (a list of records with a path and a reason)."""
+    entries = state.get("rejected")
+    ok = isinstance(entries, list) and all(isinstance(e, Mapping) and isinstance(e.get("path"), str)
+                                           and isinstance(e.get("reason"), str) for e in entries)
+    if not ok:
+        raise ValueError(f"Loader state has rejected={entries!r}: expected a list of {{'path', 'reason'}} records "
+                         "(what the reader left out of the source)")
 
 
 def _skipped(state: Mapping[str, Any], epoch: int, position: int, per_rank: int, rows: int) -> list[dict[str, Any]]:
@@ -166,16 +189,14 @@ def _skipped(state: Mapping[str, Any], epoch: int, position: int, per_rank: int,
     return [dict(entry) for entry in entries]
 
 
-def _check_position(start: tuple[int, int, int], skipped: list[dict[str, Any]], per_rank: int, batch_size: int,
-                    echo: int) -> None:
+def _check_position(batcher: Batcher, start: Cursor, skipped: list[dict[str, Any]], per_rank: int) -> None:
     """Refuse a position other than the one the batches delivered and the positions passed over lead to."""
-    position, repeat, delivered = start
-    samples = _delivered(start, per_rank, batch_size, echo)
+    samples = batcher.samples_before(start, per_rank)
     expected = _stream_position(samples, np.array([s["position"] for s in skipped], np.int64), per_rank)
-    if position != expected:
+    if start.position != expected:
         skips = f" and its {len(skipped)} skipped sample(s)" if skipped else " with no skipped samples"
-        raise ValueError(f"Loader state has position={position} but batches={delivered} (repeat={repeat}) of "
-                         f"{samples} samples{skips} stand at position {expected}")
+        raise ValueError(f"Loader state has batcher.position={start.position} but batcher.batches={start.delivered} "
+                         f"(repeat={start.repeat}) of {samples} samples{skips} stand at position {expected}")
 
 
 def _stream_position(samples: int, skipped: np.ndarray, per_rank: int) -> int:

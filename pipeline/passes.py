@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from stallfree.pipeline.batch_fields import Delivery, batch_columns, batch_labels
 
 if TYPE_CHECKING:
+    from stallfree.pipeline.batcher import Batcher, Cursor
     from stallfree.pipeline.run import Run
     from stallfree.pipeline.samples import Batch
 
@@ -35,8 +36,9 @@ class Pass:
 
     Args:
         run: the epoch run it takes batches from.
-        cursor: where the pass starts: (position, repeat, batches delivered).
-        echo: times each batch is yielded.
+        cursor: where the pass starts.
+        batcher: what a batch is; it moves the cursor after each delivery (each batch is delivered its ``echo``
+            times).
         delivery: what each batch carries beside its images (labels, ``columns=``) and where.
         skipped: the list each batch's skipped samples are added to (the Loader's ``skipped``).
         start_next: called once with this pass when its run may start the next epoch's run (its reader has read
@@ -44,24 +46,23 @@ class Pass:
         progress: set when ``next`` is first called.
     """
 
-    def __init__(self, run: Run, cursor: tuple[int, int, int], *, echo: int, delivery: Delivery,
+    def __init__(self, run: Run, cursor: Cursor, *, batcher: Batcher, delivery: Delivery,
                  skipped: list[dict[str, Any]], start_next: Callable[[Pass], None], progress: Progress):
-        self.echo, self.delivery, self.progress = echo, delivery, progress
+        self.batcher, self.delivery, self.progress = batcher, delivery, progress
         self._skipped, self._start_next = skipped, start_next
         self._pid = os.getpid()  # its threads are this process's: a forked child has none of them
         self.over = False
         self._why: str | None = None
         self._begin(run, cursor)
 
-    def _begin(self, run: Run, cursor: tuple[int, int, int]) -> None:
+    def _begin(self, run: Run, cursor: Cursor) -> None:
         self.run, self.cursor, self.fresh = run, cursor, True  # fresh: no batch taken from this iterator yet
         self._batches = iter(run)
         self._batch: tuple[Batch, Any] | None = None
-        self._repeat = cursor[1]
         self._next_started = False
         weakref.finalize(self, run.stop)  # a dropped iterator stops its threads
 
-    def restart(self, run: Run, cursor: tuple[int, int, int]) -> None:
+    def restart(self, run: Run, cursor: Cursor) -> None:
         """Take batches from ``run`` instead, starting at ``cursor``: only while :attr:`fresh` (nothing taken yet).
 
         As a DataLoader iterator's order is drawn on its first ``next``, ``set_epoch`` between ``iter()`` and the
@@ -90,8 +91,8 @@ class Pass:
                                "(`for batch in loader`) to go on")
         if self.over:
             raise StopIteration
-        k, self.fresh, self.progress.taken = self.echo, False, True
-        if self._batch is None or self._repeat == k:
+        self.fresh, self.progress.taken = False, True
+        if self._batch is None or self.cursor.repeat == 0:  # the batch before was delivered its last time
             try:
                 batch = next(self._batches)
             except BaseException:  # exhausted or failed: either way this pass is over
@@ -106,10 +107,7 @@ class Pass:
             out: tuple[Any, ...] = (batch.output, labels)
             if self.delivery.columns:
                 out = (*out, batch_columns(self.delivery, batch.rows))
-            self._repeat = self._repeat if self._batch is None else 0
             self._batch = batch, out
         batch, out = self._batch
-        r, self._repeat = self._repeat, self._repeat + 1
-        delivered = self.cursor[2] + 1
-        self.cursor = (batch.end, 0, delivered) if r == k - 1 else (batch.start, r + 1, delivered)
+        self.cursor = self.batcher.after(self.cursor, batch.start, batch.end)
         return out

@@ -67,7 +67,7 @@ class RayRun:
         self.epoch, self.split, self.pin_memory = epoch, split, pin_memory
         self.n = parts.sampler.length(split)
         self.skips = SkipPolicy(self.config.on_error, parts.reader, epoch, self.n, skipped)
-        self.total = self.config.batches(self.n)
+        self.total = self.config.batcher.batches(self.n)
         self.may_start_next = threading.Event()  # as EpochRun's; here once its last batch is out
         self.bytes_moved = 0  # bytes of batch outputs received from the actors
         self._flights: deque[_Flight] = deque()
@@ -119,7 +119,7 @@ class RayRun:
             for flight in self._flights:
                 held[flight.slot] += 1
             slot = min(range(slots), key=lambda s: held[s])
-            size = self.config.batch_len(self._send_number, self.n)
+            size = self.config.batcher.size(self._send_number, self.n)
             args = (self.epoch, self.split, self._send_start, size, sorted(self.skips.bad), self.skips.first)
             ref = self.pool.submit(slot, self.key, self.setup, args)
             self._flights.append(_Flight(self._send_number, self._send_start, slot, args, ref))

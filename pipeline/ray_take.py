@@ -74,7 +74,7 @@ class BatchTaker:
     def __init__(self, parts: RunParts, compiled: CompiledTransforms, num_threads: int):
         config = parts.config
         self.parts, self.config, self.compiled = parts, config, compiled
-        self.graph = Graph(compiled, batch_size=config.batch_size, num_threads=num_threads, device_id=None,
+        self.graph = Graph(compiled, batch_size=config.batcher.largest, num_threads=num_threads, device_id=None,
                            encoded=config.encoded, seed=config.seed, exif=config.exif)
         self.host = HostRead(parts, compiled)
         self._epoch: _Epoch | None = None

@@ -43,7 +43,8 @@ class ReadStage:
         """Read the stream: a chunk of good samples per remaining batch, then one per sample the graph rejects."""
         run, config = self.run, self.config
         per_rank = len(run.order)
-        plan = [config.batch_len(b, per_rank) for b in range(number, config.batches(per_rank))]
+        batcher = config.batcher
+        plan = [batcher.size(b, per_rank) for b in range(number, batcher.batches(per_rank))]
         known_bad = set(run.skips.bad)  # the reader's own view: what it skipped, and what the state carried
         with ThreadPoolExecutor(config.io_threads, thread_name_prefix="stallfree-read") as pool:
             while not run.stopped:

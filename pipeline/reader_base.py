@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -36,11 +36,14 @@ class Reader(Protocol):
         encoded: ``True`` when :meth:`read` gives encoded bytes (decoded in the graph), ``False`` for HWC uint8
             pixels.
         columns: names :meth:`column` answers for (``Loader(columns=...)``); empty when there are none.
+        rejected: what the reader left out of the source when it opened it (``{"path", "reason"}`` records: a tar
+            member that is no sample, under ``on_error="skip"``); a Loader's state carries them.
     """
 
     classes: list[str]
     encoded: bool
     columns: Sequence[str]
+    rejected: Sequence[Mapping[str, str]]
 
     def __len__(self) -> int: ...
 
@@ -106,6 +109,7 @@ class BaseReader(ABC):
     classes: list[str]
     encoded: bool = True
     columns: Sequence[str] = ()
+    rejected: Sequence[Mapping[str, str]] = ()
     #: A name that, with the labels, identifies the data when the reader defines no ``fingerprint`` of its own.
     name: str = ""
 
@@ -204,6 +208,7 @@ class _Adapted(BaseReader):
         self.classes = list(inner.classes)
         self.encoded = bool(inner.encoded)
         self.columns = tuple(inner.columns)
+        self.rejected = list(getattr(inner, "rejected", ()))
         self.name = str(getattr(inner, "name", ""))
 
     @property

@@ -8,13 +8,13 @@ give the same batches: every draw is keyed by ``(seed, epoch, sample)``, none by
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from stallfree.ingest.images import Exif
+from stallfree.pipeline.batcher import CountBatcher
 
 if TYPE_CHECKING:
     from stallfree.pipeline.readers import Reader
@@ -28,11 +28,11 @@ __all__ = ["RunConfig", "RunParts"]
 class RunConfig:
     """The Loader's settings an epoch run reads (see :class:`~stallfree.pipeline.loader.Loader` for each).
 
-    ``encoded``: the reader gives encoded bytes (decoded in the graph) rather than HWC pixels.
+    ``batcher`` says what a batch is (:mod:`.batcher`); ``encoded``: the reader gives encoded bytes (decoded in the
+    graph) rather than HWC pixels.
     """
 
-    batch_size: int
-    drop_last: bool
+    batcher: CountBatcher
     seed: int
     prefetch: int
     io_threads: int
@@ -41,16 +41,6 @@ class RunConfig:
     exif: Exif
     encoded: bool
     device: torch.device
-
-    def batches(self, per_rank: int) -> int:
-        """Batches of a pass over ``per_rank`` samples."""
-        return per_rank // self.batch_size if self.drop_last else math.ceil(per_rank / self.batch_size)
-
-    def batch_len(self, number: int, per_rank: int) -> int:
-        """Samples in batch ``number`` of a pass over ``per_rank`` (all full but a last one kept by drop_last=False)."""
-        if number < self.batches(per_rank) - 1 or self.drop_last:
-            return self.batch_size
-        return per_rank - number * self.batch_size
 
 
 @dataclass(frozen=True, eq=False)

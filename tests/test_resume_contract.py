@@ -202,12 +202,25 @@ def test_a_state_from_another_seed_is_refused(factory: Factory) -> None:
 def test_a_damaged_state_is_refused_naming_the_field(factory: Factory) -> None:
     # Before (issue 37, case 11): KeyError, TypeError or a strange epoch later, naming nothing.
     state = json.loads(json.dumps(factory(0, 11).state_dict()))
+    # the batch counter, at the top or in the batcher's part of a state that nests its stages' (the Loader's)
+    part = "batcher" if "batcher" in state else None
     counter = "batch" if "batch" in state else "batches"
-    for key in ("epoch", counter):
-        damaged = [({**state, key: -1}, rf"state has {key}=-1: expected an int (>= 0|in 0\.\.)"),
-                   ({**state, key: "1"}, rf"state has {key}='1': expected an int"),
-                   ({k: v for k, v in state.items() if k != key}, rf"state has no '{key}' field")]
-        for bad, match in damaged:
+    for where, key in ((None, "epoch"), (part, counter)):
+        named = f"{where}.{key}" if where else key
+
+        def damaged(value: object, where: str | None = where, key: str = key) -> dict[str, object]:
+            out = json.loads(json.dumps(state))
+            inner = out[where] if where else out
+            if value is None:
+                del inner[key]
+            else:
+                inner[key] = value
+            return out
+
+        cases = [(damaged(-1), rf"state has {named}=-1: expected an int (>= 0|in 0\.\.)"),
+                 (damaged("1"), rf"state has {named}='1': expected an int"),
+                 (damaged(None), rf"state has no '{named}' field")]
+        for bad, match in cases:
             with pytest.raises(ValueError, match=match):
                 factory(0, 11).load_state_dict(bad)
     with pytest.raises(ValueError, match="state must be a dict"):

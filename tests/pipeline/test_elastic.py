@@ -47,7 +47,8 @@ def run_ranks(reader: DatasetReader, world: int, batches: int | None, state: dic
 def test_a_state_from_4_ranks_finishes_the_epoch_on_another_world_size(reader: DatasetReader, world: int,
                                                                         drop_last: bool) -> None:
     before, states = run_ranks(reader, 4, 2, drop_last=drop_last)
-    assert len({(s["position"], s["split"]) for s in states}) == 1, "synchronous ranks stand at the same place"
+    assert len({(s["batcher"]["position"], s["sampler"]["split"]) for s in states}) == 1, (
+        "synchronous ranks stand at the same place")
     after, ends = run_ranks(reader, world, None, states[0], drop_last=drop_last)
     remaining = Counter(after)
     if drop_last:
@@ -62,7 +63,7 @@ def test_a_state_from_4_ranks_finishes_the_epoch_on_another_world_size(reader: D
         assert set(fresh) == set(range(N)) - set(before)
         left = N - len(before)
         assert len(after) == left + (-left % world), "only the padding repeats"
-    assert all(s["epoch"] == 1 and s["position"] == 0 for s in ends), "the epoch ended: the next one is next"
+    assert all(s["epoch"] == 1 and s["batcher"]["position"] == 0 for s in ends), "the epoch ended: the next one is next"
 
 
 def test_an_elastic_resume_can_be_resumed_elastically_again(reader: DatasetReader) -> None:
@@ -97,7 +98,8 @@ def test_the_split_is_what_the_sampler_skips() -> None:
 
 
 def test_a_state_with_skipped_samples_is_refused_on_another_world_size() -> None:
-    state = {"position": 6, "repeat": 0, "split": 0, "fingerprint": {"world_size": 4},
+    state = {"batcher": {"position": 6, "repeat": 0, "batches": 1}, "sampler": {"split": 0},
+             "fingerprint": {"world_size": 4},
              "skipped": [{"index": 3, "source": "x", "reason": "truncated", "epoch": 0, "position": 2}]}
     with pytest.raises(ValueError, match=r"lists 1 skipped sample\(s\).*resume on 4 ranks"):
         elastic_split(state, 2)

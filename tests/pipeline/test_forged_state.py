@@ -40,12 +40,30 @@ def taken(loader: Loader, delivered: int) -> dict[str, Any]:
     return state
 
 
+# The stage each nested field belongs to: a state nests its stages' parts (pipeline/loader_state.py).
+PART = {"position": "batcher", "repeat": "batcher", "batches": "batcher", "split": "sampler"}
+
+
 def forged(state: dict[str, Any], **fields: Any) -> dict[str, Any]:
-    return {**json.loads(json.dumps(state)), **fields}
+    out = json.loads(json.dumps(state))
+    for key, value in fields.items():
+        (out[PART[key]] if key in PART else out)[key] = value
+    return out
 
 
 def without(state: dict[str, Any], key: str) -> dict[str, Any]:
-    return {k: v for k, v in state.items() if k != key}
+    out = json.loads(json.dumps(state))
+    del (out[PART[key]] if key in PART else out)[key]
+    return out
+
+
+def field(state: dict[str, Any], key: str) -> Any:
+    return state[PART[key]][key] if key in PART else state[key]
+
+
+def named(key: str) -> str:
+    """How a message names ``key``: with its part (``batcher.position``)."""
+    return f"{PART[key]}.{key}" if key in PART else key
 
 
 SKIP = {"index": 3, "source": "row 3", "reason": "truncated", "epoch": 0, "position": 3}
@@ -53,11 +71,13 @@ SKIP = {"index": 3, "source": "row 3", "reason": "truncated", "epoch": 0, "posit
 # (what is forged, the message it gets), on the state taken after 2 batches: position 8, batches 2.
 FORGED: dict[str, tuple[Callable[[dict[str, Any]], Any], str]] = {
     # the issue's three
-    "batches-negative": (lambda s: forged(s, batches=-2), r"Loader state has batches=-2: expected an int in 0\.\.6"),
-    "repeat-5": (lambda s: forged(s, repeat=5), r"Loader state has repeat=5: expected an int in 0\.\.0 .*echo"),
-    "batches-a-million": (lambda s: forged(s, batches=10**6), r"batches=1000000: expected an int in 0\.\.6"),
+    "batches-negative": (lambda s: forged(s, batches=-2),
+                         r"Loader state has batcher\.batches=-2: expected an int in 0\.\.6"),
+    "repeat-5": (lambda s: forged(s, repeat=5),
+                 r"Loader state has batcher\.repeat=5: expected an int in 0\.\.0 .*echo"),
+    "batches-a-million": (lambda s: forged(s, batches=10**6), r"batcher\.batches=1000000: expected an int in 0\.\.6"),
     # truncated
-    **{f"no-{key}": ((lambda s, key=key: without(s, key)), rf"Loader state has no {key!r} field")
+    **{f"no-{key}": ((lambda s, key=key: without(s, key)), rf"Loader state has no {named(key)!r} field")
        for key in ("epoch", "position", "repeat", "batches", "split", "skipped")},
     "no-fingerprint": (lambda s: without(s, "fingerprint"), "Loader state has no fingerprint"),
     "not-a-dict": (lambda s: list(s.items()), "a Loader state must be a dict .* got list"),
@@ -66,16 +86,19 @@ FORGED: dict[str, tuple[Callable[[dict[str, Any]], Any], str]] = {
     "version-true": (lambda s: forged(s, version=True), "unknown Loader state version True"),
     "epoch-bool": (lambda s: forged(s, epoch=True), "Loader state has epoch=True: expected an int"),
     "epoch-negative": (lambda s: forged(s, epoch=-1), r"Loader state has epoch=-1: expected an int >= 0"),
-    "position-str": (lambda s: forged(s, position="8"), "Loader state has position='8': expected an int"),
-    "batches-float": (lambda s: forged(s, batches=2.0), "Loader state has batches=2.0: expected an int"),
-    "split-none": (lambda s: forged(s, split=None), "Loader state has split=None: expected an int"),
-    "split-past-the-epoch": (lambda s: forged(s, split=24), r"Loader state has split=24: expected an int in 0\.\.23"),
+    "position-str": (lambda s: forged(s, position="8"), "Loader state has batcher.position='8': expected an int"),
+    "batches-float": (lambda s: forged(s, batches=2.0), "Loader state has batcher.batches=2.0: expected an int"),
+    "split-none": (lambda s: forged(s, split=None), "Loader state has sampler.split=None: expected an int"),
+    "split-past-the-epoch": (lambda s: forged(s, split=24),
+                             r"Loader state has sampler\.split=24: expected an int in 0\.\.23"),
+    "batcher-not-a-dict": (lambda s: forged(s, batcher=[8, 0, 2]),
+                           r"Loader state has batcher=\[8, 0, 2\]: expected a dict"),
     "fingerprint-list": (lambda s: forged(s, fingerprint=[1]), "Loader state has fingerprint=.*expected a dict"),
     "skipped-str": (lambda s: forged(s, skipped="x"), "Loader state has skipped='x': expected a list"),
     # inconsistent
     "position-ahead": (lambda s: forged(s, position=9),
-                       r"Loader state has position=9 but batches=2 .* stand at position 8"),
-    "position-behind": (lambda s: forged(s, position=0), "Loader state has position=0 but batches=2"),
+                       r"Loader state has batcher\.position=9 but batcher\.batches=2 .* stand at position 8"),
+    "position-behind": (lambda s: forged(s, position=0), "Loader state has batcher.position=0 but batcher.batches=2"),
     "skipped-not-a-dict": (lambda s: forged(s, skipped=[3]), r"Loader state has skipped\[0\]=3: expected a dict"),
     "skipped-missing-key": (lambda s: forged(s, skipped=[without(SKIP, "reason")], position=9),
                             r"Loader state has skipped\[0\] with keys .*expected.*reason"),
@@ -98,7 +121,7 @@ FORGED: dict[str, tuple[Callable[[dict[str, Any]], Any], str]] = {
 def state(indexed_reader: Callable[[int], DatasetReader]) -> dict[str, Any]:
     loader = Loader(indexed_reader(N), BATCH, transform=[CenterCrop(4)], seed=2, num_threads=1)
     state = taken(loader, 2)
-    assert (state["position"], state["batches"], state["repeat"]) == (8, 2, 0)
+    assert (field(state, "position"), field(state, "batches"), field(state, "repeat")) == (8, 2, 0)
     return state
 
 
@@ -116,7 +139,7 @@ def test_a_refused_state_leaves_the_pass_in_progress_alone(make: Callable[..., L
     it = iter(loader)
     next(it)
     before = loader.state_dict()
-    with pytest.raises(ValueError, match="batches=-2"):
+    with pytest.raises(ValueError, match="batcher.batches=-2"):
         loader.load_state_dict(forged(state, batches=-2))
     assert loader.state_dict() == before
     assert len([next(it), *it]) == len(loader) - 1
@@ -124,8 +147,8 @@ def test_a_refused_state_leaves_the_pass_in_progress_alone(make: Callable[..., L
 
 def test_a_state_between_repeats_is_consistent_with_the_echo(make: Callable[..., Loader]) -> None:
     state = taken(make(echo=2, echo_mode="batch"), 3)
-    assert (state["position"], state["repeat"], state["batches"]) == (4, 1, 3)
-    with pytest.raises(ValueError, match=r"Loader state has repeat=0 but batches=3"):
+    assert (field(state, "position"), field(state, "repeat"), field(state, "batches")) == (4, 1, 3)
+    with pytest.raises(ValueError, match=r"Loader state has batcher\.repeat=0 but batcher\.batches=3"):
         make(echo=2, echo_mode="batch").load_state_dict(forged(state, repeat=0))
     with pytest.raises(ValueError, match=r"repeat=2: expected an int in 0\.\.1"):
         make(echo=2, echo_mode="batch").load_state_dict(forged(state, repeat=2))
@@ -164,8 +187,8 @@ def test_every_state_of_a_run_with_skips_and_wraps_loads(tmp_path: Path, bad: tu
 
     loader = make()
     states = [json.loads(json.dumps(loader.state_dict())) for _ in loader]
-    assert states[-1]["skipped"] and states[-1]["position"] > 10
+    assert states[-1]["skipped"] and field(states[-1], "position") > 10
     for state in states:
         make().load_state_dict(state)
-    with pytest.raises(ValueError, match=r"Loader state has position=\d+ but batches=3"):
+    with pytest.raises(ValueError, match=r"Loader state has batcher\.position=\d+ but batcher\.batches=3"):
         make().load_state_dict(forged(states[-1], skipped=[]))

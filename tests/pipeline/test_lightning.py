@@ -102,7 +102,7 @@ def test_fit_with_train_and_val_loaders_and_a_bit_exact_resume_from_a_mid_epoch_
     _trainer(tmp_path / "first", max_steps=stop_at, callbacks=[saver]).fit(first, train, val)
     checkpoint = next((tmp_path / "ckpt").glob("*.ckpt"))
     saved = torch.load(checkpoint, weights_only=False)
-    assert saved["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["batches"] == 3  # the Loader's own state
+    assert saved["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["batcher"]["batches"] == 3  # the Loader's own
 
     second = Recording()
     train, val = _loaders(indexed_list)  # fresh Loaders, as in a new process

@@ -170,11 +170,13 @@ OTHER_RANK = r"rank {} resumes from rank {}'s Loader state: with on_error='skip'
 def test_skipped_samples_are_each_ranks_own(one_bad_row: Path) -> None:
     # Rank 0 (rows 0, 2, 4, ... in row order) skips row 2; rank 1 (rows 1, 3, 5, ...) skips nothing.
     labels, state = taken_after(skipping(one_bad_row, 0), 2)
-    assert labels == [[0, 4], [6, 8]] and [s["index"] for s in state["skipped"]] == [2] and state["position"] == 5
+    assert labels == [[0, 4], [6, 8]] and [s["index"] for s in state["skipped"]] == [2]
+    assert state["batcher"]["position"] == 5
     rank1 = skipping(one_bad_row, 1)
     with pytest.warns(UserWarning, match=OTHER_RANK.format(1, 0)):
         rank1.load_state_dict(state)
-    assert rank1.skipped == [] and rank1.state_dict()["position"] == 4, "after its own 2 batches, none skipped"
+    assert rank1.skipped == [] and rank1.state_dict()["batcher"]["position"] == 4, (
+        "after its own 2 batches, none skipped")
     assert [labels.tolist() for _, labels in rank1] == [[9, 11]], "as its uninterrupted run goes on"
 
 
@@ -196,7 +198,9 @@ def test_a_state_from_before_issue_44_names_its_rank_in_its_fingerprint(indexed_
     it = iter(rank0)
     next(it)
     state = json.loads(json.dumps(rank0.state_dict()))
-    old = {**{k: v for k, v in state.items() if k != "rank"}, "fingerprint": {**state["fingerprint"], "rank": 0}}
+    old = {**{k: v for k, v in state.items() if k not in ("rank", "batcher", "sampler", "rejected")},
+           **state["batcher"], **state["sampler"], "version": 3,
+           "fingerprint": {**state["fingerprint"], "rank": 0}}  # as version 3 wrote it, flat
     rest = list(it)
     again = make(indexed_list, rank=0, world_size=2)
     again.load_state_dict(old)

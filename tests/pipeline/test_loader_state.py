@@ -70,7 +70,8 @@ def test_a_pass_after_a_break_starts_the_next_epoch(indexed_list: Path) -> None:
         break
     # Before: the next pass replayed epoch 0's permutation; torch's DataLoader(shuffle=True) draws a new one.
     state = loader.state_dict()
-    assert (state["epoch"], state["position"], state["batches"]) == (1, 0, 0), "the state says where iter() starts"
+    assert (state["epoch"], state["batcher"]["position"], state["batcher"]["batches"]) == (1, 0, 0), (
+        "the state says where iter() starts")
     assert labels_of(list(loader)) == epoch_labels(indexed_list, 1)
     assert loader.epoch == 2
 
@@ -79,7 +80,7 @@ def test_a_pass_after_an_abandoned_iterator_starts_the_next_epoch(indexed_list: 
     loader = make(indexed_list)
     it = iter(loader)
     next(it)
-    assert loader.state_dict()["batches"] == 1, "a live iterator is mid-epoch: its state resumes there"
+    assert loader.state_dict()["batcher"]["batches"] == 1, "a live iterator is mid-epoch: its state resumes there"
     assert labels_of(list(loader)) == epoch_labels(indexed_list, 1)
     loader.set_epoch(0)
     for _ in loader:

@@ -27,7 +27,7 @@ def _batches_elsewhere(parts: bytes, epoch: int, count: int) -> list[tuple[np.nd
 
     run_parts = pickle.loads(parts)
     config = run_parts.config
-    graph = Graph(run_parts.compiled, batch_size=config.batch_size, num_threads=1, device_id=None,
+    graph = Graph(run_parts.compiled, batch_size=config.batcher.largest, num_threads=1, device_id=None,
                   encoded=config.encoded, seed=config.seed, exif=config.exif)
     run = EpochRun(run_parts, graph, epoch, 0, 0, 0, [])
     out = []
