@@ -100,6 +100,7 @@ def _stages(args: argparse.Namespace, bar: Any) -> dict[str, float]:
     import numpy as np
 
     from stallfree.ingest.images import read_header
+    from stallfree.pipeline.reader_base import sample_of
     from stallfree.pipeline.readers import open_source
     from stallfree.transforms.random import batch_random
 
@@ -107,7 +108,7 @@ def _stages(args: argparse.Namespace, bar: Any) -> dict[str, float]:
     n = args.batch_size * args.batches
     rows = [i % len(reader) for i in range(n)]
     batches = [rows[i : i + args.batch_size] for i in range(0, n, args.batch_size)]
-    data = [reader.read(r) for r in rows]
+    data = [sample_of(reader.read(r))["image"] for r in rows]
     sizes = [(h.height, h.width) for h in (read_header(d) for d in data)]
     crop, crop_graph = _graph(False, args.batch_size)
     full, full_graph = _graph(True, args.batch_size)
@@ -140,7 +141,7 @@ def _stages(args: argparse.Namespace, bar: Any) -> dict[str, float]:
             full_graph._to_torch(outputs[0])
 
     work: dict[str, Callable[[], Any]] = {
-        "read": lambda: [reader.read(r) for r in rows],
+        "read": lambda: [sample_of(reader.read(r)) for r in rows],
         "header check": lambda: [read_header(d) for d in data],
         "parameter draws": lambda: draws(full),
         "decode, whole image": decode(_decoder(args.batch_size, window=False), False),

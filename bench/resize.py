@@ -59,7 +59,7 @@ def _crops(data: Path, count: int) -> Batch:
     reader = FolderReader(data)
     rrc, crops = RandomResizedCrop(OUT), []
     for i in range(count):
-        with Image.open(io.BytesIO(reader.read(i % len(reader)).tobytes())) as img:
+        with Image.open(io.BytesIO(reader.read_image(i % len(reader)).tobytes())) as img:
             pixels = np.asarray(img.convert("RGB"))
         top, left, h, w = rrc.window(SampleRandom(0, 0, i), *pixels.shape[:2])
         crops.append(np.ascontiguousarray(pixels[top : top + h, left : left + w]))

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from stallfree.ingest.fields import IMAGE
 from stallfree.pipeline.graph import GraphError, Ticket
 from stallfree.pipeline.samples import Batch
 
@@ -32,7 +33,7 @@ class _NotRead(Exception):
     """The stream's next entries are not read yet (a look-ahead take does not wait for them)."""
 
 
-#: One entry of the stream: ``(position, virtual id or None, image or skip record, params)`` (read_stage.Chunk).
+#: One entry of the stream: ``(position, virtual id or None, fields or skip record, params)`` (read_stage.Chunk).
 Entry = tuple[int, int | None, Any, Any]
 
 
@@ -115,9 +116,10 @@ class GraphStage:
 
     def _send(self, batch: Batch) -> bool:
         run, device = self.run, self.config.device
-        if batch.output is not None and batch.output.device != device:
+        image = batch.fields.get(IMAGE.name)
+        if image is not None and image.device != device:
             start_time = time.perf_counter()
-            batch.output = batch.output.pin_memory().to(device, non_blocking=True)
+            batch.fields[IMAGE.name] = image.pin_memory().to(device, non_blocking=True)
             run.record("h2d", "busy", start_time, batch.number)
         return run.put(run.out_q, batch)
 
@@ -192,7 +194,7 @@ class GraphStage:
 
     def _inputs(self, take: _Take) -> tuple[list[np.ndarray], dict[str, list[np.ndarray]]]:
         names = list(self.parts.compiled.param_inputs)
-        images = [t[2] for t in take.taken]
+        images = [t[2][IMAGE.name] for t in take.taken]
         return images, {name: [t[3][j] for t in take.taken] for j, name in enumerate(names)}
 
     def _submit(self, take: _Take) -> None:
@@ -235,4 +237,4 @@ class GraphStage:
                 if self._take(take) is None:
                     return None
                 continue
-            return Batch(take.number, take.start, take.end, rows, images, params, take.skipped, output)
+            return Batch(take.number, take.start, take.end, rows, take.skipped, {IMAGE.name: output})

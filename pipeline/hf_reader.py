@@ -24,7 +24,7 @@ import numpy as np
 
 from stallfree.ingest.hf_parquet import check_class_labels
 from stallfree.ingest.labels import label_column
-from stallfree.pipeline.reader_base import BaseReader, identity
+from stallfree.pipeline.reader_base import BaseReader, Sample, identity
 
 __all__ = ["HuggingFaceReader", "is_hf_dataset"]
 
@@ -146,7 +146,11 @@ class HuggingFaceReader(BaseReader):
     def labels(self) -> np.ndarray:
         return self._labels
 
-    def read(self, index: int) -> np.ndarray:
+    def read(self, index: int) -> Sample:
+        """Row ``index``'s fields: ``{"image": ...}`` (:meth:`read_image`)."""
+        return {"image": self.read_image(index)}
+
+    def read_image(self, index: int) -> np.ndarray:
         """Row ``index``'s encoded image: its bytes from Arrow (no copy), else the file at its ``path``.
 
         Raises:

@@ -1,4 +1,4 @@
-"""A sample read on the host before it enters the graph: fetched, its header checked, its parameters drawn.
+"""A sample read on the host before it enters the graph: fields fetched, image header checked, parameters drawn.
 
 The one read path of an epoch run, whether the graph runs in this process (:mod:`.read_stage`) or on a Ray worker
 (:mod:`.ray_take`): a failure here (a missing or unreadable file, a header that is not an image or claims too many
@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from stallfree.ingest.fields import IMAGE
 from stallfree.ingest.images import BadImage, read_header
+from stallfree.pipeline.reader_base import sample_of
 from stallfree.transforms.random import batch_random
 
 if TYPE_CHECKING:
@@ -39,28 +41,32 @@ class HostRead:
         self.parts, self.config = parts, parts.config
         self.compiled = compiled if compiled is not None else parts.compiled
 
-    def rows(self, pool: Executor, rows: Sequence[int]) -> Iterator[tuple[np.ndarray, Size, str | None]]:
-        """Each row's ``(data, size, problem)``, in order, read on ``pool``; ``problem`` is ``None`` for a good one."""
-        for data, problem in pool.map(self._fetch, rows):
+    def rows(self, pool: Executor, rows: Sequence[int]) -> Iterator[tuple[dict[str, np.ndarray], Size, str | None]]:
+        """Each row's ``(fields, size, problem)``, in order, read on ``pool``; ``problem`` is ``None`` for a good one.
+
+        ``fields`` are the sample's per-sample fields by name; ``size`` is its image's (the header's, after EXIF if
+        applied), on which its parameters are drawn.
+        """
+        for fields, problem in pool.map(self._fetch, rows):
             size: Size = (0, 0)
-            if problem is None:
+            if problem is None and IMAGE.name in fields:
                 try:
-                    size = self._size(data)
+                    size = self._size(fields[IMAGE.name])
                 except BadImage as bad:
                     problem = bad.reason
-            yield data, size, problem
+            yield fields, size, problem
 
     def draw(self, epoch: int, virtual: Sequence[int], sizes: Sequence[Size]) -> dict[str, list[np.ndarray]]:
         """The random parameters of the samples ``virtual`` (ids of the epoch's order) of these sizes."""
         return self.compiled.draw(batch_random(self.config.seed, epoch, list(virtual)), list(sizes))
 
-    def _fetch(self, row: int) -> tuple[np.ndarray, str | None]:
+    def _fetch(self, row: int) -> tuple[dict[str, np.ndarray], str | None]:
         try:
-            return self.parts.reader.read(int(row)), None
+            return sample_of(self.parts.reader.read(int(row))), None
         except FileNotFoundError:
-            return np.empty(0, np.uint8), "missing file"
+            return {}, "missing file"
         except OSError as err:
-            return np.empty(0, np.uint8), f"unreadable: {err.strerror or err}"
+            return {}, f"unreadable: {err.strerror or err}"
 
     def _size(self, data: np.ndarray) -> Size:
         """The (height, width) the crop parameters are drawn on: the header's (after EXIF, if applied)."""

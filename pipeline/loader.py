@@ -36,7 +36,7 @@ from stallfree.pipeline.arguments import (
     loader_fingerprint,
     remote_keywords,
 )
-from stallfree.pipeline.batch_fields import Delivery
+from stallfree.pipeline.assembly import ImageAssembly
 from stallfree.pipeline.batcher import CountBatcher, Cursor
 from stallfree.pipeline.block_order import block_order
 from stallfree.pipeline.epoch import EpochRun
@@ -485,9 +485,10 @@ class Loader:
         if not self._loaded:
             self.skipped = []
         run, cursor = self._run(self._start)
-        delivery = Delivery(self.labels, self.reader, self.device, self.pin_memory, self.target_transform, self.columns)
+        assemble = ImageAssembly(self.labels, self.reader, self.device, self.pin_memory, self.target_transform,
+                                 self.columns)
         self._progress = Progress()
-        ongoing = Pass(run, cursor, batcher=self.batcher, delivery=delivery, skipped=self.skipped,
+        ongoing = Pass(run, cursor, batcher=self.batcher, assemble=assemble, skipped=self.skipped,
                        start_next=self._start_next, progress=self._progress)
         self._pass = weakref.ref(ongoing)
         return ongoing

@@ -14,9 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from stallfree.pipeline.batch_fields import Delivery, batch_columns, batch_labels
-
 if TYPE_CHECKING:
+    from stallfree.pipeline.assembly import Assembly
     from stallfree.pipeline.batcher import Batcher, Cursor
     from stallfree.pipeline.run import Run
     from stallfree.pipeline.samples import Batch
@@ -39,16 +38,16 @@ class Pass:
         cursor: where the pass starts.
         batcher: what a batch is; it moves the cursor after each delivery (each batch is delivered its ``echo``
             times).
-        delivery: what each batch carries beside its images (labels, ``columns=``) and where.
+        assemble: the batch's public form from its fields (:mod:`.assembly`).
         skipped: the list each batch's skipped samples are added to (the Loader's ``skipped``).
         start_next: called once with this pass when its run may start the next epoch's run (its reader has read
             the epoch: the next run's reads overlap this one's last batches in the graph).
         progress: set when ``next`` is first called.
     """
 
-    def __init__(self, run: Run, cursor: Cursor, *, batcher: Batcher, delivery: Delivery,
+    def __init__(self, run: Run, cursor: Cursor, *, batcher: Batcher, assemble: Assembly,
                  skipped: list[dict[str, Any]], start_next: Callable[[Pass], None], progress: Progress):
-        self.batcher, self.delivery, self.progress = batcher, delivery, progress
+        self.batcher, self.assemble, self.progress = batcher, assemble, progress
         self._skipped, self._start_next = skipped, start_next
         self._pid = os.getpid()  # its threads are this process's: a forked child has none of them
         self.over = False
@@ -103,11 +102,7 @@ class Pass:
             if not self._next_started and self.run.may_start_next.is_set():
                 self._next_started = True
                 self._start_next(self)
-            labels = batch_labels(self.delivery, batch.rows)
-            out: tuple[Any, ...] = (batch.output, labels)
-            if self.delivery.columns:
-                out = (*out, batch_columns(self.delivery, batch.rows))
-            self._batch = batch, out
+            self._batch = batch, self.assemble(batch)
         batch, out = self._batch
         self.cursor = self.batcher.after(self.cursor, batch.start, batch.end)
         return out

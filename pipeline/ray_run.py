@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from stallfree.ingest.fields import IMAGE
 from stallfree.pipeline.ray_transfer import bytes_of, received
 from stallfree.pipeline.samples import BadSampleError, Batch
 from stallfree.pipeline.skips import SkipPolicy
@@ -198,7 +199,7 @@ class RayRun:
                 self.may_start_next.set()
             rows = np.array(result.rows, dtype=np.int64, copy=True)  # Ray's zero-copy arrays are read-only
             yield Batch(flight.number, flight.start, result.end, rows, skipped=result.skipped,
-                        output=self._output(result.output, flight.number))
+                        fields={IMAGE.name: self._output(result.output, flight.number)})
 
     def _output(self, output: Any, number: int) -> torch.Tensor:
         """The worker's array as the Loader's batch, on its device."""

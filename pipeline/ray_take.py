@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from stallfree.ingest.fields import IMAGE
 from stallfree.pipeline.graph import Graph, GraphError
 from stallfree.pipeline.host_read import HostRead, Size
 from stallfree.pipeline.samples import BadSampleError
@@ -102,7 +103,7 @@ class BatchTaker:
 
     def _take(self, epoch: _Epoch, start: int, size: int, skips: SkipPolicy, result: TakeResult) -> None:
         position = start
-        taken: list[tuple[int, int, np.ndarray, Size]] = []  # (position, virtual id, bytes, size)
+        taken: list[tuple[int, int, dict[str, np.ndarray], Size]] = []  # (position, virtual id, fields, size)
         while True:
             read_start = time.time()
             while len(taken) < size:
@@ -115,7 +116,7 @@ class BatchTaker:
             rows = self.parts.sampler.rows(np.asarray(virtual, np.int64))
             result.graph_start = time.time()
             try:
-                output = self.graph.run([item[2] for item in taken], params)
+                output = self.graph.run([item[2][IMAGE.name] for item in taken], params)
             except GraphError as failure:
                 result.graph_end = time.time()
                 positions = [item[0] for item in taken]
@@ -129,7 +130,7 @@ class BatchTaker:
             return
 
     def _read(self, epoch: _Epoch, position: int, wanted: int, skips: SkipPolicy,
-              skipped: list[dict[str, Any]]) -> tuple[int, list[tuple[int, int, np.ndarray, Size]]]:
+              skipped: list[dict[str, Any]]) -> tuple[int, list[tuple[int, int, dict[str, np.ndarray], Size]]]:
         """The next ``wanted`` positions from ``position`` not known bad, read and header-checked, in order."""
         order, n = epoch.order, len(epoch.order)
         positions: list[int] = []
@@ -141,12 +142,12 @@ class BatchTaker:
         virtual = order[np.asarray(positions, np.int64) % n]
         rows = self.parts.sampler.rows(virtual).tolist()
         good = []
-        for p, v, row, (data, size, problem) in zip(positions, virtual.tolist(), rows,
+        for p, v, row, (fields, size, problem) in zip(positions, virtual.tolist(), rows,
                                                     self.host.rows(self._pool, rows), strict=True):
             if problem is not None:
                 skipped.append(skips.skip(p, int(row), problem))
                 continue
-            good.append((p, int(v), data, size))
+            good.append((p, int(v), fields, size))
         return position, good
 
 

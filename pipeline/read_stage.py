@@ -25,7 +25,7 @@ __all__ = ["Chunk", "ReadStage"]
 class Chunk:
     """Consecutive positions of a rank's stream as the reader found them, in order.
 
-    ``entries`` holds ``(position, virtual id, image, params)`` for a sample that passed the host checks and
+    ``entries`` holds ``(position, virtual id, fields, params)`` for a sample that passed the host checks and
     ``(position, None, record, None)`` for one that failed them (``record`` is ``None`` when it is known bad).
     """
 
@@ -70,7 +70,7 @@ class ReadStage:
         n = len(order)
         entries: list[tuple[int, int | None, Any, Any]] = []
         good: list[int] = []
-        images: list[np.ndarray] = []
+        samples: list[dict[str, np.ndarray]] = []
         sizes: list[tuple[int, int]] = []
         if len(known_bad) >= n:
             return Chunk(entries), position  # nothing left to read; the graph stage reports it
@@ -81,13 +81,13 @@ class ReadStage:
             if known_bad:
                 entries.extend((int(p), None, None, None) for p in span if int(p) % n in known_bad)
             rows = parts.sampler.rows(order[np.asarray(keep, np.int64) % n]).tolist()
-            for p, row, (data, size, problem) in zip(keep, rows, self.host.rows(pool, rows), strict=True):
+            for p, row, (fields, size, problem) in zip(keep, rows, self.host.rows(pool, rows), strict=True):
                 if problem is not None:
                     known_bad.add(p % n)
                     entries.append((p, None, run.skips.record(p, int(row), problem), None))
                     continue
                 good.append(p)
-                images.append(data)
+                samples.append(fields)
                 sizes.append(size)
             if len(known_bad) >= n:
                 break
@@ -96,6 +96,6 @@ class ReadStage:
             params = self.host.draw(run.epoch, virtual.tolist(), sizes)
             names = list(params)
             for i, p in enumerate(good):
-                entries.append((p, int(virtual[i]), images[i], tuple(params[name][i] for name in names)))
+                entries.append((p, int(virtual[i]), samples[i], tuple(params[name][i] for name in names)))
         entries.sort(key=lambda entry: entry[0])
         return Chunk(entries), position

@@ -18,7 +18,12 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["REQUIRED", "BaseReader", "Reader", "as_reader"]
+from stallfree.ingest.fields import IMAGE, IMAGE_FIELDS, Field
+
+__all__ = ["REQUIRED", "BaseReader", "Reader", "Sample", "as_reader", "sample_of"]
+
+#: A sample's per-sample fields by name (an image reader's ``read`` may also give the image array alone).
+Sample = Mapping[str, np.ndarray] | np.ndarray
 
 #: The members a reader must have; the others (``fingerprint``, ``shard_rows``, ``follow``, ``close``) have defaults.
 REQUIRED = ("classes", "encoded", "columns", "__len__", "labels", "read", "describe", "column")
@@ -38,12 +43,16 @@ class Reader(Protocol):
         columns: names :meth:`column` answers for (``Loader(columns=...)``); empty when there are none.
         rejected: what the reader left out of the source when it opened it (``{"path", "reason"}`` records: a tar
             member that is no sample, under ``on_error="skip"``); a Loader's state carries them.
+        fields: what a sample holds (:mod:`stallfree.ingest.fields`): the image kind's ``image`` and ``label``
+            unless the reader says otherwise. :meth:`read` returns the per-sample fields by name; the label field
+            is :meth:`labels`, read for every row at once.
     """
 
     classes: list[str]
     encoded: bool
     columns: Sequence[str]
     rejected: Sequence[Mapping[str, str]]
+    fields: Sequence[Field]
 
     def __len__(self) -> int: ...
 
@@ -51,8 +60,12 @@ class Reader(Protocol):
         """Every row's label, int64, without reading any image."""
         ...
 
-    def read(self, index: int) -> np.ndarray:
-        """Row ``index``'s image: a 1-D uint8 array of encoded bytes, or HWC uint8 pixels (``encoded=False``)."""
+    def read(self, index: int) -> Sample:
+        """Row ``index``'s per-sample fields by name: ``{"image": ...}`` for the image kind.
+
+        An image is a 1-D uint8 array of encoded bytes, or HWC uint8 pixels (``encoded=False``). A reader of the
+        image kind may return the image array alone (the form readers had before fields were named).
+        """
         ...
 
     def describe(self, index: int) -> str:
@@ -89,6 +102,20 @@ class Reader(Protocol):
         ...
 
 
+def sample_of(value: Sample) -> dict[str, np.ndarray]:
+    """What a reader's ``read`` returned, by field name: an image array alone is the image kind's ``image``."""
+    if isinstance(value, Mapping):
+        return {str(name): _array(field) for name, field in value.items()}
+    return {IMAGE.name: _array(value)}
+
+
+def _array(value: Any) -> np.ndarray:
+    """A field as an array: bytes (an encoded image) as its uint8 bytes, without a copy."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return np.frombuffer(value, np.uint8)
+    return np.asarray(value)
+
+
 def identity(kind: str, name: str, labels: np.ndarray) -> str:
     """The default identity of a source without its own: its kind, name, length and labels, hashed."""
     digest = hashlib.sha256(f"{kind}:{name}:{len(labels)}:".encode())
@@ -110,6 +137,7 @@ class BaseReader(ABC):
     encoded: bool = True
     columns: Sequence[str] = ()
     rejected: Sequence[Mapping[str, str]] = ()
+    fields: Sequence[Field] = IMAGE_FIELDS
     #: A name that, with the labels, identifies the data when the reader defines no ``fingerprint`` of its own.
     name: str = ""
 
@@ -153,8 +181,8 @@ class BaseReader(ABC):
         """Every row's label, int64, without reading any image."""
 
     @abstractmethod
-    def read(self, index: int) -> np.ndarray:
-        """Row ``index``'s image: encoded bytes (1-D uint8) or HWC uint8 pixels (``encoded=False``)."""
+    def read(self, index: int) -> Sample:
+        """Row ``index``'s per-sample fields by name (``{"image": ...}``; see :meth:`Reader.read`)."""
 
     @abstractmethod
     def describe(self, index: int) -> str:
@@ -209,6 +237,7 @@ class _Adapted(BaseReader):
         self.encoded = bool(inner.encoded)
         self.columns = tuple(inner.columns)
         self.rejected = list(getattr(inner, "rejected", ()))
+        self.fields = tuple(getattr(inner, "fields", IMAGE_FIELDS))
         self.name = str(getattr(inner, "name", ""))
 
     @property
@@ -221,8 +250,8 @@ class _Adapted(BaseReader):
     def labels(self) -> np.ndarray:
         return np.asarray(self.inner.labels())
 
-    def read(self, index: int) -> np.ndarray:
-        return np.asarray(self.inner.read(index))
+    def read(self, index: int) -> Sample:
+        return sample_of(self.inner.read(index))
 
     def describe(self, index: int) -> str:
         return str(self.inner.describe(index))

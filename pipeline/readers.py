@@ -21,7 +21,7 @@ from stallfree.ingest.images import Exif
 from stallfree.ingest.labels import class_numbers, label_array, label_column
 from stallfree.ingest.remote import is_url
 from stallfree.pipeline.hf_reader import HuggingFaceReader, is_hf_dataset
-from stallfree.pipeline.reader_base import BaseReader, Reader, as_reader
+from stallfree.pipeline.reader_base import BaseReader, Reader, Sample, as_reader
 from stallfree.pipeline.shards import ShardReader, Verify, is_shard_folder
 from stallfree.pipeline.subset import SubsetReader, subset_rows
 from stallfree.pipeline.webdataset import is_webdataset
@@ -45,7 +45,12 @@ class _PathReader(BaseReader):
     def labels(self) -> np.ndarray:
         return self._labels
 
-    def read(self, index: int) -> np.ndarray:
+    def read(self, index: int) -> Sample:
+        """Row ``index``'s fields: ``{"image": ...}`` (:meth:`read_image`)."""
+        return {"image": self.read_image(index)}
+
+    def read_image(self, index: int) -> np.ndarray:
+        """Row ``index``'s file, as encoded bytes."""
         with open(self.paths[index], "rb") as f:
             return np.frombuffer(f.read(), np.uint8)
 
@@ -199,7 +204,11 @@ class DatasetReader(BaseReader):
     def describe(self, index: int) -> str:
         return f"{self.name}[{index}]"
 
-    def read(self, index: int) -> np.ndarray:
+    def read(self, index: int) -> Sample:
+        """Row ``index``'s fields: ``{"image": ...}`` (:meth:`read_image`)."""
+        return {"image": self.read_image(index)}
+
+    def read_image(self, index: int) -> np.ndarray:
         """Item ``index``'s image: encoded bytes as a 1-D uint8 array, or HWC uint8 RGB pixels.
 
         Raises:

@@ -28,7 +28,7 @@ from stallfree.ingest.manifest import MANIFEST, read_manifest
 from stallfree.ingest.remote import Retry, open_store, read_object, redact
 from stallfree.ingest.transfer import NoRange, download
 from stallfree.pipeline.read_ahead import ReadAhead
-from stallfree.pipeline.reader_base import BaseReader
+from stallfree.pipeline.reader_base import BaseReader, Sample
 from stallfree.pipeline.shard_cache import ShardCache, default_cache_dir
 from stallfree.pipeline.shards import ShardError, _Shard, gather_column
 
@@ -173,8 +173,12 @@ class RemoteShardReader(BaseReader):
                 self._open[shard] = mapped
         return mapped
 
-    def read(self, index: int) -> np.ndarray:
-        """Row ``index``'s image (as :meth:`ShardReader.read`), its shard fetched first if it is not cached.
+    def read(self, index: int) -> Sample:
+        """Row ``index``'s fields: ``{"image": ...}`` (:meth:`read_image`)."""
+        return {"image": self.read_image(index)}
+
+    def read_image(self, index: int) -> np.ndarray:
+        """Row ``index``'s image (as :meth:`ShardReader.read_image`), its shard fetched first if it is not cached.
 
         Raises:
             ShardError: the row's shard failed its checksum twice, or is damaged (names the shard and URL).

@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
 __all__ = ["BadSampleError", "Batch"]
 
@@ -21,13 +20,15 @@ class BadSampleError(RuntimeError):
 
 @dataclass
 class Batch:
-    """A batch on its way through the stages; ``start``/``end`` are positions in the rank's order."""
+    """A batch on its way through the stages; ``start``/``end`` are positions in the rank's stream.
+
+    ``fields`` holds what the stages made of its samples' fields, by name (``"image"``: the graph's output); the
+    hand-off (:mod:`.assembly`) adds the column fields and gives the batch its public form.
+    """
 
     number: int
     start: int
     end: int
     rows: np.ndarray
-    images: list[np.ndarray] = field(default_factory=list)
-    params: dict[str, list[np.ndarray]] = field(default_factory=dict)
     skipped: list[dict[str, Any]] = field(default_factory=list)
-    output: torch.Tensor | None = None
+    fields: dict[str, Any] = field(default_factory=dict)

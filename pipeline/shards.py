@@ -38,7 +38,7 @@ import numpy as np
 
 from stallfree.ingest.labels import load_labels
 from stallfree.ingest.manifest import MANIFEST, file_sha256, read_manifest, schema_problem
-from stallfree.pipeline.reader_base import BaseReader
+from stallfree.pipeline.reader_base import BaseReader, Sample
 from stallfree.pipeline.verified import is_verified, mark_verified
 
 __all__ = ["VERIFY_MODES", "ShardError", "ShardReader", "Verify", "gather_column", "is_shard_folder"]
@@ -279,7 +279,11 @@ class ShardReader(BaseReader):
         shard = bisect.bisect_right(self._starts, index) - 1
         return shard, index - self._starts[shard]
 
-    def read(self, index: int) -> np.ndarray:
+    def read(self, index: int) -> Sample:
+        """Row ``index``'s fields: ``{"image": ...}`` (:meth:`read_image`)."""
+        return {"image": self.read_image(index)}
+
+    def read_image(self, index: int) -> np.ndarray:
         """Row ``index``'s image: encoded bytes (1-D uint8), or HWC uint8 pixels for ``--raw`` shards; no copy.
 
         Raises:

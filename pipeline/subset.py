@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from stallfree.pipeline.reader_base import BaseReader
+from stallfree.pipeline.reader_base import BaseReader, Sample
 
 __all__ = ["SubsetReader", "subset_rows"]
 
@@ -81,7 +81,7 @@ class SubsetReader(BaseReader):
     def labels(self) -> np.ndarray:
         return self._labels
 
-    def read(self, index: int) -> np.ndarray:
+    def read(self, index: int) -> Sample:
         return self.inner.read(int(self.rows[index]))
 
     def describe(self, index: int) -> str:

@@ -43,7 +43,7 @@ from stallfree.ingest.labels import class_numbers
 from stallfree.ingest.remote import RangeIgnored, Retry, is_url, open_store, read_range, redact, retried
 from stallfree.pipeline import tar_index
 from stallfree.pipeline.read_ahead import RangeReadAhead
-from stallfree.pipeline.reader_base import BaseReader
+from stallfree.pipeline.reader_base import BaseReader, Sample
 from stallfree.pipeline.whole_tars import WholeTars
 
 __all__ = ["WebDatasetReader", "expand", "is_webdataset"]
@@ -267,7 +267,11 @@ class WebDatasetReader(BaseReader):
         tar = self._tars[int(self._tar_of[index])]
         return tar, index - tar.first
 
-    def read(self, index: int) -> np.ndarray:
+    def read(self, index: int) -> Sample:
+        """Row ``index``'s fields: ``{"image": ...}`` (:meth:`read_image`)."""
+        return {"image": self.read_image(index)}
+
+    def read_image(self, index: int) -> np.ndarray:
         """Sample ``index``'s image bytes: one ranged read of its member.
 
         A tar whose server ignores Range is read from its whole copy (:mod:`~stallfree.pipeline.whole_tars`).

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from stallfree.pipeline.reader_base import sample_of
 from stallfree.stage_runtime.accelerator import SimAccelerator
 from stallfree.stage_runtime.clock import StageClock
 from stallfree.stage_runtime.profile.cache import drop_page_cache
@@ -110,7 +111,7 @@ class InMemoryReader:
         count = len(reader) if rows is None else min(rows, len(reader))
         self.classes = list(reader.classes)
         self.encoded = bool(reader.encoded)
-        self._data = [np.frombuffer(bytes(reader.read(i)), np.uint8) for i in range(count)]
+        self._data = [np.frombuffer(bytes(sample_of(reader.read(i))["image"]), np.uint8) for i in range(count)]
         self._labels = np.asarray(reader.labels()[:count], dtype=np.int64)
         self._names = [reader.describe(i) for i in range(count)]
 
@@ -121,9 +122,9 @@ class InMemoryReader:
         """Every row's label."""
         return self._labels
 
-    def read(self, index: int) -> np.ndarray:
-        """Row ``index``'s bytes, from memory."""
-        return self._data[index]
+    def read(self, index: int) -> dict[str, np.ndarray]:
+        """Row ``index``'s image bytes, from memory."""
+        return {"image": self._data[index]}
 
     def describe(self, index: int) -> str:
         """The row's original location."""

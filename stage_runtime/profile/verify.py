@@ -49,10 +49,11 @@ def resized_copy(reader: Any, rows: int, max_side: int, folder: Path) -> Path:
     order keeps the labels), for the Loader to read from storage as the first real run did.
     """
     from stallfree.ingest.validate import check_image, convert
+    from stallfree.pipeline.reader_base import sample_of
 
     labels = reader.labels()
     for i in range(min(rows, len(reader))):
-        data = bytes(reader.read(i))
+        data = bytes(sample_of(reader.read(i))["image"])
         encoded, _, _ = convert(data, check_image(data), max_side=max_side)
         suffix = ".jpg" if encoded[:2] == b"\xff\xd8" else ".png"  # convert keeps JPEG and PNG, else writes one
         target = folder / f"{int(labels[i]):05d}" / f"{i:07d}{suffix}"

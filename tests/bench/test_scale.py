@@ -20,7 +20,7 @@ def test_the_index_opens_as_shards_with_every_row_where_it_belongs(tmp_path: Pat
     edges = [0, 1023, 1024, 2047, 2099, 2100, 2101, 4199, 4200, 4999]
     keys = reader.column("key", np.asarray(edges))
     assert keys == [f"{row % 7}/{row}.JPEG" for row in edges]
-    assert all(reader.read(row).tobytes() == bytes(range(16)) for row in edges)
+    assert all(reader.read_image(row).tobytes() == bytes(range(16)) for row in edges)
     order = Sampler(len(reader), rank=1, world_size=3, seed=2).virtual_order(0)
     assert [reader.describe(int(r)).endswith(f"({r % 7}/{r}.JPEG)") for r in order[:50]] == [True] * 50
 

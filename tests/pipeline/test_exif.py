@@ -217,7 +217,7 @@ def test_max_side_keeps_the_orientation_tag(folder: Path, tmp_path: Path, exif: 
     # Re-encoded to a longer side of 32: 32x24 stored; the tag comes along, so 6 and 8 still display 24x32.
     ingest(folder, tmp_path, IngestOptions(shard_mb=0.01, max_side=32))
     reader = ShardReader(tmp_path)
-    stored = [reader.read(i).tobytes() for i in range(len(reader))]
+    stored = [reader.read_image(i).tobytes() for i in range(len(reader))]
     for data, path in zip(stored, files(folder), strict=True):
         original = Image.open(path)
         image = Image.open(io.BytesIO(data))
@@ -234,7 +234,7 @@ def test_a_format_converted_at_ingest_keeps_its_orientation(tmp_path: Path) -> N
     pixels = np.asarray(Image.open(io.BytesIO(oriented(1))).convert("RGB"))
     Image.fromarray(pixels).save(tmp_path / "src" / "a" / "x.tif", "TIFF", tiffinfo={0x0112: 6})
     ingest(tmp_path / "src", tmp_path / "out", IngestOptions())
-    data = ShardReader(tmp_path / "out").read(0).tobytes()
+    data = ShardReader(tmp_path / "out").read_image(0).tobytes()
     assert Image.open(io.BytesIO(data)).format == "PNG"
     original = (tmp_path / "src" / "a" / "x.tif").read_bytes()
     for exif in ("ignore", "apply"):

@@ -64,7 +64,7 @@ def test_rows_without_bytes_are_read_from_their_path(pictures: tuple[Path, list[
     _, paths, labels = pictures
     ds = datasets.Dataset.from_dict({"img": [str(p) for p in paths], "label": labels}, features=_features())
     reader = HuggingFaceReader(ds)
-    assert bytes(reader.read(4)) == paths[4].read_bytes()
+    assert bytes(reader.read_image(4)) == paths[4].read_bytes()
     loader = Loader(ds, batch_size=5, transform=[CenterCrop(8)], shuffle=False, num_threads=1)
     assert [labels.tolist() for _, labels in loader] == [labels[:5], labels[5:]]
 
@@ -75,7 +75,7 @@ def test_a_shuffled_or_selected_dataset_keeps_its_own_row_order(pictures: tuple[
     picked = ds.shuffle(seed=4).select(range(6))
     reader = HuggingFaceReader(picked)
     assert reader.labels().tolist() == picked["label"]
-    assert [bytes(reader.read(i)) for i in range(6)] == [row["bytes"] for row in picked.cast_column(
+    assert [bytes(reader.read_image(i)) for i in range(6)] == [row["bytes"] for row in picked.cast_column(
         "img", datasets.Image(decode=False))["img"]]
 
 
@@ -90,7 +90,7 @@ def test_columns_by_name_and_the_errors_that_name_them(pictures: tuple[Path, lis
     with pytest.raises(ValueError, match=r"no ClassLabel column"):
         HuggingFaceReader(two, image="b")
     reader = HuggingFaceReader(two, image="b", label="y")
-    assert reader.classes == ["0", "1", "2"] and bytes(reader.read(2)) == data[2]
+    assert reader.classes == ["0", "1", "2"] and bytes(reader.read_image(2)) == data[2]
     with pytest.raises(ValueError, match=r"label='z' is not a column"):
         HuggingFaceReader(two, image="b", label="z")
     with pytest.raises(TypeError, match="has no random access"):

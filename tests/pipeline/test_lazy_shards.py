@@ -66,7 +66,7 @@ def test_construction_opens_no_shard_and_a_missing_one_is_named_on_first_read(sh
     assert reader._open == [None] * len(reader.manifest["shards"])
     np.testing.assert_array_equal(reader.labels(), np.arange(37))
     first = reader.shard_rows()[0]
-    assert reader.read(0).size > 0 and sum(s is not None for s in reader._open) == 1
+    assert reader.read_image(0).size > 0 and sum(s is not None for s in reader._open) == 1
     assert reader.describe(first) == f"{gone} row 0"  # describing the failing row does not fail too
     with pytest.raises(ShardError, match=rf"{gone} is listed in .*manifest.json but missing; run `stallfree verify"):
         reader.read(first)

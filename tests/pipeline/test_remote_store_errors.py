@@ -109,7 +109,7 @@ def test_a_tar_whose_server_stops_honouring_range_is_read_whole(tmp_path: Path, 
     with RangeServer(folder) as server, FaultProxy(server.url) as proxy:
         reader = WebDatasetReader(f"{proxy.url}/a.tar", cache_dir=tmp_path / "index")
         proxy.inject("ignore-range", count=10**6, match=".tar")
-        assert [bytes(reader.read(i)) for i in (1, 3, 0, 2)] == [_png(1), _png(3), _png(0), _png(2)]
+        assert [bytes(reader.read_image(i)) for i in (1, 3, 0, 2)] == [_png(1), _png(3), _png(0), _png(2)]
         reader.close()
     gets = [line for line in proxy.seen if line.startswith("GET ")]
     assert len(gets) == 3  # the walk's one range; then one range met the 200, and one GET took the tar whole
@@ -130,12 +130,12 @@ def test_a_tar_larger_than_a_range_is_walked_by_range_or_whole_from_a_server_ign
                                    ("s2.png", _png(2)), ("s2.cls", b"2")])
     with RangeServer(folder) as server, FaultProxy(server.url) as proxy:
         reader = WebDatasetReader(f"{proxy.url}/big.tar", cache_dir=tmp_path / "index")
-        assert reader.labels().tolist() == [0, 1, 2] and bytes(reader.read(2)) == _png(2)
+        assert reader.labels().tolist() == [0, 1, 2] and bytes(reader.read_image(2)) == _png(2)
         reader.close()
         proxy.inject("ignore-range", count=10**6, match=".tar")
         reader = WebDatasetReader(f"{proxy.url}/big.tar", cache_dir=tmp_path / "index2")
-        assert reader.labels().tolist() == [0, 1, 2] and bytes(reader.read(2)) == _png(2)
-        assert bytes(reader.read(1)) == noise
+        assert reader.labels().tolist() == [0, 1, 2] and bytes(reader.read_image(2)) == _png(2)
+        assert bytes(reader.read_image(1)) == noise
         reader.close()
 
 

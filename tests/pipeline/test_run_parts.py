@@ -32,8 +32,8 @@ def _batches_elsewhere(parts: bytes, epoch: int, count: int) -> list[tuple[np.nd
     run = EpochRun(run_parts, graph, epoch, 0, 0, 0, [])
     out = []
     for batch in run:
-        assert batch.output is not None
-        out.append((batch.output.numpy().copy(), np.asarray(batch.rows)))
+        assert batch.fields["image"] is not None
+        out.append((batch.fields["image"].numpy().copy(), np.asarray(batch.rows)))
         if len(out) == count:
             break
     run.stop()
@@ -75,8 +75,9 @@ def test_a_shard_reader_pickles_as_where_it_was_opened(shard_folder: Path) -> No
     from stallfree.pipeline.shards import ShardReader
 
     reader = ShardReader(shard_folder, verify="none")
-    reader.read(0)  # maps a shard
+    reader.read_image(0)  # maps a shard
     copy = pickle.loads(pickle.dumps(reader))
     assert copy is not reader and copy.folder == reader.folder
-    assert [bytes(copy.read(i)) for i in range(len(reader))] == [bytes(reader.read(i)) for i in range(len(reader))]
+    rows = range(len(reader))
+    assert [bytes(copy.read_image(i)) for i in rows] == [bytes(reader.read_image(i)) for i in rows]
     assert copy.fingerprint() == reader.fingerprint()

@@ -49,8 +49,8 @@ def test_reader_gives_the_original_bytes_zero_copy(image_folder: Path, shards: P
     assert isinstance(reader, ShardReader) and len(reader.manifest["shards"]) > 1
     assert reader.classes == folder.classes and np.array_equal(reader.labels(), folder.labels())
     for i in range(len(folder)):
-        data = reader.read(i)
-        assert data.tobytes() == folder.read(i).tobytes() and not data.flags.owndata
+        data = reader.read_image(i)
+        assert data.tobytes() == folder.read_image(i).tobytes() and not data.flags.owndata
     assert reader.describe(3).endswith(f"row 3 ({folder.paths[3].relative_to(image_folder)})")
 
 
@@ -94,9 +94,9 @@ def test_extra_columns_come_beside_images_and_labels(indexed_shards: Path) -> No
 def test_raw_shards_skip_decoding(image_folder: Path, tmp_path: Path) -> None:
     ingest(image_folder, tmp_path, IngestOptions(raw=(16, 16)))
     loader = make(tmp_path, transform=[CenterCrop(16)], dtype="uint8", layout="NHWC", shuffle=False)
-    assert not loader.reader.encoded and loader.reader.read(0).shape == (16, 16, 3)
+    assert not loader.reader.encoded and loader.reader.read_image(0).shape == (16, 16, 3)
     images = torch.cat([x for x, _ in loader])
-    assert np.array_equal(images.numpy(), np.stack([loader.reader.read(i) for i in range(len(loader.reader))]))
+    assert np.array_equal(images.numpy(), np.stack([loader.reader.read_image(i) for i in range(len(loader.reader))]))
 
 
 def test_a_flipped_byte_names_the_shard(shards: Path, tmp_path: Path) -> None:
@@ -142,4 +142,4 @@ def test_shards_on_the_gpu(image_folder: Path, shards: Path, tmp_path: Path) -> 
     ingest(image_folder, tmp_path, IngestOptions(raw=(16, 16)))
     loader = make(tmp_path, device="cuda", transform=[CenterCrop(16)], dtype="uint8", layout="NHWC", shuffle=False)
     images = torch.cat([x.cpu() for x, _ in loader])
-    assert np.array_equal(images.numpy(), np.stack([loader.reader.read(i) for i in range(len(loader.reader))]))
+    assert np.array_equal(images.numpy(), np.stack([loader.reader.read_image(i) for i in range(len(loader.reader))]))

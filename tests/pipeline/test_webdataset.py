@@ -133,7 +133,7 @@ def test_the_index_is_cached_and_a_changed_tar_is_walked_again(tmp_path: Path, w
     os.utime(tars / "train-1.tar", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # a later mtime, surely
     changed = WebDatasetReader(str(tars / PATTERN), cache_dir=tmp_path / "index")
     assert changed.walked == 1 and changed.shard_rows() == [8, 1, 8]
-    assert changed.read(8).tobytes() == _jpeg(99)
+    assert changed.read_image(8).tobytes() == _jpeg(99)
 
 
 def test_tars_over_http_give_the_local_batches(tars: Path, tmp_path: Path) -> None:
@@ -160,7 +160,8 @@ def test_tars_on_an_object_store_give_the_local_samples(scheme: str, tars: Path,
     with server(tars, bucket="wds", prefix="train") as endpoint:
         remote = WebDatasetReader(f"{scheme}://wds/train/{PATTERN}", cache_dir=tmp_path / "b",
                                   storage_options=options(endpoint))
-        assert [remote.read(i).tobytes() for i in (0, 9, 23)] == [local.read(i).tobytes() for i in (0, 9, 23)]
+        picked = (0, 9, 23)
+        assert [remote.read_image(i).tobytes() for i in picked] == [local.read_image(i).tobytes() for i in picked]
         assert remote.fingerprint() == local.fingerprint()
         assert remote.describe(9) == f"{scheme}://wds/train/train-1.tar:s11"
         again = WebDatasetReader(f"{scheme}://wds/train/{PATTERN}", cache_dir=tmp_path / "b",
@@ -175,10 +176,10 @@ def test_a_failing_store_is_retried_then_named_without_credentials(tars: Path, t
         proxy.inject("503", count=1, match=".tar")  # the index walk's first read: tried again
         reader = WebDatasetReader(url, cache_dir=tmp_path, retry=retry)
         proxy.inject("503", count=1, match=".tar")
-        assert reader.read(9).tobytes() == _jpeg(9)
+        assert reader.read_image(9).tobytes() == _jpeg(9)
         proxy.inject("503", count=2, match=".tar")
         with pytest.raises(RemoteStoreError, match=r"train-1\.tar: 2 tries failed") as failed:
-            reader.read(9)
+            reader.read_image(9)
         assert "hunter2" not in str(failed.value) and len(proxy.met) == 4
 
 
@@ -251,7 +252,7 @@ def test_tars_at_a_url_are_read_ahead_in_merged_ranges(tars: Path, tmp_path: Pat
         before = server.requests
         _fetched(reader, rows)
         assert server.requests == before + 3  # the 24 samples' ranges merged: one request per tar
-        assert [reader.read(int(r)).tobytes() for r in rows] == [local.read(int(r)).tobytes() for r in rows]
+        assert [reader.read_image(int(r)).tobytes() for r in rows] == [local.read_image(int(r)).tobytes() for r in rows]
         assert server.requests == before + 3 and reader.read_ahead.hits == 24
         reader.close()
 
@@ -265,7 +266,7 @@ def test_a_read_ahead_that_fails_leaves_the_reads_to_the_store(tars: Path, tmp_p
         proxy.inject("503", count=1, match="train-1.tar")
         proxy.inject("truncate", count=1, match="train-2.tar")
         _fetched(reader, rows)
-        assert [reader.read(int(r)).tobytes() for r in rows] == [local.read(int(r)).tobytes() for r in rows]
+        assert [reader.read_image(int(r)).tobytes() for r in rows] == [local.read_image(int(r)).tobytes() for r in rows]
         assert reader.read_ahead.hits == 8 and reader.read_ahead.misses == 16  # train-0's 8 came ahead
         reader.close()
 

@@ -208,7 +208,7 @@ def test_storage_and_in_memory_reader(tmp_path: Path) -> None:
             return str(paths[i])
 
     memory = InMemoryReader(Source(), rows=2)
-    assert len(memory) == 2 and memory.read(1).tobytes() == paths[1].read_bytes()
+    assert len(memory) == 2 and memory.read(1)["image"].tobytes() == paths[1].read_bytes()
     assert memory.describe(0).endswith("(in memory)")
 
 

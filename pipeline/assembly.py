@@ -1,22 +1,38 @@
-"""The fields of a delivered batch beside its images: labels (through ``target_transform``) and ``columns=``."""
+"""The hand-off's last step: a batch's fields assembled into the form the training loop takes, one per sample kind.
+
+The stages carry a batch as fields by name (:class:`~stallfree.pipeline.samples.Batch`); an assembly adds the column
+fields (read for the batch's rows, never with a sample) and returns the kind's public form. The image kind's is
+DataLoader's ``(images, labels)``, or ``(images, labels, columns)`` with ``columns=`` (:class:`ImageAssembly`). A new
+sample kind brings its own assembly here (DESIGN.md, "Sample kinds").
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
+from stallfree.ingest.fields import IMAGE
 from stallfree.pipeline.reader_base import Reader
+from stallfree.pipeline.samples import Batch
 
-__all__ = ["Delivery", "batch_columns", "batch_labels"]
+__all__ = ["Assembly", "ImageAssembly", "batch_columns", "batch_labels"]
+
+
+class Assembly(Protocol):
+    """A batch's fields in the public form of its sample kind."""
+
+    def __call__(self, batch: Batch) -> Any:
+        """The training loop's batch."""
+        ...
 
 
 @dataclass(frozen=True, eq=False)
-class Delivery:
-    """What a delivered batch carries beside its images, and where: the Loader's settings for it.
+class ImageAssembly:
+    """The image kind's batch: ``(images, labels)``, with ``(..., columns)`` when ``columns`` are asked for.
 
     ``labels``: every row's label; ``columns``: the ``columns=`` fields, read from ``reader`` (or the built-in
     ``index``/``path``).
@@ -29,8 +45,12 @@ class Delivery:
     target_transform: Callable[[int], Any] | None = None
     columns: Sequence[str] = ()
 
+    def __call__(self, batch: Batch) -> tuple[Any, ...]:
+        out: tuple[Any, ...] = (batch.fields[IMAGE.name], batch_labels(self, batch.rows))
+        return (*out, batch_columns(self, batch.rows)) if self.columns else out
 
-def batch_labels(delivery: Delivery, rows: np.ndarray) -> Any:
+
+def batch_labels(delivery: ImageAssembly, rows: np.ndarray) -> Any:
     """The batch's labels on the delivery device, through ``target_transform`` if there is one."""
     labels: Any = torch.from_numpy(np.asarray(delivery.labels[rows], np.int64))  # labels.npy may hold int16
     if delivery.target_transform is not None:
@@ -52,7 +72,7 @@ def _to(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     return tensor if device.type == "cpu" else tensor.to(device)
 
 
-def batch_columns(delivery: Delivery, rows: np.ndarray) -> dict[str, Any]:
+def batch_columns(delivery: ImageAssembly, rows: np.ndarray) -> dict[str, Any]:
     """The batch's ``columns=`` fields: numbers as tensors on the delivery device, anything else as a list."""
     out: dict[str, Any] = {}
     reader = delivery.reader

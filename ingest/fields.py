@@ -1,0 +1,45 @@
+"""What a sample is: its fields, by name and kind (DESIGN.md, "Sample kinds").
+
+A sample kind is a set of fields. Every floor splits the work the same way for each kind: ``ingest`` writes the
+fields as shard columns, a reader declares them and returns them by name, the Loader's graph decodes and transforms
+the image fields whatever the kind, and the hand-off assembles the batch. An image with a label is the first kind;
+token sequences and image-text samples add fields of their own kinds here and an assembly of their own, not an
+``if kind ==`` in every file.
+
+Two kinds of field differ in where they are read: a **per-sample** field (an encoded image, a token array) is read
+with its sample, in the read stage; a **column** field (a label, a length) is read for every row at once, without
+reading any sample, so that the sampler and the batcher know it before an epoch starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["COLUMN_KINDS", "IMAGE", "IMAGE_FIELDS", "LABEL", "Field", "FieldKind"]
+
+#: ``image``: encoded bytes (or HWC uint8 pixels) decoded in the graph; ``label``: an int64 class per row.
+FieldKind = Literal["image", "label"]
+
+#: The kinds read as whole columns, never with a sample.
+COLUMN_KINDS: tuple[FieldKind, ...] = ("label",)
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a sample: its ``name`` (the key a reader returns it under) and its ``kind``."""
+
+    name: str
+    kind: FieldKind
+
+    @property
+    def per_sample(self) -> bool:
+        """Whether it is read with its sample (not as a column of every row)."""
+        return self.kind not in COLUMN_KINDS
+
+
+IMAGE = Field("image", "image")
+LABEL = Field("label", "label")
+
+#: The image kind: an image and its class.
+IMAGE_FIELDS: tuple[Field, ...] = (IMAGE, LABEL)
