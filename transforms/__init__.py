@@ -29,7 +29,7 @@ from stallfree.transforms.containers import RandomApply, RandomChoice, RandomOrd
 from stallfree.transforms.geometry import Pad, RandomCrop, RandomZoomOut
 from stallfree.transforms.grayscale import Grayscale
 from stallfree.transforms.jpeg import JPEG
-from stallfree.transforms.kernels import Kernel, KernelError, KernelTransform, kernel, normal_at, uniform_at
+from stallfree.transforms.numba.kernel import Kernel, KernelError, KernelTransform, kernel, normal_at, uniform_at
 from stallfree.transforms.policies import AutoAugment, RandAugment, TrivialAugmentWide
 from stallfree.transforms.rescale import RandomResize, RandomShortestSize, ScaleJitter
 from stallfree.transforms.spec import (

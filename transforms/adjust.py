@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from nvidia.dali.pipeline import do_not_convert
 
-from stallfree.transforms.kernels import Kernel, KernelTransform, kernel
+from stallfree.transforms.numba.kernel import Kernel, KernelTransform, kernel
 from stallfree.transforms.random import SampleRandom
 from stallfree.transforms.spec import GraphState, Size
 

@@ -1,9 +1,10 @@
-"""Augmentations DALI does not ship, written as :mod:`~stallfree.transforms.kernels` pixel functions.
+"""Augmentations DALI does not ship, written as :mod:`~stallfree.transforms.numba.kernel` pixel functions.
 
-Each is a :class:`~stallfree.transforms.kernels.KernelTransform`: ``sample`` draws torchvision's parameters from
+Each is a :class:`~stallfree.transforms.numba.kernel.KernelTransform`: ``sample`` draws torchvision's parameters from
 the sample's stream on the host, and a pixel function applies them inside the graph. Where the arithmetic depends
 on the image's range (255 for uint8 before ``Normalize``, 1.0 for float after it) there is one kernel per dtype.
-Noise comes from a per-sample key and :func:`~stallfree.transforms.kernels.normal_at`, so it is keyed by sample too.
+Noise comes from a per-sample key and :func:`~stallfree.transforms.numba.kernel.normal_at`, so it is keyed by
+sample too.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from stallfree.transforms.kernels import Kernel, KernelTransform, kernel, normal_at
+from stallfree.transforms.numba.kernel import Kernel, KernelTransform, kernel, normal_at
 from stallfree.transforms.random import SampleRandom
 from stallfree.transforms.spec import GraphState, Size
 

@@ -25,7 +25,7 @@ import numpy as np
 from numba import carray, cfunc
 from nvidia.dali.plugin.numba import address_as_void_pointer as _ptr  # type: ignore[attr-defined]
 
-from stallfree.transforms.numba_abi import RUN, SETUP, hwc_f32, hwc_u8, vector_f32, vector_i32
+from stallfree.transforms.numba.abi import RUN, SETUP, hwc_f32, hwc_u8, vector_f32, vector_i32
 
 __all__ = ["gather", "gather_node"]
 
@@ -103,7 +103,7 @@ def gather_node(image: Any, rows: Any, cols: Any, fill: Sequence[float], *, dtyp
     """
     import nvidia.dali.types as types
 
-    from stallfree.transforms.numba_dali import numba_operator
+    from stallfree.transforms.numba.dali import numba_operator
 
     if dtype not in ("uint8", "float32"):
         raise ValueError(f"gather_node: dtype must be 'uint8' or 'float32', got {dtype!r}")

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from stallfree.transforms.kernels import Kernel, KernelTransform, kernel
+from stallfree.transforms.numba.kernel import Kernel, KernelTransform, kernel
 from stallfree.transforms.random import SampleRandom
 from stallfree.transforms.spec import GraphState, Size
 

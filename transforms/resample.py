@@ -26,7 +26,7 @@ from typing import Any, Literal
 import numpy as np
 from nvidia.dali.pipeline import do_not_convert
 
-from stallfree.transforms.numba_dali import numba_operator
+from stallfree.transforms.numba.dali import numba_operator
 from stallfree.transforms.resample_kernels import resample, resample_float, resample_normalize
 
 __all__ = ["resize_float_node", "resize_node", "resize_normalize_node"]
@@ -78,7 +78,7 @@ def resize_node(image: Any, size: Any, *, antialias: bool = True, window: Any = 
         levels = resize_normalize_node(image, size, mean=[0.0] * 3, std=[1.0] * 3, chw=False, antialias=antialias,
                                        window=window, kind=kind)
         return fn.cast(levels, dtype=types.UINT8)
-    from stallfree.transforms.numba_abi import RESIZE_ENTRIES  # loads the cached entry points (compiles once)
+    from stallfree.transforms.numba.abi import RESIZE_ENTRIES  # loads the cached entry points (compiles once)
 
     inputs = [size, image] if window is None else [size, image, window]
     operator = numba_operator(
@@ -153,7 +153,7 @@ def resize_normalize_node(
         flip = None if mirror is None else fn.reshape(mirror, shape=[1])
         return _gpu_node("normalize", image, size, window, flip, values, np.float32, chw=chw)
 
-    from stallfree.transforms.numba_abi import RESIZE_NORMALIZE_ENTRIES
+    from stallfree.transforms.numba.abi import RESIZE_NORMALIZE_ENTRIES
 
     flags = types.Constant(np.array([*mean, *inverse, antialias, chw, kind], np.float32), device="cpu")
     if mirror is None:
@@ -215,7 +215,7 @@ def resize_float_node(image: Any, size: Any, *, antialias: bool = True, window: 
     values = [float(antialias), float(kind)]
     if device == "gpu":
         return _gpu_node("float32", image, size, window, None, values, np.float32, chw=False)
-    from stallfree.transforms.numba_abi import RESIZE_FLOAT_ENTRIES  # compiles (or loads) the one entry point used
+    from stallfree.transforms.numba.abi import RESIZE_FLOAT_ENTRIES  # compiles (or loads) the one entry point used
 
     flags = types.Constant(np.array(values, np.float32), device="cpu")
     inputs = [size, image, flags] if window is None else [size, image, window, flags]

@@ -150,7 +150,7 @@ class _Warp(Transform):
         if state.device != "cpu":
             fill = fill_per_channel(type(self).__name__, self.fill)
             return dali_warp(image, params, self.interpolation, fill, state.device), state
-        from stallfree.transforms.numba_dali import numba_operator
+        from stallfree.transforms.numba.dali import numba_operator
 
         operator = numba_operator(_run, _setup, in_types=[np.uint8, np.uint8, np.float64], ins_ndim=[3, 3, 1],
                                   out_type=np.uint8, entries=entries())

@@ -29,7 +29,7 @@ import numpy as np
 from numba import carray, cfunc
 from nvidia.dali.plugin.numba import address_as_void_pointer as _ptr  # type: ignore[attr-defined]
 
-from stallfree.transforms.numba_abi import RUN, SETUP, hwc_u8, vector_f64
+from stallfree.transforms.numba.abi import RUN, SETUP, hwc_u8, vector_f64
 
 __all__ = ["AFFINE", "BICUBIC", "BILINEAR", "NEAREST", "PERSPECTIVE", "entries", "warp"]
 

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from stallfree.transforms import kernel_cache
-from stallfree.transforms.kernels import kernel
-from stallfree.transforms.numba_cpu import pixel_loop
+from stallfree.transforms.numba import kernel_cache
+from stallfree.transforms.numba.cpu import pixel_loop
+from stallfree.transforms.numba.kernel import kernel
 
 _KERNEL_FILE = '''
 import numpy as np
@@ -38,7 +38,7 @@ _RUN = '''
 import sys, numpy as np
 sys.path.insert(0, sys.argv[1])
 from user_kernel import tint
-from stallfree.transforms.kernel_cache import cached_kernel
+from stallfree.transforms.numba.kernel_cache import cached_kernel
 run, entry = cached_kernel(tint.name, tint.pixel, np.uint8, [np.float32])
 image = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3) * 10
 out = np.empty_like(image)
@@ -139,7 +139,7 @@ def test_a_cpu_graph_builds_a_kernel_from_its_cached_entry_point() -> None:
     from stallfree.pipeline.graph import Graph
     from stallfree.transforms import RandomPosterize, Resize
     from stallfree.transforms.compile import CompiledTransforms
-    from stallfree.transforms.numba_dali import _OPERATORS, _precompiled_class
+    from stallfree.transforms.numba.dali import _OPERATORS, _precompiled_class
 
     compiled = CompiledTransforms([Resize((8, 8)), RandomPosterize(3, p=1.0)], dtype="uint8", layout="NHWC")
     Graph(compiled, batch_size=2, num_threads=1, device_id=None, encoded=True)

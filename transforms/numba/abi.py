@@ -8,7 +8,7 @@ DALI's ``NumbaFunction`` wraps the run and set-up functions it is given in ``cfu
 ``eval``'d lambdas, which Numba cannot cache: every process compiled them again when its first graph was built
 (5 s of a new process's first batch, 40-90 s on a loaded 2-core machine). Here the same C entry points are written
 out in this file, with ``cache=True``, one per configuration of the resampler; :func:`stallfree.transforms.
-numba_dali.numba_operator` hands their addresses to ``NumbaFunction`` instead of letting it compile.
+numba.dali.numba_operator` hands their addresses to ``NumbaFunction`` instead of letting it compile.
 
 **Only what a graph uses is compiled.** The tables (:data:`RESIZE_ENTRIES`, ...) compile an entry point when it is
 first looked up, not when this module is imported: a new installation's first batch compiled all of them (23-24 s
@@ -397,7 +397,7 @@ def _jitter_f32(o: int, os_: int, on: int, no: int, i: int, is_: int, in_: int, 
 @cfunc(SETUP, cache=True)
 def same_shape_setup(out_shapes: int, out_ndims: int, num_outs: int, in_shapes: int, in_ndims: int, num_ins: int,
                       num_samples: int) -> None:
-    """Set-up of an operator whose output has the shape of its image (input 0), as numba_dali's."""
+    """Set-up of an operator whose output has the shape of its image (input 0), as dali's."""
     for s in range(num_samples):
         out = _shape(out_shapes, out_ndims, num_outs, num_samples, 0, s)
         image = _shape(in_shapes, in_ndims, num_ins, num_samples, 0, s)

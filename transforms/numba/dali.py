@@ -1,6 +1,6 @@
 """DALI's ``numba_function`` nodes: a per-sample run function (CPU) or CUDA function (GPU) as a graph operator.
 
-Every Numba operator of the graph goes through here: the user's kernels (:mod:`.kernels`), ColorJitter's
+Every Numba operator of the graph goes through here: the user's kernels (:mod:`.kernel`), ColorJitter's
 kernel (:mod:`.color`) and the resampler (:mod:`.resample`).
 """
 
@@ -35,7 +35,7 @@ _PRECOMPILED: list[type] = []  # the NumbaFunction subclass taking cached entry 
 def _precompiled_class() -> type:
     """``NumbaFunction`` built from given C entry points (Numba ``cfunc``s) instead of compiling its own.
 
-    DALI's own wrappers cannot be cached (see :mod:`.numba_abi`); this overrides the two methods that make them.
+    DALI's own wrappers cannot be cached (see :mod:`.abi`); this overrides the two methods that make them.
     """
     if not _PRECOMPILED:
         from nvidia.dali.plugin.numba.experimental import NumbaFunction
@@ -80,7 +80,7 @@ def numba_operator(
     Call the result on the input nodes inside a pipeline definition; it gives the output node, laid out ``layout``
     (``numba_function``'s own output carries no layout). ``run_fn`` and ``setup_fn`` must be the same objects from
     one call to the next for the cache to serve them. ``entries``: for a CPU operator, ``(run, setup)`` Numba
-    ``cfunc``s of DALI's C interface, cached on disk (:mod:`.numba_abi`), used instead of compiling ``run_fn``
+    ``cfunc``s of DALI's C interface, cached on disk (:mod:`.abi`), used instead of compiling ``run_fn``
     and ``setup_fn`` in every process.
     """
     launch = (tuple(blocks), tuple(threads_per_block))
@@ -140,7 +140,7 @@ def numba_node(
         device: where the node runs; parameters are moved to the GPU for a GPU node.
         blocks: GPU grid shape.
         threads_per_block: GPU block shape.
-        entries: cached CPU entry points of DALI's C interface (:mod:`.numba_abi`) used instead of compiling
+        entries: cached CPU entry points of DALI's C interface (:mod:`.abi`) used instead of compiling
             ``run_fn`` (``run_fn`` must then be the same object each call: it keys the operator cache).
     """
     if len(params) > 5:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from stallfree.transforms.numba_cpu import expand
+from stallfree.transforms.numba.cpu import expand
 
 __all__ = ["grid_function", "launch"]
 

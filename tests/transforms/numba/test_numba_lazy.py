@@ -15,13 +15,14 @@ from pathlib import Path
 
 SCRIPT = r"""
 import json
-from stallfree.transforms import numba_abi, resample_kernels as rk
+from stallfree.transforms import resample_kernels as rk
+from stallfree.transforms.numba import abi
 
-state = {"on_import": numba_abi._entry_point.cache_info().currsize}
-run, setup = numba_abi.RESIZE_NORMALIZE_ENTRIES[(False, True)]  # whole image, CHW: what a roi-decoded spec uses
-state["after_lookup"] = numba_abi._entry_point.cache_info().currsize
+state = {"on_import": abi._entry_point.cache_info().currsize}
+run, setup = abi.RESIZE_NORMALIZE_ENTRIES[(False, True)]  # whole image, CHW: what a roi-decoded spec uses
+state["after_lookup"] = abi._entry_point.cache_info().currsize
 state["addresses"] = [run.address != 0, setup.address != 0]
-state["again_same"] = numba_abi.RESIZE_NORMALIZE_ENTRIES[(False, True)] == (run, setup)
+state["again_same"] = abi.RESIZE_NORMALIZE_ENTRIES[(False, True)] == (run, setup)
 state["compiled"] = sorted(f.__name__ for f in (rk.resample_normalize_chw, rk.resample_normalize_hwc, rk.resample,
                                                  rk.resample_float) if f.signatures)
 print(json.dumps(state))

@@ -46,7 +46,7 @@ def pixel_loop(name: str, pixel: Callable[..., None], image_dtype: type,
     """
     import numba
 
-    from stallfree.transforms.kernel_cache import cached_kernel
+    from stallfree.transforms.numba.kernel_cache import cached_kernel
 
     try:
         cached = cached_kernel(name, pixel, image_dtype, param_dtypes)

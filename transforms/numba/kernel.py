@@ -20,7 +20,7 @@ kernel that needs noise gets a key among its parameters and calls :func:`uniform
 counter-based hash, so that its pixels are a pure function of its parameters too.
 
 This module is the registry (:func:`kernel`, :class:`Kernel`, :class:`KernelTransform`); the CPU compiler is
-:mod:`.numba_cpu`, the CUDA compiler :mod:`.numba_cuda`, and both become DALI nodes through :mod:`.numba_dali`.
+:mod:`.cpu`, the CUDA compiler :mod:`.cuda`, and both become DALI nodes through :mod:`.dali`.
 Compilation is eager: :meth:`Kernel.compile` (called when the graph is built, or by hand) compiles the kernel with
 an explicit signature, and a kernel that Numba cannot compile raises :class:`KernelError` naming the kernel and
 Numba's reason, before any batch runs. The CPU compile is cached on disk (:mod:`.kernel_cache`): a second process
@@ -40,9 +40,9 @@ from numba.extending import register_jitable
 from nvidia.dali.pipeline import do_not_convert
 
 from stallfree.core.mixer import GOLDEN, MIX1, MIX2
-from stallfree.transforms.numba_cpu import KernelError, forwarder, pixel_loop
-from stallfree.transforms.numba_cuda import grid_function, launch
-from stallfree.transforms.numba_dali import GPU_BLOCKS, GPU_THREADS, numba_node
+from stallfree.transforms.numba.cpu import KernelError, forwarder, pixel_loop
+from stallfree.transforms.numba.cuda import grid_function, launch
+from stallfree.transforms.numba.dali import GPU_BLOCKS, GPU_THREADS, numba_node
 from stallfree.transforms.random import SampleRandom
 from stallfree.transforms.spec import GraphState, Size, Transform
 
@@ -97,7 +97,7 @@ class Kernel:
         return self._compiled(image_np, param_dtypes)[0]
 
     def _compiled(self, image_dtype: type, param_dtypes: Sequence[type]) -> tuple[Any, Any | None]:
-        """``(run, DALI entry point or None)`` for these dtypes (:func:`~.numba_cpu.pixel_loop`), compiled once."""
+        """``(run, DALI entry point or None)`` for these dtypes (:func:`~.cpu.pixel_loop`), compiled once."""
         key = ("cpu", image_dtype, tuple(param_dtypes))
         if key not in self._cache:
             self._check_arity(param_dtypes)
@@ -150,7 +150,7 @@ class Kernel:
         if state.device == "gpu":
             run_fn = self.cuda_function()
         else:
-            from stallfree.transforms.numba_abi import same_shape_setup  # loads its cached entry points
+            from stallfree.transforms.numba.abi import same_shape_setup  # loads its cached entry points
 
             run_fn = forwarder(compiled, len(param_dtypes))
             entries = None if entry is None else (entry, same_shape_setup)
