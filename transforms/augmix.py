@@ -32,7 +32,7 @@ from stallfree.transforms.adjust import (
 )
 from stallfree.transforms.bundled import _SOLARIZE, _posterize
 from stallfree.transforms.color import ColorJitter, jitter_node
-from stallfree.transforms.color_kernels import BRIGHTNESS, CONTRAST, SATURATION
+from stallfree.transforms.kernels.color import BRIGHTNESS, CONTRAST, SATURATION
 from stallfree.transforms.random import SampleRandom
 from stallfree.transforms.spec import GraphState, Size, Transform
 from stallfree.transforms.warp import affine_matrix

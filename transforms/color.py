@@ -29,7 +29,7 @@ from numba import cuda as _numba_cuda
 from numba import float64
 from nvidia.dali.pipeline import do_not_convert
 
-from stallfree.transforms.color_kernels import (
+from stallfree.transforms.kernels.color import (
     BRIGHTNESS,
     CONTRAST,
     HUE,
@@ -134,7 +134,7 @@ def jitter_node(image: Any, order: Any, factors: Any, state: GraphState) -> Any:
             jitter_cuda_function(integral), image, [order, factors], image_dtype=image_dtype,
             param_dtypes=[np.int32, np.float64], device="gpu", blocks=(1, 1, 1), threads_per_block=(GPU_THREADS, 1, 1),
         )
-    from stallfree.transforms.numba.abi import JITTER_ENTRIES  # cached on disk: no compile per process
+    from stallfree.transforms.kernels.entries import JITTER_ENTRIES  # cached on disk: no compile per process
 
     return numba_node(
         jitter_function(integral), image, [order, factors], image_dtype=image_dtype,
@@ -199,7 +199,7 @@ class ColorJitter(Transform):
     def prepare(self, state: GraphState) -> None:
         """Load the CPU kernel's cached entry points now, compiling them once per installation (``build`` does too)."""
         if not self.is_identity() and state.device == "cpu":
-            from stallfree.transforms.numba.abi import JITTER_ENTRIES  # noqa: F401  (loads or compiles the cache)
+            from stallfree.transforms.kernels.entries import JITTER_ENTRIES  # noqa: F401  (loads or compiles the cache)
 
     @do_not_convert  # DALI's AutoGraph (enable_conditionals=True) must not rewrite the functions handed to Numba
     def build(self, image: Any, params: Mapping[str, Any], state: GraphState) -> tuple[Any, GraphState]:

@@ -106,7 +106,7 @@ def _window_node(
     if state.device != "cpu":
         raise ValueError(f"{name}(padding_mode={mode!r}) runs on the CPU graph only (DALI pads with a constant); "
                          "use padding_mode='constant', or run the Loader's graph on the CPU")
-    from stallfree.transforms.gather import gather_node
+    from stallfree.transforms.kernels.gather import gather_node
 
     assert tables is not None
     return gather_node(image, tables["rows"], tables["cols"], [0.0, 0.0, 0.0], dtype=state.dtype)

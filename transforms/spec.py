@@ -72,7 +72,7 @@ def size_input(size: Size) -> np.ndarray:
     """A step's output ``(height, width)`` as a per-sample graph input: the shape of an empty uint8 array.
 
     A shape, not values, because DALI sizes a Numba operator's output from its input shapes alone; carried this
-    way, one compiled resampler serves every size (``transforms/resample.py``).
+    way, one compiled resampler serves every size (``transforms/kernels/resample_node.py``).
     """
     return np.empty((size[0], size[1], 0), np.uint8)
 
@@ -112,7 +112,7 @@ def _resize(
     import nvidia.dali.types as types
 
     if interpolation != "nearest":  # PIL's filter on either device, in uint8 or (after Normalize) in float
-        from stallfree.transforms.resample import resize_float_node, resize_node
+        from stallfree.transforms.kernels.resample_node import resize_float_node, resize_node
 
         node = resize_node if state.dtype == "uint8" else resize_float_node
         return node(image, size, antialias=antialias, window=window, kind=_PIL_FILTERS[interpolation],
@@ -142,7 +142,7 @@ def _nearest(image: Any, params: Mapping[str, Any], state: GraphState) -> Any:
 
     rows, cols = params["rows"], params["cols"]
     if state.device == "cpu":
-        from stallfree.transforms.gather import gather_node
+        from stallfree.transforms.kernels.gather import gather_node
 
         return gather_node(image, rows, cols, [0.0, 0.0, 0.0], dtype=state.dtype)
     size = fn.cat(rows.shape(dtype=types.FLOAT), cols.shape(dtype=types.FLOAT))  # the tables' lengths

@@ -23,9 +23,9 @@ from typing import Any, Literal
 import numpy as np
 
 from stallfree.transforms.geometry import Fill, fill_per_channel
+from stallfree.transforms.kernels.warp import AFFINE, BICUBIC, BILINEAR, NEAREST, PERSPECTIVE, entries, warp
 from stallfree.transforms.random import SampleRandom
 from stallfree.transforms.spec import GraphState, Size, Transform, size_input
-from stallfree.transforms.warp_kernels import AFFINE, BICUBIC, BILINEAR, NEAREST, PERSPECTIVE, entries, warp
 
 __all__ = ["RandomAffine", "RandomPerspective", "RandomRotation", "affine_matrix", "perspective_coefficients",
            "rotation_matrix"]

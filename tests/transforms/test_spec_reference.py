@@ -91,7 +91,7 @@ def test_resize_shorter_side_matches_pil_bilinear(pngs) -> None:
         ref = np.asarray(Image.fromarray(src).resize((ow, oh), Image.Resampling.BILINEAR), np.int16)
         top, left = int(round((oh - 12) / 2.0)), int(round((ow - 12) / 2.0))
         diff = np.abs(img.numpy().astype(np.int16) - ref[top : top + 12, left : left + 12])
-        assert diff.max() <= 1  # PIL's own filter in fixed point (transforms/resample.py)
+        assert diff.max() <= 1  # PIL's own filter in fixed point (transforms/kernels/resample.py)
 
 
 @pytest.mark.parametrize("resize", [Resize((9, 13)), Resize(10, max_size=20), Resize(12, antialias=False)])

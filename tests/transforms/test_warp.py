@@ -11,6 +11,7 @@ from PIL import Image
 
 from stallfree import Loader
 from stallfree.transforms import CenterCrop, Normalize
+from stallfree.transforms.kernels.warp import warp
 from stallfree.transforms.random import SampleRandom
 from stallfree.transforms.warp import (
     RandomAffine,
@@ -20,7 +21,6 @@ from stallfree.transforms.warp import (
     perspective_coefficients,
     rotation_matrix,
 )
-from stallfree.transforms.warp_kernels import warp
 
 PIL_FILTERS = {"nearest": Image.Resampling.NEAREST, "bilinear": Image.Resampling.BILINEAR,
                "bicubic": Image.Resampling.BICUBIC}

@@ -106,7 +106,8 @@ def compile_cpu(name: str, run_fn: Callable[..., None], image_dtype: type, param
 def forwarder(compiled: Any, nargs: int) -> Callable[..., None]:
     """A plain Python function calling ``compiled`` (DALI njit-compiles its run function itself).
 
-    Cached, so that the same compiled kernel always gets the same function and :func:`numba_node` reuses its operator.
+    Cached, so that the same compiled kernel always gets the same function and :func:`~.dali.numba_node` reuses its
+    operator.
     """
     args = ", ".join(["out", "image"] + [f"p{i}" for i in range(nargs)])
     namespace: dict[str, Any] = {"_compiled": compiled}

@@ -40,6 +40,7 @@ import numpy as np
 
 from stallfree.transforms.numba import abi
 from stallfree.transforms.numba.abi import VIEWS
+from stallfree.transforms.numba.disk_cache import numba_cache_folder, write_once
 
 __all__ = ["cache_folder", "cached_kernel", "fingerprint"]
 
@@ -150,7 +151,7 @@ def fingerprint(pixel: Callable[..., None]) -> str | None:
 
 def cache_folder(pixel: Callable[..., None]) -> Path | None:
     """Where the generated files for ``pixel`` go: under Numba's cache folder for its source file, or ``None``."""
-    folder = abi.numba_cache_folder(pixel)
+    folder = numba_cache_folder(pixel)
     return None if folder is None else folder / "stallfree_kernels"
 
 
@@ -190,7 +191,7 @@ def cached_kernel(name: str, pixel: Callable[..., None], image_dtype: type,
     with _LOCK:
         module = _LOADED.get(path)
         if module is None:
-            abi.write_once(path, _source(name, image_dtype, param_dtypes))
+            write_once(path, _source(name, image_dtype, param_dtypes))
             # Importable by name (Numba finds a cached function's module through sys.modules when it loads it).
             module_name = f"_stallfree_kernel_{path.stem}"
             spec = importlib.util.spec_from_file_location(module_name, path)

@@ -1,20 +1,21 @@
 """The resampler on the GPU: PIL's filters as ``numba.cuda`` kernels run in DALI's GPU graph, to the CPU's pixels.
 
 DALI's ``fn.resize`` is another filter than PIL's (up to 22 levels apart where an axis shrinks), so a spec moved from
-``device="cpu"`` to ``"cuda"`` would train on other pixels. These kernels compute what :mod:`.resample_kernels`
-computes on the CPU, from the same functions: the taps' spans and weights (:func:`~.resample_kernels.span`,
-:func:`~.resample_kernels.fixed_weight`, compiled for both targets), Pillow's order of the two passes, the uint8
+``device="cpu"`` to ``"cuda"`` would train on other pixels. These kernels compute what :mod:`.resample`
+computes on the CPU, from the same functions: the taps' spans and weights (:func:`~.filters.span`,
+:func:`~.filters.fixed_weight`, compiled for both targets), Pillow's order of the two passes, the uint8
 rounding between them, and the mirror. DALI launches a kernel once per sample on a grid-stride grid; each thread
 computes its output pixels whole. A GPU kernel cannot allocate the image between the two passes, so each output
 pixel recomputes the first pass's values it reads (``taps`` of them, each a ``taps``-long sum): more arithmetic
 than the CPU's two passes, none of it shared between threads, and no memory but the image and the output.
 
-Equal to the CPU to the bit: ``tests/transforms/test_resample_cudasim.py`` (the simulator, 512 random shapes per
-variant) and, on a GPU, ``tests/transforms/test_resample_gpu.py`` through DALI (``bench/gpu_check.sh``). Where the
-hardware could differ from the simulator, it cannot change a result: the uint8 sums are integers, the float sums
-add float32 x float32 products, exact in float64 with or without a fused multiply-add; only the float64 weights
-before their rounding (to 22-bit fixed point, or to float32) pass through the GPU's own ``sin``/``cos`` (HAMMING,
-LANCZOS) and contraction, a last-bit difference that changes a rounded weight only at an exact tie.
+Equal to the CPU to the bit: ``tests/transforms/kernels/test_resample_cudasim.py`` (the simulator, hundreds of random
+shapes per variant) and, on a GPU, ``tests/transforms/kernels/test_resample_gpu.py`` through DALI
+(``bench/gpu_check.sh``). Where the hardware could differ from the simulator, it cannot change a result: the uint8 sums
+are integers, the float sums add float32 x float32 products, exact in float64 with or without a fused multiply-add; only
+the float64 weights before their rounding (to 22-bit fixed point, or to float32) pass through the GPU's own
+``sin``/``cos`` (HAMMING, LANCZOS) and contraction, a last-bit difference that changes a rounded weight only at an exact
+tie.
 
 Kernels (DALI's GPU ``numba_function`` run functions, ``batch_processing=False``; input 0 is the size carrier):
 
@@ -22,7 +23,7 @@ Kernels (DALI's GPU ``numba_function`` run functions, ``batch_processing=False``
     resize_u8_window(out, size, image, window, flags)           window: float32 (top, left, height, width)
     resize_f32(out, size, image, flags)                         float32 images (after Normalize)
     resize_f32_window(out, size, image, window, flags)
-    resize_normalize(out, size, image, mirror, flags)           flags as resample_kernels.resample_normalize's
+    resize_normalize(out, size, image, mirror, flags)           flags as resample.resample_normalize's
     resize_normalize_window(out, size, image, window, mirror, flags)
 """
 
@@ -34,7 +35,7 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
-from stallfree.transforms.resample_kernels import (
+from stallfree.transforms.kernels.filters import (
     BITS,
     columns_first,
     fixed_weight,
@@ -81,7 +82,7 @@ def _column_level(image: Any, ys: Any, x: Any, out_h: Any, antialias: Any, kind:
 def level(image: Any, y: Any, xs: Any, c: Any, out_h: Any, out_w: Any, antialias: Any, kind: Any) -> Any:
     """Channel ``c`` of output pixel ``(y, xs)`` of the uint8 ``image`` resized to ``(out_h, out_w)``: an int.
 
-    :func:`~.resample_kernels._resample`'s result at that pixel: the same passes in the same order, each rounded
+    :func:`~.resample._resample`'s result at that pixel: the same passes in the same order, each rounded
     to uint8, and a pass that keeps its axis's size skipped (its weights are the identity there).
     """
     height, width = image.shape[0], image.shape[1]
@@ -133,7 +134,7 @@ def _column_f32(image: Any, ys: Any, x: Any, out_h: Any, antialias: Any, kind: A
 
 @cuda.jit(device=True)
 def value_f32(image: Any, y: Any, xs: Any, c: Any, out_h: Any, out_w: Any, antialias: Any, kind: Any) -> Any:
-    """Channel ``c`` of output pixel ``(y, xs)`` of the float32 ``image`` resized: :func:`~.resample_float`'s."""
+    """Channel ``c`` of output pixel ``(y, xs)`` of the float32 ``image`` resized: :func:`~.resample.resample_float`."""
     height, width = image.shape[0], image.shape[1]
     need_x, need_y = out_w != width, out_h != height
     if not need_x and not need_y:
@@ -190,7 +191,7 @@ def _resize_f32(out: Any, image: Any, flags: Any) -> None:
 
 @cuda.jit(device=True)
 def _resize_normalize(out: Any, image: Any, mirror: Any, flags: Any) -> None:
-    # resample_kernels.resample_normalize: (pixel - mean) * inverse std, (3, h, w) if flags[7] else (h, w, 3),
+    # resample.resample_normalize: (pixel - mean) * inverse std, (3, h, w) if flags[7] else (h, w, 3),
     # mirrored left to right (output column x is the unmirrored column out_w - 1 - x, as the CPU's reversed taps).
     x0, y0 = _cuda.grid(2)
     sx, sy = _cuda.gridsize(2)

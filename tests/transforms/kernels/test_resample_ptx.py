@@ -22,7 +22,7 @@ import numba.cuda.dispatcher as dispatcher
 from numba import cuda, types
 
 dispatcher.get_current_device = lambda: pytypes.SimpleNamespace(compute_capability=(8, 0))  # no driver here
-from stallfree.transforms.resample_cuda import KERNELS
+from stallfree.transforms.kernels.resample_cuda import KERNELS
 
 u8, f32, i32 = types.uint8[:, :, :], types.float32[:, :, :], types.int32[:]
 vec = types.float32[:]

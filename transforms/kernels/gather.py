@@ -11,7 +11,7 @@ so one operator, with no arithmetic on pixels, equals torchvision's output to th
 tables' lengths: a step that changes the size, which a per-pixel ``@kernel`` (same shape in, same shape out)
 cannot express.
 
-Its DALI entry points are ``cfunc``s cached on disk, as :mod:`.numba_abi`'s, so that a new process loads them
+Its DALI entry points are ``cfunc``s cached on disk, as :mod:`.entries`', so that a new process loads them
 instead of compiling; the gather and the entry points live in this one file, whose stamp Numba checks.
 """
 

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from stallfree.transforms.resample import resize_float_node
-from stallfree.transforms.resample_kernels import FILTERS, resample_float
+from stallfree.transforms.kernels.filters import FILTERS
+from stallfree.transforms.kernels.resample import resample_float
+from stallfree.transforms.kernels.resample_node import resize_float_node
 from stallfree.transforms.spec import size_input
 
 SHAPES = [((37, 53), (20, 71)), ((64, 40), (64, 13)), ((9, 9), (30, 17)), ((80, 31), (11, 31))]

@@ -1,4 +1,5 @@
-"""The CPU graph's resampler (transforms/resample.py) against PIL's BILINEAR, which torchvision uses for PIL images.
+"""The CPU graph's resampler (transforms/kernels/resample.py) against PIL's BILINEAR, which torchvision uses for PIL
+images.
 
 The resampler computes Pillow's fixed-point filter, so it must equal ``Image.resize(size, BILINEAR)`` bit for bit,
 and that includes the order of the two passes (each rounds to uint8): Pillow 13 filters columns first where the
@@ -13,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from stallfree.transforms.resample import resample
+from stallfree.transforms.kernels.resample_node import resample
 
 _KINDS = ("same", "up", "down", "down_much")  # how one axis changes
 

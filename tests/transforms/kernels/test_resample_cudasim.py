@@ -1,4 +1,5 @@
-"""The GPU resampler (transforms/resample_cuda.py), under the CUDA simulator, gives the CPU resampler's pixels exactly.
+"""The GPU resampler (transforms/kernels/resample_cuda.py), under the CUDA simulator, gives the CPU resampler's pixels
+exactly.
 
 NUMBA_ENABLE_CUDASIM must be set before numba.cuda is first imported, so the kernels run in a subprocess; the CPU
 side runs here, and the two meet in .npz files. 512 random shapes per variant (every filter, with and without
@@ -17,7 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from stallfree.transforms.resample_kernels import FILTERS, resample_float, resample_normalize
+from stallfree.transforms.kernels.filters import FILTERS
+from stallfree.transforms.kernels.resample import resample_float, resample_normalize
 
 SHAPES = 512
 
@@ -25,7 +27,7 @@ SCRIPT = r"""
 import sys
 import numpy as np
 from numba import config, cuda
-from stallfree.transforms.resample_cuda import KERNELS
+from stallfree.transforms.kernels.resample_cuda import KERNELS
 
 assert config.ENABLE_CUDASIM
 data = np.load(sys.argv[1])

@@ -11,8 +11,9 @@ from PIL import Image
 
 from stallfree import Loader
 from stallfree.transforms import CenterCrop, Normalize, RandomHorizontalFlip, RandomResizedCrop, Resize
+from stallfree.transforms.kernels.filters import FILTERS
+from stallfree.transforms.kernels.resample import resample_normalize
 from stallfree.transforms.random import SampleRandom
-from stallfree.transforms.resample_kernels import FILTERS, resample_normalize
 from stallfree.transforms.spec import nearest_table
 
 PIL_FILTERS = {"bicubic": Image.Resampling.BICUBIC, "nearest": Image.Resampling.NEAREST, "box": Image.Resampling.BOX,

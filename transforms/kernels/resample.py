@@ -1,9 +1,11 @@
 """PIL's separable filters (``Image.resize(..., BILINEAR)`` and the others) as Numba kernels: the resampler's sums.
 
 Applied along one axis, then the other (in Pillow's order, see :func:`_resample`), in 22-bit fixed point with a
-uint8 image between the two passes, it equals PIL's output exactly (``tests/transforms/test_resample.py``).
-:mod:`.resample` runs these kernels inside DALI's graph, and :mod:`.numba_abi` builds their cached entry points
-from them; this module imports neither, so the three form no cycle.
+uint8 image between the two passes, it equals PIL's output exactly (``tests/transforms/kernels/test_resample.py``).
+The taps and their weights are :mod:`.filters`'; :mod:`.resample_node` runs these kernels inside DALI's graph, and
+:mod:`.entries` builds their cached entry points from them; this module imports neither, so the three form no cycle.
+Its functions are cached on disk and compile the filters in, so the cache is checked against :mod:`.filters` when
+this module is imported (:func:`~stallfree.transforms.numba.disk_cache.check_cache`).
 """
 
 from __future__ import annotations
@@ -12,118 +14,40 @@ import math
 
 import numba
 import numpy as np
-from numba.extending import register_jitable
 
-__all__ = ["BITS", "FILTERS", "columns_first", "filter_weight", "fixed_weight", "resample", "resample_float",
-           "resample_normalize", "resample_normalize_chw", "resample_normalize_hwc", "span", "span_total", "tap_weight"]
+from stallfree.transforms.kernels import filters
+from stallfree.transforms.kernels.filters import (
+    BITS,
+    columns_first,
+    filter_support,
+    fixed_weight,
+    span,
+    span_total,
+    tap_weight,
+)
+from stallfree.transforms.numba.disk_cache import check_cache
 
-_BITS = 22  # PIL's PRECISION_BITS: 32 - 8 - 2
-BITS = _BITS
+__all__ = ["resample", "resample_float", "resample_normalize", "resample_normalize_chw", "resample_normalize_hwc"]
+
+_BITS = BITS
 _HALF = 1 << (_BITS - 1)
 # A first row index of 0 given as int64, not as the literal 0, which Numba would compile _pack and _filter for a
 # second time (a literal is a type of its own): a second of a new installation's first batch.
 _ZERO = np.int64(0)
 
 
-#: PIL's resampling filters by the code the kernels take, and each one's support (in input pixels, before widening).
-FILTERS = {"bilinear": 0, "bicubic": 1, "box": 2, "hamming": 3, "lanczos": 4}
-_SUPPORT = (1.0, 2.0, 0.5, 1.0, 3.0)
-
-# The weights' arithmetic below is shared, function for function, by the CPU kernels here and the GPU kernels of
-# :mod:`.resample_cuda` (``register_jitable`` compiles for both), so that the two compute the same taps.
+def _check_cache() -> None:
+    check_cache(_check_cache, (filters,))
 
 
-@register_jitable
-def _sinc(x: float) -> float:
-    if x == 0.0:
-        return 1.0
-    x *= math.pi
-    return math.sin(x) / x
-
-
-@register_jitable
-def filter_weight(x: float, kind: int) -> float:
-    """PIL's filter ``kind`` at signed distance ``x`` (``Resample.c``'s ``*_filter`` functions)."""
-    if kind == 2:  # box, half-open as PIL's
-        return 1.0 if -0.5 < x <= 0.5 else 0.0
-    t = abs(x)
-    if kind == 0:  # triangle
-        return 1.0 - t if t < 1.0 else 0.0
-    if kind == 1:  # cubic, a = -0.5
-        if t < 1.0:
-            return ((-0.5 + 2.0) * t - (-0.5 + 3.0)) * t * t + 1.0
-        if t < 2.0:
-            return (((t - 5.0) * t + 8.0) * t - 4.0) * -0.5
-        return 0.0
-    if kind == 3:  # hamming
-        if t == 0.0:
-            return 1.0
-        if t >= 1.0:
-            return 0.0
-        t *= math.pi
-        return math.sin(t) / t * (0.54 + 0.46 * math.cos(t))
-    if -3.0 <= x < 3.0:  # lanczos, a = 3
-        return _sinc(x) * _sinc(x / 3.0)
-    return 0.0
-
-
-@register_jitable
-def _filter_support(kind: int) -> float:
-    return _SUPPORT[0] if kind == 0 else _SUPPORT[1] if kind == 1 else _SUPPORT[2] if kind == 2 else (
-        _SUPPORT[3] if kind == 3 else _SUPPORT[4])
-
-
-@register_jitable
-def span(i: int, in_size: int, out_size: int, antialias: bool, kind: int) -> tuple[int, int, float, float]:
-    """Output index ``i``'s first input index, tap count, centre and inverse filter scale (PIL's precompute)."""
-    # Conditionals, not max() and min(): numba 0.68's own CUDA target fails to type those (tests/transforms/
-    # test_resample_ptx.py); the numba-cuda package may not, but the kernels must compile under either.
-    scale = in_size / out_size
-    filter_scale = scale if antialias and scale > 1.0 else 1.0
-    inverse = 1.0 / filter_scale  # PIL multiplies by the inverse (dividing can round t the other way)
-    support = _filter_support(kind) * filter_scale  # the filter's own support, widened by the filter scale
-    center = (i + 0.5) * scale
-    first = int(center - support + 0.5)
-    first = first if first > 0 else 0
-    end = int(center + support + 0.5)
-    count = (end if end < in_size else in_size) - first
-    return first, count, center, inverse
-
-
-@register_jitable
-def span_total(first: int, count: int, center: float, inverse: float, kind: int) -> float:
-    """The sum of the span's raw filter values, which normalises each of them."""
-    total = 0.0
-    for k in range(count):
-        total += filter_weight((k + first - center + 0.5) * inverse, kind)
-    return total
-
-
-@register_jitable
-def tap_weight(k: int, first: int, center: float, inverse: float, kind: int, total: float) -> float:
-    """Tap ``k``'s normalised weight, in float64."""
-    raw = filter_weight((k + first - center + 0.5) * inverse, kind)
-    return raw / total if total != 0.0 else 0.0
-
-
-@register_jitable
-def fixed_weight(k: int, first: int, center: float, inverse: float, kind: int, total: float) -> int:
-    """Tap ``k``'s weight in PIL's 22-bit fixed point (the uint8 resampler's)."""
-    w = tap_weight(k, first, center, inverse, kind, total)
-    return int(w * (1 << _BITS) + (0.5 if w >= 0 else -0.5))
-
-
-@register_jitable
-def columns_first(height: int, width: int, out_h: int, out_w: int) -> bool:
-    """Pillow 13's order of the two passes: columns first where the height shrinks by more than twice the width."""
-    return height - out_h > 0 and height - out_h > 2 * (width - out_w)
+_check_cache()  # before the functions below load (or compile) their code
 
 
 @numba.njit(cache=True)
 def _coefficients(in_size: int, out_size: int, antialias: bool, kind: int) -> tuple[np.ndarray, np.ndarray]:
     """For each output index: the first input index and tap count, and the fixed-point weights (PIL's precompute)."""
     filter_scale = max(in_size / out_size, 1.0) if antialias else 1.0
-    taps = int(math.ceil(_filter_support(kind) * filter_scale)) * 2 + 1  # the most any output index can have
+    taps = int(math.ceil(filter_support(kind) * filter_scale)) * 2 + 1  # the most any output index can have
     bounds = np.empty((out_size, 2), np.int32)
     weights = np.zeros((out_size, taps), np.int32)
     for i in range(out_size):
@@ -222,7 +146,7 @@ def _resample(out_h: int, out_w: int, image: np.ndarray, antialias: bool, mirror
               kind: int = 0) -> tuple[np.ndarray, bool]:
     """The HWC uint8 ``image`` (any strides, 1-4 channels) resized by PIL's filter, as packed ``(out_h, out_w)``.
 
-    The filter is ``kind`` (:data:`FILTERS`): BILINEAR's triangle unless told otherwise.
+    The filter is ``kind`` (:data:`~.filters.FILTERS`): BILINEAR's triangle unless told otherwise.
 
     Mirrored left to right if ``mirror`` where a row pass runs; returns whether it mirrored. Each output column of
     the row pass is its own weighted sum, so taking the columns' coefficients in reverse order writes exactly the
@@ -283,7 +207,7 @@ def resample_normalize(out: np.ndarray, image: np.ndarray, flags: np.ndarray, mi
     """Resize the HWC RGB uint8 ``image`` as :func:`resample`, then write ``(pixel - mean) / std`` to float32 ``out``.
 
     ``flags`` is float32 ``[mean0, mean1, mean2, inv0, inv1, inv2, antialias, chw]`` (``inv = 1 / std``, both on
-    the 0..255 scale), and a ninth, the filter's code in :data:`FILTERS` (BILINEAR where absent): ``out`` is
+    the 0..255 scale), and a ninth, the filter's code in :data:`~.filters.FILTERS` (BILINEAR where absent): ``out`` is
     ``(3, h, w)`` if ``chw`` else ``(h, w, 3)``, mirrored left to right if ``mirror``. The pixels between the two
     are the resampler's uint8, so the result is what the resampler followed by DALI's ``crop_mirror_normalize``
     gives (to float32 rounding), written in one contiguous pass instead of by a second operator reading the uint8
@@ -295,7 +219,7 @@ def resample_normalize(out: np.ndarray, image: np.ndarray, flags: np.ndarray, mi
         resample_normalize_hwc(out, image, flags, mirror)
 
 
-# One function per layout, so that a graph's entry point compiles the one it writes (numba_abi).
+# One function per layout, so that a graph's entry point compiles the one it writes (entries.py).
 
 
 @numba.njit(cache=True)
@@ -354,7 +278,7 @@ def _emit_hwc(out: np.ndarray, pixels: np.ndarray, flags: np.ndarray, reverse: b
 def _float_coefficients(in_size: int, out_size: int, antialias: bool, kind: int) -> tuple[np.ndarray, np.ndarray]:
     """As :func:`_coefficients`, with each weight rounded to float32."""
     filter_scale = max(in_size / out_size, 1.0) if antialias else 1.0
-    taps = int(math.ceil(_filter_support(kind) * filter_scale)) * 2 + 1
+    taps = int(math.ceil(filter_support(kind) * filter_scale)) * 2 + 1
     bounds = np.empty((out_size, 2), np.int64)
     weights = np.zeros((out_size, taps), np.float32)
     for i in range(out_size):

@@ -1,7 +1,7 @@
 """ColorJitter's pixel steps, float32 as torchvision computes them: Numba functions callable from njit and CUDA code.
 
 :mod:`.color` runs :func:`jitter` (CPU) and builds the CUDA kernel from :func:`apply_steps`, :func:`gray` and
-:func:`contrast_at`; :mod:`.numba_abi` builds the cached CPU entry points from :func:`jitter`. This module imports
+:func:`contrast_at`; :mod:`.entries` builds the cached CPU entry points from :func:`jitter`. This module imports
 neither, so the three form no cycle.
 """
 

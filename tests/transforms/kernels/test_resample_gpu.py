@@ -16,8 +16,9 @@ import pytest
 from stallfree.transforms import Normalize, RandomHorizontalFlip, RandomResizedCrop, Resize
 from stallfree.transforms.compile import CompiledTransforms
 from stallfree.transforms.dali_types import dali_type
+from stallfree.transforms.kernels.filters import FILTERS
+from stallfree.transforms.kernels.resample import resample_float, resample_normalize
 from stallfree.transforms.random import batch_random
-from stallfree.transforms.resample_kernels import FILTERS, resample_float, resample_normalize
 
 pytestmark = pytest.mark.gpu
 
@@ -41,7 +42,7 @@ def _expected(variant: str, crop: np.ndarray, out_h: int, out_w: int, flags: np.
 def test_the_kernels_give_the_cpu_pixels_on_the_gpu(variant: str) -> None:
     from numba import cuda
 
-    from stallfree.transforms.resample_cuda import KERNELS
+    from stallfree.transforms.kernels.resample_cuda import KERNELS
 
     rng = np.random.default_rng(7)
     compiled = {windowed: cuda.jit(KERNELS[(variant, windowed)]) for windowed in (False, True)}

@@ -86,7 +86,7 @@ def test_the_fusion_applies_where_its_conditions_hold() -> None:
 @pytest.mark.parametrize("mirror", [False, True])
 @pytest.mark.parametrize("chw", [False, True])
 def test_resample_normalize_is_resample_then_mirror_then_normalize(shape, size, mirror: bool, chw: bool) -> None:
-    from stallfree.transforms.resample import resample, resample_normalize
+    from stallfree.transforms.kernels.resample_node import resample, resample_normalize
 
     image = np.random.default_rng(1).integers(0, 256, (*shape, 3), dtype=np.uint8)
     mean, inv = np.array([120.0, 110.5, 100.25], np.float32), np.array([1 / 58.0, 1 / 57.0, 1 / 57.5], np.float32)

@@ -23,7 +23,7 @@ def _define(monkeypatch: pytest.MonkeyPatch, steps: list[Any], *, encoded: bool,
     import nvidia.dali.types as types
     from nvidia.dali import pipeline_def
 
-    from stallfree.transforms import resample
+    from stallfree.transforms.kernels import resample_node
 
     calls: list[dict[str, Any]] = []
 
@@ -31,7 +31,7 @@ def _define(monkeypatch: pytest.MonkeyPatch, steps: list[Any], *, encoded: bool,
         calls.append({"run_fn": run_fn, **kwargs})
         return lambda *inputs: inputs[1]  # the image: the rest of the graph only needs a node
 
-    monkeypatch.setattr(resample, "numba_operator", record)
+    monkeypatch.setattr(resample_node, "numba_operator", record)
     compiled = CompiledTransforms(steps, layout=layout)  # type: ignore[arg-type]
 
     @pipeline_def(batch_size=2, num_threads=1, device_id=None)

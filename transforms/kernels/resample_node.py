@@ -2,15 +2,15 @@
 
 Torchvision resizes PIL images with ``Image.resize(..., BILINEAR)``: a separable triangle filter whose support
 widens with the downscale factor (antialiasing), applied along one axis, then the other (in Pillow's order, see
-:func:`~.resample_kernels._resample`), in 22-bit fixed point with a uint8 image between the two passes. The kernels
-(:mod:`.resample_kernels`) compute the same thing and equal PIL's output exactly
-(``tests/transforms/test_resample.py``), and so for PIL's other filters (BICUBIC, BOX, HAMMING, LANCZOS), the
-same passes with their weights (``tests/transforms/test_interpolation.py``); this module runs them in the graph.
+:func:`~.resample._resample`), in 22-bit fixed point with a uint8 image between the two passes. The kernels
+(:mod:`.resample`) compute the same thing and equal PIL's output exactly
+(``tests/transforms/kernels/test_resample.py``), and so for PIL's other filters (BICUBIC, BOX, HAMMING, LANCZOS), the
+same passes with their weights (``tests/transforms/kernels/test_interpolation.py``); this module runs them in the graph.
 It exists for speed: on the crops of an ImageNet-like training graph it runs 2.9x DALI's CPU ``fn.resize``
 (``stallfree bench resize``; the figures are in docs/speed.md), and resizing is the largest cost of a CPU training
 graph after decoding. In a GPU graph (``device="gpu"``) the same filters run as ``numba.cuda`` kernels
 (:mod:`.resample_cuda`), giving the CPU's pixels to the bit; float images (a resize after ``Normalize``) go through
-:func:`resize_float_node`, the filters in float on either device (:func:`~.resample_kernels.resample_float`).
+:func:`resize_float_node`, the filters in float on either device (:func:`~.resample.resample_float`).
 
 Each sample's output size comes in as the shape of an empty array (``spec.size_input``): DALI's set-up function
 sizes a Numba operator's output from input shapes alone, and so one compiled operator (a few seconds of Numba
@@ -26,8 +26,8 @@ from typing import Any, Literal
 import numpy as np
 from nvidia.dali.pipeline import do_not_convert
 
+from stallfree.transforms.kernels.resample import resample, resample_float, resample_normalize
 from stallfree.transforms.numba.dali import numba_operator
-from stallfree.transforms.resample_kernels import resample, resample_float, resample_normalize
 
 __all__ = ["resize_float_node", "resize_node", "resize_normalize_node"]
 
@@ -64,7 +64,7 @@ def resize_node(image: Any, size: Any, *, antialias: bool = True, window: Any = 
         size: the per-sample output size, a node of :func:`stallfree.transforms.spec.size_input` arrays.
         antialias: widen the filter when downscaling (PIL always does; torchvision's default).
         window: an optional node of per-sample ``(top, left, height, width)`` float32: crop it first, then resize.
-        kind: PIL's filter, by its code in :data:`~.resample_kernels.FILTERS`. Any but BILINEAR (0) runs as the
+        kind: PIL's filter, by its code in :data:`~.filters.FILTERS`. Any but BILINEAR (0) runs as the
             resampler that writes floats (whose entry points are cached), with mean 0 and std 1, cast back to
             uint8: the floats are the uint8 levels, so the cast is exact.
         device: ``"gpu"``: the GPU kernel (:mod:`.resample_cuda`), any filter, on the GPU ``image``.
@@ -78,7 +78,7 @@ def resize_node(image: Any, size: Any, *, antialias: bool = True, window: Any = 
         levels = resize_normalize_node(image, size, mean=[0.0] * 3, std=[1.0] * 3, chw=False, antialias=antialias,
                                        window=window, kind=kind)
         return fn.cast(levels, dtype=types.UINT8)
-    from stallfree.transforms.numba.abi import RESIZE_ENTRIES  # loads the cached entry points (compiles once)
+    from stallfree.transforms.kernels.entries import RESIZE_ENTRIES  # loads the cached entry points (compiles once)
 
     inputs = [size, image] if window is None else [size, image, window]
     operator = numba_operator(
@@ -153,7 +153,7 @@ def resize_normalize_node(
         flip = None if mirror is None else fn.reshape(mirror, shape=[1])
         return _gpu_node("normalize", image, size, window, flip, values, np.float32, chw=chw)
 
-    from stallfree.transforms.numba.abi import RESIZE_NORMALIZE_ENTRIES
+    from stallfree.transforms.kernels.entries import RESIZE_NORMALIZE_ENTRIES
 
     flags = types.Constant(np.array([*mean, *inverse, antialias, chw, kind], np.float32), device="cpu")
     if mirror is None:
@@ -198,7 +198,7 @@ def resize_float_node(image: Any, size: Any, *, antialias: bool = True, window: 
                       device: Literal["cpu", "gpu"] = "cpu") -> Any:
     """A DALI node resizing each HWC RGB float32 sample by PIL's filter ``kind`` in float (a resize after Normalize).
 
-    The filters' weights as float32 and the sums in float64 (:func:`~.resample_kernels.resample_float`), as torch's
+    The filters' weights as float32 and the sums in float64 (:func:`~.resample.resample_float`), as torch's
     antialiased ``interpolate`` computes them (to float32 rounding) where torchvision resizes a float tensor; the
     same pixels on the CPU and the GPU.
 
@@ -207,7 +207,7 @@ def resize_float_node(image: Any, size: Any, *, antialias: bool = True, window: 
         size: the per-sample output size, a node of :func:`stallfree.transforms.spec.size_input` arrays.
         antialias: as :func:`resize_node`.
         window: as :func:`resize_node`.
-        kind: PIL's filter, by its code in :data:`~.resample_kernels.FILTERS`.
+        kind: PIL's filter, by its code in :data:`~.filters.FILTERS`.
         device: where the node runs (``image``'s device).
     """
     import nvidia.dali.types as types
@@ -215,7 +215,9 @@ def resize_float_node(image: Any, size: Any, *, antialias: bool = True, window: 
     values = [float(antialias), float(kind)]
     if device == "gpu":
         return _gpu_node("float32", image, size, window, None, values, np.float32, chw=False)
-    from stallfree.transforms.numba.abi import RESIZE_FLOAT_ENTRIES  # compiles (or loads) the one entry point used
+    from stallfree.transforms.kernels.entries import (
+        RESIZE_FLOAT_ENTRIES,  # compiles (or loads) the one entry point used
+    )
 
     flags = types.Constant(np.array(values, np.float32), device="cpu")
     inputs = [size, image, flags] if window is None else [size, image, window, flags]
@@ -235,7 +237,7 @@ def _gpu_node(variant: str, image: Any, size: Any, window: Any, mirror: Any, fla
     """The GPU resampler's node (:data:`~.resample_cuda.KERNELS`): every input moved to the GPU, as DALI needs."""
     import nvidia.dali.types as types
 
-    from stallfree.transforms.resample_cuda import KERNELS  # imports numba.cuda: GPU graphs only
+    from stallfree.transforms.kernels.resample_cuda import KERNELS  # imports numba.cuda: GPU graphs only
 
     image_type = np.float32 if variant == "float32" else np.uint8
     inputs, kinds = [size.gpu(), image], [np.uint8, image_type]
