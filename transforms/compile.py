@@ -20,16 +20,11 @@ from typing import Any, Literal
 
 import numpy as np
 
+from stallfree.transforms.ops.flip import RandomHorizontalFlip
+from stallfree.transforms.ops.normalize import Normalize
+from stallfree.transforms.ops.resize import RandomResizedCrop, Resize
 from stallfree.transforms.random import SampleRandom
-from stallfree.transforms.spec import (
-    GraphState,
-    Normalize,
-    RandomHorizontalFlip,
-    RandomResizedCrop,
-    Resize,
-    Size,
-    Transform,
-)
+from stallfree.transforms.spec import GraphState, Size, Transform
 
 __all__ = ["DTYPES", "LAYOUTS", "CompiledTransforms"]
 
@@ -84,7 +79,7 @@ class CompiledTransforms:
     def __init__(
         self, steps: Sequence[Transform], *, dtype: Dtype = "float32", layout: Layout = "NCHW", channels: int = 3
     ):
-        from stallfree.transforms.grayscale import Grayscale
+        from stallfree.transforms.ops.grayscale import Grayscale
 
         steps = list(steps)
         for i, step in enumerate(steps):

@@ -28,15 +28,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from stallfree.transforms import spec  # spec.Normalize: stallfree's step, beside torchvision's of the same name
-from stallfree.transforms.bundled import RandomErasing, RandomGrayscale
-from stallfree.transforms.color import ColorJitter
+from stallfree.transforms import spec
 from stallfree.transforms.compile import Dtype
-from stallfree.transforms.compose import Compose
-from stallfree.transforms.containers import RandomApply, RandomChoice, RandomOrder
-from stallfree.transforms.grayscale import Grayscale
+from stallfree.transforms.ops.bundled import RandomErasing, RandomGrayscale
+from stallfree.transforms.ops.color import ColorJitter
+from stallfree.transforms.ops.compose import Compose
+from stallfree.transforms.ops.containers import RandomApply, RandomChoice, RandomOrder
+from stallfree.transforms.ops.flip import RandomHorizontalFlip, RandomVerticalFlip
+from stallfree.transforms.ops.geometry import CenterCrop
+from stallfree.transforms.ops.grayscale import Grayscale
+from stallfree.transforms.ops.normalize import Normalize
+from stallfree.transforms.ops.policies import AutoAugment, RandAugment, TrivialAugmentWide
+from stallfree.transforms.ops.resize import RandomResizedCrop, Resize
 from stallfree.transforms.photometric import TRANSLATORS as _PHOTOMETRIC
-from stallfree.transforms.policies import AutoAugment, RandAugment, TrivialAugmentWide
 from stallfree.transforms.tv_geometry import TRANSLATORS as _GEOMETRIC
 from stallfree.transforms.tv_geometry import enum_value as _enum
 from stallfree.transforms.tv_geometry import interpolation as _interpolation
@@ -174,7 +178,7 @@ class _Translation:
         for where, obj in flat:
             self._step(where, obj)
         if self.pixels == "float255":
-            self.steps.append(spec.Normalize((0.0,), (1 / 255,)))  # x / 255 / (1 / 255): the 0-255 floats themselves
+            self.steps.append(Normalize((0.0,), (1 / 255,)))  # x / 255 / (1 / 255): the 0-255 floats themselves
         elif self.pixels == "uint8" and self.tensor:
             self.dtype = "uint8"
         return Spec(tuple(self.steps), self.dtype)
@@ -203,7 +207,7 @@ class _Translation:
         """
         if self.pixels in ("float01", "float255"):
             scale = 1.0 if self.pixels == "float01" else 1 / 255
-            self.steps.append(spec.Normalize((0.0,), (scale,)))
+            self.steps.append(Normalize((0.0,), (scale,)))
             self.pixels = "float"
         branches = []
         for i, step in enumerate(t.transforms):
@@ -220,12 +224,12 @@ class _Translation:
         return branches
 
     def _emit(self, step: spec.Transform, where: str) -> None:
-        if isinstance(step, spec.Normalize):
+        if isinstance(step, Normalize):
             self.pixels = "float"
         elif self.pixels in ("float01", "float255"):
             # A step after ToTensor works on floats in torchvision, so the graph converts here too.
             scale = 1.0 if self.pixels == "float01" else 1 / 255
-            self.steps.append(spec.Normalize((0.0,), (scale,)))
+            self.steps.append(Normalize((0.0,), (scale,)))
             self.pixels = "float"
         self.steps.append(step)
 
@@ -262,14 +266,14 @@ class _Translation:
         if self.pixels == "float255":  # folded with the pending conversion: (x - m) / s on 0-255 values
             mean, std = [m / 255 for m in mean], [s / 255 for s in std]
         # After a float step the graph holds floats on torchvision's scale, and Normalize applies as it stands.
-        self.steps.append(spec.Normalize(tuple(mean), tuple(std)))
+        self.steps.append(Normalize(tuple(mean), tuple(std)))
         self.pixels = "float"
 
     # --- geometry and colour --------------------------------------------------------------------------------------
 
     def random_resized_crop(self, where: str, t: Any) -> None:
         interpolation, antialias = _interpolation(where, t)
-        step = spec.RandomResizedCrop(tuple(t.size), tuple(t.scale), tuple(t.ratio), antialias=antialias,
+        step = RandomResizedCrop(tuple(t.size), tuple(t.scale), tuple(t.ratio), antialias=antialias,
                                       interpolation=interpolation)
         self._emit(step, where)
 
@@ -277,17 +281,17 @@ class _Translation:
         interpolation, antialias = _interpolation(where, t)
         if t.size is None:
             raise ValueError(f"{where}: Resize(size=None, max_size=...) is not reproduced; give the shorter side")
-        self._emit(spec.Resize(_resize_size(t.size), antialias=antialias, max_size=t.max_size,
+        self._emit(Resize(_resize_size(t.size), antialias=antialias, max_size=t.max_size,
                                interpolation=interpolation), where)
 
     def center_crop(self, where: str, t: Any) -> None:
-        self._emit(spec.CenterCrop(tuple(t.size)), where)
+        self._emit(CenterCrop(tuple(t.size)), where)
 
     def hflip(self, where: str, t: Any) -> None:
-        self._emit(spec.RandomHorizontalFlip(float(t.p)), where)
+        self._emit(RandomHorizontalFlip(float(t.p)), where)
 
     def vflip(self, where: str, t: Any) -> None:
-        self._emit(spec.RandomVerticalFlip(float(t.p)), where)
+        self._emit(RandomVerticalFlip(float(t.p)), where)
 
     def color_jitter(self, where: str, t: Any) -> None:
         # torchvision keeps each factor as a checked (min, max) or None (disabled).

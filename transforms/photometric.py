@@ -13,17 +13,17 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from stallfree.transforms import spec
-from stallfree.transforms.adjust import (
+from stallfree.transforms.ops.adjust import (
     RandomAdjustSharpness,
     RandomAutocontrast,
     RandomEqualize,
     RandomInvert,
 )
-from stallfree.transforms.augmix import AugMix
-from stallfree.transforms.blur import GaussianBlur
-from stallfree.transforms.bundled import GaussianNoise, RandomPosterize, RandomSolarize
-from stallfree.transforms.color import RandomChannelPermutation, RandomPhotometricDistort
-from stallfree.transforms.jpeg import JPEG
+from stallfree.transforms.ops.augmix import AugMix
+from stallfree.transforms.ops.blur import GaussianBlur
+from stallfree.transforms.ops.bundled import GaussianNoise, RandomPosterize, RandomSolarize
+from stallfree.transforms.ops.color import RandomChannelPermutation, RandomPhotometricDistort
+from stallfree.transforms.ops.jpeg import JPEG
 from stallfree.transforms.tv_geometry import enum_value, fill_values, is_v2
 
 __all__ = ["TRANSLATORS"]

@@ -13,14 +13,15 @@ from collections.abc import Callable
 from typing import Any
 
 from stallfree.transforms import spec
-from stallfree.transforms.geometry import Pad, RandomCrop, RandomZoomOut
-from stallfree.transforms.rescale import RandomResize, RandomShortestSize, ScaleJitter
-from stallfree.transforms.warp import RandomAffine, RandomPerspective, RandomRotation
+from stallfree.transforms.ops.geometry import Pad, RandomCrop, RandomZoomOut
+from stallfree.transforms.ops.rescale import RandomResize, RandomShortestSize, ScaleJitter
+from stallfree.transforms.ops.resize import Interpolation
+from stallfree.transforms.ops.warp import RandomAffine, RandomPerspective, RandomRotation
 
 __all__ = ["TRANSLATORS", "enum_value", "fill_values", "interpolation", "is_v2"]
 
 #: torchvision's interpolation modes (and PIL's integer codes, which it still accepts) that the spec reproduces.
-_INTERPOLATIONS: dict[str, spec.Interpolation] = {
+_INTERPOLATIONS: dict[str, Interpolation] = {
     "bilinear": "bilinear", "2": "bilinear", "bicubic": "bicubic", "3": "bicubic", "nearest": "nearest", "0": "nearest",
     "box": "box", "4": "box", "hamming": "hamming", "5": "hamming", "lanczos": "lanczos", "1": "lanczos",
     "nearest-exact": "nearest",  # on PIL images torchvision maps NEAREST_EXACT to PIL's NEAREST (pil_modes_mapping)
@@ -38,7 +39,7 @@ def enum_value(value: Any) -> str:
     return str(getattr(value, "value", value)).lower()
 
 
-def interpolation(where: str, t: Any) -> tuple[spec.Interpolation, bool]:
+def interpolation(where: str, t: Any) -> tuple[Interpolation, bool]:
     """Check torchvision's interpolation/antialias arguments; the spec's ``interpolation`` and ``antialias``."""
     mode = enum_value(getattr(t, "interpolation", "bilinear"))
     if mode not in _INTERPOLATIONS:

@@ -19,9 +19,9 @@ from stallfree.transforms import (
     Resize,
     TrivialAugmentWide,
 )
-from stallfree.transforms.containers import RandomApply
 from stallfree.transforms.from_torchvision import to_steps
-from stallfree.transforms.geometry import Pad
+from stallfree.transforms.ops.containers import RandomApply
+from stallfree.transforms.ops.geometry import Pad
 
 pytestmark = pytest.mark.torchvision
 

@@ -1,7 +1,7 @@
 """DALI's ``numba_function`` nodes: a per-sample run function (CPU) or CUDA function (GPU) as a graph operator.
 
-Every Numba operator of the graph goes through here: the user's kernels (:mod:`.kernel`), ColorJitter's
-kernel (:mod:`.color`) and the resampler (:mod:`.resample`).
+Every Numba operator of the graph goes through here: the user's kernels (:mod:`.kernel`), ColorJitter's kernel
+(:mod:`~stallfree.transforms.ops.color`) and the resampler (:mod:`~stallfree.transforms.kernels.resample_node`).
 """
 
 from __future__ import annotations

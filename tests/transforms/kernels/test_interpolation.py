@@ -13,8 +13,8 @@ from stallfree import Loader
 from stallfree.transforms import CenterCrop, Normalize, RandomHorizontalFlip, RandomResizedCrop, Resize
 from stallfree.transforms.kernels.filters import FILTERS
 from stallfree.transforms.kernels.resample import resample_normalize
+from stallfree.transforms.ops.resize import nearest_table
 from stallfree.transforms.random import SampleRandom
-from stallfree.transforms.spec import nearest_table
 
 PIL_FILTERS = {"bicubic": Image.Resampling.BICUBIC, "nearest": Image.Resampling.NEAREST, "box": Image.Resampling.BOX,
                "hamming": Image.Resampling.HAMMING, "lanczos": Image.Resampling.LANCZOS,

@@ -48,7 +48,7 @@ import sys
 import numpy as np
 from numba import config, cuda
 from stallfree.transforms import *
-from stallfree.transforms.color import jitter_cuda_function
+from stallfree.transforms.ops.color import jitter_cuda_function
 
 assert config.ENABLE_CUDASIM
 data = np.load(sys.argv[1])

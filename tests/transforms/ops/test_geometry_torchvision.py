@@ -17,7 +17,7 @@ from PIL import Image
 
 from stallfree import Loader
 from stallfree.transforms import RandomResizedCrop
-from stallfree.transforms.geometry import RandomCrop, RandomZoomOut
+from stallfree.transforms.ops.geometry import RandomCrop, RandomZoomOut
 from stallfree.transforms.random import SampleRandom
 
 pytestmark = pytest.mark.torchvision

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from stallfree.transforms import AugMix, CenterCrop
-from stallfree.transforms.augmix import dirichlet, linspace32
 from stallfree.transforms.compile import CompiledTransforms
 from stallfree.transforms.dali_types import dali_type
+from stallfree.transforms.ops.augmix import dirichlet, linspace32
 from stallfree.transforms.random import SampleRandom, batch_random
 
 SIZE = (19, 24)

@@ -15,11 +15,11 @@ import pytest
 
 from stallfree.transforms import CenterCrop, ColorJitter, RandomHorizontalFlip, RandomVerticalFlip, Resize
 from stallfree.transforms.compile import CompiledTransforms
-from stallfree.transforms.containers import RandomApply, RandomChoice, RandomOrder
 from stallfree.transforms.dali_types import dali_type
-from stallfree.transforms.geometry import Pad, RandomCrop, RandomZoomOut
+from stallfree.transforms.ops.containers import RandomApply, RandomChoice, RandomOrder
+from stallfree.transforms.ops.geometry import Pad, RandomCrop, RandomZoomOut
+from stallfree.transforms.ops.warp import RandomAffine, RandomPerspective, RandomRotation, dali_warp
 from stallfree.transforms.random import batch_random
-from stallfree.transforms.warp import RandomAffine, RandomPerspective, RandomRotation, dali_warp
 
 pytestmark = pytest.mark.gpu
 GPU = "gpu"  # the device the graph under test runs on

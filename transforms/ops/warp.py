@@ -1,11 +1,11 @@
 """``RandomRotation``, ``RandomAffine`` and ``RandomPerspective`` with torchvision's semantics, equal to its PIL output.
 
-The host draws each sample's parameters from its keyed stream in torchvision's order (the angle, the translation,
-the scale, the shears; the four corners' offsets) and turns them into the coefficients PIL's ``Image.transform``
-takes, by the same arithmetic as torchvision and Pillow (``Image.rotate``'s rounded matrix and its ``expand``
-size, torchvision's ``_get_inverse_affine_matrix`` and ``_get_perspective_coeffs``). The graph samples the image
-with them by :mod:`.warp_kernels`, PIL's engines, so the pixels equal torchvision's on PIL images
-(``tests/transforms/test_warp.py``; for perspective, to the float32 rounding of the least-squares coefficients).
+The host draws each sample's parameters from its keyed stream in torchvision's order (the angle, the translation, the
+scale, the shears; the four corners' offsets) and turns them into the coefficients PIL's ``Image.transform`` takes, by
+the same arithmetic as torchvision and Pillow (``Image.rotate``'s rounded matrix and its ``expand`` size, torchvision's
+``_get_inverse_affine_matrix`` and ``_get_perspective_coeffs``). The graph samples the image with them by
+:mod:`~stallfree.transforms.kernels.warp`, PIL's engines, so the pixels equal torchvision's on PIL images
+(``tests/transforms/ops/test_warp.py``; for perspective, to the float32 rounding of the least-squares coefficients).
 
 On uint8 images: torchvision's float-tensor path (``grid_sample``) is another computation, so a step placed after
 ``Normalize`` is refused with the fix. The GPU graph warps with DALI's ``warp_perspective`` and the same
@@ -22,8 +22,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from stallfree.transforms.geometry import Fill, fill_per_channel
 from stallfree.transforms.kernels.warp import AFFINE, BICUBIC, BILINEAR, NEAREST, PERSPECTIVE, entries, warp
+from stallfree.transforms.ops.geometry import Fill, fill_per_channel
 from stallfree.transforms.random import SampleRandom
 from stallfree.transforms.spec import GraphState, Size, Transform, size_input
 
@@ -164,7 +164,7 @@ def dali_warp(image: Any, params: Mapping[str, Any], interpolation: str, fill: S
     samples in float32, rounding where PIL truncates: nearest picks PIL's pixel but where a coordinate falls within
     float32 rounding of a pixel boundary; bilinear is within one level of PIL's where the source point lies a pixel
     or more inside the image, and differs near the edges, where PIL repeats the border row and DALI blends in the
-    fill (``tests/transforms/test_warp.py``).
+    fill (``tests/transforms/ops/test_warp.py``).
     """
     import nvidia.dali.fn as fn
     import nvidia.dali.types as types

@@ -16,8 +16,8 @@ from ks import ks_statistic
 from PIL import Image
 
 from stallfree import Loader
+from stallfree.transforms.ops.warp import RandomAffine, RandomPerspective, RandomRotation
 from stallfree.transforms.random import SampleRandom
-from stallfree.transforms.warp import RandomAffine, RandomPerspective, RandomRotation
 
 pytestmark = pytest.mark.torchvision
 

@@ -24,18 +24,18 @@ from typing import Any, Literal
 
 import numpy as np
 
-from stallfree.transforms.adjust import (
+from stallfree.transforms.kernels.color import BRIGHTNESS, CONTRAST, SATURATION
+from stallfree.transforms.ops.adjust import (
     _SHARPNESS,
     RandomAdjustSharpness,
     RandomAutocontrast,
     RandomEqualize,
 )
-from stallfree.transforms.bundled import _SOLARIZE, _posterize
-from stallfree.transforms.color import ColorJitter, jitter_node
-from stallfree.transforms.kernels.color import BRIGHTNESS, CONTRAST, SATURATION
+from stallfree.transforms.ops.bundled import _SOLARIZE, _posterize
+from stallfree.transforms.ops.color import ColorJitter, jitter_node
+from stallfree.transforms.ops.warp import affine_matrix
 from stallfree.transforms.random import SampleRandom
 from stallfree.transforms.spec import GraphState, Size, Transform
-from stallfree.transforms.warp import affine_matrix
 
 __all__ = ["AugMix", "OPS", "dirichlet", "inverse_affine", "linspace32"]
 

@@ -1,15 +1,17 @@
-"""Padding and random crops with torchvision's semantics: ``Pad`` and ``RandomCrop`` (the CIFAR recipe).
+"""Padding and crops with torchvision's semantics: ``Pad``, ``RandomCrop`` (the CIFAR recipe), ``CenterCrop``.
 
-Both are a window of the padded image. The host draws the window from the sample's stream and its size, exactly as
-torchvision does (``RandomCrop.get_params``: the top row, then the left column, each uniform), and the graph cuts it
-out of the unpadded image:
+Each is a window of the padded image. ``CenterCrop``'s is the centre, with torchvision's rounding and zeros where the
+image is smaller; ``RandomCrop``'s is drawn by the host from the sample's stream and its size, exactly as torchvision
+draws it (``RandomCrop.get_params``: the top row, then the left column, each uniform). The graph cuts the window out
+of the unpadded image:
 
     padding_mode="constant"                 one ``fn.slice`` whose window runs over the image's edge, the rest
                                             filled with ``fill`` (per channel): CPU and GPU
-    "edge", "reflect", "symmetric"          :mod:`.gather` on row and column tables made with ``np.pad``, which is
-                                            what torchvision pads PIL images with: CPU
+    "edge", "reflect", "symmetric"          :mod:`~stallfree.transforms.kernels.gather` on row and column
+                                            tables made with ``np.pad``, which is what torchvision pads PIL
+                                            images with: CPU
 
-Either way the result equals torchvision's on a PIL image to the bit (``tests/transforms/test_geometry.py``).
+Either way the result equals torchvision's on a PIL image to the bit (``tests/transforms/ops/test_geometry.py``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import numpy as np
 from stallfree.transforms.random import SampleRandom
 from stallfree.transforms.spec import GraphState, Size, Transform, size_pair
 
-__all__ = ["Pad", "RandomCrop", "RandomZoomOut", "fill_per_channel", "padding_table"]
+__all__ = ["CenterCrop", "Pad", "RandomCrop", "RandomZoomOut", "fill_per_channel", "padding_table"]
 
 PaddingMode = Literal["constant", "edge", "reflect", "symmetric"]
 MODES = ("constant", "edge", "reflect", "symmetric")
@@ -296,3 +298,42 @@ class RandomZoomOut(Transform):
     def build(self, image: Any, params: Mapping[str, Any], state: GraphState) -> tuple[Any, GraphState]:
         fill = fill_per_channel("RandomZoomOut", self.fill)
         return _window_node("RandomZoomOut", image, params["window"], None, fill, "constant", state), state
+
+
+@dataclass(frozen=True)
+class CenterCrop(Transform):
+    """Crop the centre ``size`` window, padding with zeros where the image is smaller (as torchvision)."""
+
+    size: int | Sequence[int]
+    params = {"anchor": np.int32}  # (top, left); negative where torchvision pads
+    changes_size = True
+
+    def __post_init__(self) -> None:
+        size_pair("CenterCrop", self.size)
+
+    def fixed_size(self) -> Size:
+        return size_pair("CenterCrop", self.size)
+
+    def anchor(self, height: int, width: int) -> tuple[int, int]:
+        """Top-left corner of the crop in the unpadded image (torchvision's rounding and padding)."""
+        crop_h, crop_w = self.fixed_size()
+        top = -((crop_h - height) // 2) if crop_h > height else int(round((height - crop_h) / 2.0))
+        left = -((crop_w - width) // 2) if crop_w > width else int(round((width - crop_w) / 2.0))
+        return top, left
+
+    def draw(self, rng: SampleRandom, size: Size) -> tuple[dict[str, Any], Size]:
+        return {"anchor": np.array(self.anchor(*size), np.int32)}, self.fixed_size()
+
+    def build(self, image: Any, params: Mapping[str, Any], state: GraphState) -> tuple[Any, GraphState]:
+        import nvidia.dali.fn as fn
+
+        cropped = fn.slice(
+            image,
+            start=params["anchor"],
+            shape=list(self.fixed_size()),
+            axis_names="HW",
+            out_of_bounds_policy="pad",
+            fill_values=0,
+            device=state.device,
+        )
+        return cropped, state

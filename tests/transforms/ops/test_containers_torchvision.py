@@ -12,9 +12,9 @@ from PIL import Image
 
 from stallfree import Loader
 from stallfree.transforms import CenterCrop, ColorJitter, RandomHorizontalFlip
-from stallfree.transforms.containers import RandomApply, RandomChoice, RandomOrder
 from stallfree.transforms.from_torchvision import to_steps
-from stallfree.transforms.geometry import Pad
+from stallfree.transforms.ops.containers import RandomApply, RandomChoice, RandomOrder
+from stallfree.transforms.ops.geometry import Pad
 from stallfree.transforms.random import SampleRandom
 
 pytestmark = pytest.mark.torchvision

@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from stallfree import Loader
-from stallfree.transforms.geometry import Pad, RandomCrop, RandomZoomOut, padding_table
+from stallfree.transforms.ops.geometry import Pad, RandomCrop, RandomZoomOut, padding_table
 from stallfree.transforms.random import SampleRandom
 
 SIZES = [(30, 40), (41, 23), (17, 50), (32, 32)]

@@ -11,8 +11,8 @@ from PIL import Image
 
 from stallfree import Loader
 from stallfree.transforms import CenterCrop, ColorJitter, Normalize, RandomHorizontalFlip, RandomVerticalFlip, Resize
-from stallfree.transforms.containers import RandomApply, RandomChoice, RandomOrder
-from stallfree.transforms.geometry import Pad
+from stallfree.transforms.ops.containers import RandomApply, RandomChoice, RandomOrder
+from stallfree.transforms.ops.geometry import Pad
 from stallfree.transforms.random import SampleRandom
 
 JITTER = ColorJitter(0.4, 0.4, 0.4, 0.1)

@@ -12,8 +12,7 @@ from PIL import Image
 from stallfree import Loader
 from stallfree.transforms import CenterCrop, Normalize
 from stallfree.transforms.kernels.warp import warp
-from stallfree.transforms.random import SampleRandom
-from stallfree.transforms.warp import (
+from stallfree.transforms.ops.warp import (
     RandomAffine,
     RandomPerspective,
     RandomRotation,
@@ -21,6 +20,7 @@ from stallfree.transforms.warp import (
     perspective_coefficients,
     rotation_matrix,
 )
+from stallfree.transforms.random import SampleRandom
 
 PIL_FILTERS = {"nearest": Image.Resampling.NEAREST, "bilinear": Image.Resampling.BILINEAR,
                "bicubic": Image.Resampling.BICUBIC}
@@ -163,7 +163,7 @@ def test_the_gpu_graphs_warp_is_pils_but_at_the_edges(interpolation) -> None:
     """dali_warp (DALI's warp_perspective, which the GPU graph runs) on DALI's CPU backend, against PIL."""
     from nvidia.dali import fn, pipeline_def
 
-    from stallfree.transforms.warp import dali_warp
+    from stallfree.transforms.ops.warp import dali_warp
 
     rng = np.random.default_rng(11)
     images = [rng.integers(0, 256, (30, 40, 3), dtype=np.uint8) for _ in range(6)]

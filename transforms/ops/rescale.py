@@ -1,7 +1,7 @@
 """torchvision v2's resizes to a drawn size: ``RandomResize``, ``ScaleJitter``, ``RandomShortestSize``.
 
 Each draws its output size on the host, from the sample's stream and its size, as torchvision's ``make_params``
-does, then resizes exactly as :class:`~stallfree.transforms.spec.Resize` to that size (PIL's BILINEAR, BICUBIC or
+does, then resizes exactly as :class:`~.resize.Resize` to that size (PIL's BILINEAR, BICUBIC or
 NEAREST on the CPU graph's uint8 images). The size varies per sample, so a later step must fix it (a crop, or a
 ``Resize((h, w))``) before samples batch, as in the detection recipes these come from.
 """
@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from stallfree.transforms.ops.resize import Interpolation, Resize, check_interpolation
 from stallfree.transforms.random import SampleRandom
-from stallfree.transforms.spec import GraphState, Interpolation, Resize, Size, Transform, check_interpolation
+from stallfree.transforms.spec import GraphState, Size, Transform
 
 __all__ = ["RandomResize", "RandomShortestSize", "ScaleJitter"]
 

@@ -12,8 +12,8 @@ from PIL import Image
 
 from stallfree import Loader
 from stallfree.transforms.from_torchvision import to_steps
+from stallfree.transforms.ops.rescale import RandomResize, RandomShortestSize, ScaleJitter
 from stallfree.transforms.random import SampleRandom
-from stallfree.transforms.rescale import RandomResize, RandomShortestSize, ScaleJitter
 
 pytestmark = pytest.mark.torchvision
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 KERNELS = """
-from stallfree.transforms import adjust, color
+from stallfree.transforms.ops import adjust, color
 KERNELS = {
     "invert[uint8]": adjust._INVERT["uint8"], "invert[float32]": adjust._INVERT["float32"],
     "autocontrast[uint8]": adjust._AUTOCONTRAST["uint8"], "autocontrast[float32]": adjust._AUTOCONTRAST["float32"],

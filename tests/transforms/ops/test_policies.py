@@ -10,7 +10,7 @@ import torch
 
 from stallfree.transforms import AutoAugment, CenterCrop, Normalize, RandAugment, TrivialAugmentWide
 from stallfree.transforms.compile import CompiledTransforms
-from stallfree.transforms.policies import POLICIES
+from stallfree.transforms.ops.policies import POLICIES
 from stallfree.transforms.random import batch_random
 from stallfree.transforms.spec import GraphState
 
@@ -95,7 +95,7 @@ def test_per_channel_fill_fills_each_channel() -> None:
     from nvidia.dali import pipeline_def
     from nvidia.dali.auto_aug import augmentations
 
-    from stallfree.transforms.policies import _channel_fill
+    from stallfree.transforms.ops.policies import _channel_fill
 
     rotate, invert = _channel_fill([augmentations.rotate, augmentations.invert])
     assert invert is augmentations.invert  # what does not warp keeps DALI's augmentation

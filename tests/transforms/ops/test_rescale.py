@@ -10,8 +10,8 @@ from PIL import Image
 
 from stallfree import Loader
 from stallfree.transforms import CenterCrop
+from stallfree.transforms.ops.rescale import RandomResize, RandomShortestSize, ScaleJitter
 from stallfree.transforms.random import SampleRandom
-from stallfree.transforms.rescale import RandomResize, RandomShortestSize, ScaleJitter
 
 PIL_FILTERS = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC,
                "nearest": Image.Resampling.NEAREST}

@@ -28,8 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from stallfree.transforms.ops.normalize import Normalize
 from stallfree.transforms.random import SampleRandom
-from stallfree.transforms.spec import GraphState, Normalize, Size, Transform
+from stallfree.transforms.spec import GraphState, Size, Transform
 
 __all__ = ["RandomApply", "RandomChoice", "RandomOrder"]
 
