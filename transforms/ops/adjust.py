@@ -10,9 +10,10 @@ for the v2 ones, where the two differ), uint8 before ``Normalize`` and float32 o
     RandomEqualize          PIL's lookup table from each channel's histogram (uint8 only)  exact
     RandomAdjustSharpness   blend with the 3x3 [1 1 1; 1 5 1; 1 1 1] / 13 blur              exact (uint8)
 
-A statistic of the whole image (autocontrast's minimum and maximum, equalize's histogram) is computed by DALI
-operators, or by a kernel of its own, before the pixel kernel, and handed to it as a per-sample input.
-``photometric.TRANSLATORS`` turns torchvision's instances of these classes into them.
+A statistic of the whole image (autocontrast's minimum and maximum, equalize's histogram) is computed by DALI operators,
+or by a kernel of its own, before the pixel kernel, and handed to it as a per-sample input.
+:data:`stallfree.transforms.translation.photometric.TRANSLATORS` turns torchvision's instances of these classes into
+them.
 """
 
 from __future__ import annotations

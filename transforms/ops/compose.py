@@ -14,7 +14,7 @@ class Compose:
     """The steps of a spec in order, for ``Loader(transform=Compose([...]))`` as ``T.Compose`` is used.
 
     The steps are stallfree transforms, nested ``Compose`` objects, or torchvision transforms (translated by
-    :func:`stallfree.transforms.from_torchvision.to_steps`); the Loader flattens them.
+    :func:`stallfree.transforms.translation.translator.to_steps`); the Loader flattens them.
     """
 
     transforms: tuple[Any, ...]

@@ -158,7 +158,7 @@ def test_graph_matches_torchvision_on_the_same_draws(variant: str, interpolation
 @pytest.mark.torchvision
 @pytest.mark.parametrize("version", ["v1", "v2"])
 def test_torchvisions_augmix_translates(version: str) -> None:
-    from stallfree.transforms.from_torchvision import to_steps
+    from stallfree.transforms.translation.translator import to_steps
 
     if version == "v1":
         import torchvision.transforms as T
@@ -172,7 +172,7 @@ def test_torchvisions_augmix_translates(version: str) -> None:
 def test_augmix_with_a_per_channel_fill_is_refused_by_name() -> None:
     import torchvision.transforms.v2 as T
 
-    from stallfree.transforms.from_torchvision import to_steps
+    from stallfree.transforms.translation.translator import to_steps
 
     assert to_steps(T.AugMix(fill=7)).steps == (AugMix(fill=7.0, variant="v2"),)
     with pytest.raises(ValueError, match=r"transform\[0\]: AugMix\(fill=\[1, 2, 3\]\) is not reproduced"):

@@ -12,10 +12,10 @@ from PIL import Image
 
 from stallfree import Loader
 from stallfree.transforms import CenterCrop, ColorJitter, RandomHorizontalFlip
-from stallfree.transforms.from_torchvision import to_steps
 from stallfree.transforms.ops.containers import RandomApply, RandomChoice, RandomOrder
 from stallfree.transforms.ops.geometry import Pad
 from stallfree.transforms.random import SampleRandom
+from stallfree.transforms.translation.translator import to_steps
 
 pytestmark = pytest.mark.torchvision
 

@@ -190,7 +190,7 @@ def test_torchvisions_classes_translate_with_their_parameters(version: str) -> N
         RandomPosterize,
         RandomSolarize,
     )
-    from stallfree.transforms.from_torchvision import to_steps
+    from stallfree.transforms.translation.translator import to_steps
 
     if version == "v1":
         import torchvision.transforms as T
@@ -374,7 +374,7 @@ def test_jpeg_in_the_graph_equals_torchvisions() -> None:
     import torchvision.transforms.v2.functional as F  # noqa: N812 - torchvision's alias
 
     from stallfree.transforms import JPEG
-    from stallfree.transforms.from_torchvision import to_steps
+    from stallfree.transforms.translation.translator import to_steps
 
     assert to_steps(T.JPEG((5, 95))).steps == (JPEG((5, 95)),) and to_steps(T.JPEG(70)).steps == (JPEG((70, 70)),)
     rng = np.random.default_rng(12)

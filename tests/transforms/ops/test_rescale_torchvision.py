@@ -11,9 +11,9 @@ from ks import ks_statistic
 from PIL import Image
 
 from stallfree import Loader
-from stallfree.transforms.from_torchvision import to_steps
 from stallfree.transforms.ops.rescale import RandomResize, RandomShortestSize, ScaleJitter
 from stallfree.transforms.random import SampleRandom
+from stallfree.transforms.translation.translator import to_steps
 
 pytestmark = pytest.mark.torchvision
 

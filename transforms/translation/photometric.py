@@ -1,10 +1,10 @@
 """torchvision's photometric transform classes, translated into stallfree's steps.
 
 ``TRANSLATORS`` maps a torchvision class name to the function that turns one of its instances into a stallfree
-step; ``from_torchvision`` consults it for the names it does not handle itself. The steps live in :mod:`.adjust`
-(invert, autocontrast, equalize, sharpness), :mod:`.blur`, :mod:`.bundled` (solarize, posterize, noise),
-:mod:`.color` (the photometric distortion, the channel permutation), :mod:`.jpeg` and :mod:`.augmix`. A v2
-class gets v2's arithmetic where the two APIs round differently.
+step; :mod:`.translator` consults it for the names it does not handle itself. The steps live in
+:mod:`stallfree.transforms.ops`: ``adjust`` (invert, autocontrast, equalize, sharpness), ``blur``, ``bundled``
+(solarize, posterize, noise), ``color`` (the photometric distortion, the channel permutation), ``jpeg`` and
+``augmix``. A v2 class gets v2's arithmetic where the two APIs round differently.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from stallfree.transforms.ops.blur import GaussianBlur
 from stallfree.transforms.ops.bundled import GaussianNoise, RandomPosterize, RandomSolarize
 from stallfree.transforms.ops.color import RandomChannelPermutation, RandomPhotometricDistort
 from stallfree.transforms.ops.jpeg import JPEG
-from stallfree.transforms.tv_geometry import enum_value, fill_values, is_v2
+from stallfree.transforms.translation.geometry import enum_value, fill_values, is_v2
 
 __all__ = ["TRANSLATORS"]
 

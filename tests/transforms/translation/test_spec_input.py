@@ -9,7 +9,7 @@ import warnings
 import pytest
 
 from stallfree.transforms import CenterCrop, Compose, Normalize, RandomHorizontalFlip, Resize
-from stallfree.transforms.from_torchvision import to_steps
+from stallfree.transforms.translation.translator import to_steps
 
 
 def test_compose_one_step_and_lists_flatten_to_the_same_spec() -> None:
@@ -44,7 +44,7 @@ def test_a_custom_class_is_refused_by_its_name() -> None:
 def test_no_torchvision_is_imported_for_stallfree_specs() -> None:
     code = (
         "import sys, stallfree; from stallfree.transforms import *; "
-        "from stallfree.transforms.from_torchvision import to_steps; "
+        "from stallfree.transforms.translation.translator import to_steps; "
         "to_steps(Compose([Resize(8), CenterCrop(8), Normalize()])); "
         "assert not [m for m in sys.modules if m.startswith('torchvision')], 'torchvision imported'"
     )

@@ -19,9 +19,9 @@ from stallfree.transforms import (
     Resize,
     TrivialAugmentWide,
 )
-from stallfree.transforms.from_torchvision import to_steps
 from stallfree.transforms.ops.containers import RandomApply
 from stallfree.transforms.ops.geometry import Pad
+from stallfree.transforms.translation.translator import to_steps
 
 pytestmark = pytest.mark.torchvision
 
@@ -165,7 +165,7 @@ def test_the_translation_imports_torchvision_only_for_its_objects() -> None:
     import sys
 
     code = (
-        "import sys, stallfree; from stallfree.transforms.from_torchvision import to_steps; "
+        "import sys, stallfree; from stallfree.transforms.translation.translator import to_steps; "
         "from stallfree.transforms import CenterCrop; to_steps([CenterCrop(8)]); "
         "assert not [m for m in sys.modules if m.startswith('torchvision')]"
     )

@@ -5,7 +5,7 @@ torchvision's own objects (``T.Compose``, ``v2.Compose``, a single transform, a 
 steps). torchvision's classes are recognised by the module their type comes from, so nothing here imports
 torchvision: a user without it never loads it, and a user with it gets the objects they built translated with
 their parameters: the type conversions, resizes, flips, containers and policies here, the geometric steps through
-:data:`.tv_geometry.TRANSLATORS` and the photometric ones through :data:`.photometric.TRANSLATORS`. Anything else (a
+:data:`.geometry.TRANSLATORS` and the photometric ones through :data:`.photometric.TRANSLATORS`. Anything else (a
 lambda, a custom class, a torchvision class with no counterpart) is refused with a ``TypeError`` that names it and
 says what to do instead: a per-pixel ``@kernel`` where one can do it, the output batch where it moves pixels.
 
@@ -40,10 +40,10 @@ from stallfree.transforms.ops.grayscale import Grayscale
 from stallfree.transforms.ops.normalize import Normalize
 from stallfree.transforms.ops.policies import AutoAugment, RandAugment, TrivialAugmentWide
 from stallfree.transforms.ops.resize import RandomResizedCrop, Resize
-from stallfree.transforms.photometric import TRANSLATORS as _PHOTOMETRIC
-from stallfree.transforms.tv_geometry import TRANSLATORS as _GEOMETRIC
-from stallfree.transforms.tv_geometry import enum_value as _enum
-from stallfree.transforms.tv_geometry import interpolation as _interpolation
+from stallfree.transforms.translation.geometry import TRANSLATORS as _GEOMETRIC
+from stallfree.transforms.translation.geometry import enum_value as _enum
+from stallfree.transforms.translation.geometry import interpolation as _interpolation
+from stallfree.transforms.translation.photometric import TRANSLATORS as _PHOTOMETRIC
 
 __all__ = ["Spec", "is_torchvision", "to_steps"]
 
@@ -274,7 +274,7 @@ class _Translation:
     def random_resized_crop(self, where: str, t: Any) -> None:
         interpolation, antialias = _interpolation(where, t)
         step = RandomResizedCrop(tuple(t.size), tuple(t.scale), tuple(t.ratio), antialias=antialias,
-                                      interpolation=interpolation)
+                                 interpolation=interpolation)
         self._emit(step, where)
 
     def resize(self, where: str, t: Any) -> None:
@@ -282,7 +282,7 @@ class _Translation:
         if t.size is None:
             raise ValueError(f"{where}: Resize(size=None, max_size=...) is not reproduced; give the shorter side")
         self._emit(Resize(_resize_size(t.size), antialias=antialias, max_size=t.max_size,
-                               interpolation=interpolation), where)
+                          interpolation=interpolation), where)
 
     def center_crop(self, where: str, t: Any) -> None:
         self._emit(CenterCrop(tuple(t.size)), where)

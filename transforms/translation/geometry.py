@@ -1,10 +1,10 @@
 """torchvision's geometric transforms (crops with padding, warps, drawn-size resizes) as stallfree steps.
 
-``TRANSLATORS`` maps a torchvision class name (``transforms`` and ``transforms.v2``) to the function that turns one
-of its instances into a stallfree step, with its parameters read as torchvision stores them (v1 keeps what it was
-given, v2 sometimes parses it: ``RandomCrop``'s padding). ``from_torchvision`` consults it, as it consults
-:data:`stallfree.transforms.photometric.TRANSLATORS`; the interpolation and fill checks here are the ones its own
-``Resize`` and ``RandomResizedCrop`` use. Nothing here imports torchvision.
+``TRANSLATORS`` maps a torchvision class name (``transforms`` and ``transforms.v2``) to the function that turns one of
+its instances into a stallfree step, with its parameters read as torchvision stores them (v1 keeps what it was given, v2
+sometimes parses it: ``RandomCrop``'s padding). :mod:`.translator` consults it, as it consults
+:data:`.photometric.TRANSLATORS`; the interpolation and fill checks here are the ones its own ``Resize`` and
+``RandomResizedCrop`` use. Nothing here imports torchvision.
 """
 
 from __future__ import annotations
