@@ -9,13 +9,12 @@ computes its output pixels whole. A GPU kernel cannot allocate the image between
 pixel recomputes the first pass's values it reads (``taps`` of them, each a ``taps``-long sum): more arithmetic
 than the CPU's two passes, none of it shared between threads, and no memory but the image and the output.
 
-Equal to the CPU to the bit: ``tests/transforms/kernels/test_resample_cudasim.py`` (the simulator, hundreds of random
-shapes per variant) and, on a GPU, ``tests/transforms/kernels/test_resample_gpu.py`` through DALI
-(``bench/gpu_check.sh``). Where the hardware could differ from the simulator, it cannot change a result: the uint8 sums
-are integers, the float sums add float32 x float32 products, exact in float64 with or without a fused multiply-add; only
-the float64 weights before their rounding (to 22-bit fixed point, or to float32) pass through the GPU's own
-``sin``/``cos`` (HAMMING, LANCZOS) and contraction, a last-bit difference that changes a rounded weight only at an exact
-tie.
+Equal to the CPU to the bit: ``tests/transforms/kernels/test_resample_cudasim.py`` (the simulator, 512 random shapes per
+variant) and, on a GPU, ``tests/transforms/kernels/test_resample_gpu.py`` through DALI (``bench/gpu_check.sh``). Where
+the hardware could differ from the simulator, it cannot change a result: the uint8 sums are integers, the float sums add
+float32 x float32 products, exact in float64 with or without a fused multiply-add; only the float64 weights before their
+rounding (to 22-bit fixed point, or to float32) pass through the GPU's own ``sin``/``cos`` (HAMMING, LANCZOS) and
+contraction, a last-bit difference that changes a rounded weight only at an exact tie.
 
 Kernels (DALI's GPU ``numba_function`` run functions, ``batch_processing=False``; input 0 is the size carrier):
 
