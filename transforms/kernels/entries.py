@@ -1,4 +1,4 @@
-r"""The resampler's and ColorJitter's CPU entry points: ``cfunc``\ s of DALI's C interface, cached on disk.
+"""The resampler's and ColorJitter's CPU entry points: ``cfunc``s of DALI's C interface, cached on disk.
 
 Every CPU ``RandomResizedCrop``/``Resize`` runs the resampler (:mod:`.resample`) and every CPU ``ColorJitter`` its
 kernel (:mod:`.color`) through these, so that a new process loads them from Numba's cache instead of compiling
