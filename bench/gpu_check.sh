@@ -133,7 +133,7 @@ import nvidia.dali.fn as fn
 import nvidia.dali.types as types
 from nvidia.dali import pipeline_def
 
-from stallfree.transforms.resample import resize_normalize_node
+from stallfree.transforms.kernels.resample_node import resize_normalize_node
 from stallfree.transforms.spec import size_input
 
 images = [rng.integers(0, 256, (434, 433, 3), dtype=np.uint8) for _ in range(64)]

@@ -72,7 +72,7 @@ def _dali(batch_size: int, threads: int, resampler: bool) -> Callable[[Batch], B
     import nvidia.dali.types as types
     from nvidia.dali import pipeline_def
 
-    from stallfree.transforms.resample import resize_node
+    from stallfree.transforms.kernels.resample_node import resize_node
     from stallfree.transforms.spec import size_input
 
     @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=None, exec_dynamic=True,

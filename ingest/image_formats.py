@@ -3,7 +3,8 @@
 :func:`parse_header` tells the format by content, never by a file's extension, and hands the bytes to its parser:
 JPEG, PNG, WebP, BMP, TIFF, JPEG 2000 (a ``.jp2`` file or a bare codestream) and PNM (PBM, PGM, PPM), the formats
 DALI's image decoder takes. The decision built on it (a size, a pixel limit, the displayed size) is
-:func:`stallfree.ingest.images.read_header`'s; import the names from there.
+:func:`stallfree.ingest.images.read_header`'s; import the names from there. TIFF, whose structure EXIF blocks share,
+is parsed by :mod:`.tiff`; what a parser returns and raises is :mod:`.image_header`'s.
 
 A JPEG is complete when an end-of-image marker follows its last start-of-scan (entropy-coded data stuffs every
 0xFF, so neither marker occurs inside it; an EXIF thumbnail's markers sit inside an APP1 segment, which is skipped
@@ -26,16 +27,11 @@ import re
 import struct
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
 
-__all__ = ["FORMATS", "FORMAT_NAMES", "PNG_TRAILING_LIMIT", "TIFF_COMPRESSIONS", "BadImage", "ImageHeader",
-           "parse_header", "tiff_compression"]
+from stallfree.ingest.image_header import FORMAT_NAMES, BadImage, ImageHeader, read_field
+from stallfree.ingest.tiff import parse_tiff, tiff_orientation
 
-#: The formats the one check takes (``ImageHeader.format``): those DALI's ``fn.decoders.image`` decodes.
-FORMATS = ("jpeg", "png", "webp", "bmp", "tiff", "jpeg2000", "pnm")
-#: How messages name them.
-FORMAT_NAMES = ("JPEG", "PNG", "WebP", "BMP", "TIFF", "JPEG 2000", "PNM (PBM/PGM/PPM)")
+__all__ = ["PNG_TRAILING_LIMIT", "parse_header"]
 
 #: Trailing bytes a PNG may carry after its IEND chunk.
 PNG_TRAILING_LIMIT = 64
@@ -43,61 +39,6 @@ PNG_TRAILING_LIMIT = 64
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # JPEG start-of-frame markers: C0-CF except DHT (C4), JPG (C8) and DAC (CC).
 _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
-
-
-class BadImage(ValueError):
-    """An image the graph must not see; ``reason`` says what is wrong with it."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
-
-
-@dataclass(frozen=True)
-class ImageHeader:
-    """What the header says: ``format`` (one of :data:`FORMATS`), ``height``, ``width``, ``channels``.
-
-    ``orientation`` is the EXIF orientation (1 when absent, or when it was not read: ``exif="ignore"``);
-    ``height`` and ``width`` are the displayed size when it was applied, else the stored size. ``depth`` is the
-    bits per sample where the header of a format other than JPEG says more than 8 (PNG, TIFF, JPEG 2000, PNM).
-    """
-
-    format: str
-    height: int
-    width: int
-    channels: int
-    orientation: int = 1
-    depth: int = 8
-
-
-_EXIF_ORIENTATION = 0x0112
-
-
-def _unpack(fmt: str, data: bytes, at: int, what: str) -> tuple[Any, ...]:
-    """``struct.unpack_from`` that refuses a header cut short with the check's own error, naming ``what``."""
-    if at < 0 or at + struct.calcsize(fmt) > len(data):
-        raise BadImage(f"truncated {what} (its header ends at byte {len(data)}, before the field at byte {at})")
-    return struct.unpack_from(fmt, data, at)
-
-
-def _tiff_orientation(tiff: bytes) -> int:
-    """The orientation tag of a TIFF structure's first IFD (EXIF's layout), 1 when absent or unreadable."""
-    order = {b"II": "<", b"MM": ">"}.get(tiff[:2])
-    if order is None or len(tiff) < 8:
-        return 1
-    (ifd,) = struct.unpack_from(order + "I", tiff, 4)
-    if ifd + 2 > len(tiff):
-        return 1
-    (count,) = struct.unpack_from(order + "H", tiff, ifd)
-    for entry in range(ifd + 2, min(ifd + 2 + 12 * count, len(tiff) - 11), 12):
-        tag, kind = struct.unpack_from(order + "HH", tiff, entry)
-        if tag == _EXIF_ORIENTATION:
-            if kind == 3:  # SHORT
-                return int(struct.unpack_from(order + "H", tiff, entry + 8)[0])
-            if kind == 4:  # LONG
-                return int(struct.unpack_from(order + "I", tiff, entry + 8)[0])
-            return 1
-    return 1
 
 
 def _jpeg(data: bytes, exif: bool) -> ImageHeader:
@@ -123,7 +64,7 @@ def _jpeg(data: bytes, exif: bool) -> ImageHeader:
             height, width = struct.unpack_from(">HH", data, pos + 5)
             frame = (height, width, data[pos + 9])
         elif exif and marker == 0xE1 and not orientation and data[pos + 4 : pos + 10] == b"Exif\x00\x00":
-            orientation = _tiff_orientation(data[pos + 10 : pos + 2 + length])
+            orientation = tiff_orientation(data[pos + 10 : pos + 2 + length])
         elif marker == 0xDA:  # start of scan: the entropy-coded data follows; it must end with EOI
             if frame is None:
                 raise BadImage("corrupt JPEG: scan data before any frame header")
@@ -154,7 +95,7 @@ def _png_orientation(data: bytes) -> int:
     for pos, length, kind in _png_chunks(data):
         if kind == b"eXIf":
             tiff = data[pos + 8 : pos + 8 + length]
-            return _tiff_orientation(tiff[6:] if tiff.startswith(b"Exif\x00\x00") else tiff)
+            return tiff_orientation(tiff[6:] if tiff.startswith(b"Exif\x00\x00") else tiff)
     return 1
 
 
@@ -202,7 +143,7 @@ def _webp_orientation(data: bytes) -> int:
         kind, size = data[pos : pos + 4], struct.unpack_from("<I", data, pos + 4)[0]
         if kind == b"EXIF":
             tiff = data[pos + 8 : pos + 8 + size]
-            return _tiff_orientation(tiff[6:] if tiff.startswith(b"Exif\x00\x00") else tiff)
+            return tiff_orientation(tiff[6:] if tiff.startswith(b"Exif\x00\x00") else tiff)
         pos += 8 + size + (size & 1)
     return 1
 
@@ -253,67 +194,6 @@ def _bmp(data: bytes) -> ImageHeader:
     return ImageHeader("bmp", abs(height), abs(width), 4 if bits == 32 else 3)
 
 
-_TIFF_SIZES = {1: 1, 3: 2, 4: 4, 16: 8}  # BYTE, SHORT, LONG, LONG8: the integer types a TIFF tag here may hold
-# The tags the check reads: each must hold a value when present.
-_TIFF_READ = frozenset({256, 257, 258, 259, 273, 277, 279, 324, 325, _EXIF_ORIENTATION})
-#: The TIFF compressions the check takes (the Compression tag, 259): none, CCITT (2-4), LZW, JPEG, Deflate (8, 32946)
-#: and PackBits, which every build of PIL decodes (libtiff's own codecs, zlib and libjpeg) and DALI decodes to the
-#: same pixels. ZSTD, LZMA and WebP are optional in libtiff, so a PIL without the codec cannot decode the strips;
-#: DALI 2.4 fails on LZMA and delivers a ZSTD strip it cannot decode as a black image. The rest decode otherwise.
-TIFF_COMPRESSIONS = frozenset({1, 2, 3, 4, 5, 7, 8, 32773, 32946})
-_TIFF_OTHER_COMPRESSIONS = {6: "old-style JPEG", 34925: "LZMA", 50000: "ZSTD", 50001: "WebP"}
-
-
-def tiff_compression(code: int) -> None:
-    """Refuse a TIFF Compression tag value not in :data:`TIFF_COMPRESSIONS`.
-
-    Raises:
-        BadImage: naming the compression and how to get the image in.
-    """
-    if code not in TIFF_COMPRESSIONS:
-        name = _TIFF_OTHER_COMPRESSIONS.get(code, "an unknown compression")
-        raise BadImage(f"TIFF compressed with {name} ({code}): not every PIL decodes it and DALI's decoder does not "
-                       "decode it as PIL does; save it with compression='tiff_lzw', or as PNG")
-
-
-def _tiff(data: bytes) -> ImageHeader:
-    order = "<" if data[:2] == b"II" else ">"
-    (ifd,) = _unpack(order + "I", data, 4, "TIFF")
-    if ifd + 2 > len(data):
-        raise BadImage("truncated TIFF (its first directory lies past the end of the file)")
-    (count,) = struct.unpack_from(order + "H", data, ifd)
-    if ifd + 2 + 12 * count > len(data):
-        raise BadImage("truncated TIFF (its first directory runs past the end of the file)")
-    tags: dict[int, list[int]] = {}
-    for entry in range(ifd + 2, ifd + 2 + 12 * count, 12):
-        tag, kind, n = struct.unpack_from(order + "HHI", data, entry)
-        size = _TIFF_SIZES.get(kind)
-        if size is None:
-            continue
-        if n == 0 and tag in _TIFF_READ:
-            raise BadImage(f"corrupt TIFF: tag {tag} has no values")
-        at = entry + 8 if n * size <= 4 else struct.unpack_from(order + "I", data, entry + 8)[0]
-        if at + n * size > len(data):
-            raise BadImage(f"truncated TIFF (tag {tag}'s values lie past the end of the file)")
-        code = {1: "B", 2: "H", 4: "I", 8: "Q"}[size]
-        tags[tag] = list(struct.unpack_from(f"{order}{n}{code}", data, at))
-    if 256 not in tags or 257 not in tags:
-        raise BadImage("corrupt TIFF: no ImageWidth or ImageLength tag")
-    offsets, counts = tags.get(273, tags.get(324, [])), tags.get(279, tags.get(325, []))
-    if not offsets or len(offsets) != len(counts):
-        raise BadImage("corrupt TIFF: no strip or tile offsets with their byte counts")
-    needed = max(o + c for o, c in zip(offsets, counts, strict=True))
-    if len(data) < needed:
-        raise BadImage(f"truncated TIFF (its strips or tiles need {needed} bytes, the file has {len(data)})")
-    if 258 not in tags and tags.get(259, [1]) == [1]:
-        raise BadImage("uncompressed TIFF without a BitsPerSample tag (as PIL saves 1-bit images): DALI's decoder "
-                       "refuses it; save it with compression='tiff_lzw', or as PNG")
-    tiff_compression(tags.get(259, [1])[0])
-    depth = max(tags.get(258, [1]))
-    orientation = tags.get(_EXIF_ORIENTATION, [1])[0]  # applied whatever ``exif`` says (module docstring)
-    return ImageHeader("tiff", tags[257][0], tags[256][0], tags.get(277, [1])[0], orientation, depth)
-
-
 _JP2_SIGNATURE = b"\x00\x00\x00\x0cjP  \r\n\x87\n"
 
 
@@ -343,7 +223,7 @@ def _jp2(data: bytes) -> ImageHeader:
         length, kind = struct.unpack_from(">I4s", data, pos)
         start = pos + 8
         if length == 1:
-            (length,) = _unpack(">Q", data, pos + 8, "JPEG 2000")
+            (length,) = read_field(">Q", data, pos + 8, "JPEG 2000")
             start += 8
         end = len(data) if length == 0 else pos + length
         if end > len(data) or end < start:
@@ -393,7 +273,7 @@ def parse_header(raw: bytes, exif: bool) -> ImageHeader:
     The size is the stored one: turning it for the orientation is the caller's decision.
 
     Raises:
-        BadImage: a format not in :data:`FORMATS`, a truncated or corrupt header, or a truncated file.
+        BadImage: a format not in :data:`~.image_header.FORMATS`, a truncated or corrupt header, or a truncated file.
     """
     if raw[:3] == b"\xff\xd8\xff":
         return _jpeg(raw, exif)
@@ -404,7 +284,7 @@ def parse_header(raw: bytes, exif: bool) -> ImageHeader:
     if raw[:2] == b"BM":
         return _bmp(raw)
     if raw[:4] in (b"II*\x00", b"MM\x00*"):
-        return _tiff(raw)
+        return parse_tiff(raw)
     if raw[:12] == _JP2_SIGNATURE:
         return _jp2(raw)
     if raw[:2] == b"\xff\x4f":

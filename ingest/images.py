@@ -28,15 +28,9 @@ from typing import Literal
 
 import numpy as np
 
-from stallfree.ingest.image_formats import (
-    FORMAT_NAMES,
-    FORMATS,
-    TIFF_COMPRESSIONS,
-    BadImage,
-    ImageHeader,
-    parse_header,
-    tiff_compression,
-)
+from stallfree.ingest.image_formats import parse_header
+from stallfree.ingest.image_header import FORMAT_NAMES, FORMATS, BadImage, ImageHeader
+from stallfree.ingest.tiff import TIFF_COMPRESSIONS, tiff_compression
 
 __all__ = [
     "DEFAULT_MAX_PIXELS", "EXIF_MODES", "FORMATS", "FORMAT_NAMES", "TIFF_COMPRESSIONS", "BadImage", "Exif",

@@ -58,7 +58,7 @@ from stallfree.pipeline.samples import BadSampleError
 from stallfree.pipeline.shards import Verify
 from stallfree.pipeline.webdataset import is_webdataset
 from stallfree.transforms.compile import CompiledTransforms, Dtype, Layout
-from stallfree.transforms.from_torchvision import to_steps
+from stallfree.transforms.translation.translator import to_steps
 
 __all__ = ["BadSampleError", "Clock", "Loader"]
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from stallfree.transforms.compile import CompiledTransforms
-from stallfree.transforms.spec import Normalize
+from stallfree.transforms.ops.normalize import Normalize
 
 __all__: list[str] = []
 

@@ -4,16 +4,17 @@ from stallfree.core.dali import require_dali
 
 require_dali()  # before the modules that import DALI: without it, one line naming the extra, not a deep traceback
 
-from stallfree.transforms.adjust import (
+from stallfree.transforms.batch import CutMix, MixUp
+from stallfree.transforms.numba.kernel import Kernel, KernelError, KernelTransform, kernel, normal_at, uniform_at
+from stallfree.transforms.ops.adjust import (
     RandomAdjustSharpness,
     RandomAutocontrast,
     RandomEqualize,
     RandomInvert,
 )
-from stallfree.transforms.augmix import AugMix
-from stallfree.transforms.batch import CutMix, MixUp
-from stallfree.transforms.blur import GaussianBlur
-from stallfree.transforms.bundled import (
+from stallfree.transforms.ops.augmix import AugMix
+from stallfree.transforms.ops.blur import GaussianBlur
+from stallfree.transforms.ops.bundled import (
     Cutout,
     GaussianNoise,
     Posterize,
@@ -23,25 +24,19 @@ from stallfree.transforms.bundled import (
     RandomSolarize,
     Solarize,
 )
-from stallfree.transforms.color import ColorJitter, RandomChannelPermutation, RandomPhotometricDistort
-from stallfree.transforms.compose import Compose
-from stallfree.transforms.containers import RandomApply, RandomChoice, RandomOrder
-from stallfree.transforms.geometry import Pad, RandomCrop, RandomZoomOut
-from stallfree.transforms.grayscale import Grayscale
-from stallfree.transforms.jpeg import JPEG
-from stallfree.transforms.kernels import Kernel, KernelError, KernelTransform, kernel, normal_at, uniform_at
-from stallfree.transforms.policies import AutoAugment, RandAugment, TrivialAugmentWide
-from stallfree.transforms.rescale import RandomResize, RandomShortestSize, ScaleJitter
-from stallfree.transforms.spec import (
-    CenterCrop,
-    Normalize,
-    RandomHorizontalFlip,
-    RandomResizedCrop,
-    RandomVerticalFlip,
-    Resize,
-    Transform,
-)
-from stallfree.transforms.warp import RandomAffine, RandomPerspective, RandomRotation
+from stallfree.transforms.ops.color import ColorJitter, RandomChannelPermutation, RandomPhotometricDistort
+from stallfree.transforms.ops.compose import Compose
+from stallfree.transforms.ops.containers import RandomApply, RandomChoice, RandomOrder
+from stallfree.transforms.ops.flip import RandomHorizontalFlip, RandomVerticalFlip
+from stallfree.transforms.ops.geometry import CenterCrop, Pad, RandomCrop, RandomZoomOut
+from stallfree.transforms.ops.grayscale import Grayscale
+from stallfree.transforms.ops.jpeg import JPEG
+from stallfree.transforms.ops.normalize import Normalize
+from stallfree.transforms.ops.policies import AutoAugment, RandAugment, TrivialAugmentWide
+from stallfree.transforms.ops.rescale import RandomResize, RandomShortestSize, ScaleJitter
+from stallfree.transforms.ops.resize import RandomResizedCrop, Resize
+from stallfree.transforms.ops.warp import RandomAffine, RandomPerspective, RandomRotation
+from stallfree.transforms.spec import Transform
 
 __all__ = [
     "AugMix",

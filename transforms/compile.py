@@ -10,7 +10,7 @@ Fusions keep the graph shorter than a hand-written DALI pipeline: a ``RandomResi
 region-of-interest decode plus a resize; a trailing ``[RandomHorizontalFlip,] Normalize`` and the output cast and
 transpose become one ``crop_mirror_normalize``; and where a ``RandomResizedCrop`` or ``Resize`` comes just before
 them and the output is float32 RGB, the resampler writes that output itself (``_fuses_resize``): on the CPU, and on
-the GPU as a ``numba.cuda`` kernel with the CPU's pixels (``transforms/resample_cuda.py``).
+the GPU as a ``numba.cuda`` kernel with the CPU's pixels (``transforms/kernels/resample_cuda.py``).
 """
 
 from __future__ import annotations
@@ -20,16 +20,11 @@ from typing import Any, Literal
 
 import numpy as np
 
+from stallfree.transforms.ops.flip import RandomHorizontalFlip
+from stallfree.transforms.ops.normalize import Normalize
+from stallfree.transforms.ops.resize import RandomResizedCrop, Resize
 from stallfree.transforms.random import SampleRandom
-from stallfree.transforms.spec import (
-    GraphState,
-    Normalize,
-    RandomHorizontalFlip,
-    RandomResizedCrop,
-    Resize,
-    Size,
-    Transform,
-)
+from stallfree.transforms.spec import GraphState, Size, Transform
 
 __all__ = ["DTYPES", "LAYOUTS", "CompiledTransforms"]
 
@@ -84,7 +79,7 @@ class CompiledTransforms:
     def __init__(
         self, steps: Sequence[Transform], *, dtype: Dtype = "float32", layout: Layout = "NCHW", channels: int = 3
     ):
-        from stallfree.transforms.grayscale import Grayscale
+        from stallfree.transforms.ops.grayscale import Grayscale
 
         steps = list(steps)
         for i, step in enumerate(steps):
@@ -217,8 +212,8 @@ class CompiledTransforms:
     def _fuses_resize(self, steps: list[tuple[int, Transform]]) -> bool:
         """Whether the last of ``steps`` is a uint8 resize that can write the float32 output itself.
 
-        Then the resampler (``transforms/resample.py``) writes the normalized, mirrored float32 output in its
-        layout, and the ``crop_mirror_normalize`` that would copy the uint8 batch once more is left out. On the GPU
+        Then the resampler (``transforms/kernels/resample_node.py``) writes the normalized, mirrored float32 output in
+        its layout, and the ``crop_mirror_normalize`` that would copy the uint8 batch once more is left out. On the GPU
         this is what puts PIL's filters, and so the CPU graph's pixels, where ``fn.resize`` was.
         """
         if self.dtype != "float32" or self.channels != 3 or not steps:
@@ -239,8 +234,8 @@ class CompiledTransforms:
         mirror: Any,
         device: Literal["cpu", "gpu"],
     ) -> Any:
-        from stallfree.transforms.resample import resize_normalize_node
-        from stallfree.transforms.resample_kernels import FILTERS
+        from stallfree.transforms.kernels.filters import FILTERS
+        from stallfree.transforms.kernels.resample_node import resize_normalize_node
 
         i, resize = step
         assert isinstance(resize, (RandomResizedCrop, Resize))

@@ -136,7 +136,7 @@ def check(config: TrainConfig) -> None:
 def _check_transform(config: TrainConfig) -> None:
     """Build ``--transform`` and translate it as the Loader will, so that a bad one fails before any process."""
     from stallfree.stage_runtime.train.augment import training_transform
-    from stallfree.transforms.from_torchvision import to_steps
+    from stallfree.transforms.translation.translator import to_steps
 
     transform = training_transform(config.transform, config.image_size)
     try:

@@ -1,6 +1,6 @@
 """The one-time compile of stallfree's Numba kernels, said once instead of hidden behind the first batch.
 
-The resampler's and ColorJitter's DALI entry points (``stallfree.transforms.numba_abi``) compile when a graph first
+The resampler's and ColorJitter's DALI entry points (``stallfree.transforms.numba.abi``) compile when a graph first
 looks one up after installing or upgrading (a few seconds on 2 cores for the pair a spec uses) and load from Numba's
 disk cache afterwards (well under a second). Inside the first batch, the compile showed as a progress bar stuck at
 its first step with an ETA of many minutes. A command that builds the Loader's graph calls :func:`announce_compiles`
@@ -24,10 +24,10 @@ def announce_compiles(show: bool = True) -> None:
     from stallfree.core.dali import require_dali
 
     require_dali()
-    from stallfree.transforms import numba_abi
+    from stallfree.transforms.numba import abi
 
     if not show:
-        numba_abi.compile_notice = None
+        abi.compile_notice = None
         return
     said = threading.Event()
 
@@ -39,4 +39,4 @@ def announce_compiles(show: bool = True) -> None:
         elif event == "done":
             print(f"compiled in {seconds:.0f} s", file=sys.stderr, flush=True)
 
-    numba_abi.compile_notice = notice
+    abi.compile_notice = notice

@@ -4,7 +4,7 @@ Every random augmentation parameter is a pure function of ``(seed, epoch, sample
 epoch a keyed bijection of positions (DESIGN.md, "Augmentation randomness is keyed by sample"): both mix 64-bit
 words with the output function of SplitMix64 (Steele, Lea and Flood, "Fast splittable pseudorandom number
 generators", 2014). Its constants and the finaliser live here once, for NumPy arrays and for Python ints;
-``transforms.kernels`` inlines the same arithmetic in Numba code that runs inside the graph, from these constants.
+``transforms.numba.kernel`` inlines the same arithmetic in Numba code that runs inside the graph, from these constants.
 """
 
 from __future__ import annotations

@@ -46,21 +46,21 @@ def test_quiet_stays_an_alias_of_no_progress(command: list[str]) -> None:
 
 def _slow_entries(monkeypatch: pytest.MonkeyPatch, compile_s: float) -> Any:
     """A LazyEntries whose every lookup 'compiles' for ``compile_s`` (the compile itself stood in for)."""
-    from stallfree.transforms import numba_abi
+    from stallfree.transforms.numba import abi
 
-    monkeypatch.setattr(numba_abi, "_entry_point", lambda function: time.sleep(compile_s) or function)
+    monkeypatch.setattr(abi, "_entry_point", lambda function: time.sleep(compile_s) or function)
 
     def run() -> None: ...
 
-    return numba_abi.LazyEntries({0: (run, run), 1: (run, run)})
+    return abi.LazyEntries({0: (run, run), 1: (run, run)})
 
 
 def test_a_compile_is_said_once_with_its_time(monkeypatch: pytest.MonkeyPatch,
                                               capsys: pytest.CaptureFixture[str]) -> None:
-    from stallfree.transforms import numba_abi
+    from stallfree.transforms.numba import abi
 
-    monkeypatch.setattr(numba_abi, "SLOW_S", 0.05)
-    monkeypatch.setattr(numba_abi, "compile_notice", None)
+    monkeypatch.setattr(abi, "SLOW_S", 0.05)
+    monkeypatch.setattr(abi, "compile_notice", None)
     entries = _slow_entries(monkeypatch, 0.2)
     kernels.announce_compiles(show=True)
     entries[0], entries[1]
@@ -72,10 +72,10 @@ def test_a_compile_is_said_once_with_its_time(monkeypatch: pytest.MonkeyPatch,
 @pytest.mark.parametrize("show", [True, False])
 def test_nothing_is_said_when_the_kernels_load_fast_or_progress_is_off(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], show: bool) -> None:
-    from stallfree.transforms import numba_abi
+    from stallfree.transforms.numba import abi
 
-    monkeypatch.setattr(numba_abi, "SLOW_S", 10.0 if show else 0.0)
-    monkeypatch.setattr(numba_abi, "compile_notice", None)
+    monkeypatch.setattr(abi, "SLOW_S", 10.0 if show else 0.0)
+    monkeypatch.setattr(abi, "compile_notice", None)
     entries = _slow_entries(monkeypatch, 0.05)
     kernels.announce_compiles(show=show)
     entries[0]
