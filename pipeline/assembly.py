@@ -38,8 +38,8 @@ class ImageAssembly:
     ``index``/``path``).
     """
 
-    labels: np.ndarray
     reader: Reader
+    labels: np.ndarray
     device: torch.device
     pin_memory: bool = False
     target_transform: Callable[[int], Any] | None = None

@@ -25,6 +25,7 @@ from stallfree.pipeline.skips import SkipPolicy
 
 if TYPE_CHECKING:
     from stallfree.pipeline.graph import Graph
+    from stallfree.pipeline.run import Clock
     from stallfree.pipeline.run_config import RunParts
 
 __all__ = ["EpochRun"]
@@ -60,11 +61,13 @@ class EpochRun:
     def __init__(self, parts: RunParts, graph: Graph, epoch: int, split: int, position: int, number: int,
                  skipped: list[dict[str, Any]], *, idle_s: float | None = None):
         self.parts, self.config, self.graph, self.epoch = parts, parts.config, graph, epoch
-        # A run started ahead (``idle_s`` given) keeps its clock spans until it is handed over (release_spans): a
-        # profile of this epoch must not see the next one's batch numbers; a discarded run never reports its work.
-        # Untaken after ``idle_s`` it stops by itself, checked by its own threads as they wait: no timer thread may
-        # hold the run, since a thread that drops a run's last batch while the interpreter shuts down aborts it.
-        self._held: list[tuple[str, str, float, float, int]] | None = [] if idle_s is not None else None
+        # The run holds its clock spans until a pass takes it and gives it that pass's clock (attach): a run started
+        # ahead must not show the next epoch's batch numbers in a profile of this one, and a discarded run never
+        # reports its work. Untaken after ``idle_s`` it stops by itself, checked by its own threads as they wait: no
+        # timer thread may hold the run, since a thread that drops a run's last batch while the interpreter shuts
+        # down aborts it.
+        self._clock: Clock | None = None
+        self._held: list[tuple[str, str, float, float, int]] | None = []
         self._idle_until = None if idle_s is None else time.monotonic() + idle_s
         self._span_lock = threading.Lock()
         self.start = (split, position, number)
@@ -138,37 +141,34 @@ class EpochRun:
         self.put(out, _DONE)
 
     def record(self, stage: str, state: str, start: float, batch: int) -> None:
-        """Report a span from ``start`` to now to the Loader's clock, if it has one (held while started ahead)."""
-        clock = self.parts.clock
-        if clock is None:
+        """Report a span from ``start`` to now to the pass's clock (held until a pass takes the run)."""
+        if self._held is None and self._clock is None:
             return
         span = (stage, state, start, time.perf_counter(), batch)
         with self._span_lock:
             if self._held is not None:
                 self._held.append(span)
                 return
-        clock.record(*span)
+        if self._clock is not None:
+            self._clock.record(*span)
 
     def taken(self) -> None:
         """The run started ahead is taken: it no longer stops when idle."""
         self._idle_until = None
 
-    def release_spans(self) -> None:
-        """The run started ahead is handed to its pass: report the spans it held, and each from now on as it ends."""
+    def attach(self, clock: Clock | None) -> None:
         with self._span_lock:
-            held, self._held = self._held or [], None
-        clock = self.parts.clock
+            held, self._held, self._clock = self._held or [], None, clock
         if clock is not None:
             for span in held:
                 clock.record(*span)
 
     def __iter__(self) -> Iterator[Batch]:
-        clock = self.parts.clock
         while True:
             start_time = time.perf_counter()
             item = self.get(self.out_q)
             if item is None:
                 return
-            if clock is not None:
-                clock.record("input", "waiting", start_time, time.perf_counter(), item.number)
+            if self._clock is not None:
+                self._clock.record("input", "waiting", start_time, time.perf_counter(), item.number)
             yield item

@@ -18,66 +18,71 @@ travels (torch's DataLoader says as much of its worker processes); the configura
 
 from __future__ import annotations
 
+import copy
 import os
 from typing import TYPE_CHECKING, Any
 
+from stallfree.pipeline.placement import RayGraph
+
 if TYPE_CHECKING:
-    from stallfree.pipeline.loader import Loader
+    from stallfree.pipeline.epochs import Epochs, Standing
     from stallfree.pipeline.passes import Pass
 
 __all__ = ["LOCAL", "copied", "forked"]
 
-#: The Loader's attributes that belong to its process (made anew by ``Loader._local``).
-LOCAL = ("_graph", "_pass", "_progress", "_next", "_discard", "_pid")
+#: The attributes of a Loader's :class:`~stallfree.pipeline.epochs.Epochs` that belong to its process (made anew by
+#: ``Epochs.local``).
+LOCAL = ("placement", "_pass", "_progress", "_discard", "pid")
 
 #: The parent's graphs, runs and readers in a forked child: held, so that no destructor of theirs runs here (DALI's
 #: would wait for threads that exist only in the parent).
 _LEFT_BEHIND: list[Any] = []
 
 
-def _standing(loader: Loader, ongoing: Pass | None) -> dict[str, Any]:
-    """The fields that make ``loader`` stand where its pass ``ongoing`` stands, as a loaded state would."""
+def _standing(epochs: Epochs, ongoing: Pass | None) -> Standing:
+    """Where a copy of ``epochs`` stands: where its pass ``ongoing`` stands, as a loaded state would put it."""
+    standing = copy.copy(epochs.standing)
+    standing.skipped = list(standing.skipped)
     if ongoing is None or not ongoing.progress.taken:
-        return {}  # no pass, or one that delivered nothing: the Loader stands where that pass started
-    state = loader._state_at(ongoing.cursor, True)
-    return {"_start": ongoing.cursor, "_loaded": True, "_loaded_raw": state, "skipped": list(loader.skipped)}
+        return standing  # no pass, or one that delivered nothing: the Loader stands where that pass started
+    standing.raw = epochs.state_at(ongoing.cursor, True)
+    standing.start, standing.loaded = ongoing.cursor, True
+    return standing
 
 
-def copied(loader: Loader) -> dict[str, Any]:
-    """What a pickled or deep-copied ``loader`` carries (its ``__getstate__``).
+def copied(epochs: Epochs) -> dict[str, Any]:
+    """What a pickled or deep-copied Loader's passes carry (``Epochs.__getstate__``).
 
     Raises:
-        TypeError: it has Ray ``workers``.
+        TypeError: its graph runs on Ray workers.
     """
-    if loader.workers is not None:
+    if isinstance(epochs.placement, RayGraph):
         raise TypeError("a Loader with workers=RayWorkers(...) cannot be pickled or copied: its Ray actors belong to "
                         "this process's connection; build the Loader where it is used")
-    ongoing = loader._current()
-    fields = {name: value for name, value in vars(loader).items() if name not in LOCAL}
-    return {**fields, **_standing(loader, ongoing)}
+    ongoing = epochs.current()
+    fields = {name: value for name, value in vars(epochs).items() if name not in LOCAL}
+    return {**fields, "standing": _standing(epochs, ongoing)}
 
 
-def forked(loader: Loader, ongoing: Pass | None) -> None:
-    """``loader`` is a forked child's copy: take it off the parent's graph, threads and pass (module docstring).
-
-    Args:
-        loader: the child's Loader.
-        ongoing: the pass that was in progress in the parent at the fork, if any.
+def forked(epochs: Epochs, ongoing: Pass | None) -> None:
+    """``epochs`` is a forked child's copy: take it off the parent's graph, threads and pass (module docstring).
 
     Raises:
-        RuntimeError: its source is remote, or it has Ray workers: it cannot be used in the child.
+        RuntimeError: its source is remote, or its graph runs on Ray workers: it cannot be used in the child.
     """
-    parent = loader._pid
-    if loader.workers is not None or getattr(loader.reader, "read_ahead", None) is not None:  # threads of its own
-        source = loader.reader.name or loader.reader.kind
-        what = "Ray workers" if loader.workers is not None else f"remote source {source}"
+    parent, reader = epochs.pid, epochs.reader
+    ray = isinstance(epochs.placement, RayGraph)
+    if ray or getattr(reader, "read_ahead", None) is not None:  # threads of its own
+        what = "Ray workers" if ray else f"remote source {getattr(reader, 'name', '') or reader.kind}"
         raise RuntimeError(f"this Loader was built in process {parent} and is used in process {os.getpid()}, a fork "
                            f"of it; its {what} (connections, downloads and a cache folder) belong to process "
                            f"{parent}: build a new Loader in this process (with a cache_dir of its own), or start "
                            "this process with multiprocessing's 'spawn' and pass it the Loader pickled")
-    _LEFT_BEHIND.append((loader._graph, loader._next, loader._discard, ongoing, loader.reader))
-    loader._discard.detach()
-    standing = _standing(loader, ongoing)
-    loader._local()
-    vars(loader).update(standing)
-    loader.reader = loader.reader.reopened()
+    _LEFT_BEHIND.append((epochs.placement, epochs._discard, ongoing, reader))
+    epochs._discard.detach()
+    standing = _standing(epochs, ongoing)
+    epochs._pass = None
+    epochs.local()
+    epochs.standing = standing
+    reopened = getattr(reader, "reopened", None)
+    epochs.reader = reopened() if callable(reopened) else reader

@@ -4,105 +4,45 @@ Three stages run at once, joined by bounded queues, so that disk reads overlap w
 the training step::
 
     reader thread                       graph thread                       the training loop
-    rows from the sampler ─► read bytes ─► DALI: decode + transforms ─► ─► next(loader) ─► (images, labels)
+    rows from the sampler ─► read fields ─► DALI: decode + transforms ─► ─► next(loader) ─► (images, labels)
     check headers, draw params  [queue]    hand-off to torch (DLPack)  [queue]
 
-The state a checkpoint holds counts batches *delivered to the user*, never batches prefetched, so a resumed
-Loader yields bit-identical batches from the next one on (DESIGN.md, "Known pitfalls").
+The Loader is a facade: its keywords become frozen option parts (:mod:`.options`), its passes and state are
+:class:`~stallfree.pipeline.epochs.Epochs`', and where the graph runs is a placement (:mod:`.placement`). The state
+a checkpoint holds counts batches *delivered to the user*, never batches prefetched, so a resumed Loader yields
+bit-identical batches from the next one on (DESIGN.md, "Known pitfalls").
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import dataclasses
+import functools
 import os
-import warnings
-import weakref
-from collections.abc import Iterator, Sequence
-from typing import Any, Literal, Protocol
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Literal
 
 import torch
 
-from stallfree.ingest.images import DEFAULT_MAX_PIXELS, EXIF_MODES, Exif
+from stallfree.ingest.images import DEFAULT_MAX_PIXELS, Exif
 from stallfree.ingest.remote import is_url
-from stallfree.pipeline.arguments import (
-    BUILTIN_COLUMNS,
-    check_arguments,
-    check_dataloader_keywords,
-    device_of,
-    dtype_name,
-    is_int,
-    loader_fingerprint,
-    remote_keywords,
-)
+from stallfree.pipeline.arguments import BUILTIN_COLUMNS, check_dataloader_keywords, is_int
 from stallfree.pipeline.assembly import ImageAssembly
-from stallfree.pipeline.batcher import CountBatcher, Cursor
 from stallfree.pipeline.block_order import block_order
-from stallfree.pipeline.epoch import EpochRun
-from stallfree.pipeline.graph import Graph
-from stallfree.pipeline.lifecycle import copied, forked
+from stallfree.pipeline.epochs import STATE_VERSION, Epochs
 from stallfree.pipeline.loader_sampler import LoaderSampler, Orders
-from stallfree.pipeline.loader_state import LoaderState, read_state
-from stallfree.pipeline.next_pass import NextPass
-from stallfree.pipeline.passes import Pass, Progress
+from stallfree.pipeline.options import LoaderOptions, fingerprint_of
+from stallfree.pipeline.placement import LocalGraph, Placement, RayGraph
 from stallfree.pipeline.process_group import UnknownRank, cache_rank
-from stallfree.pipeline.ray_run import RayRun
-from stallfree.pipeline.ray_transfer import worker_spec
-from stallfree.pipeline.ray_workers import RayWorkers, run_key
+from stallfree.pipeline.ray_workers import RayWorkers
 from stallfree.pipeline.reader_base import BaseReader, Reader
 from stallfree.pipeline.readers import open_source, unwrap_torchvision_dataset
-from stallfree.pipeline.run import Run
-from stallfree.pipeline.run_config import RunConfig, RunParts
+from stallfree.pipeline.run import Clock
+from stallfree.pipeline.run_config import RunConfig
 from stallfree.pipeline.samples import BadSampleError
 from stallfree.pipeline.shards import Verify
 from stallfree.pipeline.webdataset import is_webdataset
 from stallfree.transforms.compile import CompiledTransforms, Dtype, Layout
-from stallfree.transforms.translation.translator import to_steps
 
-__all__ = ["BadSampleError", "Clock", "Loader"]
-
-STATE_VERSION = 4  # 4: the stages' parts nested (sampler, batcher), the reader's rejections
-
-
-class Clock(Protocol):
-    """Where the Loader reports its spans (``stallfree.stage_runtime.clock.StageClock`` is one)."""
-
-    def record(self, stage: str, state: str, start: float, end: float, batch: int | None = None) -> None:
-        """Record that ``stage`` was ``state`` ("busy" or "waiting") from ``start`` to ``end`` (perf_counter)."""
-
-
-def _pin_memory(pin_memory: bool, device: torch.device) -> bool:
-    """Whether CPU batches are pinned: DataLoader's rule, refused for a GPU device, a warning without CUDA."""
-    if pin_memory and device.type != "cpu":
-        raise ValueError(f"pin_memory=True pins CPU batches, but device={str(device)!r} delivers them on the "
-                         "GPU already; drop pin_memory, or use device='cpu' to copy them yourself")
-    if pin_memory and not torch.cuda.is_available():
-        warnings.warn("pin_memory=True but torch sees no CUDA device: batches stay in ordinary memory (as "
-                      "DataLoader does)", UserWarning, stacklevel=3)
-        return False
-    return bool(pin_memory)
-
-
-def _open(source: Any, *, exif: Exif, verify: Verify, rank: int, on_error: str, remote: dict[str, Any]) -> BaseReader:
-    """The source's reader, with the remote keywords checked (refused for a local source that is not tars)."""
-    webdataset = is_webdataset(source)
-    keywords = remote_keywords(remote, source=source, on_error=on_error, remote=is_url(source), webdataset=webdataset)
-    if keywords and not webdataset:
-        keywords["rank"] = rank  # the default shard cache is one folder per rank
-    return open_source(source, exif=exif, verify=verify, remote=keywords or None)
-
-
-def _check_workers(workers: Any, placement: str) -> RayWorkers | None:
-    """``workers=``: ``None`` or a :class:`RayWorkers`, whose actors run DALI's CPU operators."""
-    if workers is None:
-        return None
-    if not isinstance(workers, RayWorkers):
-        raise TypeError(f"workers must be None or stallfree.RayWorkers(...), got {workers!r}")
-    if placement == "gpu":
-        raise ValueError("placement='gpu' with workers=RayWorkers(...): Ray workers run DALI's CPU operators; "
-                         "use placement='auto' (batches are still delivered on device=)")
-    return workers
+__all__ = ["STATE_VERSION", "BadSampleError", "Clock", "Loader"]
 
 
 def _check_exists(source: Any) -> None:
@@ -112,13 +52,32 @@ def _check_exists(source: Any) -> None:
             raise FileNotFoundError(f"dataset {os.fspath(source)} does not exist")
 
 
-def _columns(reader: BaseReader, columns: Sequence[str]) -> tuple[str, ...]:
+def _open(source: Any, options: LoaderOptions) -> BaseReader:
+    """The source's reader, opened with the source part of the options (refused where they do not apply)."""
+    order = options.order
+    keywords = options.source.reader_keywords(source, remote=is_url(source), webdataset=is_webdataset(source),
+                                              on_error=options.decode.on_error,
+                                              rank=cache_rank(order.rank, order.world_size))
+    return open_source(source, exif=options.decode.exif, verify=options.source.verify, remote=keywords)
+
+
+def _columns(reader: Reader, columns: Sequence[str]) -> None:
     """``columns=``, each one the source has (its own columns, or the built-in ones), or a ValueError naming them."""
     available = list(reader.columns) + [c for c in BUILTIN_COLUMNS if c not in reader.columns]
     if columns and not set(columns) <= set(available):
         raise ValueError(f"columns={list(columns)} but the source has columns {available} (only ingested "
                          "shard folders have further columns: see `stallfree ingest`)")
-    return tuple(columns)
+
+
+def _placement(options: LoaderOptions, batch_size: int, encoded: bool) -> Callable[[], Placement]:
+    """What makes the graph's placement, in each process anew: this process's graph, or Ray workers."""
+    workers = options.run.workers
+    if workers is not None:
+        return functools.partial(RayGraph, workers, options.decode.compiled, options.output.pin_memory)
+    decode = options.decode
+    return functools.partial(LocalGraph, compiled=decode.compiled, batch_size=batch_size,
+                             num_threads=options.run.threads, device_id=options.graph_device, encoded=encoded,
+                             seed=options.order.seed, exif=decode.exif, pin_memory=options.output.pin_memory)
 
 
 class Loader:
@@ -141,7 +100,7 @@ class Loader:
         batch_size: samples per batch.
         transform: the augmentation spec: a ``stallfree.transforms`` step, a list or a ``Compose`` of them, or
             torchvision's own transforms (``T.Compose``, ``v2.Compose``, one transform, a list), translated with
-            their parameters (``stallfree.transforms.from_torchvision``). It must end at a fixed size.
+            their parameters (``stallfree.transforms.translation``). It must end at a fixed size.
         shuffle: ``True``/``"global"``: a global permutation per ``(seed, epoch)``; ``"block"``: shards ``block_shards``
             at a time (a bounded working set for a small remote cache; docs/remote.md); ``False`` (the default, as
             DataLoader's): row order.
@@ -180,7 +139,8 @@ class Loader:
         layout: ``"NCHW"``, ``"NHWC"`` or ``"channels_last"`` (NCHW shape, NHWC memory).
         channels: 3 (RGB) or 1 (grayscale: PIL's ``convert("L")`` luma, as a ``Grayscale(1)`` step first, after a
             leading ``RandomResizedCrop`` so that its window is still all that is decoded).
-        clock: where to report stage spans (see :class:`Clock`), e.g. a ``StageClock``.
+        clock: where every pass reports its stages' spans (see :class:`Clock`), e.g. a ``StageClock``; a pass of
+            :meth:`iterate` may be given one instead.
         columns: extra fields with each batch: ``"index"`` (the sample's row in the source) and ``"path"`` (its
             file, or the shard row or dataset item) for every source, and an ingested source's own columns
             (``stallfree ingest`` keeps a file list's further columns); when given, each batch is
@@ -206,6 +166,9 @@ class Loader:
 
     DataLoader's other keywords (``num_workers``, ``persistent_workers``, ``collate_fn``, ``sampler``, ...) are
     refused with a ``TypeError`` that says what the Loader does instead.
+
+    The keywords build the Loader's :attr:`options`, small frozen parts that check their own fields
+    (:mod:`stallfree.pipeline.options`).
 
     Raises:
         ValueError: for bad arguments or an empty dataset, before any work starts.
@@ -253,87 +216,89 @@ class Loader:
         read_ahead: int | None = None,
         retries: int = 5,
         remote_timeout: float = 60.0,
-        remote_min_rate: float = 1024.0, remote_rate_window: float = 30.0,  # a trickle: under 1 KiB/s over 30 s
+        remote_min_rate: float = 1024.0,
+        remote_rate_window: float = 30.0,
         workers: RayWorkers | None = None,
         **dataloader_keywords: Any,
     ):
         check_dataloader_keywords(dataloader_keywords)
         self.dataset = source  # the source as given, as DataLoader's `.dataset` (before a torchvision one is unwrapped)
         source, transform, target_transform = unwrap_torchvision_dataset(source, transform, target_transform)
-        check_arguments(batch_size=batch_size, drop_last=drop_last, shuffle=shuffle, block_shards=block_shards,
-                        seed=seed, prefetch=prefetch, io_threads=io_threads, echo=echo, num_threads=num_threads,
-                        echo_mode=echo_mode, on_error=on_error, placement=placement, verify=verify,
-                        max_pixels=max_pixels, columns=columns, pin_memory=pin_memory,
-                        target_transform=target_transform, clock=clock)
-        _check_exists(source)  # a wrong path before the transform's checks, which would hide it
-        if exif not in EXIF_MODES:
-            raise ValueError(f"exif must be 'ignore' or 'apply', got {exif!r}")
-        self.exif: Exif = exif  # decides pixels: part of what a resumed state must match
-        spec = to_steps(transform)
-        out_dtype = dtype_name(dtype) if dtype is not None else (spec.dtype or "float32")
-        self.compiled = CompiledTransforms(spec.steps, dtype=out_dtype, layout=layout, channels=channels)
-        self.device = device_of(device)
-        self.pin_memory, self.target_transform = _pin_memory(pin_memory, self.device), target_transform
-        if placement == "gpu" and self.device.type != "cuda":
-            raise ValueError("placement='gpu' needs a CUDA device=; got device='cpu'")
-        on_gpu = placement == "gpu" or (placement == "auto" and self.device.type == "cuda")
-        self.workers = _check_workers(workers, placement)
-        on_gpu = on_gpu and workers is None  # Ray workers run DALI's CPU operators; the batch then goes to device
-        remote_options = {"cache_dir": cache_dir, "cache_limit": cache_limit, "storage_options": storage_options,
-                          "downloads": downloads, "read_ahead": read_ahead, "retries": retries,
-                          "remote_timeout": remote_timeout, "remote_min_rate": remote_min_rate,
-                          "remote_rate_window": remote_rate_window}
-        self.reader = _open(source, exif=exif, verify=verify, rank=cache_rank(rank, world_size), on_error=on_error,
-                            remote=remote_options)
-        self.shuffle_mode = "block" if shuffle == "block" else ("global" if shuffle else "none")
-        self.block_shards = int(block_shards)
-        self.batch_size, self.seed, self.drop_last, self.on_error = batch_size, int(seed), bool(drop_last), on_error
-        self.echo, self.echo_mode, self.max_pixels = echo, echo_mode, max_pixels
-        self.batcher = CountBatcher(batch_size, self.drop_last, echo if echo_mode == "batch" else 1)
-        echo_k = echo if echo_mode == "example" else 1  # the sampler's; batch echo repeats batches instead
-        permute = block_order(self.reader, self.block_shards, self.seed, echo_k) if shuffle == "block" else None
-        self._orders = Orders(self, rank, world_size, num_rows=len(self.reader), shuffle=self.shuffle_mode != "none",
-                              seed=self.seed, drop_last=self.drop_last, echo=echo_k, permute=permute)
-        self.prefetch, self.io_threads, self.clock = prefetch, io_threads, clock
-        self.encoded = bool(self.reader.encoded)
-        self.columns = _columns(self.reader, columns)
-        self.labels = self.reader.labels()
-        self.num_threads = num_threads or len(os.sched_getaffinity(0))
-        self._graph_device = self.device.index if on_gpu else None
-        self._ray_id = run_key() if workers is not None else ""  # names this Loader's setup on the actors
-        self._worker_spec = worker_spec(self.compiled, workers.transfer) if workers is not None else None
-        self._fingerprint: dict[str, Any] | None = None  # computed on the first state_dict (it hashes the source)
-        self._epoch = 0  # the epoch of the pass in progress, else of the next pass
-        self._start = Cursor()  # where the next pass starts
-        self._split = 0  # the global position this epoch's split over ranks starts at (elastic resume; else 0)
-        self._loaded = False  # whether _start and skipped come from load_state_dict
-        self._loaded_raw: Any = None  # that state, read again if a pass starts on another shard than it was read for
-        self._fixed = (0, 0)  # the (rank, world_size) of the pass in progress, else of the loaded state
-        self._local()
-        self.skipped: list[dict[str, Any]] = []  # this epoch's, so it is also what a resumed Loader carries on
-        with contextlib.suppress(UnknownRank):  # where a rank is known only once the process group is: at the pass
-            self.sampler  # noqa: B018 - an empty dataset, or drop_last over more ranks than samples, refused now
+        self.options = options = LoaderOptions.of(
+            batch_size=batch_size, transform=transform, shuffle=shuffle, block_shards=block_shards, seed=seed,
+            drop_last=drop_last, rank=rank, world_size=world_size, device=device, placement=placement,
+            num_threads=num_threads, prefetch=prefetch, io_threads=io_threads, echo=echo, echo_mode=echo_mode,
+            on_error=on_error, verify=verify, max_pixels=max_pixels, exif=exif, dtype=dtype, layout=layout,
+            channels=channels, clock=clock, columns=columns, pin_memory=pin_memory, target_transform=target_transform,
+            workers=workers, source={"cache_dir": cache_dir, "cache_limit": cache_limit,
+                                     "storage_options": storage_options, "downloads": downloads,
+                                     "read_ahead": read_ahead, "retries": retries, "remote_timeout": remote_timeout,
+                                     "remote_min_rate": remote_min_rate, "remote_rate_window": remote_rate_window},
+            then=lambda: _check_exists(source))
+        reader = _open(source, options)
+        _columns(reader, options.output.columns)
+        order, output = options.order, options.output
+        self.labels = labels = reader.labels()
+        permute = block_order(reader, order.block_shards, order.seed, order.sample_echo) if order.shuffle == "block" \
+            else None
+        orders = Orders(self, order.rank, order.world_size, num_rows=len(reader), shuffle=order.shuffle != "none",
+                        seed=order.seed, drop_last=bool(order.drop_last), echo=order.sample_echo, permute=permute)
+        decode, batcher = options.decode, order.batcher()
+        config = RunConfig(batcher=batcher, seed=order.seed, prefetch=options.run.prefetch,
+                           io_threads=options.run.io_threads, on_error=decode.on_error, max_pixels=decode.max_pixels,
+                           exif=decode.exif, encoded=bool(reader.encoded), device=output.device)
+        assembly = functools.partial(ImageAssembly, labels=labels, device=output.device, pin_memory=output.pin_memory,
+                                     target_transform=output.target_transform, columns=output.columns)
+        self._epochs = Epochs(reader=reader, orders=orders, batcher=batcher, compiled=decode.compiled, config=config,
+                              placement=_placement(options, batcher.largest, config.encoded), assembly=assembly,
+                              fingerprint=functools.partial(fingerprint_of, reader, options), clock=options.run.clock)
+        try:  # an empty dataset, or drop_last over more ranks than samples, refused now
+            self.sampler  # noqa: B018
+        except UnknownRank:  # a rank known only once the process group is: at the pass
+            pass
 
-    def _local(self) -> None:
-        """What belongs to this process alone, made anew in a copy (pickle, deepcopy, a forked child; lifecycle)."""
-        self._graph: Graph | None = None  # built on first iteration, so that construction stays cheap
-        self._pass: weakref.ref[Pass] | None = None
-        self._progress = Progress()  # whether the pass, even once dropped, delivered a batch
-        self._next = NextPass()  # the next epoch's run, started once this pass's reader has read its epoch
-        self._discard = weakref.finalize(self, self._next.discard)
-        self._pid = os.getpid()
+    @property
+    def reader(self) -> Reader:
+        """The source's rows (:class:`Reader`)."""
+        return self._epochs.reader
+
+    @property
+    def batcher(self) -> Any:
+        """What a batch is (:mod:`stallfree.pipeline.batcher`)."""
+        return self._epochs.batcher
+
+    @property
+    def compiled(self) -> CompiledTransforms:
+        """The transforms as the graph runs them."""
+        return self.options.decode.compiled
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per batch."""
+        return int(self.options.order.batch_size)
+
+    @property
+    def device(self) -> torch.device:
+        """Where batches are delivered."""
+        return self.options.output.device
+
+    @property
+    def workers(self) -> RayWorkers | None:
+        """Where the graph runs: ``None`` (this process) or the :class:`RayWorkers`."""
+        return self.options.run.workers
+
+    @property
+    def skipped(self) -> list[dict[str, Any]]:
+        """This epoch's skipped samples (``on_error="skip"``): what a resumed Loader carries on."""
+        return self._epochs.standing.skipped
 
     @property
     def sampler(self) -> LoaderSampler:
-        """The order of the pass in progress, else of a loaded state, else of this rank now (:class:`Orders`).
+        """The order of the pass in progress, else of a loaded state, else of this rank now.
 
         ``loader.sampler.set_epoch`` is :meth:`set_epoch` (Lightning's fit loop calls it).
         """
-        return self._orders[self._shard()]
-
-    def _shard(self) -> tuple[int, int]:
-        """``(rank, world_size)`` of the pass in progress, else of a loaded state, else of the process now."""
-        return self._fixed if self._current() is not None or self._loaded else self._orders.now()
+        return self._epochs.sampler
 
     @property
     def classes(self) -> list[str]:
@@ -343,109 +308,37 @@ class Loader:
     @property
     def epoch(self) -> int:
         """The epoch of the pass in progress, or else of the next pass."""
-        self._current()
-        return self._epoch
+        return self._epochs.epoch
 
     def __len__(self) -> int:
         """Batches this rank yields per epoch (a pass resumed elastically yields only the epoch's remainder)."""
-        return self.batcher.deliveries(len(self.sampler))
-
-    def _config(self) -> RunConfig:
-        """The settings an epoch run reads, as they are now."""
-        return RunConfig(batcher=self.batcher, seed=self.seed, prefetch=self.prefetch,
-                         io_threads=self.io_threads, on_error=self.on_error, max_pixels=self.max_pixels,
-                         exif=self.exif, encoded=self.encoded, device=self.device)
-
-    def _parts(self, shard: tuple[int, int] | None = None) -> RunParts:
-        """What a run on ``shard`` (else :attr:`sampler`'s) is made of: settings and clock as they are now."""
-        return RunParts(self._config(), self._orders[shard or self._shard()].order(), self.reader, self.compiled,
-                        self.clock)
-
-    def _current(self) -> Pass | None:
-        """The pass in progress; once a pass has ended (exhausted, failed, dropped), the next epoch is next.
-
-        Not after a pass ended before its first ``next`` (Lightning's ``iter()`` that checks a dataloader is iterable).
-        """
-        ongoing = self._pass() if self._pass is not None else None
-        if (ongoing is None or ongoing.over) and self._pass is not None:
-            ongoing, self._pass = None, None
-            if self._progress.taken:
-                self._epoch, self._start, self._loaded, self._split = self._epoch + 1, Cursor(), False, 0
-        if self._pid != os.getpid():  # a forked child's copy: the parent's pass stays the parent's (lifecycle)
-            forked(self, ongoing)
-            return None
-        return ongoing
-
-    def _start_next(self, ended: Pass) -> None:
-        """``ended``'s run has read its epoch: start the next epoch's run, which ``iter()`` then takes."""
-        if self._graph is not None and self._current() is ended:
-            self._next.start(self._parts(self._fixed), self._graph, self._epoch + 1)
-
-    def _end_pass(self, why: str) -> bool:
-        """End the pass in progress, if any (its iterator then raises ``why``); whether there was one."""
-        ongoing = self._current()
-        if ongoing is None:
-            return False
-        ongoing.end(why)
-        self._current()
-        return True
+        epochs = self._epochs
+        return epochs.batcher.deliveries(epochs.orders[epochs.shard()].length(epochs.standing.split))
 
     def set_epoch(self, epoch: int) -> None:
-        """Use ``epoch``'s permutation and augmentation next; it ends a pass in progress.
+        """Use ``epoch``'s permutation and augmentation next; it ends a pass in progress that delivered batches.
 
-        Epochs also advance by themselves after each pass. Setting the epoch a loaded state is in keeps its
-        position. Between ``iter()`` and the first batch of a pass (where Lightning's fit loop calls it) it chooses
-        that pass's epoch instead, as a DataLoader's order is drawn on the first ``next``: the same epoch keeps the
-        pass as it is, another restarts it at that epoch's start.
+        Epochs also advance by themselves after each pass. One rule (:mod:`stallfree.pipeline.epochs`): setting the
+        epoch the Loader stands in keeps its place when nothing was delivered since it came there (a loaded state,
+        or between ``iter()`` and the first batch, where Lightning's fit loop calls it, as a DataLoader's order is
+        drawn on the first ``next``); any other call moves it to ``epoch``'s start.
         """
         if not is_int(epoch) or epoch < 0:
             raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
-        ongoing = self._current()
-        if ongoing is not None and ongoing.fresh:
-            if epoch != self._epoch:
-                self._epoch, self._split, self._start, self._loaded = int(epoch), 0, Cursor(), False
-                self.skipped.clear()  # the list the pass adds to
-                ongoing.restart(*self._run(Cursor()))
-            return
-        ended = self._end_pass("set_epoch() ended this pass")
-        if ended or epoch != self._epoch:
-            self._start, self._loaded, self._split = Cursor(), False, 0
-        self._epoch = int(epoch)
+        self._epochs.set_epoch(int(epoch))
 
     def fingerprint(self) -> dict[str, Any]:
         """What decides the order and pixels (with the world size, not the rank); a state of another is refused."""
-        return self._fingerprint_of(self._shard()[1])
-
-    def _fingerprint_of(self, world_size: int) -> dict[str, Any]:
-        if self._fingerprint is None:  # it hashes the source: once
-            self._fingerprint = loader_fingerprint(self)
-        return {**self._fingerprint, "world_size": world_size}
+        return self._epochs.fingerprint()
 
     def state_dict(self) -> dict[str, Any]:
         """The position after the last batch delivered to the caller (JSON-serialisable).
 
         While a pass is in progress that is where it stands; after a pass has ended it is the start of the next
-        epoch (or what :meth:`set_epoch`/:meth:`load_state_dict` chose), which is where ``iter()`` goes on.
+        epoch (or what :meth:`set_epoch`/:meth:`load_state_dict` chose), which is where ``iter()`` goes on. Each
+        stage's part nests under its name (:mod:`stallfree.pipeline.loader_state`).
         """
-        ongoing = self._current()
-        return self._state_at(ongoing.cursor if ongoing is not None else self._start, ongoing is not None)
-
-    def _state_at(self, cursor: Cursor, in_pass: bool) -> dict[str, Any]:
-        """The state of this Loader standing at ``cursor`` (``in_pass``: the pass's; else the next pass's start).
-
-        Each stage's part nests under its name (:mod:`stallfree.pipeline.loader_state`).
-        """
-        rank, world_size = self._fixed if in_pass or self._loaded else self._orders.now()
-        return {
-            "version": STATE_VERSION,
-            "epoch": self._epoch,
-            "rank": rank,  # where it was taken: another rank's state loads too (load_state_dict)
-            "fingerprint": self._fingerprint_of(world_size),
-            "sampler": {"split": self._split},
-            "batcher": self.batcher.state_dict(cursor),
-            "skipped": list(self.skipped) if in_pass or self._loaded else [],
-            "rejected": [dict(record) for record in self.reader.rejected],
-        }
+        return self._epochs.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next batch is the one after the last batch delivered when it was taken.
@@ -461,62 +354,18 @@ class Loader:
                 :mod:`stallfree.pipeline.loader_state`); or another world size's state has skipped samples or
                 stands between the repeats of an echoed batch. A refused state changes nothing.
         """
-        shard = self._orders.now()
-        loaded = self._read(state, shard)
-        self._end_pass("load_state_dict() ended this pass")
-        self._take(loaded, shard, copy.deepcopy(state))
+        self._epochs.load_state_dict(state)
 
-    def _read(self, state: object, shard: tuple[int, int]) -> LoaderState:
-        """``state`` checked against this Loader on ``shard`` (:func:`read_state`)."""
-        return read_state(state, version=STATE_VERSION, fingerprint=self._fingerprint_of(shard[1]),
-                          sampler=self._orders[shard], batcher=self.batcher, on_error=self.on_error)
+    def __iter__(self) -> Iterator[Any]:
+        return self._epochs.iterate()
 
-    def _take(self, loaded: LoaderState, shard: tuple[int, int], state: Any) -> None:
-        """Stand where ``loaded`` says, on ``shard``."""
-        self._epoch, self._split, self._loaded, self._fixed = loaded.epoch, loaded.split, True, shard
-        self._start, self.skipped, self._loaded_raw = loaded.start, loaded.skipped, state
+    def iterate(self, clock: Clock | None = None) -> Iterator[Any]:
+        """A pass, as ``iter(loader)``, whose stages report their spans to ``clock`` (where the Loader has none).
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        self._end_pass("a newer iter() started a new pass over the Loader")
-        shard = self._orders.now()  # the rank is decided now, as a DistributedSampler made in fit
-        if self._loaded and shard != self._fixed:  # the process group came after load_state_dict
-            self._take(self._read(self._loaded_raw, shard), shard, self._loaded_raw)
-        self._fixed = shard
-        if not self._loaded:
-            self.skipped = []
-        run, cursor = self._run(self._start)
-        assemble = ImageAssembly(self.labels, self.reader, self.device, self.pin_memory, self.target_transform,
-                                 self.columns)
-        self._progress = Progress()
-        ongoing = Pass(run, cursor, batcher=self.batcher, assemble=assemble, skipped=self.skipped,
-                       start_next=self._start_next, progress=self._progress)
-        self._pass = weakref.ref(ongoing)
-        return ongoing
-
-    def _run(self, cursor: Cursor) -> tuple[Run, Cursor]:
-        """The epoch run of the current epoch from ``cursor`` (the one started ahead if it fits), and the cursor."""
-        position, number = cursor.position, self.batcher.number(cursor)
-        if self.workers is not None:
-            return self._ray_run(self.workers, position, number), cursor
-        parts, graph = self._parts(self._fixed), self._built_graph()
-        run = self._next.take(self._epoch, self._split, position, number, self.skipped, parts) or EpochRun(
-            parts, graph, self._epoch, self._split, position, number, self.skipped)
-        return run, cursor
-
-    def _built_graph(self) -> Graph:
-        """The DALI graph every run of this Loader shares, built on first use."""
-        if self._graph is None:
-            self._graph = Graph(
-                self.compiled,
-                batch_size=self.batcher.largest,
-                num_threads=self.num_threads,
-                device_id=self._graph_device,
-                encoded=self.encoded,
-                seed=self.seed,
-                exif=self.exif,
-                pin_memory=self.pin_memory,
-            )
-        return self._graph
+        The profiler times a user's Loader this way (``stallfree.profile``): the clock is given when the pass's
+        run is built, never set on the Loader from outside.
+        """
+        return self._epochs.iterate(clock)
 
     def start(self) -> Loader:
         """Start the coming epoch's reads and first batches now; the next ``iter()`` takes them. Returns the Loader.
@@ -533,28 +382,13 @@ class Loader:
         a run it started that ``iter()`` does not ask for (``set_epoch`` to another epoch first) is stopped, and one
         left untaken stops after 20 s. The batches are the same either way.
         """
-        if self.workers is not None or self._current() is not None or self._start != Cursor() or self._split:
-            return self
-        self._next.start(self._parts(self._orders.now()), self._built_graph(), self._epoch)
+        self._epochs.start()
         return self
 
-    def _ray_run(self, workers: RayWorkers, position: int, number: int) -> RayRun:
-        """The epoch run on ``workers``' actors; they get the parts without the clock (their spans come back)."""
-        parts = self._parts(self._fixed)
-        compiled, finish = self._worker_spec or worker_spec(self.compiled, workers.transfer)
-        setup = (dataclasses.replace(parts, clock=None), compiled, workers.cpus_per_worker)
-        key = f"{self._ray_id}:{hash(parts.config)}"
-        return RayRun(parts, workers.pool(), (key, setup), finish, self._epoch, self._split, position, number,
-                      self.skipped, pin_memory=self.pin_memory)
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Pickled or deep-copied: the configuration and :meth:`state_dict`'s position, never the graph or threads."""
-        return copied(self)
-
     def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickled or deep-copied (:mod:`stallfree.pipeline.lifecycle`): its orders answer to the copy."""
         vars(self).update(state)
-        self._local()
-        self._orders.bind(self)
+        self._epochs.orders.bind(self)
 
     def __enter__(self) -> Loader:
         return self
@@ -567,6 +401,5 @@ class Loader:
 
         ``with Loader(...) as loader:`` calls it on leaving the block; a script need not call it at all.
         """
-        self._end_pass("close() ended this pass")
-        self._next.discard()
+        self._epochs.close()
         self.reader.close()

@@ -50,20 +50,19 @@ class NextPass:
              parts: RunParts | None = None) -> EpochRun | None:
         """The run started ahead if it is the one asked for and still running; else ``None`` (and it is stopped).
 
-        ``parts`` are the Loader's now: a run started with other settings, for another rank (one started before the
-        process group was made), or reporting to another clock (the profiler sets ``loader.clock`` between passes),
-        is not the one asked for.
+        ``parts`` are the Loader's now: a run started with other settings, or for another rank (one started before
+        the process group was made), is not the one asked for. The pass that takes it gives it its clock
+        (:meth:`EpochRun.attach`), whichever clock that is.
         """
         run, self._run = self._run, None
         if run is None:
             return None
         run.taken()  # first, so that it cannot stop for idleness once it is found running
-        other = parts is None or run.config != parts.config or run.parts.clock is not parts.clock or (
+        other = parts is None or run.config != parts.config or (
             run.parts.sampler.rank, run.parts.sampler.world_size) != (parts.sampler.rank, parts.sampler.world_size)
         if other or run.stopped or skipped or run.epoch != epoch or run.start != (split, position, number):
             _stop(run)
             return None
-        run.release_spans()
         return run
 
     def discard(self) -> None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from stallfree.pipeline.assembly import Assembly
     from stallfree.pipeline.batcher import Batcher, Cursor
-    from stallfree.pipeline.run import Run
+    from stallfree.pipeline.run import Clock, Run
     from stallfree.pipeline.samples import Batch
 
 __all__ = ["Pass", "Progress"]
@@ -43,11 +43,13 @@ class Pass:
         start_next: called once with this pass when its run may start the next epoch's run (its reader has read
             the epoch: the next run's reads overlap this one's last batches in the graph).
         progress: set when ``next`` is first called.
+        clock: where its runs report their spans (:meth:`Run.attach`), or ``None``.
     """
 
     def __init__(self, run: Run, cursor: Cursor, *, batcher: Batcher, assemble: Assembly,
-                 skipped: list[dict[str, Any]], start_next: Callable[[Pass], None], progress: Progress):
-        self.batcher, self.assemble, self.progress = batcher, assemble, progress
+                 skipped: list[dict[str, Any]], start_next: Callable[[Pass], None], progress: Progress,
+                 clock: Clock | None = None):
+        self.batcher, self.assemble, self.progress, self.clock = batcher, assemble, progress, clock
         self._skipped, self._start_next = skipped, start_next
         self._pid = os.getpid()  # its threads are this process's: a forked child has none of them
         self.over = False
@@ -55,6 +57,7 @@ class Pass:
         self._begin(run, cursor)
 
     def _begin(self, run: Run, cursor: Cursor) -> None:
+        run.attach(self.clock)
         self.run, self.cursor, self.fresh = run, cursor, True  # fresh: no batch taken from this iterator yet
         self._batches = iter(run)
         self._batch: tuple[Batch, Any] | None = None

@@ -35,6 +35,7 @@ from stallfree.pipeline.skips import SkipPolicy
 if TYPE_CHECKING:
     from stallfree.pipeline.ray_transfer import Finish
     from stallfree.pipeline.ray_workers import WorkerPool
+    from stallfree.pipeline.run import Clock
     from stallfree.pipeline.run_config import RunParts
 
 __all__: list[str] = []
@@ -75,6 +76,11 @@ class RayRun:
         self._send_number, self._send_start, self._number = number, position, number
         self._stopped = False
         self._replaced = 0
+        self._clock: Clock | None = None
+
+    def attach(self, clock: Clock | None) -> None:
+        """Report the run's spans (the actors' mapped onto this process's clock) to ``clock``."""
+        self._clock = clock
 
     def stop(self) -> None:
         """Stop taking batches; those sent are cancelled (an actor finishes the one it is on)."""
@@ -174,14 +180,13 @@ class RayRun:
                               "the cluster again and resume from the last state_dict()")
 
     def __iter__(self) -> Iterator[Batch]:
-        clock = self.parts.clock
         while self._number < self.total and not self._stopped:
             self._fill()
             flight = self._flights[0]
             wait_start = time.perf_counter()
             result = self._result(flight)
-            if clock is not None:
-                clock.record("input", "waiting", wait_start, time.perf_counter(), flight.number)
+            if self._clock is not None:
+                self._clock.record("input", "waiting", wait_start, time.perf_counter(), flight.number)
             if self._stopped:
                 return
             self._flights.popleft()
@@ -209,15 +214,15 @@ class RayRun:
             start_time = time.perf_counter()
             images = received(output).pin_memory().to(device, non_blocking=True)
             out = self.finish(images)
-            if self.parts.clock is not None:
-                self.parts.clock.record("h2d", "busy", start_time, time.perf_counter(), number)
+            if self._clock is not None:
+                self._clock.record("h2d", "busy", start_time, time.perf_counter(), number)
             return out
         out = self.finish(received(output))
         return out.pin_memory() if self.pin_memory else out
 
     def _report(self, result: Any, number: int) -> None:
         """The actor's busy spans on this process's clock (wall-clock times mapped onto ``perf_counter``)."""
-        clock = self.parts.clock
+        clock = self._clock
         if clock is None or not result.graph_end:
             return
         offset = time.perf_counter() - time.time()

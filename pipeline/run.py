@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from stallfree.pipeline.samples import Batch
 
-__all__ = ["Run"]
+__all__ = ["Clock", "Run"]
+
+
+class Clock(Protocol):
+    """Where a run reports its spans (``stallfree.stage_runtime.clock.StageClock`` is one)."""
+
+    def record(self, stage: str, state: str, start: float, end: float, batch: int | None = None) -> None:
+        """Record that ``stage`` was ``state`` ("busy" or "waiting") from ``start`` to ``end`` (perf_counter)."""
 
 
 class Run(Protocol):
@@ -42,4 +49,11 @@ class Run(Protocol):
     @property
     def stopped(self) -> bool:
         """Whether the run is stopped."""
+        ...
+
+    def attach(self, clock: Clock | None) -> None:
+        """Report the run's spans to ``clock`` from now on, and those it held until now (none to ``None``).
+
+        A run reports to the clock of the pass that takes it: one started ahead holds its spans until then.
+        """
         ...

@@ -9,7 +9,7 @@ give the same batches: every draw is keyed by ``(seed, epoch, sample)``, none by
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
@@ -45,13 +45,13 @@ class RunConfig:
 
 @dataclass(frozen=True, eq=False)
 class RunParts:
-    """The objects a run uses: the order (``sampler``), the rows (``reader``), the spec and where it reports spans.
+    """The objects a run uses: the order (``sampler``), the rows (``reader``) and the spec.
 
-    ``clock`` is the Loader's :class:`~stallfree.pipeline.loader.Clock`, or ``None``.
+    No clock: a run reports its spans to the clock of the pass that takes it
+    (:meth:`~stallfree.pipeline.run.Run.attach`).
     """
 
     config: RunConfig
     sampler: Sampler
     reader: Reader
     compiled: CompiledTransforms
-    clock: Any = None

@@ -26,10 +26,10 @@ import math
 import os
 import statistics
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from stallfree.stage_runtime.clock import Span, StageClock, percentile
 from stallfree.stage_runtime.profile.sampler import ResourceSampler
@@ -74,6 +74,15 @@ def attribute_stall(t_fetch: float, t_prep: float, t_step: float) -> tuple[float
     """The modelled fetch and preparation stalls per batch (seconds) of a pipelined loader; see the module doc."""
     prep = max(0.0, t_prep - t_step)
     return max(0.0, max(t_fetch, t_prep) - t_step) - prep, prep
+
+
+@runtime_checkable
+class Timed(Protocol):
+    """A loader whose passes report their stages' spans to a clock given when the pass starts (``stallfree.Loader``)."""
+
+    def iterate(self, clock: StageClock) -> Iterator[Any]:
+        """A pass reporting to ``clock``."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -203,15 +212,13 @@ def profile(
     if warmup < 0:
         raise ValueError(f"warmup must be >= 0, got {warmup}")
     clock = clock if clock is not None else StageClock()
-    attached = hasattr(loader, "clock") and loader.clock is None
-    if attached:
-        loader.clock = clock  # type: ignore[attr-defined]
     waits: list[float] = []
     steps: list[float] = []
     samples = 0
     sampler = ResourceSampler(sample_interval)
     sampler.phase = "real run"
-    iterator = iter(loader)
+    # a stallfree Loader's pass reports its stages' spans to the clock it is built with; another loader is timed
+    iterator = loader.iterate(clock) if isinstance(loader, Timed) else iter(loader)
     try:
         with sampler:
             for _ in range(warmup):
@@ -246,8 +253,6 @@ def profile(
         close = getattr(iterator, "close", None)
         if close is not None:
             close()
-        if attached:
-            loader.clock = None  # type: ignore[attr-defined]
     if not waits:
         raise ValueError(f"the loader yielded no batch after {warmup} warm-up batches; lower warmup= or check it")
     return _analyse(waits, steps, samples, start, end, clock, sampler, step is not None)

@@ -53,7 +53,7 @@ def test_a_dataset_of_bytes_gives_the_same_batches_as_its_files(indexed_list: Pa
     reads = Counter(dataset.reads[1:])  # item 0 read once more, to learn its kind
     assert set(reads) == set(range(37))
     ahead = reads - Counter(range(37))  # read ahead for epoch 1: rows of its first batches (both queues, two in hand)
-    first = loader.sampler.rows(loader.sampler.virtual_order(1)[: 8 * (2 * loader.prefetch + 2)]).tolist()
+    first = loader.sampler.rows(loader.sampler.virtual_order(1)[: 8 * (2 * loader.options.run.prefetch + 2)]).tolist()
     assert max(ahead.values(), default=1) == 1 and set(ahead) <= set(first)
 
 

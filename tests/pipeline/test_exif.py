@@ -247,7 +247,7 @@ def test_raw_shards_refuse_apply(folder: Path, tmp_path: Path) -> None:
     ingest(folder, tmp_path, IngestOptions(raw=(16, 16)))
     with pytest.raises(ValueError, match=r"exif='apply'.*--raw.*without --raw"):
         Loader(tmp_path, batch_size=4, transform=[CenterCrop(8)], exif="apply")
-    assert Loader(tmp_path, batch_size=4, transform=[CenterCrop(8)]).exif == "ignore"
+    assert Loader(tmp_path, batch_size=4, transform=[CenterCrop(8)]).options.decode.exif == "ignore"
 
 
 def test_a_bad_exif_setting_is_refused(folder: Path) -> None:

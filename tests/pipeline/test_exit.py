@@ -41,7 +41,7 @@ def test_a_run_started_ahead_adds_no_thread_but_its_own(indexed_list: Path) -> N
     passing = iter(loader)
     list(passing)
     passing.run.join(10.0)  # the finished pass's threads end as they see it stopped
-    ahead = loader._next._run
+    ahead = loader._epochs.placement._next._run
     assert ahead is not None
     extra = {t for t in set(threading.enumerate()) - before if not t.name.startswith("stallfree-read")}
     assert extra <= set(ahead._threads), f"threads beside the run's own: {sorted(t.name for t in extra)}"

@@ -37,7 +37,7 @@ def same(a: list[tuple[torch.Tensor, torch.Tensor]], b: list[tuple[torch.Tensor,
 def test_epochs_in_a_row_take_the_run_started_ahead_and_match_fresh_loaders(indexed_list: Path) -> None:
     running = loader(indexed_list)
     first = list(running)
-    assert running._next._run is not None  # started while the last batches were taken
+    assert running._epochs.placement._next._run is not None  # started while the last batches were taken
     second = list(running)
     assert same(first, epoch(indexed_list, 0)) and same(second, epoch(indexed_list, 1))
     assert running.epoch == 2
@@ -60,7 +60,7 @@ def test_the_next_epoch_starts_before_the_last_batch_is_out_when_the_loop_waits_
         it = iter(running)
         for _ in range(len(running)):
             next(it)
-        assert running._next._run is not None  # before the pass has even ended
+        assert running._epochs.placement._next._run is not None  # before the pass has even ended
         with pytest.raises(StopIteration):
             next(it)
 
@@ -83,13 +83,13 @@ def test_a_run_nobody_takes_stops_by_itself(indexed_list: Path, monkeypatch: pyt
     monkeypatch.setattr(next_pass, "IDLE_S", 0.2)
     running = loader(indexed_list)
     list(running)
-    ahead = running._next._run
+    ahead = running._epochs.placement._next._run
     assert ahead is not None
     ahead.join(5.0)
     assert ahead.stopped and not any(thread.is_alive() for thread in ahead._threads)
     assert same(list(running), epoch(indexed_list, 1))  # iter() then starts afresh: the same batches
     running.close()
-    assert running._next._run is None
+    assert running._epochs.placement._next._run is None
 
 
 class _Spans:
@@ -104,7 +104,7 @@ def test_the_clock_sees_the_run_started_ahead_only_once_it_is_taken(indexed_list
     clock = _Spans()
     running = Loader(indexed_list, batch_size=8, transform=SPEC, seed=5, dtype="uint8", num_threads=1, clock=clock)
     batches = len(list(running))
-    ahead = running._next._run
+    ahead = running._epochs.placement._next._run
     assert ahead is not None
     deadline = time.monotonic() + 10.0
     while not ahead.out_q.full() and time.monotonic() < deadline:  # batches of the next epoch are ready, unasked
@@ -117,20 +117,23 @@ def test_the_clock_sees_the_run_started_ahead_only_once_it_is_taken(indexed_list
     assert sorted(augmented) == sorted([*range(batches), *range(batches)])
 
 
-def test_a_clock_set_between_passes_sees_the_whole_next_pass(indexed_list: Path) -> None:
-    # the profiler sets loader.clock between passes; the run started ahead without it must not be the one taken
+def test_a_clock_given_to_a_pass_sees_the_whole_pass_started_ahead_without_it(indexed_list: Path) -> None:
+    # the profiler gives its clock to the pass it times (loader.iterate); the run started ahead before it reports
+    # its held spans to that clock once the pass takes it
     running = loader(indexed_list)
     list(running)
-    assert running._next._run is not None
+    ahead = running._epochs.placement._next._run
+    assert ahead is not None
     clock = _Spans()
-    running.clock = clock
-    batches = len(list(running))
+    it = running.iterate(clock)
+    batches = len(list(it))
+    assert it.run is ahead  # taken, whichever clock the pass has
     assert sorted(b for stage, b in clock.spans if stage == "augment") == list(range(batches))
 
 
 def test_start_has_the_first_batches_ready_before_the_first_iter_and_they_are_the_same(indexed_list: Path) -> None:
     started = loader(indexed_list).start()
-    ahead = started._next._run
+    ahead = started._epochs.placement._next._run
     assert ahead is not None and ahead.epoch == 0
     deadline = time.monotonic() + 10.0
     while not ahead.out_q.full() and time.monotonic() < deadline:  # read and run in the graph, unasked
@@ -149,8 +152,8 @@ def test_start_then_another_epoch_or_during_a_pass(indexed_list: Path) -> None:
     busy = loader(indexed_list)
     it = iter(busy)
     first = next(it)
-    ahead = busy._next._run  # the pass's reader may have read the epoch and started the next one already
-    assert busy.start() is busy and busy._next._run is ahead  # during a pass: start() starts nothing
+    ahead = busy._epochs.placement._next._run  # the pass's reader may have started the next epoch's run already
+    assert busy.start() is busy and busy._epochs.placement._next._run is ahead  # during a pass: start() starts nothing
     assert ahead is None or ahead.epoch == 1
     assert same([first, *it], epoch(indexed_list, 0))
     partway = loader(indexed_list)
@@ -158,5 +161,5 @@ def test_start_then_another_epoch_or_during_a_pass(indexed_list: Path) -> None:
     next(part)
     resumed = loader(indexed_list)
     resumed.load_state_dict(partway.state_dict())
-    assert resumed.start()._next._run is None  # inside an epoch: iter() starts there as before
+    assert resumed.start()._epochs.placement._next._run is None  # inside an epoch: iter() starts there as before
     assert same(list(resumed), list(part))

@@ -59,7 +59,7 @@ def test_cpu_device_and_labels(image_folder: Path) -> None:
 def test_cuda_without_a_gpu_is_a_clear_error(indexed_list: Path) -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    with pytest.raises(ValueError, match="torch sees no CUDA device"):
+    with pytest.raises(ValueError, match="device cuda: torch sees no CUDA GPU on this machine"):
         Loader(indexed_list, batch_size=4, transform=SPEC, device="cuda")
 
 

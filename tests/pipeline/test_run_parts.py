@@ -61,7 +61,7 @@ def test_a_run_built_in_another_process_from_the_parts_gives_the_loaders_batches
         next(iter(loader))  # the reader has shards open, a lock and a verified cache: it still pickles
     loader.set_epoch(2)
     local = [(images.numpy(), labels.numpy()) for images, labels in loader][:3]
-    parts: Any = loader._parts()
+    parts: Any = loader._epochs.parts(loader._epochs.shard())
     assert not any(value is loader for value in vars(parts).values())
     with multiprocessing.get_context("spawn").Pool(1) as pool:
         remote = pool.apply(_batches_elsewhere, (pickle.dumps(parts), 2, 3))

@@ -89,12 +89,12 @@ def test_a_graph_failing_on_a_sample_it_ran_before_is_an_error(tmp_path: Path) -
     loader = make(listing(tmp_path, 40, {}), 2, prefetch=1)
     it = iter(loader)
     next(it)
-    assert loader._graph is not None
+    assert loader._epochs.placement._graph is not None
 
     def broken(*args: object) -> None:
         raise RuntimeError("[/opt/dali/...] Assert on \"false\" failed: an operator broke")
 
-    loader._graph._feed = broken  # type: ignore[method-assign]  # the graph itself breaks, not the data
+    loader._epochs.placement._graph._feed = broken  # type: ignore[method-assign]  # the graph itself breaks, not the data
     with pytest.raises(RuntimeError, match="fails on a sample it ran before"):
         list(it)
 
@@ -165,7 +165,7 @@ def test_a_failure_dali_reports_at_a_good_batch_reruns_it_alone_and_goes_on(tmp_
     loader = make(source, 4, prefetch=1)
     it = iter(loader)
     first = next(it)[1].tolist()
-    graph = loader._graph
+    graph = loader._epochs.placement._graph
     assert graph is not None
     builds = []
     build = graph._build

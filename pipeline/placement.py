@@ -1,0 +1,98 @@
+"""Where the Loader's graph runs: in this process (:class:`LocalGraph`) or on Ray actors (:class:`RayGraph`).
+
+Both make a pass's :class:`~stallfree.pipeline.run.Run` from the same parts and cursor, so the batches, skips and
+states are the same wherever the work runs (DESIGN.md, "One path, many placements"); the Loader asks its placement
+for runs and knows no more of either.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+from stallfree.pipeline.epoch import EpochRun
+from stallfree.pipeline.graph import Graph
+from stallfree.pipeline.next_pass import NextPass
+from stallfree.pipeline.ray_run import RayRun
+from stallfree.pipeline.ray_transfer import worker_spec
+from stallfree.pipeline.ray_workers import RayWorkers, run_key
+
+if TYPE_CHECKING:
+    from stallfree.pipeline.run import Run
+    from stallfree.pipeline.run_config import RunParts
+
+__all__ = ["LocalGraph", "Placement", "RayGraph"]
+
+
+class Placement(Protocol):
+    """Makes a pass's runs."""
+
+    def run(self, parts: RunParts, epoch: int, split: int, position: int, number: int,
+            skipped: list[dict[str, Any]]) -> Run:
+        """The run of ``epoch`` (split from ``split``) from stream ``position``, batch ``number``."""
+        ...
+
+    def start_ahead(self, parts: RunParts, epoch: int) -> None:
+        """Start ``epoch``'s run from its beginning now, for a later :meth:`run` to take (where that helps)."""
+        ...
+
+    def discard(self) -> None:
+        """Stop a run started ahead, if any."""
+        ...
+
+
+class LocalGraph:
+    """The graph in this process: one DALI graph, built on first use, shared by every run; runs started ahead.
+
+    Args:
+        graph: the graph's keywords (:class:`~stallfree.pipeline.graph.Graph`).
+    """
+
+    def __init__(self, **graph: Any):
+        self._keywords = graph
+        self._graph: Graph | None = None
+        self._next = NextPass()  # the next epoch's run, started once a pass's reader has read its epoch
+
+    @property
+    def built(self) -> bool:
+        """Whether the graph exists yet (a pass or :meth:`start_ahead` built it)."""
+        return self._graph is not None
+
+    def graph(self) -> Graph:
+        """The DALI graph every run shares, built on first use (so that building a Loader stays cheap)."""
+        if self._graph is None:
+            self._graph = Graph(**self._keywords)
+        return self._graph
+
+    def run(self, parts: RunParts, epoch: int, split: int, position: int, number: int,
+            skipped: list[dict[str, Any]]) -> Run:
+        ahead = self._next.take(epoch, split, position, number, skipped, parts)
+        return ahead or EpochRun(parts, self.graph(), epoch, split, position, number, skipped)
+
+    def start_ahead(self, parts: RunParts, epoch: int) -> None:
+        self._next.start(parts, self.graph(), epoch)
+
+    def discard(self) -> None:
+        self._next.discard()
+
+
+class RayGraph:
+    """The graph on ``workers``' Ray actors (their CPU operators); batches come back to this process, in order."""
+
+    def __init__(self, workers: RayWorkers, compiled: Any, pin_memory: bool):
+        self.workers, self.pin_memory = workers, pin_memory
+        self._spec = worker_spec(compiled, workers.transfer)
+        self._id = run_key()  # names this Loader's setup on the actors
+
+    def run(self, parts: RunParts, epoch: int, split: int, position: int, number: int,
+            skipped: list[dict[str, Any]]) -> Run:
+        compiled, finish = self._spec
+        setup = (parts, compiled, self.workers.cpus_per_worker)
+        key = f"{self._id}:{hash(parts.config)}"
+        return RayRun(parts, self.workers.pool(), (key, setup), finish, epoch, split, position, number, skipped,
+                      pin_memory=self.pin_memory)
+
+    def start_ahead(self, parts: RunParts, epoch: int) -> None:
+        """Nothing: the actors start their batches when the pass sends them."""
+
+    def discard(self) -> None:
+        """Nothing started ahead."""
