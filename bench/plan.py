@@ -25,7 +25,7 @@ simulated step's (``stage_runtime/plan/attribution.py``). The load averages at t
 busy the machine was.
 
 With ``--accelerator sim:R`` every cell trains on the simulated device (each stage's compute a wait of known
-length, ``stage_runtime/accelerator.py``) and is predicted with those known times, so only the host runtime and
+length, ``stage_runtime/stage_times.py``) and is predicted with those known times, so only the host runtime and
 the communication are left to predict (the calibration and the pilots fit them as without it). A further table
 sets each cell's books (``stage_runtime/plan/books.py``) measured beside predicted, part by part, and counts the
 cells whose step (the pipeline's, timed whole) is within 10% and every part of every rank within 3 points, with
@@ -75,7 +75,7 @@ EXAMPLES = """examples:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The benchmark's options."""
     # no torch import for --help; the schedules are the synchronous ones (the planner ranks them; 2bw apart)
-    from stallfree.stage_runtime.accelerator import parse_accelerator
+    from stallfree.core.accelerator import parse_accelerator
     from stallfree.stage_runtime.train.schedules import FLUSHING as SCHEDULES
 
     parser.add_argument("--models", nargs="+", choices=("mlp", "small_cnn"), default=["mlp", "small_cnn"],

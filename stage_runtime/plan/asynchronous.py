@@ -24,6 +24,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from stallfree.stage_runtime.stage_times import stage_times
+
 from .costs import FREE_LINK, Cores, LayerTimes, Link, StageCost, stage_costs
 from .orders import Op, torch_order
 from .simulate import StepResult, simulate
@@ -158,7 +160,7 @@ def predict_simulated_job(config: Any, summary: dict[str, Any], steps: int = 8,
     ranks, m, batch = config.stages, config.microbatches, config.batch_size
     layers = [LayerTimes(**layer) for layer in summary["layer_costs"]["layers"]]
     measured = stage_costs(layers, summary["balance"], float(summary["layer_costs"]["optimizer_s"]))
-    device = accelerator.stage_times(batch // m, [c.forward_s + c.backward_s for c in measured])
+    device = stage_times(accelerator, batch // m, [c.forward_s + c.backward_s for c in measured])
     costs = [StageCost(t.forward_s, t.backward_s, t.backward_weight_s, c.activation_bytes, c.output_bytes,
                        c.param_bytes, c.optimizer_s) for t, c in zip(device, measured, strict=True)]
     two_bw = simulate_async("pipedream-2bw", ranks, m, batch, costs, lambda a, b: link, steps=steps)

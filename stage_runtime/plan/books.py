@@ -43,6 +43,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from stallfree.stage_runtime.stage_times import stage_times
+
 from .costs import FREE_LINK, LayerTimes, StageCost, stage_costs
 from .orders import Op, job_program
 from .simulate import Span, StepResult, compute_s, simulate
@@ -89,7 +91,7 @@ def known_costs(config: Any, layers: Sequence[LayerTimes], balance: Sequence[int
     if config.accelerator is None:
         return measured
     micro = config.batch_size // config.microbatches
-    times = config.accelerator.stage_times(micro, [c.forward_s + c.backward_s for c in measured])
+    times = stage_times(config.accelerator, micro, [c.forward_s + c.backward_s for c in measured])
     return [replace(c, forward_s=t.forward_s, backward_s=t.backward_s, weight_s=t.backward_weight_s)
             for c, t in zip(measured, times, strict=True)]
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from stallfree.core.accelerator import SimAccelerator, parse_accelerator
 from stallfree.core.atomic import atomic_write
-from stallfree.stage_runtime.accelerator import SimAccelerator, parse_accelerator
 from stallfree.stage_runtime.clock import StageClock
 from stallfree.stage_runtime.profile.phases import MODEL_ALIASES
 from stallfree.stage_runtime.profile.report import Observed, headline, input_cost
@@ -129,7 +129,7 @@ def profile_dataset(
         verify: run one what-if for real and compare it with its prediction: ``"top"`` (the suggested one),
             ``"echo"``, ``"max-side"`` or ``"cores"``.
         accelerator: ``"sim:R"`` (parsed here, once) or a :class:`SimAccelerator`: the step is a simulated device
-            training ``R`` img/s (it waits, holding no CPU; see ``stallfree.stage_runtime.accelerator``) instead of
+            training ``R`` img/s (it waits, holding no CPU; see ``stallfree.core.accelerator``) instead of
             the model on this machine, so the real runs answer "with a device of this speed, would this loader
             stall?".
         progress: progress bars on stderr.

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from stallfree.stage_runtime.accelerator import SimAccelerator
+from stallfree.core.accelerator import SimAccelerator
 from stallfree.stage_runtime.clock import StageClock
 from stallfree.stage_runtime.profile.cache import drop_page_cache
 

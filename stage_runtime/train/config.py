@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from stallfree.stage_runtime.accelerator import SimAccelerator, parse_accelerator
+from stallfree.core.accelerator import SimAccelerator, parse_accelerator
 from stallfree.stage_runtime.train.link_delay import LinkDelay, parse_link_delay
 from stallfree.stage_runtime.train.optim import LR_SCHEDULES, OPTIMIZERS, LrSchedule, Optimizer
 from stallfree.stage_runtime.train.schedules import ScheduleSpec, schedule_spec

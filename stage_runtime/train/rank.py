@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from stallfree.stage_runtime.clock import StageClock
+from stallfree.stage_runtime.stage_times import stage_times
 from stallfree.stage_runtime.train import checkpoint as ckpt
 from stallfree.stage_runtime.train.feed import make_feed, unpadded_samples
 from stallfree.stage_runtime.train.models import build_model
@@ -135,7 +136,7 @@ class Rank:
         shapes = _stage_shapes(layers, bounds, (micro, 3, c.image_size, c.image_size))
         sim: list[Any] = [None] * c.model_stages
         if accelerator is not None:
-            sim = list(accelerator.stage_times(micro, chosen[1]))
+            sim = list(stage_times(accelerator, micro, chosen[1]))
             self.modules = {s: SimulatedCompute(m, shapes[s][1].shape[1:]) for s, m in self.modules.items()}
         params = [p for m in self.modules.values() for p in m.parameters()]
         # A rank whose stages hold no parameters (a Flatten alone) has nothing to step; torch refuses an empty list.

@@ -15,7 +15,8 @@ from torch import nn
 from torch.distributed.pipelining import ScheduleGPipe
 
 import stallfree
-from stallfree.stage_runtime.accelerator import SimAccelerator, StageTimes, hold, parse_accelerator
+from stallfree.core.accelerator import SimAccelerator, hold, parse_accelerator
+from stallfree.stage_runtime.stage_times import StageTimes, stage_times
 from stallfree.stage_runtime.train.config import TrainConfig
 from stallfree.stage_runtime.train.stage import SimulatedCompute, TimedStage
 
@@ -44,13 +45,13 @@ def test_a_speed_must_be_positive(text: str) -> None:
 
 
 def test_the_slowest_stage_takes_a_micro_batch_over_r_split_in_thirds() -> None:
-    times = SimAccelerator(400).stage_times(8, [0.002, 0.004, 0.001])
+    times = stage_times(SimAccelerator(400), 8, [0.002, 0.004, 0.001])
     slowest = 8 / 400
     assert times[1] == StageTimes(slowest / 3, slowest / 3, slowest / 3)
     assert times[0].forward_s + times[0].backward_s == pytest.approx(slowest / 2)
     assert times[2].backward_input_s == pytest.approx(slowest / 4 / 3)
     with pytest.raises(ValueError, match="micro_batch"):
-        SimAccelerator(400).stage_times(0, [1.0])
+        stage_times(SimAccelerator(400), 0, [1.0])
 
 
 def test_train_config_checks_accelerator_and_feed() -> None:
@@ -104,7 +105,7 @@ def test_only_the_entry_points_parse_the_accelerator_string() -> None:
 def test_every_simulated_device_is_the_one(module: str) -> None:
     """Regression: four devices slept on their own (a stage, the profiler's step, bench e2e's and remote's consumer)."""
     text = (Path(stallfree.__file__).parent / module).read_text()
-    assert "stallfree.stage_runtime.accelerator import" in text and "time.sleep(" not in text
+    assert "stallfree.core.accelerator import" in text and "time.sleep(" not in text
 
 
 def test_the_device_waits_its_time_without_holding_the_cpu() -> None:
@@ -145,7 +146,7 @@ def test_a_simulated_stage_waits_without_holding_the_cpu(tmp_path: Path) -> None
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         real, micro = _real(), 4
-        times = SimAccelerator(100).stage_times(micro, [1.0])[0]  # 40 ms a micro-batch
+        times = stage_times(SimAccelerator(100), micro, [1.0])[0]  # 40 ms a micro-batch
         sim = SimulatedCompute(real, (10,))
         stage = TimedStage(sim, 0, 1, torch.device("cpu"), input_args=torch.empty(micro, 3, 16, 16),
                            output_args=torch.empty(micro, 10, requires_grad=True), sim=times)

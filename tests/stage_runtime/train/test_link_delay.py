@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from stallfree.cli import main
-from stallfree.stage_runtime.accelerator import parse_accelerator
+from stallfree.core.accelerator import parse_accelerator
 from stallfree.stage_runtime.plan.attribution import trainer_steps
 from stallfree.stage_runtime.plan.costs import NO_OVERHEAD, LayerTimes, Link
 from stallfree.stage_runtime.plan.orders import job_program
