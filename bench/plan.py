@@ -76,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The benchmark's options."""
     # no torch import for --help; the schedules are the synchronous ones (the planner ranks them; 2bw apart)
     from stallfree.core.accelerator import parse_accelerator
-    from stallfree.stage_runtime.train.schedules import FLUSHING as SCHEDULES
+    from stallfree.stage_runtime.schedules import FLUSHING as SCHEDULES
 
     parser.add_argument("--models", nargs="+", choices=("mlp", "small_cnn"), default=["mlp", "small_cnn"],
                         help="bundled models to plan and train")
@@ -109,9 +109,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _jobs(args: argparse.Namespace, stages: int, out: Path) -> tuple[list[Any], list[str]]:
+    from stallfree.stage_runtime.config.train_config import TrainConfig
     from stallfree.stage_runtime.plan.orders import torch_order
-    from stallfree.stage_runtime.train.config import TrainConfig
-    from stallfree.stage_runtime.train.schedules import schedule_spec
+    from stallfree.stage_runtime.schedules import schedule_spec
     from stallfree.stage_runtime.train.trainer import check
 
     configs, skipped = [], []
@@ -155,7 +155,7 @@ def _pilot_jobs(configs: list[Any], schedules: Sequence[str]) -> list[Any]:
 
 def _predicted(config: Any, summary: dict[str, Any], link: Any, overhead: Any, share_cores: bool) -> dict[str, Any]:
     """The simulator's prediction for one run of a job, from the layer costs its rank 0 measured."""
-    from stallfree.stage_runtime.plan.costs import LayerTimes
+    from stallfree.stage_runtime.models.layer_times import LayerTimes
     from stallfree.stage_runtime.plan.predict import predict_training
 
     costs = summary.get("layer_costs")
@@ -245,11 +245,11 @@ def _check(args: argparse.Namespace) -> None:
 
 def _run_stages(args: argparse.Namespace, stages: int, tmp: Path, given: Any, sweep: Sweep) -> None:
     """Calibrate on ``stages`` processes, train every job of that rank count with its pilots, add its cells."""
+    from stallfree.stage_runtime.jobs import train_many
     from stallfree.stage_runtime.plan.calibrate import cached_calibration
     from stallfree.stage_runtime.plan.overhead import OverheadChoice
     from stallfree.stage_runtime.plan.pilots import fit_pilots, read_pilot
     from stallfree.stage_runtime.plan.predict import job_cores
-    from stallfree.stage_runtime.train.trainer import train_many
 
     configs, left_out = _jobs(args, stages, tmp)
     sweep.skipped += left_out

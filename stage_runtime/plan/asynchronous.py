@@ -20,13 +20,15 @@ version a micro-batch's forward read and the update its gradient goes into.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from stallfree.stage_runtime.config.train_config import TrainConfig
+from stallfree.stage_runtime.models.layer_times import LayerTimes
 from stallfree.stage_runtime.stage_times import stage_times
 
-from .costs import FREE_LINK, Cores, LayerTimes, Link, StageCost, stage_costs
+from .costs import FREE_LINK, Cores, Link, StageCost, stage_costs
 from .orders import Op, torch_order
 from .simulate import StepResult, simulate
 
@@ -140,7 +142,7 @@ def simulate_async(name: str, ranks: int, microbatches: int, batch: int, costs: 
                        result)
 
 
-def predict_simulated_job(config: Any, summary: dict[str, Any], steps: int = 8,
+def predict_simulated_job(config: TrainConfig, summary: Mapping[str, Any], steps: int = 8,
                           link: Link = FREE_LINK) -> dict[str, Any]:
     """2BW's steady state and 1F1B's step, simulated for a ``--accelerator sim:R`` job (``config``, a ``TrainConfig``).
 

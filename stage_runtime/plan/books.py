@@ -43,9 +43,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from stallfree.stage_runtime.config.train_config import TrainConfig
+from stallfree.stage_runtime.models.layer_times import LayerTimes
 from stallfree.stage_runtime.stage_times import stage_times
 
-from .costs import FREE_LINK, LayerTimes, StageCost, stage_costs
+from .costs import FREE_LINK, StageCost, stage_costs
 from .orders import Op, job_program
 from .simulate import Span, StepResult, compute_s, simulate
 
@@ -78,7 +80,7 @@ class Books:
                 "job": ranks[self.slowest], "ranks": ranks}
 
 
-def known_costs(config: Any, layers: Sequence[LayerTimes], balance: Sequence[int],
+def known_costs(config: TrainConfig, layers: Sequence[LayerTimes], balance: Sequence[int],
                 optimizer_s: float = 0.0) -> list[StageCost]:
     """Each model stage's compute per micro-batch: the measured layers' own, or the simulated device's.
 
@@ -247,7 +249,7 @@ def predicted_books(result: StepResult, program: Mapping[int, Sequence[Op]], own
 
 
 
-def job_books(config: Any, balance: Sequence[int], layer_costs: Mapping[str, Any] | None,
+def job_books(config: TrainConfig, balance: Sequence[int], layer_costs: Mapping[str, Any] | None,
               records: Sequence[dict[str, Any]], step_times: Sequence[tuple[float, float]]) -> Books | None:
     """The books of a finished ``stallfree train`` job (``config``, a ``TrainConfig``), from what rank 0 holds.
 

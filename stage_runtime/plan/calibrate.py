@@ -38,8 +38,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from stallfree.stage_runtime.plan.costs import HostOverhead, LayerTimes, Link, parse_link, stage_costs
-from stallfree.stage_runtime.train.schedules import SCHEDULE_SPECS, schedule_spec
+from stallfree.stage_runtime.models.layer_times import LayerTimes
+from stallfree.stage_runtime.plan.costs import HostOverhead, Link, parse_link, stage_costs
+from stallfree.stage_runtime.schedules import SCHEDULE_SPECS, schedule_spec
 
 __all__ = ["FAMILIES", "RUNS", "Calibration", "PipelineTimes", "calibrate_gloo_link", "calibrate_host",
            "cached_calibration", "fit_pipeline", "read_calibration"]
@@ -192,10 +193,10 @@ def _near_empty_pipeline(rank: int, ranks: int,
     from torch import nn
 
     from stallfree.stage_runtime.clock import StageClock
-    from stallfree.stage_runtime.plan.measure import layer_times
-    from stallfree.stage_runtime.train.partition import measure_layers
-    from stallfree.stage_runtime.train.schedules import build_schedule
-    from stallfree.stage_runtime.train.stage import TimedStage
+    from stallfree.stage_runtime.models.layer_times import layer_times
+    from stallfree.stage_runtime.models.partition import measure_layers
+    from stallfree.stage_runtime.schedules import build_schedule
+    from stallfree.stage_runtime.stage import TimedStage
 
     torch.manual_seed(rank)
     passes = [layer_times(measure_layers([nn.Linear(WIDTH, WIDTH)], torch.randn(1, WIDTH), repeats=5)[0])
@@ -278,8 +279,7 @@ def _measure(ranks: int, repeats: int, steps: int,
              threads: int | None) -> tuple[Link, list[PipelineTimes], LayerTimes | None]:
     import torch.multiprocessing as mp
 
-    from stallfree.stage_runtime.train.config import stage_threads
-    from stallfree.stage_runtime.train.launcher import free_port
+    from stallfree.stage_runtime.processes import free_port, stage_threads
 
     if ranks < 2:
         raise ValueError(f"calibration needs at least 2 ranks, got {ranks}")

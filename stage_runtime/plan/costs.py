@@ -1,6 +1,6 @@
 """What the simulator charges: per-stage compute times and sizes, links between devices, and their parsing.
 
-Costs come from the partitioner's measurement (:func:`stallfree.stage_runtime.train.partition.measure_layers`, the one
+Costs come from the partitioner's measurement (:func:`stallfree.stage_runtime.models.partition.measure_layers`, the one
 ``stallfree train`` balances with, which times the forward, the backward and the backward's weight-gradient part
 apart) or from a JSON file a user writes for hardware they do not have::
 
@@ -21,12 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stallfree.stage_runtime.models.layer_times import LayerTimes
+
 __all__ = [
     "KINDS",
     "NO_OVERHEAD",
     "Cores",
     "HostOverhead",
-    "LayerTimes",
     "Link",
     "StageCost",
     "layers_from_json",
@@ -35,17 +36,6 @@ __all__ = [
     "scale_layers",
     "stage_costs",
 ]
-
-@dataclass(frozen=True)
-class LayerTimes:
-    """One layer's cost for one micro-batch: seconds per pass, parameter bytes, output activation bytes."""
-
-    forward_s: float
-    backward_s: float  # input + weight gradient
-    weight_s: float  # the weight-gradient part of backward_s
-    param_bytes: int
-    activation_bytes: int
-
 
 @dataclass(frozen=True)
 class StageCost:

@@ -38,10 +38,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from stallfree.stage_runtime.models.layer_times import LayerTimes
+
 from .attribution import Measured, fit_overhead, trainer_steps
 from .books import known_costs, predicted_books
 from .calibrate import FAMILIES
-from .costs import Cores, HostOverhead, LayerTimes, Link, StageCost
+from .costs import Cores, HostOverhead, Link, StageCost
 from .orders import Op, job_program
 from .simulate import simulate
 
@@ -120,7 +122,7 @@ def read_pilot(out_dir: str | Path) -> Pilot:
         ValueError: its summary has no layer costs (a job given ``--balance`` measures none), it ran with
             ``--link-delay``, or its spans do not match its schedule.
     """
-    from stallfree.stage_runtime.train.config import TrainConfig
+    from stallfree.stage_runtime.config.train_config import TrainConfig
 
     out = Path(out_dir)
     path = out / "summary.json"

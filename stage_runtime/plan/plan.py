@@ -17,8 +17,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from stallfree.stage_runtime.models.layer_times import LayerTimes
+
 from .asynchronous import ASYNC_SCHEDULES, AsyncResult, simulate_async
-from .costs import Cores, LayerTimes, Link, parse_bytes, parse_link
+from .costs import Cores, Link, parse_bytes, parse_link
 from .overhead import OverheadChoice
 from .planner import SYNC_SCHEDULES, Candidate, Network, rank_plans
 
@@ -56,7 +58,7 @@ class PlanResult:
     @property
     def train_command(self) -> str:
         """The ``stallfree train`` command that runs :attr:`best`."""
-        from stallfree.stage_runtime.train.schedules import schedule_spec
+        from stallfree.stage_runtime.schedules import schedule_spec
 
         best = self.best
         return (f"stallfree train DATA --model {self.model} --image-size {self.image_size} --batch-size "
@@ -165,9 +167,8 @@ def _layer_source(model: str, costs: Path | None, image_size: int, classes: int,
         return (lambda b: scale_layers(layers, b / micro)), optimizer_s, {"source": str(costs), "microbatch": micro}
     import torch
 
-    from stallfree.stage_runtime.train.models import build_model
-
-    from .measure import measure_model
+    from stallfree.stage_runtime.models.layer_times import measure_model
+    from stallfree.stage_runtime.models.zoo import build_model
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     built = build_model(model, classes, image_size)
@@ -207,7 +208,7 @@ def plan(model: str = "small_cnn", *, costs: str | Path | None = None, image_siz
         ValueError: an argument out of range or unreadable, pilots of another model, nothing to simulate.
         FileNotFoundError: ``costs``, ``calibration`` or a pilot folder missing.
     """
-    from stallfree.stage_runtime.train.config import stage_threads
+    from stallfree.stage_runtime.processes import stage_threads
 
     from .calibrate import read_calibration
     from .predict import DEFAULT_LINK

@@ -10,10 +10,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from stallfree.stage_runtime.train.schedules import FLUSHING, SCHEDULE_SPECS, schedule_spec
+from stallfree.stage_runtime.models.layer_times import LayerTimes
+from stallfree.stage_runtime.schedules import FLUSHING, SCHEDULE_SPECS, schedule_spec
 
 from .books import Books, predicted_books
-from .costs import FREE_LINK, NO_OVERHEAD, Cores, HostOverhead, LayerTimes, Link, StageCost, stage_costs
+from .costs import FREE_LINK, NO_OVERHEAD, Cores, HostOverhead, Link, StageCost, stage_costs
 from .orders import placement, torch_order
 from .simulate import StepResult, simulate_step
 
@@ -91,7 +92,7 @@ class Candidate:
 
 def splits(layers: Sequence[LayerTimes], stages: int) -> dict[str, tuple[int, ...]]:
     """The splits tried: balanced by time alone, and by the trainer's rule (time share + 0.5 x memory share)."""
-    from stallfree.stage_runtime.train.partition import LayerCost, balance_costs, plan
+    from stallfree.stage_runtime.models.partition import LayerCost, balance_costs, plan
 
     times = [c.forward_s + c.backward_s for c in layers]
     measured = [LayerCost(t, c.param_bytes, c.activation_bytes, c.forward_s, c.weight_s)
@@ -121,7 +122,7 @@ def rank_plans(layers_for: Callable[[int], Sequence[LayerTimes]], optimizer_s: f
         batch: images per step, split into micro-batches (only counts that divide it are tried).
         network: devices and links; 2..devices pipeline ranks are tried.
         memory_limit: bytes per device; ``None``: no limit.
-        schedules: the schedules to try; ``None``: every schedule in the table (``train/schedules.py``).
+        schedules: the schedules to try; ``None``: every schedule in the table (``stage_runtime/schedules.py``).
         microbatches: the micro-batch counts to try.
         virtuals: the stages per rank to try for the schedules that leave it free (interleaved-1f1b and
             zero-bubble; ZBV always has 2, GPipe and 1F1B 1).

@@ -21,6 +21,7 @@ import os
 from dataclasses import asdict, replace
 from typing import Any
 
+from stallfree.stage_runtime.config.train_config import TrainConfig
 from stallfree.stage_runtime.plan.attribution import attribute
 from stallfree.stage_runtime.plan.books import known_costs, predicted_books
 from stallfree.stage_runtime.plan.costs import (
@@ -38,14 +39,14 @@ __all__ = ["DEFAULT_LINK", "job_cores", "predict_training"]
 DEFAULT_LINK = "25GB/s,5us"  # stallfree plan's default, for a GPU job (the calibration measures gloo on CPU)
 
 
-def job_cores(config: Any) -> Cores | None:
+def job_cores(config: TrainConfig) -> Cores | None:
     """The cores a ``TrainConfig``'s stage processes share on this machine, as the simulator should share them.
 
     The processes of a CPU job share this machine's cores, each with the trainer's torch threads; a GPU job's
     compute, and a simulated accelerator's waits, hold none (``None``). The replicas of ``--dp`` are not
     simulated, so their share of the cores is not either.
     """
-    from stallfree.stage_runtime.train.config import stage_threads
+    from stallfree.stage_runtime.processes import stage_threads
 
     if config.device.startswith("cuda") or config.accelerator is not None:  # a SimAccelerator, parsed by TrainConfig
         return None
@@ -53,7 +54,7 @@ def job_cores(config: Any) -> Cores | None:
     return Cores(cores, stage_threads(config.world_size, config.threads, cores))
 
 
-def predict_training(config: Any, balance: tuple[int, ...], num_classes: int, link: Link | None = None,
+def predict_training(config: TrainConfig, balance: tuple[int, ...], num_classes: int, link: Link | None = None,
                      overhead: HostOverhead | None = None,
                      measured: tuple[list[Any], float] | None = None, share_cores: bool = True) -> dict[str, Any]:
     """Predicted step time, images/s and bubble (split into causes) of ``config`` (a ``TrainConfig``).
@@ -71,9 +72,9 @@ def predict_training(config: Any, balance: tuple[int, ...], num_classes: int, li
     """
     import torch
 
-    from stallfree.stage_runtime.plan.measure import measure_model
-    from stallfree.stage_runtime.train.config import stage_threads
-    from stallfree.stage_runtime.train.models import build_model
+    from stallfree.stage_runtime.models.layer_times import measure_model
+    from stallfree.stage_runtime.models.zoo import build_model
+    from stallfree.stage_runtime.processes import stage_threads
 
     micro = config.batch_size // config.microbatches
     fitted = overhead is not None  # given: fitted for this job (pilots), not the calibration's

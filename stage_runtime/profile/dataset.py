@@ -141,7 +141,7 @@ def profile_dataset(
     import torch
 
     from stallfree.core.device import check_device
-    from stallfree.stage_runtime.train.models import resolve
+    from stallfree.stage_runtime.models.zoo import resolve
 
     _check(batch_size, image_size, batches, threads=threads, torch_threads=torch_threads, max_side=max_side,
            storage_files=storage_files)

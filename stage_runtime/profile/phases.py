@@ -184,7 +184,7 @@ MODEL_ALIASES = {"cnn": "small_cnn"}  # --model names the profiler takes besides
 
 def build_model(name: str, num_classes: int, image_size: int) -> Any:
     """The model for ``--model``: the trainer's factory (``stage_runtime.models``); ``cnn`` means ``small_cnn``."""
-    from stallfree.stage_runtime.train.models import build_model as factory
+    from stallfree.stage_runtime.models.zoo import build_model as factory
 
     return factory(MODEL_ALIASES.get(name, name), num_classes=num_classes, image_size=image_size)
 

@@ -27,7 +27,7 @@ import ast
 from collections.abc import Callable
 from typing import Any
 
-from stallfree.stage_runtime.train.factories import import_factory, is_factory
+from stallfree.stage_runtime.factories import import_factory, is_factory
 
 __all__ = ["DEFAULT", "MAX_SPEC", "parse_spec", "training_transform"]
 

@@ -114,7 +114,7 @@ def check_job(root: str | os.PathLike[str], step: int, config: Any, num_classes:
     Raises:
         ValueError: naming each setting that differs, the checkpoint's value and the command's.
     """
-    from stallfree.stage_runtime.train.config import flag
+    from stallfree.stage_runtime.config.train_config import flag
 
     meta = load_meta(root, step)
     saved = meta.get("job") or {"schedule": meta.get("schedule"), "world_size": meta.get("world_size")}

@@ -18,7 +18,7 @@ import torch
 
 from stallfree.core.resume import check_fingerprint, state_int, state_mapping
 from stallfree.stage_runtime.baseline import transform_label
-from stallfree.stage_runtime.train.config import Verify
+from stallfree.stage_runtime.config.train_config import Verify
 
 __all__ = ["TensorBatches", "TorchFeed", "make_feed", "unpadded_samples"]
 

@@ -20,18 +20,18 @@ import torch.distributed as dist
 from torch import nn
 
 from stallfree.stage_runtime.clock import StageClock
+from stallfree.stage_runtime.models.partition import LayerCost, plan
+from stallfree.stage_runtime.models.zoo import build_model
+from stallfree.stage_runtime.schedules import build_schedule
+from stallfree.stage_runtime.stage import SimulatedCompute, TimedStage, chain_forward
 from stallfree.stage_runtime.stage_times import stage_times
 from stallfree.stage_runtime.train import checkpoint as ckpt
 from stallfree.stage_runtime.train.feed import make_feed, unpadded_samples
-from stallfree.stage_runtime.train.models import build_model
 from stallfree.stage_runtime.train.optim import build_optimizer, build_scheduler
-from stallfree.stage_runtime.train.partition import LayerCost, plan
-from stallfree.stage_runtime.train.schedules import build_schedule
-from stallfree.stage_runtime.train.stage import SimulatedCompute, TimedStage, chain_forward
 from stallfree.stage_runtime.train.two_bw import TwoBW
 
 if TYPE_CHECKING:
-    from stallfree.stage_runtime.train.config import TrainConfig
+    from stallfree.stage_runtime.config.train_config import TrainConfig
 
 __all__ = ["Rank"]
 
@@ -117,7 +117,7 @@ class Rank:
         chosen: list[Any] = [balance, None]
         self.layer_costs: dict[str, Any] | None = None  # rank 0's measurement, for the report's prediction
         if self.rank == 0 and (balance is None or accelerator is not None):
-            from stallfree.stage_runtime.plan.measure import measure_model
+            from stallfree.stage_runtime.models.layer_times import measure_model
 
             # One measurement serves the split and the plan simulator's prediction in the summary.
             times, optimizer_s = measure_model(nn.Sequential(*layers), c.image_size, micro)

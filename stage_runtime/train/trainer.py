@@ -1,4 +1,7 @@
-"""The pipeline-parallel trainer: ``train(TrainConfig(...))`` runs the whole job and returns its summary.
+"""The pipeline-parallel trainer: ``run_jobs([TrainConfig(...)])`` runs whole jobs and returns their summaries.
+
+``stallfree.train`` calls it (:mod:`stallfree.stage_runtime.jobs`) with the planner's books as its ``account``:
+this package does not import the planner, which predicts what it runs.
 
 Ranks: ``stages`` pipeline ranks per replica times ``dp`` replicas; global rank = replica x stages + pipeline
 rank. Each rank builds the whole model from the seed (so every process starts from the same weights), keeps
@@ -17,10 +20,12 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -28,39 +33,61 @@ import torch.distributed as dist
 from stallfree.core.atomic import atomic_write
 from stallfree.core.device import check_device
 from stallfree.stage_runtime.clock import StageClock
+from stallfree.stage_runtime.config.train_config import TrainConfig
+from stallfree.stage_runtime.models.zoo import build_model, resolve
+from stallfree.stage_runtime.processes import free_port, stage_threads
 from stallfree.stage_runtime.train import checkpoint as ckpt
-from stallfree.stage_runtime.train.config import TrainConfig, stage_threads
-from stallfree.stage_runtime.train.launcher import PeerWatch, StageFailure, failure, free_port, launch, torchrun_env
-from stallfree.stage_runtime.train.models import build_model, resolve
+from stallfree.stage_runtime.train.launcher import PeerWatch, StageFailure, failure, launch, torchrun_env
 from stallfree.stage_runtime.train.optim import lr_factor
 from stallfree.stage_runtime.train.rank import Rank
 from stallfree.stage_runtime.train.report import Report
 
-__all__ = ["StageFailure", "TrainConfig", "demo_config", "train", "train_many"]
+__all__ = ["Account", "Fault", "StageFailure", "TrainConfig", "check", "demo_config", "run_jobs"]
 
 
-def train(config: TrainConfig) -> dict[str, Any]:
-    """Train ``config`` end to end and return the summary (also written to ``out_dir/summary.json``).
+class Account(Protocol):
+    """What rank 0 adds to a finished job's summary from what it measured: the books, the simulator's view of it.
 
-    On one machine the stage processes are spawned here; under ``torchrun`` this process is one rank.
-    It prints nothing to stdout (progress bars go to stderr); ``report.format_summary`` turns the summary into
-    the text ``stallfree train`` prints.
-
-    Raises:
-        StageFailure: a stage process died; names the stage and the cause. Checkpoints written before it stay.
+    Called with the job's config, its summary so far (``balance``, ``layer_costs``...), every rank's stage-clock
+    records (``StageClock.to_records()``, by global rank) and each step of this run's ``(input wait, pipeline step)``
+    seconds, in order; the fields it returns go into ``summary.json``. It is pickled to the stage processes: a
+    module-level function.
     """
-    return train_many([config])[0]
+
+    def __call__(self, config: TrainConfig, summary: Mapping[str, Any], records: Sequence[dict[str, Any]],
+                 step_times: Sequence[tuple[float, float]]) -> dict[str, Any]: ...
 
 
-def train_many(configs: Sequence[TrainConfig]) -> list[dict[str, Any]]:
-    """Run several jobs one after another in one set of processes (a benchmark sweep, a test suite).
+@dataclass(frozen=True)
+class Fault:
+    """A test's fault: global rank ``rank`` sends itself ``signal`` (default SIGKILL) right after step ``step``.
 
-    Starting processes and importing torch costs seconds per process; jobs of the same ``world_size`` share
-    them here. Each job is as :func:`train` would run it, with its own groups, stages and files.
+    Not part of a job's configuration: a test hands it to :func:`run_jobs` for one job.
+    """
+
+    rank: int
+    step: int
+    signal: int = signal.SIGKILL
+
+
+def run_jobs(configs: Sequence[TrainConfig], *, account: Account | None = None,
+             faults: Mapping[int, Fault] | None = None) -> list[dict[str, Any]]:
+    """Run jobs one after another in one set of processes; each job's summary (also in its ``out_dir/summary.json``).
+
+    On one machine the stage processes are spawned here; under ``torchrun`` this process is one rank. Starting
+    processes and importing torch costs seconds per process; jobs of the same ``world_size`` share them (a
+    benchmark sweep, a test suite), each with its own groups, stages and files. It prints nothing to stdout
+    (progress bars go to stderr); ``report.format_summary`` turns a summary into the text ``stallfree train`` prints.
+
+    Args:
+        configs: the jobs, all of one ``world_size``.
+        account: what rank 0 adds to each summary from the job's spans (``stallfree.train``'s: the books).
+        faults: a test's fault per job, by its index in ``configs``.
 
     Raises:
         ValueError: the jobs need different numbers of processes.
-        StageFailure: as :func:`train`; the summaries of the jobs finished before stay in their ``out_dir``.
+        StageFailure: a stage process died; names the stage and the cause. Checkpoints written before it stay, and
+            the summaries of the jobs finished before stay in their ``out_dir``.
     """
     if not configs:
         return []
@@ -76,9 +103,9 @@ def train_many(configs: Sequence[TrainConfig]) -> list[dict[str, Any]]:
         raise ValueError(f"torchrun started {env[1]} processes but --stages {configs[0].stages} x --dp "
                          f"{configs[0].dp} needs {configs[0].world_size}; match --nproc-per-node x --nnodes to it")
     if env is not None:
-        _worker(env[0], list(configs), None, env[2])  # raises StageFailure naming the root cause
+        _worker(env[0], list(configs), None, env[2], account, dict(faults or {}))  # a StageFailure names the cause
     else:
-        launch(_worker, configs[0].world_size, (list(configs), free_port(), None),
+        launch(_worker, configs[0].world_size, (list(configs), free_port(), None, account, dict(faults or {})),
                stages_of=lambda r: _stages_of(configs[0], r))
     summaries = []
     for c in configs:
@@ -150,7 +177,8 @@ def _stages_of(config: TrainConfig, rank: int) -> list[int]:
     return [s for s in range(config.model_stages) if config.spec.owner(s, config.stages) == pp]
 
 
-def _worker(rank: int, configs: list[TrainConfig], port: int | None, local_rank: int | None) -> None:
+def _worker(rank: int, configs: list[TrainConfig], port: int | None, local_rank: int | None, account: Account | None,
+            faults: dict[int, Fault]) -> None:
     first = configs[0]
     if port is not None:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
@@ -161,8 +189,8 @@ def _worker(rank: int, configs: list[TrainConfig], port: int | None, local_rank:
                             timeout=datetime.timedelta(seconds=first.timeout_s))
     watch = PeerWatch(rank, first.world_size)
     try:
-        for config in configs:
-            _run(rank, config, local_rank if local_rank is not None else rank)
+        for index, config in enumerate(configs):
+            _run(rank, config, local_rank if local_rank is not None else rank, account, faults.get(index))
     except Exception as err:  # every failure leaves as one StageFailure naming the rank that caused it
         raise failure(rank, err, lambda r: _stages_of(first, r), watch) from err
     finally:
@@ -170,7 +198,7 @@ def _worker(rank: int, configs: list[TrainConfig], port: int | None, local_rank:
         dist.destroy_process_group()
 
 
-def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
+def _run(rank: int, c: TrainConfig, local_rank: int, account: Account | None, fault: Fault | None) -> None:
     job = Rank(rank, c, local_rank)
     job.build()
     step, start_epoch = job.restore() if c.resume else (0, 0)
@@ -201,8 +229,8 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
             lr = c.lr * lr_factor(step, total_steps, c.warmup_steps, c.lr_schedule)  # what this step uses
             loss, start, end, busy = job.train_step(images, labels)
             step += 1
-            if c.crash_at is not None and tuple(c.crash_at[:2]) == (rank, step):
-                os.kill(os.getpid(), c.crash_at[2] if len(c.crash_at) > 2 else 9)
+            if fault is not None and (fault.rank, fault.step) == (rank, step):
+                os.kill(os.getpid(), fault.signal)
             stats.post(step, epoch, lr, [loss if job.last else 0.0, wait if job.first else 0.0, busy, t0, start, end])
             if c.checkpoint_every and step % c.checkpoint_every == 0 and step < total_steps:
                 stats.settle()
@@ -221,7 +249,7 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
     dist.gather_object(job.clock.to_records(), spans, dst=0)
     if report is not None:
         wall = time.perf_counter() - wall0
-        config = {k: v for k, v in c.to_json().items() if k != "crash_at"}  # TrainConfig(**config) rebuilds it
+        config = c.to_json()  # TrainConfig(**config) rebuilds it
         summary = {"model": c.model, "stages": c.stages, "model_stages": c.model_stages, "replicas": c.dp,
                    "schedule": c.schedule, "microbatches": c.microbatches, "balance": list(job.balance),
                    # a split not given was measured on this run, or read from the checkpoint resumed
@@ -235,15 +263,8 @@ def _run(rank: int, c: TrainConfig, local_rank: int) -> None:
                    "layer_costs": job.layer_costs,
                    "config": config, **versions, **report.fractions()}
         report.close()
-        from stallfree.stage_runtime.plan.books import job_books
-
-        books = job_books(c, job.balance, job.layer_costs, spans or [], report.step_times)
-        summary["books"] = None if books is None else books.to_dict()
-        if not c.spec.flush and c.accelerator is not None and c.model_stages == c.stages and job.layer_costs:
-            from stallfree.stage_runtime.plan.asynchronous import predict_simulated_job
-
-            # 2bw's steady state and 1F1B's step on the same split, simulated (the books need a flushing schedule)
-            summary["predicted_steady"] = predict_simulated_job(c, summary, steps=16)
+        if account is not None:
+            summary.update(account(c, summary, spans or [], report.step_times))
         merged = StageClock()
         for r, records in enumerate(spans or []):
             one = StageClock()

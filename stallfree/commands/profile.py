@@ -63,9 +63,9 @@ def run(args: argparse.Namespace) -> int:
     """Profile ``args.data``, write the three files, print the report; returns the exit code."""
     from stallfree.commands.kernels import announce_compiles
     from stallfree.core.device import check_device
+    from stallfree.stage_runtime.models.zoo import resolve
     from stallfree.stage_runtime.profile.dataset import profile_dataset
     from stallfree.stage_runtime.profile.phases import MODEL_ALIASES
-    from stallfree.stage_runtime.train.models import resolve
 
     # What fails in one line fails before the kernels compile (profile_dataset checks them again, for Python users).
     require_writable(args.out, "--out")  # not after minutes of measuring

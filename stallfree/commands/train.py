@@ -39,9 +39,14 @@ def _balance(text: str) -> tuple[int, ...]:
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``stallfree train``."""
     # Neither imports torch: `stallfree --help` builds this parser.
-    from stallfree.stage_runtime.train.config import BUNDLED_MODELS, VERIFY_MODES, TrainConfig
-    from stallfree.stage_runtime.train.optim import LR_SCHEDULES, OPTIMIZERS
-    from stallfree.stage_runtime.train.schedules import SCHEDULES
+    from stallfree.stage_runtime.config.train_config import (
+        BUNDLED_MODELS,
+        LR_SCHEDULES,
+        OPTIMIZERS,
+        VERIFY_MODES,
+        TrainConfig,
+    )
+    from stallfree.stage_runtime.schedules import SCHEDULES
 
     d = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     p = sub.add_parser(
@@ -124,9 +129,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     require_writable(args.out_dir, "--out")  # before torch loads: a read-only current folder, the default's home
+    from stallfree.stage_runtime.config.train_config import TrainConfig
+    from stallfree.stage_runtime.jobs import train, with_prediction
     from stallfree.stage_runtime.train import checkpoint as checkpoint
-    from stallfree.stage_runtime.train.report import format_summary, with_prediction
-    from stallfree.stage_runtime.train.trainer import StageFailure, TrainConfig, train
+    from stallfree.stage_runtime.train.launcher import StageFailure
+    from stallfree.stage_runtime.train.report import format_summary
 
     if (args.data is None) == (args.synthetic is None):
         raise ValueError("give a dataset folder or --synthetic N (not both)")

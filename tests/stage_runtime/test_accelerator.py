@@ -16,9 +16,9 @@ from torch.distributed.pipelining import ScheduleGPipe
 
 import stallfree
 from stallfree.core.accelerator import SimAccelerator, hold, parse_accelerator
+from stallfree.stage_runtime.config.train_config import TrainConfig
+from stallfree.stage_runtime.stage import SimulatedCompute, TimedStage
 from stallfree.stage_runtime.stage_times import StageTimes, stage_times
-from stallfree.stage_runtime.train.config import TrainConfig
-from stallfree.stage_runtime.train.stage import SimulatedCompute, TimedStage
 
 
 @pytest.mark.parametrize(("text", "rate"), [("sim:500", 500.0), ("sim:2.5e3", 2500.0)])
@@ -97,10 +97,10 @@ def test_only_the_entry_points_parse_the_accelerator_string() -> None:
             path = Path(folder) / name
             if name.endswith(".py") and re.search(r"(?<!def )parse_accelerator\(", path.read_text()):
                 callers.add(path.relative_to(package).as_posix())
-    assert callers == {"stage_runtime/train/config.py", "stage_runtime/profile/dataset.py"}
+    assert callers == {"stage_runtime/config/train_config.py", "stage_runtime/profile/dataset.py"}
 
 
-@pytest.mark.parametrize("module", ["stage_runtime/train/stage.py", "stage_runtime/profile/phases.py",
+@pytest.mark.parametrize("module", ["stage_runtime/stage.py", "stage_runtime/profile/phases.py",
                                     "bench/e2e.py", "bench/remote.py"])
 def test_every_simulated_device_is_the_one(module: str) -> None:
     """Regression: four devices slept on their own (a stage, the profiler's step, bench e2e's and remote's consumer)."""

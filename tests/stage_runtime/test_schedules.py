@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from stallfree.stage_runtime.train.config import TrainConfig
-from stallfree.stage_runtime.train.schedules import SCHEDULE_SPECS, SCHEDULES, schedule_spec
+from stallfree.stage_runtime.config.train_config import TrainConfig
+from stallfree.stage_runtime.schedules import SCHEDULE_SPECS, SCHEDULES, schedule_spec
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "train.md"
 

@@ -16,11 +16,13 @@ import psutil
 import pytest
 import torch
 
+from stallfree.stage_runtime.config.train_config import TrainConfig
+from stallfree.stage_runtime.jobs import account, train_many
+from stallfree.stage_runtime.models.zoo import build_model
 from stallfree.stage_runtime.train import checkpoint as ckpt
 from stallfree.stage_runtime.train.feed import TensorBatches
 from stallfree.stage_runtime.train.launcher import StageFailure
-from stallfree.stage_runtime.train.models import build_model
-from stallfree.stage_runtime.train.trainer import TrainConfig, train_many
+from stallfree.stage_runtime.train.trainer import Fault, run_jobs
 
 STEPS = 4
 MODEL = {"model": "mlp", "model_kwargs": {"hidden": 16, "depth": 6}, "image_size": 4}  # 8 layers
@@ -50,10 +52,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     for schedule, balance in (("1f1b", (3, 5)), ("zero-bubble", (2, 2, 2, 2))):
         configs[f"sim-{schedule}"] = _config(out, f"sim-{schedule}", schedule, 2, balance, accelerator="sim:400")
     # Rank 1 dies after step 4, when rank 0 has logged step 3 past the checkpoint of step 2.
-    configs["crash"] = _config(out, "crash", "1f1b", 2, (3, 5), max_steps=6, checkpoint_every=2, crash_at=(1, 4))
+    configs["crash"] = _config(out, "crash", "1f1b", 2, (3, 5), max_steps=6, checkpoint_every=2)
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     with pytest.raises(StageFailure) as failure:
-        train_many(list(configs.values()))
+        run_jobs(list(configs.values()), account=account, faults={len(configs) - 1: Fault(rank=1, step=4)})
     # multiprocessing's resource tracker is the parent's helper, started once and kept: not a stage.
     left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before and p.is_running()
             and p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline())]
@@ -147,7 +149,7 @@ def test_resume_after_a_crash_logs_each_step_once(runs: dict) -> None:
     crashed = runs["configs"]["crash"]
     logged = [json.loads(line)["step"] for line in (Path(crashed.out_dir) / "train.jsonl").read_text().splitlines()]
     assert logged[-1] > ckpt.latest(crashed.ckpt_root)  # the crash left rows past the checkpoint
-    resumed = dataclasses.replace(crashed, crash_at=None, resume=True, checkpoint_dir=str(runs["out"] / "again"))
+    resumed = dataclasses.replace(crashed, resume=True, checkpoint_dir=str(runs["out"] / "again"))
     shutil.copytree(crashed.ckpt_root, resumed.ckpt_root)
     train_many([resumed])
     rows = [json.loads(line) for line in (Path(resumed.out_dir) / "train.jsonl").read_text().splitlines()]

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from stallfree.cli import main
+from stallfree.stage_runtime.config.train_config import TrainConfig
+from stallfree.stage_runtime.jobs import train
 from stallfree.stage_runtime.train.launcher import StageFailure
-from stallfree.stage_runtime.train.trainer import TrainConfig, train
 
 SMALL = ["--model", "mlp", "--image-size", "4", "--batch-size", "8", "--max-steps", "1", "--no-progress"]
 

@@ -11,7 +11,7 @@ import pytest
 from stallfree.ingest.runner import ingest
 from stallfree.ingest.writer import IngestOptions
 from stallfree.pipeline.shards import ShardError
-from stallfree.stage_runtime.train.config import TrainConfig
+from stallfree.stage_runtime.config.train_config import TrainConfig
 from stallfree.stage_runtime.train.feed import make_feed
 
 

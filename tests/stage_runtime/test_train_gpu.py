@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from stallfree.stage_runtime.train.trainer import TrainConfig, train
+from stallfree.stage_runtime.config.train_config import TrainConfig
+from stallfree.stage_runtime.jobs import train
 
 
 @pytest.mark.gpu

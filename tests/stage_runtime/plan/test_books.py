@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from stallfree.stage_runtime.config.train_config import TrainConfig
+from stallfree.stage_runtime.jobs import train_many
+from stallfree.stage_runtime.models.layer_times import LayerTimes
 from stallfree.stage_runtime.plan.books import PARTS, predicted_books
-from stallfree.stage_runtime.plan.costs import FREE_LINK, HostOverhead, LayerTimes, Link, StageCost, stage_costs
+from stallfree.stage_runtime.plan.costs import FREE_LINK, HostOverhead, Link, StageCost, stage_costs
 from stallfree.stage_runtime.plan.orders import placement, torch_order
 from stallfree.stage_runtime.plan.simulate import simulate
-from stallfree.stage_runtime.train.trainer import TrainConfig, train_many
 
 SCHEDULES = ["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv"]
 RATE, BATCH, M = 100.0, 8, 4

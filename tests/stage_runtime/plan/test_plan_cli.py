@@ -129,10 +129,11 @@ def _write_pilot(folder: Path, schedule: str, m: int, overhead: object) -> None:
     """A finished job's folder as stallfree train writes it, its steps made by the simulator with ``overhead``."""
     import dataclasses
 
-    from stallfree.stage_runtime.plan.costs import LayerTimes, Link, stage_costs
+    from stallfree.stage_runtime.config.train_config import TrainConfig
+    from stallfree.stage_runtime.models.layer_times import LayerTimes
+    from stallfree.stage_runtime.plan.costs import Link, stage_costs
     from stallfree.stage_runtime.plan.orders import placement, torch_order
     from stallfree.stage_runtime.plan.simulate import simulate
-    from stallfree.stage_runtime.train.config import TrainConfig
 
     config = TrainConfig(model="mlp", image_size=8, stages=2, schedule=schedule, microbatches=m, batch_size=8,
                          out_dir=str(folder))

@@ -16,14 +16,15 @@ import pytest
 
 from stallfree.cli import main
 from stallfree.core.accelerator import parse_accelerator
+from stallfree.stage_runtime.config.train_config import TrainConfig
+from stallfree.stage_runtime.jobs import train
+from stallfree.stage_runtime.link_delay import LinkDelay, parse_link_delay
+from stallfree.stage_runtime.models.layer_times import LayerTimes
 from stallfree.stage_runtime.plan.attribution import trainer_steps
-from stallfree.stage_runtime.plan.costs import NO_OVERHEAD, LayerTimes, Link
+from stallfree.stage_runtime.plan.costs import NO_OVERHEAD, Link
 from stallfree.stage_runtime.plan.orders import job_program
 from stallfree.stage_runtime.plan.pilots import read_pilot
 from stallfree.stage_runtime.plan.predict import predict_training
-from stallfree.stage_runtime.train.config import TrainConfig
-from stallfree.stage_runtime.train.link_delay import LinkDelay, parse_link_delay
-from stallfree.stage_runtime.train.trainer import train
 
 
 def test_the_forms_parse_to_one_typed_value_and_back() -> None:

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from stallfree.cli import build_parser, main
+from stallfree.stage_runtime.config.train_config import TrainConfig
 from stallfree.stage_runtime.train import checkpoint
 from stallfree.stage_runtime.train.augment import parse_spec, training_transform
-from stallfree.stage_runtime.train.config import TrainConfig
 from stallfree.stage_runtime.train.optim import build_optimizer, build_scheduler, lr_factor
 
 

@@ -16,14 +16,15 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from stallfree.stage_runtime.config.train_config import TrainConfig
+from stallfree.stage_runtime.jobs import train_many
+from stallfree.stage_runtime.models.zoo import build_model
 from stallfree.stage_runtime.plan.asynchronous import simulate_async
 from stallfree.stage_runtime.plan.costs import FREE_LINK, StageCost
+from stallfree.stage_runtime.schedules import build_schedule
 from stallfree.stage_runtime.train import checkpoint as ckpt
 from stallfree.stage_runtime.train.feed import TensorBatches
-from stallfree.stage_runtime.train.models import build_model
 from stallfree.stage_runtime.train.report import format_summary
-from stallfree.stage_runtime.train.schedules import build_schedule
-from stallfree.stage_runtime.train.trainer import TrainConfig, train_many
 
 STEPS, M = 4, 4
 MODEL = {"model": "mlp", "model_kwargs": {"hidden": 16, "depth": 6}, "image_size": 4}  # 8 layers

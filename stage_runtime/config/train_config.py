@@ -7,20 +7,18 @@ import torch.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 from stallfree.core.accelerator import SimAccelerator, parse_accelerator
-from stallfree.stage_runtime.train.link_delay import LinkDelay, parse_link_delay
-from stallfree.stage_runtime.train.optim import LR_SCHEDULES, OPTIMIZERS, LrSchedule, Optimizer
-from stallfree.stage_runtime.train.schedules import ScheduleSpec, schedule_spec
+from stallfree.stage_runtime.link_delay import LinkDelay, parse_link_delay
+from stallfree.stage_runtime.schedules import ScheduleSpec, schedule_spec
 
-__all__ = ["BUNDLED_MODELS", "MAX_TIMEOUT_S", "VERIFY_MODES", "TrainConfig", "Verify", "flag",
-           "stage_threads"]
+__all__ = ["BUNDLED_MODELS", "LR_SCHEDULES", "MAX_TIMEOUT_S", "OPTIMIZERS", "VERIFY_MODES", "LrSchedule", "Optimizer",
+           "TrainConfig", "Verify", "flag"]
 
-# The names of stallfree.stage_runtime.train.models.MODELS, listed here because that module needs torch to define
+# The names of stallfree.stage_runtime.models.zoo.MODELS, listed here because that module needs torch to define
 # them; tests/cli/test_imports.py keeps the two equal.
 BUNDLED_MODELS = ("mlp", "small_cnn", "resnet_cifar", "resnet18", "resnet50", "vit_small")
 
@@ -28,6 +26,11 @@ BUNDLED_MODELS = ("mlp", "small_cnn", "resnet_cifar", "resnet18", "resnet50", "v
 # imports DALI, which `stallfree train --help` must not; tests/cli/test_imports.py keeps the two equal.
 Verify = Literal["first-use", "open", "none"]
 VERIFY_MODES: tuple[str, ...] = get_args(Verify)
+# --optimizer and --lr-schedule (stallfree.stage_runtime.train.optim builds them)
+Optimizer = Literal["sgd", "adamw"]
+LrSchedule = Literal["constant", "cosine"]
+OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
+LR_SCHEDULES: tuple[str, ...] = get_args(LrSchedule)
 
 
 MAX_TIMEOUT_S = 7 * 24 * 3600  # --timeout's largest: beyond it, datetime and the backends' clocks overflow
@@ -40,7 +43,7 @@ _FLAGS = {"timeout_s": "--timeout", "num_classes": "--classes", "samples": "--sy
 class TrainConfig:
     """Everything one training job needs; ``stallfree train`` builds it from its flags."""
 
-    model: str = "small_cnn"  # a bundled name (stallfree.stage_runtime.train.models.MODELS) or package.module:factory
+    model: str = "small_cnn"  # a bundled name (stallfree.stage_runtime.models.zoo.MODELS) or package.module:factory
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     data: str | None = None  # training ImageFolder / file list / shard folder; None: generated tensors
     eval_data: str | None = None  # held-out split, evaluated each epoch (top-1); None with data=None: generated
@@ -55,7 +58,7 @@ class TrainConfig:
     # each stage waits as a device training R img/s per replica would. None: the real device.
     accelerator: SimAccelerator | None = None
     # "0-1:20" (or several, comma-separated or a list; parsed here, once, into the LinkDelay this field then holds):
-    # every message the schedule sends between pipeline ranks 0 and 1 arrives 20 ms late (train/link_delay.py)
+    # every message the schedule sends between pipeline ranks 0 and 1 arrives 20 ms late (stage_runtime/link_delay.py)
     link_delay: LinkDelay | None = None
     stages: int = 2  # pipeline ranks (processes) per replica
     schedule: str = "1f1b"
@@ -86,8 +89,6 @@ class TrainConfig:
     progress: bool = True
     log_every: int = 1
     timeout_s: float = 300.0  # a collective that waits longer fails the job instead of hanging it
-    # Fault injection for tests: (global rank, step[, signal]) sends itself the signal (default SIGKILL).
-    crash_at: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         schedule_spec(self.schedule)  # an unknown name fails first, listing the known ones
@@ -178,13 +179,3 @@ class TrainConfig:
 def flag(name: str) -> str:
     """The ``stallfree train`` flag that sets the :class:`TrainConfig` field ``name``, for messages."""
     return _FLAGS.get(name, "--" + name.replace("_", "-"))
-
-
-def stage_threads(processes: int, threads: int | None = None, cores: int | None = None) -> int:
-    """The torch threads each of ``processes`` stage processes on one machine gets.
-
-    ``threads`` if given, else the ``cores`` (default: those this process may use) shared out evenly, at least
-    one each. The trainer's rule; the plan simulator and its calibration assume the same of the processes they model.
-    """
-    cores = cores or len(os.sched_getaffinity(0))
-    return threads or max(1, cores // max(1, min(processes, cores)))

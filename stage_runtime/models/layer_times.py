@@ -1,17 +1,31 @@
-"""Per-layer costs for the simulator, from the partitioner's measurement (the one ``stallfree train`` uses)."""
+"""Per-layer costs as the simulator reads them, from the partitioner's measurement (the one ``stallfree train`` uses).
+
+The trainer's rank 0 measures them to split the model (and writes them in its summary); the planner measures a
+model the same way, or reads them from a file (:mod:`stallfree.stage_runtime.plan.costs`).
+"""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
-from .costs import LayerTimes
+__all__ = ["LayerTimes", "layer_times", "measure_model"]
 
-__all__ = ["layer_times", "measure_model"]
+
+@dataclass(frozen=True)
+class LayerTimes:
+    """One layer's cost for one micro-batch: seconds per pass, parameter bytes, output activation bytes."""
+
+    forward_s: float
+    backward_s: float  # input + weight gradient
+    weight_s: float  # the weight-gradient part of backward_s
+    param_bytes: int
+    activation_bytes: int
 
 
 def layer_times(cost: Any) -> LayerTimes:
-    """A :class:`~stallfree.stage_runtime.train.partition.LayerCost` from ``measure_layers`` as the simulator's.
+    """A :class:`~stallfree.stage_runtime.models.partition.LayerCost` from ``measure_layers`` as the simulator's.
 
     Raises:
         ValueError: a cost without its passes (one given by hand: only ``measure_layers`` times them apart).
@@ -28,12 +42,12 @@ def measure_model(model: Any, image_size: int, micro: int, device: str = "cpu",
     """Time every layer of ``model`` (an ``nn.Sequential``) on one micro-batch of ``micro`` images.
 
     Returns the layers' costs (the forward, the backward and its weight-gradient part, each timed by
-    :func:`~stallfree.stage_runtime.train.partition.measure_layers`) and the seconds of one SGD-with-momentum step
+    :func:`~stallfree.stage_runtime.models.partition.measure_layers`) and the seconds of one SGD-with-momentum step
     over the whole model, the trainer's optimizer.
     """
     import torch
 
-    from stallfree.stage_runtime.train.partition import measure_layers
+    from stallfree.stage_runtime.models.partition import measure_layers
 
     model = model.to(device)
     sample = torch.randn(micro, 3, image_size, image_size, device=device)

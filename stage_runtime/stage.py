@@ -28,7 +28,7 @@ class TimedStage(PipelineStage):
     """``PipelineStage`` adding ``busy_s`` (seconds computing since the last :meth:`take_busy`) and clock spans.
 
     ``delay_s`` (next, previous): the latency of the link to the next and to the previous stage's rank
-    (``--link-delay``; how it is run: :mod:`stallfree.stage_runtime.train.link_delay`). A message over a delayed link
+    (``--link-delay``; how it is run: :mod:`stallfree.stage_runtime.link_delay`). A message over a delayed link
     carries its sender's clock reading, and the receiver starts the chunk that reads it no sooner than that reading
     plus the delay; each such wait is a ``waiting`` span of ``link{index}``.
     """
