@@ -53,7 +53,7 @@ def schedule_jobs(args: argparse.Namespace, out: Path) -> tuple[list[Any], list[
             except ValueError as err:
                 skipped.append(f"{schedule} M={m}: {err}")
                 continue
-            configs.append(TrainConfig(
+            configs.append(TrainConfig.from_flags(
                 model="mlp", model_kwargs={"hidden": 512, "depth": 8}, image_size=16, samples=args.batch_size * 200,
                 stages=args.stages, schedule=schedule, microbatches=m, batch_size=args.batch_size,
                 max_steps=args.steps, progress=False, out_dir=str(out / f"{schedule}-m{m}")))
@@ -65,7 +65,7 @@ def _schedules(configs: list[Any]) -> list[dict[str, Any]]:
 
     rows = []
     for config, s in zip(configs, train_many(configs), strict=True):
-        rows.append({"schedule": config.schedule, "microbatches": config.microbatches,
+        rows.append({"schedule": config.pipeline.schedule, "microbatches": config.pipeline.microbatches,
                      "images_per_s": s["images_per_s"], "bubble": s["bubble_fraction"],
                      "bubble_theory": s["bubble_theory"]})
     return rows
@@ -77,13 +77,13 @@ def _feeds(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
     from stallfree.stage_runtime.jobs import train_many
 
     data = make_image_folder(out / "data", num_classes=4, per_class=max(1, args.images // 4), size=(64, 64))
-    configs = [TrainConfig(model="small_cnn", data=str(data), image_size=32, batch_size=args.batch_size,
+    configs = [TrainConfig.from_flags(model="small_cnn", data=str(data), image_size=32, batch_size=args.batch_size,
                            microbatches=4, schedule="1f1b", stages=2, max_steps=args.steps, feed=feed,
                            loader_threads=args.workers, progress=False, out_dir=str(out / f"feed-{feed}"))
                for feed in ("stallfree", "torch")]
     rows = []
     for config, s in zip(configs, train_many(configs), strict=True):
-        rows.append({"feed": "stallfree Loader" if config.feed == "stallfree" else "torch DataLoader",
+        rows.append({"feed": "stallfree Loader" if config.feed.kind == "stallfree" else "torch DataLoader",
                      "images_per_s": s["images_per_s"], "input_stall": s["input_stall_fraction"],
                      "bubble": s["bubble_fraction"]})
     return rows

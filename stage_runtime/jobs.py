@@ -58,8 +58,9 @@ def account(config: TrainConfig, summary: Mapping[str, Any], records: Sequence[d
     """
     books = job_books(config, summary["balance"], summary["layer_costs"], records, step_times)
     fields: dict[str, Any] = {"books": None if books is None else books.to_dict()}
-    if (not config.spec.flush and config.accelerator is not None and config.model_stages == config.stages
-            and summary["layer_costs"]):
+    p = config.pipeline
+    if not p.spec.flush and config.simulation.accelerator is not None and p.model_stages == p.stages \
+            and summary["layer_costs"]:
         # 2bw's steady state and 1F1B's step on the same split, simulated (the books need a flushing schedule)
         fields["predicted_steady"] = predict_simulated_job(config, summary, steps=16)
     return fields
@@ -73,7 +74,7 @@ def with_prediction(config: TrainConfig, summary: dict[str, Any]) -> dict[str, A
     ``2bw`` is not a step of the simulator's: ``plan.asynchronous``); under a simulated ``--accelerator`` it
     simulates the device's stage times.
     """
-    if config.plan_prediction is None and "balance" in summary and config.spec.flush:
+    if config.report.plan_prediction is None and "balance" in summary and config.pipeline.spec.flush:
         summary["predicted"] = predict_run(config, summary)
     return summary
 

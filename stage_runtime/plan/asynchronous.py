@@ -155,11 +155,12 @@ def predict_simulated_job(config: TrainConfig, summary: Mapping[str, Any], steps
     Raises:
         ValueError: not a ``sim:R`` job with one stage per rank, or a summary without its layer costs.
     """
-    accelerator = config.accelerator  # a SimAccelerator: TrainConfig parsed the string
-    if accelerator is None or summary.get("layer_costs") is None or config.model_stages != config.stages:
+    accelerator = config.simulation.accelerator  # a SimAccelerator: TrainConfig parsed the string
+    p = config.pipeline
+    if accelerator is None or summary.get("layer_costs") is None or p.model_stages != p.stages:
         raise ValueError("predict_simulated_job needs a --accelerator sim:R job with one stage per rank (gpipe, "
                          "1f1b or 2bw) and its summary's layer_costs")
-    ranks, m, batch = config.stages, config.microbatches, config.batch_size
+    ranks, m, batch = config.pipeline.stages, config.pipeline.microbatches, config.pipeline.batch_size
     layers = [LayerTimes(**layer) for layer in summary["layer_costs"]["layers"]]
     measured = stage_costs(layers, summary["balance"], float(summary["layer_costs"]["optimizer_s"]))
     device = stage_times(accelerator, batch // m, [c.forward_s + c.backward_s for c in measured])

@@ -90,10 +90,10 @@ def known_costs(config: TrainConfig, layers: Sequence[LayerTimes], balance: Sequ
     The sizes (activations, parameters) and the optimizer's share are the measured layers' in both cases.
     """
     measured = stage_costs(layers, balance, optimizer_s)
-    if config.accelerator is None:
+    if config.simulation.accelerator is None:
         return measured
-    micro = config.batch_size // config.microbatches
-    times = stage_times(config.accelerator, micro, [c.forward_s + c.backward_s for c in measured])
+    micro = config.pipeline.batch_size // config.pipeline.microbatches
+    times = stage_times(config.simulation.accelerator, micro, [c.forward_s + c.backward_s for c in measured])
     return [replace(c, forward_s=t.forward_s, backward_s=t.backward_s, weight_s=t.backward_weight_s)
             for c, t in zip(measured, times, strict=True)]
 
@@ -261,7 +261,7 @@ def job_books(config: TrainConfig, balance: Sequence[int], layer_costs: Mapping[
     """
     from .attribution import steps_from_records
 
-    if not config.spec.flush:
+    if not config.pipeline.spec.flush:
         return None
     program, owner = job_program(config)
     try:  # one list per step of this run, in order: the i-th is the step of step_times[i]
@@ -276,9 +276,9 @@ def job_books(config: TrainConfig, balance: Sequence[int], layer_costs: Mapping[
     times = list(step_times)
     if len(steps) > 1:
         steps, times = steps[1:], times[1:]
-    if config.accelerator is not None and layer_costs is not None:
+    if config.simulation.accelerator is not None and layer_costs is not None:
         costs = known_costs(config, [LayerTimes(**t) for t in layer_costs["layers"]], balance,
                             float(layer_costs["optimizer_s"]))
     else:
         costs = span_costs(steps, len(owner))
-    return measured_books(steps, times, program, owner, costs, config.batch_size * config.dp)
+    return measured_books(steps, times, program, owner, costs, config.pipeline.batch_size * config.pipeline.dp)

@@ -134,6 +134,6 @@ def torch_order(schedule: str, ranks: int, microbatches: int, virtual: int = 2) 
 
 def job_program(config: TrainConfig) -> tuple[dict[int, list[Op]], list[int]]:
     """What each rank of ``config``'s job (a ``TrainConfig``) runs, in torch's order, and each model stage's rank."""
-    per_rank = config.spec.stages_per_rank(config.virtual_stages)
-    return (torch_order(config.schedule, config.stages, config.microbatches, per_rank),
-            placement(config.schedule, config.stages, config.model_stages))
+    per_rank = config.pipeline.spec.stages_per_rank(config.pipeline.virtual_stages)
+    return (torch_order(config.pipeline.schedule, config.pipeline.stages, config.pipeline.microbatches, per_rank),
+            placement(config.pipeline.schedule, config.pipeline.stages, config.pipeline.model_stages))

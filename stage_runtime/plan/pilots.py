@@ -134,16 +134,18 @@ def read_pilot(out_dir: str | Path) -> Pilot:
         raise ValueError(f"{path}: no layer costs (a job given --balance measures none); run the pilot without "
                          "--balance")
     try:
-        config = TrainConfig(**summary["config"])
+        config = TrainConfig.from_flags(**summary["config"])
     except (KeyError, TypeError) as err:
         raise ValueError(f"{path}: its 'config' is not a stallfree train job's ({err})") from None
-    if config.link_delay is not None:  # its spans would fit the delayed messages' waits as the runtime's overhead
-        raise ValueError(f"{path}: a job run with --link-delay {config.link_delay} waits for its delayed messages, "
-                         "which is no overhead of torch's runtime; give pilots run without --link-delay")
+    delay = config.simulation.link_delay
+    if delay is not None:  # its spans would fit the delayed messages' waits as the runtime's overhead
+        raise ValueError(f"{path}: a job run with --link-delay {delay} waits for its delayed messages, which is no "
+                         "overhead of torch's runtime; give pilots run without --link-delay")
     program, owner = job_program(config)
     costs = known_costs(config, [LayerTimes(**c) for c in layers["layers"]], summary["balance"],
                         float(layers["optimizer_s"]))  # under sim:R, the device's known times
-    return Pilot(str(out), config.model, config.schedule, config.stages, config.microbatches, program,
+    p = config.pipeline
+    return Pilot(str(out), config.model.name, p.schedule, p.stages, p.microbatches, program,
                  tuple(owner), tuple(costs), measured_step(out)[0],
                  tuple(tuple(s) for s in trainer_steps(out, program)))
 

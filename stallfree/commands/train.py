@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -48,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     from stallfree.stage_runtime.schedules import SCHEDULES
 
-    d = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    d = TrainConfig().flags()  # each flag's default, from the part that holds it
     p = sub.add_parser(
         "train",
         help="train a model split into pipeline stages, fed by the Loader",
@@ -137,13 +136,13 @@ def _train(args: argparse.Namespace) -> int:
 
     if (args.data is None) == (args.synthetic is None):
         raise ValueError("give a dataset folder or --synthetic N (not both)")
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    values = {k: v for k, v in vars(args).items() if k in fields and v is not None}
+    defaults = TrainConfig().flags()
+    values = {k: v for k, v in vars(args).items() if k in defaults and v is not None}
     if args.synthetic is not None:
         values["samples"] = args.synthetic
     if args.plan is not None:
-        values = _with_plan(values, args.plan, d={f.name: f.default for f in dataclasses.fields(TrainConfig)})
-    config = TrainConfig(**values)
+        values = _with_plan(values, args.plan, d=defaults)
+    config = TrainConfig.from_flags(**values)  # the flags, parsed once into the job's parts
     try:
         summary = train(config)
     except StageFailure as err:

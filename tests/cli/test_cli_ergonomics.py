@@ -99,7 +99,7 @@ def test_demo_keeps_its_results_under_out_and_removes_the_data(
     assert main(["demo", "--skip-bench", "--epochs", "1", "--out", str(out), "--no-progress"]) == 0
     printed = capsys.readouterr()
     config = seen["config"]
-    assert config.out_dir == str(out / "run") and config.progress is False  # type: ignore[attr-defined]
-    assert not Path(config.data).exists()  # type: ignore[attr-defined]  # the temporary data are gone
+    assert config.report.out_dir == str(out / "run") and config.report.progress is False  # type: ignore[attr-defined]
+    assert not Path(config.feed.data).exists()  # type: ignore[attr-defined]  # the temporary data are gone
     assert (out / "demo.json").is_file() and f"results in {out}" in printed.out
     assert "issue" not in printed.out + printed.err

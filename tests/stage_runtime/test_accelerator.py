@@ -55,33 +55,34 @@ def test_the_slowest_stage_takes_a_micro_batch_over_r_split_in_thirds() -> None:
 
 
 def test_train_config_checks_accelerator_and_feed() -> None:
-    assert TrainConfig(accelerator="sim:100").accelerator == SimAccelerator(100)
+    assert TrainConfig.from_flags(accelerator="sim:100").simulation.accelerator == SimAccelerator(100)
     with pytest.raises(ValueError, match="--accelerator must be"):
-        TrainConfig(accelerator="tpu")
+        TrainConfig.from_flags(accelerator="tpu")
     with pytest.raises(ValueError, match="feed must be 'stallfree' or 'torch'"):
-        TrainConfig(feed="ffcv")
+        TrainConfig.from_flags(feed="ffcv")
 
 
 @pytest.mark.parametrize("text", ["sim:fast", "sim:", "tpu:9"])
 def test_an_invalid_sim_string_fails_where_it_enters_train_config(text: str) -> None:
     with pytest.raises(ValueError, match=r"--accelerator must be sim:IMAGES_PER_S \(e\.g\. sim:1000\) or none, got"):
-        TrainConfig(accelerator=text)
+        TrainConfig.from_flags(accelerator=text)
 
 
 def test_train_config_holds_the_typed_value_and_writes_the_string() -> None:
-    config = TrainConfig(accelerator="sim:2.5e3")
-    assert config.accelerator == SimAccelerator(2500.0)
-    assert TrainConfig(accelerator=SimAccelerator(2500.0)) == config
-    assert TrainConfig(accelerator="none").accelerator is None and TrainConfig().accelerator is None
+    config = TrainConfig.from_flags(accelerator="sim:2.5e3")
+    assert config.simulation.accelerator == SimAccelerator(2500.0)
+    assert TrainConfig.from_flags(accelerator=SimAccelerator(2500.0)) == config
+    assert TrainConfig.from_flags(accelerator="none").simulation.accelerator is None
+    assert TrainConfig().simulation.accelerator is None
     form = json.loads(json.dumps(config.to_json()))  # what summary.json holds under "config"
-    assert form["accelerator"] == "sim:2500" and TrainConfig(**form) == config
+    assert form["accelerator"] == "sim:2500" and TrainConfig.from_flags(**form) == config
 
 
 def test_below_the_entry_the_code_takes_the_typed_value() -> None:
     from stallfree.stage_runtime.plan.predict import job_cores
     from stallfree.stage_runtime.profile.phases import simulated_step
 
-    assert job_cores(TrainConfig(accelerator="sim:100")) is None  # a simulated device's waits hold no core
+    assert job_cores(TrainConfig.from_flags(accelerator="sim:100")) is None  # a simulated device's waits hold no core
     step = simulated_step(SimAccelerator(1000))
     wall = time.perf_counter()
     step((None, [0] * 30))  # 30 images: 30 ms
@@ -97,7 +98,7 @@ def test_only_the_entry_points_parse_the_accelerator_string() -> None:
             path = Path(folder) / name
             if name.endswith(".py") and re.search(r"(?<!def )parse_accelerator\(", path.read_text()):
                 callers.add(path.relative_to(package).as_posix())
-    assert callers == {"stage_runtime/config/train_config.py", "stage_runtime/profile/dataset.py"}
+    assert callers == {"stage_runtime/config/parts.py", "stage_runtime/profile/dataset.py"}
 
 
 @pytest.mark.parametrize("module", ["stage_runtime/stage.py", "stage_runtime/profile/phases.py",

@@ -49,4 +49,4 @@ def test_first_use_raises_on_the_shards_first_read_and_none_never_hashes(altered
 
 def test_an_unknown_mode_is_refused_with_the_known_ones() -> None:
     with pytest.raises(ValueError, match=r"verify must be one of \('first-use', 'open', 'none'\), got 'never'"):
-        TrainConfig(verify="never")  # type: ignore[arg-type]
+        TrainConfig.from_flags(verify="never")  # type: ignore[arg-type]

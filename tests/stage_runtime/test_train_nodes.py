@@ -35,7 +35,7 @@ from stallfree.stage_runtime.jobs import account
 from stallfree.stage_runtime.train.trainer import Fault, StageFailure, run_jobs
 job, fault = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 try:
-    run_jobs([TrainConfig(**job)], account=account, faults={0: Fault(*fault)} if fault else None)
+    run_jobs([TrainConfig.from_flags(**job)], account=account, faults={0: Fault(*fault)} if fault else None)
 except StageFailure as err:
     print(f"stallfree train: error: {err}", file=sys.stderr)
     sys.exit(1)

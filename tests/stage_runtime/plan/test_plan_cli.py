@@ -135,15 +135,15 @@ def _write_pilot(folder: Path, schedule: str, m: int, overhead: object) -> None:
     from stallfree.stage_runtime.plan.orders import placement, torch_order
     from stallfree.stage_runtime.plan.simulate import simulate
 
-    config = TrainConfig(model="mlp", image_size=8, stages=2, schedule=schedule, microbatches=m, batch_size=8,
-                         out_dir=str(folder))
+    config = TrainConfig.from_flags(model="mlp", image_size=8, stages=2, schedule=schedule, microbatches=m,
+                                    batch_size=8, out_dir=str(folder))
     layer = LayerTimes(1e-4, 2e-4, 1e-4, 2**20, 2**16)
     costs = stage_costs([layer] * 6, [3, 3])
     program = torch_order(schedule, 2, m)
     result = simulate(program, placement(schedule, 2, 2), costs, lambda a, b: Link(2e9, 0.0), overhead=overhead)
     folder.mkdir(parents=True)
     (folder / "summary.json").write_text(json.dumps({
-        "config": dataclasses.asdict(config), "balance": [3, 3],
+        "config": config.to_json(), "balance": [3, 3],
         "layer_costs": {"layers": [dataclasses.asdict(layer)] * 6, "optimizer_s": 1e-3}}))
     (folder / "train.jsonl").write_text("".join(
         json.dumps({"step": k, "loss": 1.0, "compute_step_s": result.schedule_s, "bubble": 0.5}) + "\n"

@@ -48,8 +48,8 @@ def test_a_schedule_added_to_the_table_alone_is_ordered_planned_predicted_and_ca
     copied = _plans(name)  # the planner's default: every schedule in the table
     assert copied and copied == before == _plans(original)
 
-    config = TrainConfig(schedule=name, stages=2, microbatches=4, batch_size=8)
-    assert job_program(config) == job_program(dataclasses.replace(config, schedule=original))
+    config = TrainConfig.from_flags(schedule=name, stages=2, microbatches=4, batch_size=8)
+    assert job_program(config) == job_program(config.with_flags(schedule=original))
 
     overheads = {"loop": HostOverhead(action_s=1e-4), "runtime": HostOverhead(action_s=2e-4)}
     assert FAMILIES[name] == FAMILIES[original] and name in FAMILIES

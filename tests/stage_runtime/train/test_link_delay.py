@@ -33,8 +33,9 @@ def test_the_forms_parse_to_one_typed_value_and_back() -> None:
     assert str(one) == "0-1:20,2-3:5.5,3-4:0" and parse_link_delay(str(one)) == one
     assert one.seconds(1, 0) == one.seconds(0, 1) == 0.02 and one.seconds(1, 2) == 0.0
     assert parse_link_delay(None) is None and parse_link_delay([]) is None
-    config = TrainConfig(stages=3, link_delay=parse_link_delay("1-2:20"))
-    assert TrainConfig(**config.to_json()).link_delay == config.link_delay == LinkDelay(((1, 2, 0.02),))
+    config = TrainConfig.from_flags(stages=3, link_delay=parse_link_delay("1-2:20"))
+    rebuilt = TrainConfig.from_flags(**config.to_json())
+    assert rebuilt.simulation.link_delay == config.simulation.link_delay == LinkDelay(((1, 2, 0.02),))
 
 
 @pytest.mark.parametrize(("value", "stages", "message"), [
@@ -49,15 +50,16 @@ def test_the_forms_parse_to_one_typed_value_and_back() -> None:
 ])
 def test_bad_values_name_the_argument(value: str, stages: int, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        TrainConfig(stages=stages, link_delay=parse_link_delay(value))
+        TrainConfig.from_flags(stages=stages, link_delay=parse_link_delay(value))
 
 
 def test_a_looped_schedule_links_its_last_rank_to_rank_0() -> None:
     # interleaved over 3 ranks: model stage 2 (rank 2) sends to stage 3 (rank 0); 1f1b's ranks 0 and 2 never talk
     sim = parse_link_delay("0-2:5")
-    assert TrainConfig(stages=3, schedule="interleaved-1f1b", microbatches=3, batch_size=6, link_delay=sim).link_delay
+    looped = TrainConfig.from_flags(stages=3, schedule="interleaved-1f1b", microbatches=3, batch_size=6, link_delay=sim)
+    assert looped.simulation.link_delay
     with pytest.raises(ValueError, match=r"--link-delay 0-2: pipeline ranks 0 and 2 exchange no messages"):
-        TrainConfig(stages=3, schedule="1f1b", link_delay=sim)
+        TrainConfig.from_flags(stages=3, schedule="1f1b", link_delay=sim)
 
 
 def test_the_command_refuses_a_bad_pair_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -75,7 +77,7 @@ def test_the_prediction_of_a_simulated_device_grows_by_the_latency() -> None:
     layers = [LayerTimes(0.001, 0.002, 0.001, 0, 1024)] * 2
     steps = {}
     for delay in (None, "0-1:20"):
-        config = TrainConfig(stages=2, schedule="gpipe", microbatches=4, batch_size=32,
+        config = TrainConfig.from_flags(stages=2, schedule="gpipe", microbatches=4, batch_size=32,
                              accelerator=parse_accelerator("sim:400"), link_delay=parse_link_delay(delay))
         steps[delay] = predict_training(config, (1, 1), 10, link=Link(float("inf"), 0.0), overhead=NO_OVERHEAD,
                                         measured=(layers, 0.0))["step_s"]
@@ -90,33 +92,33 @@ def test_a_job_across_machines_is_refused() -> None:
 
 
 def _run(tmp_path: Path, schedule: str, stages: int, micro: int, delay: str) -> tuple[TrainConfig, list]:
-    config = TrainConfig(model="mlp", image_size=4, samples=64, batch_size=4 * micro, microbatches=micro,
+    config = TrainConfig.from_flags(model="mlp", image_size=4, samples=64, batch_size=4 * micro, microbatches=micro,
                          stages=stages, schedule=schedule, accelerator=parse_accelerator("sim:2000"),
                          link_delay=parse_link_delay(delay), max_steps=3, progress=False, timeout_s=120,
                          out_dir=str(tmp_path / "run"))
     train(config)
     program, _ = job_program(config)
-    steps = trainer_steps(config.out_dir, program)
+    steps = trainer_steps(config.report.out_dir, program)
     assert len(steps) == 2  # the first step is left out, as the report does
     return config, steps
 
 
 def _reads(config: TrainConfig, spans: list) -> list[tuple[float, float, bool]]:
     """Each message between ranks: (when its maker ended, when its reader started, whether its link is delayed)."""
-    assert config.link_delay is not None
+    assert config.simulation.link_delay is not None
     _, owner = job_program(config)
     done = {(s.op.kind, s.op.stage, s.op.mb): s for s in spans}
     found = []
     for (kind, stage, mb), span in done.items():
         if kind == "F" and stage > 0:
             maker = done[("F", stage - 1, mb)]
-        elif kind in ("B", "I") and stage + 1 < config.model_stages:
+        elif kind in ("B", "I") and stage + 1 < config.pipeline.model_stages:
             maker = done.get(("B", stage + 1, mb)) or done[("I", stage + 1, mb)]
         else:
             continue
         a, b = owner[maker.op.stage], owner[stage]
         if a != b:
-            found.append((maker.end, span.start, config.link_delay.seconds(a, b) > 0))
+            found.append((maker.end, span.start, config.simulation.link_delay.seconds(a, b) > 0))
     return found
 
 
@@ -139,7 +141,7 @@ def test_a_delayed_pair_delivers_each_message_no_sooner_than_the_delay_and_holds
             assert done[("B", 2, m + 1)].start - done[("B", 2, m)].end < delay / 2
     waited: dict[tuple[str, int], int] = {}
     for rank in range(3):
-        data = json.loads((Path(config.out_dir) / f"spans-{rank}.json").read_text())
+        data = json.loads((Path(config.report.out_dir) / f"spans-{rank}.json").read_text())
         for stage, state, start, end, step, *_ in data["spans"]:
             if str(stage).startswith("link"):
                 assert state == "waiting" and end >= start
@@ -167,7 +169,7 @@ def test_every_schedule_family_runs_a_delayed_link_to_the_end(tmp_path: Path, sc
 
 def test_a_run_with_a_delay_is_refused_as_a_pilot(tmp_path: Path) -> None:
     # its waits for delayed messages would be fitted as the runtime's per-message overhead of every plan
-    config = TrainConfig(stages=2, link_delay=parse_link_delay("0-1:20"))
+    config = TrainConfig.from_flags(stages=2, link_delay=parse_link_delay("0-1:20"))
     layers = {"layers": [{"forward_s": 0.001, "backward_s": 0.002, "weight_s": 0.001, "param_bytes": 0,
                           "activation_bytes": 64}] * 2, "optimizer_s": 0.0}
     (tmp_path / "summary.json").write_text(json.dumps({"config": config.to_json(), "layer_costs": layers,
