@@ -276,7 +276,7 @@ def _run_stages(args: argparse.Namespace, stages: int, tmp: Path, given: Any, sw
     piloted = {(c.model.name, c.pipeline.schedule, c.pipeline.microbatches) for c in pilots}
     calibrated = OverheadChoice({} if args.no_overhead else {stages: calibration})
     for cell in zip(*runs, strict=True):  # one cell's runs
-        fit = fitted.get(cell[0].model)
+        fit = fitted.get(cell[0].model.name)
         choice = OverheadChoice(calibrated.calibrations, {stages: fit} if fit else {})
         first = cell[0]
         key = (first.model.name, first.pipeline.schedule, first.pipeline.microbatches)

@@ -78,8 +78,8 @@ def _feeds(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
 
     data = make_image_folder(out / "data", num_classes=4, per_class=max(1, args.images // 4), size=(64, 64))
     configs = [TrainConfig.from_flags(model="small_cnn", data=str(data), image_size=32, batch_size=args.batch_size,
-                           microbatches=4, schedule="1f1b", stages=2, max_steps=args.steps, feed=feed,
-                           loader_threads=args.workers, progress=False, out_dir=str(out / f"feed-{feed}"))
+                                      microbatches=4, schedule="1f1b", stages=2, max_steps=args.steps, feed=feed,
+                                      loader_threads=args.workers, progress=False, out_dir=str(out / f"feed-{feed}"))
                for feed in ("stallfree", "torch")]
     rows = []
     for config, s in zip(configs, train_many(configs), strict=True):

@@ -1,4 +1,4 @@
-"""The stage processes of one machine: the port they meet at, and the torch threads each gets.
+"""The stage processes of one machine: the port they meet at, the torch threads each gets, torchrun's ranks.
 
 The trainer starts them (:mod:`stallfree.stage_runtime.train.launcher`), the planner's calibration starts its own
 (:mod:`stallfree.stage_runtime.plan.calibrate`) and the simulator shares the cores as they do: one rule for all.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import socket
 
-__all__ = ["free_port", "stage_threads"]
+__all__ = ["free_port", "stage_threads", "torchrun_env"]
 
 
 def free_port() -> int:
@@ -28,3 +28,10 @@ def stage_threads(processes: int, threads: int | None = None, cores: int | None 
     """
     cores = cores or len(os.sched_getaffinity(0))
     return threads or max(1, cores // max(1, min(processes, cores)))
+
+
+def torchrun_env() -> tuple[int, int, int] | None:
+    """``(rank, world_size, local_rank)`` when this process was started by ``torchrun``, else ``None``."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or "RANK" not in os.environ:
+        return None
+    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", "0"))

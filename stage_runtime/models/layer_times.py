@@ -1,16 +1,14 @@
-"""Per-layer costs as the simulator reads them, from the partitioner's measurement (the one ``stallfree train`` uses).
+"""Per-layer costs as the simulator reads them: :class:`LayerTimes`. This module imports no torch.
 
-The trainer's rank 0 measures them to split the model (and writes them in its summary); the planner measures a
-model the same way, or reads them from a file (:mod:`stallfree.stage_runtime.plan.costs`).
+The trainer's rank 0 measures them to split the model and writes them in its summary (:mod:`.measure`); the
+planner measures a model the same way, or reads them from a file (:mod:`stallfree.stage_runtime.plan.costs`).
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from typing import Any
 
-__all__ = ["LayerTimes", "layer_times", "measure_model"]
+__all__ = ["LayerTimes"]
 
 
 @dataclass(frozen=True)
@@ -22,50 +20,3 @@ class LayerTimes:
     weight_s: float  # the weight-gradient part of backward_s
     param_bytes: int
     activation_bytes: int
-
-
-def layer_times(cost: Any) -> LayerTimes:
-    """A :class:`~stallfree.stage_runtime.models.partition.LayerCost` from ``measure_layers`` as the simulator's.
-
-    Raises:
-        ValueError: a cost without its passes (one given by hand: only ``measure_layers`` times them apart).
-    """
-    if cost.forward_s is None or cost.weight_s is None:
-        raise ValueError(f"layer cost {cost} has no forward and weight-gradient seconds of its own; measure it "
-                         "with measure_layers, which times each pass apart")
-    return LayerTimes(cost.forward_s, cost.time_s - cost.forward_s, cost.weight_s, cost.param_bytes,
-                      cost.activation_bytes)
-
-
-def measure_model(model: Any, image_size: int, micro: int, device: str = "cpu",
-                  repeats: int = 3) -> tuple[list[LayerTimes], float]:
-    """Time every layer of ``model`` (an ``nn.Sequential``) on one micro-batch of ``micro`` images.
-
-    Returns the layers' costs (the forward, the backward and its weight-gradient part, each timed by
-    :func:`~stallfree.stage_runtime.models.partition.measure_layers`) and the seconds of one SGD-with-momentum step
-    over the whole model, the trainer's optimizer.
-    """
-    import torch
-
-    from stallfree.stage_runtime.models.partition import measure_layers
-
-    model = model.to(device)
-    sample = torch.randn(micro, 3, image_size, image_size, device=device)
-    measured = measure_layers(list(model), sample, repeats=repeats)
-    layers = [layer_times(c) for c in measured]
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        return layers, 0.0
-    optimizer = torch.optim.SGD(params, lr=1e-9, momentum=0.9)  # a tiny rate: the copies stay near their values
-    for p in params:
-        p.grad = torch.zeros_like(p)
-    best = float("inf")
-    for _ in range(repeats + 1):
-        start = time.perf_counter()
-        optimizer.step()
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    for p in params:
-        p.grad = None
-    return layers, best

@@ -47,6 +47,7 @@ from stallfree.stage_runtime.config.train_config import TrainConfig
 from stallfree.stage_runtime.models.layer_times import LayerTimes
 from stallfree.stage_runtime.stage_times import stage_times
 
+from .attribution import steps_from_records
 from .costs import FREE_LINK, StageCost, stage_costs
 from .orders import Op, job_program
 from .simulate import Span, StepResult, compute_s, simulate
@@ -259,8 +260,6 @@ def job_books(config: TrainConfig, balance: Sequence[int], layer_costs: Mapping[
     ``None``, with a warning, when the spans do not match the schedule (the clock dropped some); ``None`` for a
     schedule that does not flush (``2bw``: a step is a cut of an endless stream, not one of the simulator's steps).
     """
-    from .attribution import steps_from_records
-
     if not config.pipeline.spec.flush:
         return None
     program, owner = job_program(config)

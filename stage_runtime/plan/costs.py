@@ -24,6 +24,7 @@ from typing import Any
 from stallfree.stage_runtime.models.layer_times import LayerTimes
 
 __all__ = [
+    "DEFAULT_LINK",
     "KINDS",
     "NO_OVERHEAD",
     "Cores",
@@ -36,6 +37,7 @@ __all__ = [
     "scale_layers",
     "stage_costs",
 ]
+
 
 @dataclass(frozen=True)
 class StageCost:
@@ -55,6 +57,9 @@ class StageCost:
         return self.backward_s - self.weight_s
 
 
+# stallfree plan's link between the devices of a site unless given or calibrated (and a GPU job's prediction's): the
+# calibration measures gloo on CPU
+DEFAULT_LINK = "25GB/s,5us"
 # Link.describe's units, largest first (parse_link reads each: _SIZE_UNITS)
 _RATE_UNITS = ((1e15, "PB"), (1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "KB"), (1, "B"))
 

@@ -10,7 +10,7 @@ itself, with the schedules the prediction is for, show those costs where they ar
 
 From pilot jobs' output folders (what ``stallfree train`` writes: ``summary.json`` with the job's config, split
 and rank 0's layer costs, ``train.jsonl`` and every rank's ``spans-{rank}.json``), per family of schedules
-(:data:`~.calibrate.FAMILIES`, one runtime each):
+(:data:`~.calibration.FAMILIES`, one runtime each):
 
 1. :func:`~.attribution.fit_overhead` over the family's jobs' spans: each action kind's busy time beyond its
    stage's compute, the gap between actions, the sender's cost of a send and the receiver's of a message, and
@@ -38,11 +38,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from stallfree.stage_runtime.config.train_config import TrainConfig
 from stallfree.stage_runtime.models.layer_times import LayerTimes
 
 from .attribution import Measured, fit_overhead, trainer_steps
 from .books import known_costs, predicted_books
-from .calibrate import FAMILIES
+from .calibration import FAMILIES
 from .costs import Cores, HostOverhead, Link, StageCost
 from .orders import Op, job_program
 from .simulate import simulate
@@ -122,8 +123,6 @@ def read_pilot(out_dir: str | Path) -> Pilot:
         ValueError: its summary has no layer costs (a job given ``--balance`` measures none), it ran with
             ``--link-delay``, or its spans do not match its schedule.
     """
-    from stallfree.stage_runtime.config.train_config import TrainConfig
-
     out = Path(out_dir)
     path = out / "summary.json"
     if not path.is_file():
@@ -187,7 +186,7 @@ class PilotFit:
     """The host overhead pilots showed: per schedule that had pilots of its own, and per family of schedules."""
 
     schedules: dict[str, HostOverhead]  # fitted from that schedule's pilots alone
-    families: dict[str, HostOverhead]  # fitted from every pilot of the family (:data:`~.calibrate.FAMILIES`)
+    families: dict[str, HostOverhead]  # fitted from every pilot of the family (:data:`~.calibration.FAMILIES`)
 
     def overhead(self, schedule: str) -> HostOverhead | None:
         """The schedule's own fit, else its family's; None if no pilot ran either."""

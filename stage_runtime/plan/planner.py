@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from stallfree.stage_runtime.models import partition
 from stallfree.stage_runtime.models.layer_times import LayerTimes
 from stallfree.stage_runtime.schedules import FLUSHING, SCHEDULE_SPECS, schedule_spec
 
@@ -92,14 +93,12 @@ class Candidate:
 
 def splits(layers: Sequence[LayerTimes], stages: int) -> dict[str, tuple[int, ...]]:
     """The splits tried: balanced by time alone, and by the trainer's rule (time share + 0.5 x memory share)."""
-    from stallfree.stage_runtime.models.partition import LayerCost, balance_costs, plan
-
     times = [c.forward_s + c.backward_s for c in layers]
-    measured = [LayerCost(t, c.param_bytes, c.activation_bytes, c.forward_s, c.weight_s)
+    measured = [partition.LayerCost(t, c.param_bytes, c.activation_bytes, c.forward_s, c.weight_s)
                 for t, c in zip(times, layers, strict=True)]
     # plan() reads only len(layers) when given costs and no balance: the modules themselves are not needed.
-    trainer = plan(cast(Any, [None] * len(layers)), stages, costs=measured).balance
-    return {"time": tuple(balance_costs(times, stages)), "time+memory": tuple(trainer)}
+    trainer = partition.plan(cast(Any, [None] * len(layers)), stages, costs=measured).balance
+    return {"time": tuple(partition.balance_costs(times, stages)), "time+memory": tuple(trainer)}
 
 
 def _overhead(overhead: HostOverhead | Callable[[str, int], HostOverhead], schedule: str,

@@ -24,19 +24,18 @@ from typing import Any
 import torch
 
 from stallfree.stage_runtime.config.train_config import TrainConfig
-from stallfree.stage_runtime.models.layer_times import LayerTimes, measure_model
+from stallfree.stage_runtime.models.layer_times import LayerTimes
+from stallfree.stage_runtime.models.measure import measure_model
 from stallfree.stage_runtime.models.zoo import build_model
 from stallfree.stage_runtime.plan.attribution import attribute
 from stallfree.stage_runtime.plan.books import known_costs, predicted_books
 from stallfree.stage_runtime.plan.calibrate import cached_calibration
-from stallfree.stage_runtime.plan.costs import NO_OVERHEAD, Cores, HostOverhead, Link, parse_link
+from stallfree.stage_runtime.plan.costs import DEFAULT_LINK, NO_OVERHEAD, Cores, HostOverhead, Link, parse_link
 from stallfree.stage_runtime.plan.orders import job_program
 from stallfree.stage_runtime.plan.simulate import simulate_step
 from stallfree.stage_runtime.processes import stage_threads
 
-__all__ = ["DEFAULT_LINK", "job_cores", "predict_training"]
-
-DEFAULT_LINK = "25GB/s,5us"  # stallfree plan's default, for a GPU job (the calibration measures gloo on CPU)
+__all__ = ["job_cores", "predict_training"]
 
 
 def job_cores(config: TrainConfig) -> Cores | None:
@@ -60,7 +59,7 @@ def predict_training(config: TrainConfig, balance: tuple[int, ...], num_classes:
 
     ``balance`` is the split the job ran. Without ``link`` a CPU job calibrates the link and the runtime's overhead
     on this machine (:func:`~.calibrate.cached_calibration`: one start of the stage processes, once per stage count);
-    a GPU job takes :data:`DEFAULT_LINK` and no overhead. ``overhead`` given replaces the calibrated one.
+    a GPU job takes :data:`~.costs.DEFAULT_LINK` and no overhead. ``overhead`` given replaces the calibrated one.
     ``measured``: the per-layer times and optimizer seconds the job already measured (the trainer's rank 0 does,
     to split the model); without it the model is built and measured here. ``share_cores``: a CPU job's stage
     processes share this machine's cores (``False``: predict as if each had cores of its own).

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from stallfree.core.atomic import atomic_path, atomic_write
+from stallfree.stage_runtime.config.train_config import TrainConfig, flag
 
 __all__ = ["CheckpointWriteError", "check_job", "latest", "load_meta", "load_rank", "manifest", "prune", "save_meta",
            "save_rank", "step_dir"]
@@ -95,7 +96,7 @@ def _os_error(err: BaseException) -> OSError | None:
     return None
 
 
-def manifest(config: Any, step: int, epoch: int, balance: Sequence[int], num_classes: int) -> dict[str, Any]:
+def manifest(config: TrainConfig, step: int, epoch: int, balance: Sequence[int], num_classes: int) -> dict[str, Any]:
     """``meta.json`` of ``config``'s job (a ``TrainConfig``) after ``step`` steps.
 
     It holds the place to continue from (``epoch`` is the next step's), the split, and the settings the rank files
@@ -105,7 +106,7 @@ def manifest(config: Any, step: int, epoch: int, balance: Sequence[int], num_cla
             "schedule": config.pipeline.schedule, "job": _job(config, num_classes)}
 
 
-def check_job(root: str | os.PathLike[str], step: int, config: Any, num_classes: int | None = None) -> None:
+def check_job(root: str | os.PathLike[str], step: int, config: TrainConfig, num_classes: int | None = None) -> None:
     """Refuse to resume ``config`` (a ``TrainConfig``) from the checkpoint at ``step`` if it was saved by another job.
 
     ``num_classes`` is the job's class count where it is known (``None``: ``config.model.num_classes``, if given).
@@ -114,8 +115,6 @@ def check_job(root: str | os.PathLike[str], step: int, config: Any, num_classes:
     Raises:
         ValueError: naming each setting that differs, the checkpoint's value and the command's.
     """
-    from stallfree.stage_runtime.config.train_config import flag
-
     meta = load_meta(root, step)
     saved = meta.get("job") or {"schedule": meta.get("schedule"), "world_size": meta.get("world_size")}
     mine = _job(config, num_classes if num_classes is not None else config.model.num_classes)
@@ -141,7 +140,7 @@ def check_job(root: str | os.PathLike[str], step: int, config: Any, num_classes:
 _FLAG = {"world_size": "processes (--stages x --dp)", "model_kwargs": "model_kwargs"}
 
 
-def _job(config: Any, num_classes: int | None) -> dict[str, Any]:
+def _job(config: TrainConfig, num_classes: int | None) -> dict[str, Any]:
     """The settings of ``config`` that shape a checkpoint's files, as JSON values (tuples are lists)."""
     m, p = config.model, config.pipeline
     job = {"model": m.name, "model_kwargs": m.kwargs, "image_size": m.image_size,

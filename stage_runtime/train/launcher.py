@@ -30,7 +30,7 @@ from typing import Any
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-__all__ = ["PeerWatch", "StageFailure", "launch", "one_line", "torchrun_env"]
+__all__ = ["PeerWatch", "StageFailure", "launch", "one_line"]
 
 
 class StageFailure(RuntimeError):
@@ -43,13 +43,6 @@ class StageFailure(RuntimeError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return StageFailure, (self.rank, self.stages, self.cause)
-
-
-def torchrun_env() -> tuple[int, int, int] | None:
-    """``(rank, world_size, local_rank)`` when this process was started by ``torchrun``, else ``None``."""
-    if "TORCHELASTIC_RUN_ID" not in os.environ or "RANK" not in os.environ:
-        return None
-    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", "0"))
 
 
 def one_line(error: BaseException) -> str:

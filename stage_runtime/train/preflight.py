@@ -10,9 +10,9 @@ import os
 from stallfree.core.device import check_device
 from stallfree.stage_runtime.config.train_config import TrainConfig
 from stallfree.stage_runtime.models.zoo import build_model, resolve
+from stallfree.stage_runtime.processes import torchrun_env
 from stallfree.stage_runtime.train import checkpoint as ckpt
 from stallfree.stage_runtime.train.augment import training_transform
-from stallfree.stage_runtime.train.launcher import torchrun_env
 
 __all__ = ["check"]
 

@@ -21,7 +21,7 @@ from torch import nn
 
 from stallfree.stage_runtime.clock import StageClock
 from stallfree.stage_runtime.config.train_config import TrainConfig
-from stallfree.stage_runtime.models.layer_times import measure_model
+from stallfree.stage_runtime.models.measure import measure_model
 from stallfree.stage_runtime.models.partition import LayerCost, plan
 from stallfree.stage_runtime.models.zoo import build_model
 from stallfree.stage_runtime.schedules import build_schedule

@@ -33,10 +33,10 @@ import torch.distributed as dist
 from stallfree.core.atomic import atomic_write
 from stallfree.stage_runtime.clock import StageClock
 from stallfree.stage_runtime.config.train_config import TrainConfig
-from stallfree.stage_runtime.processes import free_port, stage_threads
+from stallfree.stage_runtime.processes import free_port, stage_threads, torchrun_env
 from stallfree.stage_runtime.train import checkpoint as ckpt
 from stallfree.stage_runtime.train.evaluation import evaluate
-from stallfree.stage_runtime.train.launcher import PeerWatch, StageFailure, failure, launch, torchrun_env
+from stallfree.stage_runtime.train.launcher import PeerWatch, StageFailure, failure, launch
 from stallfree.stage_runtime.train.optim import lr_factor
 from stallfree.stage_runtime.train.preflight import check
 from stallfree.stage_runtime.train.rank import Rank
@@ -243,5 +243,5 @@ def demo_config(train_dir: str, eval_dir: str, out_dir: str, *, epochs: int = 6,
     another seed it reaches well above the 25% of chance in about 15 s of training on 2 cores.
     """
     return TrainConfig.from_flags(model="small_cnn", data=train_dir, eval_data=eval_dir, image_size=32, batch_size=32,
-                       microbatches=4, stages=2, schedule="1f1b", epochs=epochs, lr=0.01, out_dir=out_dir,
-                       progress=progress)
+                                  microbatches=4, stages=2, schedule="1f1b", epochs=epochs, lr=0.01, out_dir=out_dir,
+                                  progress=progress)

@@ -8,6 +8,17 @@ from pathlib import Path
 from typing import Any
 
 from stallfree.commands.output import add_json_arguments, add_progress_argument, emit, human, require_writable
+from stallfree.stage_runtime.config.train_config import (
+    BUNDLED_MODELS,
+    LR_SCHEDULES,
+    OPTIMIZERS,
+    VERIFY_MODES,
+    TrainConfig,
+)
+from stallfree.stage_runtime.plan.handoff import train_settings
+from stallfree.stage_runtime.processes import torchrun_env
+from stallfree.stage_runtime.schedules import SCHEDULES
+from stallfree.stage_runtime.train.report import format_summary
 
 __all__ = ["register"]
 
@@ -37,16 +48,6 @@ def _balance(text: str) -> tuple[int, ...]:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``stallfree train``."""
-    # Neither imports torch: `stallfree --help` builds this parser.
-    from stallfree.stage_runtime.config.train_config import (
-        BUNDLED_MODELS,
-        LR_SCHEDULES,
-        OPTIMIZERS,
-        VERIFY_MODES,
-        TrainConfig,
-    )
-    from stallfree.stage_runtime.schedules import SCHEDULES
-
     d = TrainConfig().flags()  # each flag's default, from the part that holds it
     p = sub.add_parser(
         "train",
@@ -128,11 +129,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     require_writable(args.out_dir, "--out")  # before torch loads: a read-only current folder, the default's home
-    from stallfree.stage_runtime.config.train_config import TrainConfig
+    # They import torch: `stallfree --help` builds this module's parser without it.
     from stallfree.stage_runtime.jobs import train, with_prediction
     from stallfree.stage_runtime.train import checkpoint as checkpoint
     from stallfree.stage_runtime.train.launcher import StageFailure
-    from stallfree.stage_runtime.train.report import format_summary
 
     if (args.data is None) == (args.synthetic is None):
         raise ValueError("give a dataset folder or --synthetic N (not both)")
@@ -162,8 +162,6 @@ def _train(args: argparse.Namespace) -> int:
 
 def _with_plan(values: dict[str, Any], plan: Path, d: dict[str, Any]) -> dict[str, Any]:
     """``values`` with the plan's settings; a flag given with another value than the plan's is refused."""
-    from stallfree.stage_runtime.plan.handoff import train_settings
-
     settings = train_settings(plan)
     for key, value in settings.items():
         given = values.get(key, d.get(key))
@@ -176,7 +174,5 @@ def _with_plan(values: dict[str, Any], plan: Path, d: dict[str, Any]) -> dict[st
 
 def _reports() -> bool:
     """Whether this process prints the summary: always, except under torchrun, where global rank 0 does."""
-    from stallfree.stage_runtime.train.launcher import torchrun_env
-
     env = torchrun_env()
     return env is None or env[0] == 0

@@ -70,8 +70,9 @@ def test_only_the_faster_rank_loses_to_imbalance() -> None:
 def measured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     out = tmp_path_factory.mktemp("books")
     configs = [TrainConfig.from_flags(model="mlp", model_kwargs={"hidden": 16, "depth": 6}, image_size=4, samples=64,
-                           batch_size=BATCH, microbatches=M, schedule=s, max_steps=4, progress=False, timeout_s=60,
-                           accelerator=f"sim:{RATE:g}", out_dir=str(out / s)) for s in SCHEDULES]
+                                      batch_size=BATCH, microbatches=M, schedule=s, max_steps=4, progress=False,
+                                      timeout_s=60, accelerator=f"sim:{RATE:g}", out_dir=str(out / s))
+               for s in SCHEDULES]
     train_many(configs)
     return {c.pipeline.schedule: json.loads((Path(c.report.out_dir) / "summary.json").read_text()) for c in configs}
 

@@ -102,7 +102,7 @@ def test_registering_plan_imports_no_torch():
 
 
 def test_a_calibration_file_charges_its_host_overhead_and_link(tmp_path, capsys):
-    from stallfree.stage_runtime.plan.calibrate import Calibration
+    from stallfree.stage_runtime.plan.calibration import Calibration
     from stallfree.stage_runtime.plan.costs import HostOverhead, Link
 
     runtime = HostOverhead(2e-4, 1e-4, 5e-3, send_s=3e-4, kind_s=(("I", 4e-4), ("W", 4e-4)))

@@ -12,7 +12,7 @@ import pytest
 
 from stallfree.stage_runtime.config.train_config import TrainConfig
 from stallfree.stage_runtime.models.layer_times import LayerTimes
-from stallfree.stage_runtime.plan.calibrate import FAMILIES, Calibration
+from stallfree.stage_runtime.plan.calibration import FAMILIES, Calibration
 from stallfree.stage_runtime.plan.costs import HostOverhead, Link, parse_link, scale_layers
 from stallfree.stage_runtime.plan.orders import job_program, placement, torch_order
 from stallfree.stage_runtime.plan.pilots import PilotFit

@@ -78,7 +78,7 @@ def test_the_prediction_of_a_simulated_device_grows_by_the_latency() -> None:
     steps = {}
     for delay in (None, "0-1:20"):
         config = TrainConfig.from_flags(stages=2, schedule="gpipe", microbatches=4, batch_size=32,
-                             accelerator=parse_accelerator("sim:400"), link_delay=parse_link_delay(delay))
+                                        accelerator=parse_accelerator("sim:400"), link_delay=parse_link_delay(delay))
         steps[delay] = predict_training(config, (1, 1), 10, link=Link(float("inf"), 0.0), overhead=NO_OVERHEAD,
                                         measured=(layers, 0.0))["step_s"]
     assert steps[None] == pytest.approx(4 * 0.02 + 0.02)  # 4 micro-batches and the fill and drain of one
@@ -93,9 +93,9 @@ def test_a_job_across_machines_is_refused() -> None:
 
 def _run(tmp_path: Path, schedule: str, stages: int, micro: int, delay: str) -> tuple[TrainConfig, list]:
     config = TrainConfig.from_flags(model="mlp", image_size=4, samples=64, batch_size=4 * micro, microbatches=micro,
-                         stages=stages, schedule=schedule, accelerator=parse_accelerator("sim:2000"),
-                         link_delay=parse_link_delay(delay), max_steps=3, progress=False, timeout_s=120,
-                         out_dir=str(tmp_path / "run"))
+                                    stages=stages, schedule=schedule, accelerator=parse_accelerator("sim:2000"),
+                                    link_delay=parse_link_delay(delay), max_steps=3, progress=False, timeout_s=120,
+                                    out_dir=str(tmp_path / "run"))
     train(config)
     program, _ = job_program(config)
     steps = trainer_steps(config.report.out_dir, program)
