@@ -4,6 +4,9 @@ Every message the schedule sends between the pair arrives the delay after it was
 computing: the spans show each read no sooner than the delay after the action that made it, the sender's next
 action right after its last, every schedule family running to the end; the prediction adds the delay to the link's
 latency, and bad arguments fail in one line naming ``--link-delay``.
+
+The jobs run once per module, those of one size in one set of spawned processes (``train_many``): starting the
+processes and importing torch is most of each job's time.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import pytest
 from stallfree.cli import main
 from stallfree.core.accelerator import parse_accelerator
 from stallfree.stage_runtime.config.train_config import TrainConfig
-from stallfree.stage_runtime.jobs import train
+from stallfree.stage_runtime.jobs import train_many
 from stallfree.stage_runtime.link_delay import LinkDelay, parse_link_delay
 from stallfree.stage_runtime.models.layer_times import LayerTimes
 from stallfree.stage_runtime.plan.attribution import trainer_steps
@@ -91,16 +94,27 @@ def test_a_job_across_machines_is_refused() -> None:
         parse_link_delay("0-1:20").check_one_machine(2, 4)  # type: ignore[union-attr]
 
 
-def _run(tmp_path: Path, schedule: str, stages: int, micro: int, delay: str) -> tuple[TrainConfig, list]:
-    config = TrainConfig.from_flags(model="mlp", image_size=4, samples=64, batch_size=4 * micro, microbatches=micro,
-                                    stages=stages, schedule=schedule, accelerator=parse_accelerator("sim:2000"),
-                                    link_delay=parse_link_delay(delay), max_steps=3, progress=False, timeout_s=120,
-                                    out_dir=str(tmp_path / "run"))
-    train(config)
-    program, _ = job_program(config)
-    steps = trainer_steps(config.report.out_dir, program)
-    assert len(steps) == 2  # the first step is left out, as the report does
-    return config, steps
+# name: (schedule, pipeline ranks, micro-batches, the delayed pair); one schedule of each family (one stage a rank,
+# looped, V), GPipe's with the delay checked message by message
+JOBS = {"gpipe": ("gpipe", 4, 2, "1-2:100"), "1f1b": ("1f1b", 4, 4, "1-2:50"),
+        "interleaved-1f1b": ("interleaved-1f1b", 2, 4, "0-1:50"), "zero-bubble": ("zero-bubble", 2, 4, "0-1:50"),
+        "zbv": ("zbv", 2, 4, "0-1:50")}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[TrainConfig, list]]:
+    """Each job of :data:`JOBS` trained, and its steps' spans (the first step left out, as the report does)."""
+    out = tmp_path_factory.mktemp("link_delay")
+    configs = {name: TrainConfig.from_flags(model="mlp", image_size=4, samples=64, batch_size=4 * micro,
+                                            microbatches=micro, stages=stages, schedule=schedule,
+                                            accelerator=parse_accelerator("sim:2000"),
+                                            link_delay=parse_link_delay(delay), max_steps=3, progress=False,
+                                            timeout_s=120, out_dir=str(out / name))
+               for name, (schedule, stages, micro, delay) in JOBS.items()}
+    for world in sorted({c.pipeline.world_size for c in configs.values()}):
+        train_many([c for c in configs.values() if c.pipeline.world_size == world])
+    return {name: (config, trainer_steps(config.report.out_dir, job_program(config)[0]))
+            for name, config in configs.items()}
 
 
 def _reads(config: TrainConfig, spans: list) -> list[tuple[float, float, bool]]:
@@ -122,13 +136,14 @@ def _reads(config: TrainConfig, spans: list) -> list[tuple[float, float, bool]]:
     return found
 
 
-@pytest.mark.timeout(240)
-def test_a_delayed_pair_delivers_each_message_no_sooner_than_the_delay_and_holds_no_sender(tmp_path: Path) -> None:
-    # 3 ranks under GPipe, the cut 1-2 slow: rank 2 reads each of rank 1's activations, and rank 1 each of rank 2's
+@pytest.mark.timeout(300)  # the module's jobs train in the first test that asks for them
+def test_a_delayed_pair_delivers_each_message_no_sooner_than_the_delay_and_holds_no_sender(runs: dict) -> None:
+    # 4 ranks under GPipe, the cut 1-2 slow: rank 2 reads each of rank 1's activations, and rank 1 each of rank 2's
     # gradients, no sooner than the delay after the action that made it; meanwhile the sender goes on: rank 1's
     # next forward and rank 2's next backward start right after the last (a held sender would start a delay later).
     delay, micro = 0.1, 2
-    config, steps = _run(tmp_path, "gpipe", 3, micro, "1-2:100")
+    config, steps = runs["gpipe"]
+    assert len(steps) == 2  # the first step is left out, as the report does
     for spans in steps:
         reads = _reads(config, spans)
         assert sum(slow for *_, slow in reads) == 2 * micro
@@ -140,7 +155,7 @@ def test_a_delayed_pair_delivers_each_message_no_sooner_than_the_delay_and_holds
             assert done[("F", 1, m + 1)].start - done[("F", 1, m)].end < delay / 2
             assert done[("B", 2, m + 1)].start - done[("B", 2, m)].end < delay / 2
     waited: dict[tuple[str, int], int] = {}
-    for rank in range(3):
+    for rank in range(4):
         data = json.loads((Path(config.report.out_dir) / f"spans-{rank}.json").read_text())
         for stage, state, start, end, step, *_ in data["spans"]:
             if str(stage).startswith("link"):
@@ -150,18 +165,13 @@ def test_a_delayed_pair_delivers_each_message_no_sooner_than_the_delay_and_holds
     assert waited == {(f"link{s}", step): micro for s in (1, 2) for step in range(1, 4)}
 
 
-@pytest.mark.timeout(240)
-@pytest.mark.parametrize(("schedule", "stages", "micro", "delay"), [
-    ("1f1b", 4, 4, "1-2:50"),
-    ("interleaved-1f1b", 2, 4, "0-1:50"),
-    ("zero-bubble", 2, 4, "0-1:50"),
-    ("zbv", 2, 4, "0-1:50"),
-])
-def test_every_schedule_family_runs_a_delayed_link_to_the_end(tmp_path: Path, schedule: str, stages: int,
-                                                              micro: int, delay: str) -> None:
+@pytest.mark.timeout(300)  # the module's jobs train in the first test that asks for them
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved-1f1b", "zero-bubble", "zbv"])
+def test_every_schedule_family_runs_a_delayed_link_to_the_end(runs: dict, schedule: str) -> None:
     # one schedule of each family (one stage a rank, looped, V), each message over the slow pair read no sooner
     # than the delay after it was made; the run not hanging is the other half of the test
-    config, steps = _run(tmp_path, schedule, stages, micro, delay)
+    config, steps = runs[schedule]
+    assert len(steps) == 2  # the first step is left out, as the report does
     for spans in steps:
         slow = [(made, read) for made, read, delayed in _reads(config, spans) if delayed]
         assert slow and all(read - made >= 0.05 - 1e-6 for made, read in slow)

@@ -2,8 +2,9 @@
 
 Its weights equal a single-process run of the 2BW rule computed by hand (each micro-batch's gradient taken at the
 version its forward read, applied to the newest), not synchronous accumulation; it keeps the versions and staleness
-the simulator predicts; resuming from a checkpoint equals the uninterrupted run. All jobs share one pair of
-spawned processes (``train_many``).
+the simulator predicts; resuming from a checkpoint equals the uninterrupted run. The jobs of one size share one set
+of spawned processes (``train_many``), started once per module: starting them and importing torch is most of a
+job's time.
 """
 
 from __future__ import annotations
@@ -51,6 +52,21 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TrainConfig]:
     }
     configs["resumed"] = _config(out, "resumed", max_steps=6, resume=True,
                                  checkpoint_dir=str(out / "half" / "checkpoints"))
+    train_many(list(configs.values()))
+    return configs
+
+
+@pytest.fixture(scope="module")
+def three_stages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TrainConfig]:
+    """The 2BW jobs over 3 pipeline ranks, in one set of processes."""
+    out = tmp_path_factory.mktemp("two_bw_s3")
+    configs = {
+        # M = S-1, the fewest that keep two versions
+        "s3": _config(out, "s3", stages=3, microbatches=2, balance=(2, 3, 3), lr=1.0),
+        # the steady state: S=3, M=4, the simulated device slow beside the host's sends (50-125 ms an action)
+        "steady": _config(out, "steady", stages=3, microbatches=4, balance=(2, 3, 3), samples=8 * 12, max_steps=12,
+                          accelerator="sim:10"),
+    }
     train_many(list(configs.values()))
     return configs
 
@@ -165,11 +181,10 @@ def test_2bw_replicas_average_their_gradients_at_each_update(tmp_path: Path) -> 
         assert all(torch.equal(mine[s][k], theirs[s][k]) for s in mine for k in mine[s])
 
 
-def test_2bw_in_three_stages_with_two_microbatches_keeps_two_versions(tmp_path: Path) -> None:
+def test_2bw_in_three_stages_with_two_microbatches_keeps_two_versions(three_stages: dict) -> None:
     # M = S-1, the fewest that keep two versions: rank 0 holds a whole step in flight at each update, and the
     # middle stage both receives gradients and sends them on.
-    config = _config(tmp_path, "s3", stages=3, microbatches=2, balance=(2, 3, 3), lr=1.0)
-    train_many([config])
+    config = three_stages["s3"]
     got, want = _weights(config), _reference(config, STEPS, stale=True)
     assert max(float((got[k] - want[k]).abs().max()) for k in want) <= 1e-5
     predicted = simulate_async("pipedream-2bw", 3, 2, 8, [StageCost(1.0, 2.0, 1.0, 10, 1, 100, 0.0)] * 3,
@@ -207,16 +222,14 @@ def _steady_idle(out_dir: str, rank: int, steps: range) -> float:
     return 1 - sum(end - start for start, end in busy) / length
 
 
-def test_2bw_in_the_steady_state_keeps_its_slowest_rank_busy_without_a_barrier(tmp_path: Path) -> None:
+def test_2bw_in_the_steady_state_keeps_its_slowest_rank_busy_without_a_barrier(three_stages: dict) -> None:
     # S=3, M=4: 1F1B idles every rank (S-1)/(M+S-1) = 1/3 of each step (fill and drain). 2BW has no fill or drain
     # in the steady state, and nothing between steps may hold a rank: a per-step collective (a barrier) made the
     # slowest rank wait for the others' ends of the step and then for the first backwards to come down the
     # pipeline, 1F1B's idle again. What 2BW may leave is the host's sends and receives (a few ms per action, against
     # the simulated device's 50-125 ms here: at sim:25 they reached 9% on a loaded machine).
     stages, micro = 3, 4
-    config = _config(tmp_path, "steady", stages=stages, microbatches=micro, balance=(2, 3, 3), samples=8 * 12,
-                     max_steps=12, accelerator="sim:10")
-    train_many([config])
+    config = three_stages["steady"]
     summary = _summary(config)
     layers = summary["layer_costs"]["layers"]
     bounds = [sum(summary["balance"][:s]) for s in range(stages + 1)]
