@@ -2,7 +2,7 @@
 
 A feed's stand-alone rate says how fast it can go; a training job only sees what it delivers while the device
 works. Here the consumer is an accelerator of speed ``R`` img/s that holds no host CPU (the one simulated device,
-:class:`stallfree.stage_runtime.accelerator.SimAccelerator`): for every batch it sleeps ``batch_size / R`` seconds
+:class:`stallfree.core.accelerator.SimAccelerator`): for every batch it sleeps ``batch_size / R`` seconds
 (``time.sleep`` releases the GIL and the core), then asks for the next one. The time
 spent inside ``next()`` is the input stall. A feed should deliver min(R, its stand-alone rate) minus overheads.
 
@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from stallfree.bench.loader import bench_files, contender_stream, shard_runs
+from stallfree.core.accelerator import SimAccelerator
 from stallfree.core.cpu import cpu_seconds
-from stallfree.stage_runtime.accelerator import SimAccelerator
 
 __all__ = ["add_arguments", "draw", "run"]
 

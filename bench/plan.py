@@ -25,7 +25,7 @@ simulated step's (``stage_runtime/plan/attribution.py``). The load averages at t
 busy the machine was.
 
 With ``--accelerator sim:R`` every cell trains on the simulated device (each stage's compute a wait of known
-length, ``stage_runtime/accelerator.py``) and is predicted with those known times, so only the host runtime and
+length, ``stage_runtime/stage_times.py``) and is predicted with those known times, so only the host runtime and
 the communication are left to predict (the calibration and the pilots fit them as without it). A further table
 sets each cell's books (``stage_runtime/plan/books.py``) measured beside predicted, part by part, and counts the
 cells whose step (the pipeline's, timed whole) is within 10% and every part of every rank within 3 points, with
@@ -40,7 +40,6 @@ import statistics
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -75,8 +74,8 @@ EXAMPLES = """examples:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The benchmark's options."""
     # no torch import for --help; the schedules are the synchronous ones (the planner ranks them; 2bw apart)
-    from stallfree.stage_runtime.accelerator import parse_accelerator
-    from stallfree.stage_runtime.train.schedules import FLUSHING as SCHEDULES
+    from stallfree.core.accelerator import parse_accelerator
+    from stallfree.stage_runtime.schedules import FLUSHING as SCHEDULES
 
     parser.add_argument("--models", nargs="+", choices=("mlp", "small_cnn"), default=["mlp", "small_cnn"],
                         help="bundled models to plan and train")
@@ -109,10 +108,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _jobs(args: argparse.Namespace, stages: int, out: Path) -> tuple[list[Any], list[str]]:
+    from stallfree.stage_runtime.config.train_config import TrainConfig
     from stallfree.stage_runtime.plan.orders import torch_order
-    from stallfree.stage_runtime.train.config import TrainConfig
-    from stallfree.stage_runtime.train.schedules import schedule_spec
-    from stallfree.stage_runtime.train.trainer import check
+    from stallfree.stage_runtime.schedules import schedule_spec
+    from stallfree.stage_runtime.train.preflight import check
 
     configs, skipped = [], []
     for model in args.models:
@@ -127,7 +126,7 @@ def _jobs(args: argparse.Namespace, stages: int, out: Path) -> tuple[list[Any], 
                 except ValueError as err:
                     skipped.append(f"{model} {schedule} S={stages} M={m}: {err}")
                     continue
-                config = TrainConfig(
+                config = TrainConfig.from_flags(
                     model=model, image_size=args.image_size, samples=args.batch_size * (args.steps + 1),
                     stages=stages, schedule=schedule, microbatches=m, batch_size=args.batch_size,
                     max_steps=args.steps, progress=False, accelerator=args.accelerator,
@@ -144,18 +143,18 @@ def _jobs(args: argparse.Namespace, stages: int, out: Path) -> tuple[list[Any], 
 def _pilot_jobs(configs: list[Any], schedules: Sequence[str]) -> list[Any]:
     """The jobs a pilot repeats: per model, each of ``schedules`` at its fewest and most micro-batches."""
     out = []
-    for model in dict.fromkeys(c.model for c in configs):
+    for model in dict.fromkeys(c.model.name for c in configs):
         for schedule in schedules:
-            mine = [c for c in configs if c.model == model and c.schedule == schedule]
+            mine = [c for c in configs if c.model.name == model and c.pipeline.schedule == schedule]
             if mine:
-                ends = {min(c.microbatches for c in mine), max(c.microbatches for c in mine)}
-                out += [c for c in mine if c.microbatches in ends]
+                ends = {min(c.pipeline.microbatches for c in mine), max(c.pipeline.microbatches for c in mine)}
+                out += [c for c in mine if c.pipeline.microbatches in ends]
     return out
 
 
 def _predicted(config: Any, summary: dict[str, Any], link: Any, overhead: Any, share_cores: bool) -> dict[str, Any]:
     """The simulator's prediction for one run of a job, from the layer costs its rank 0 measured."""
-    from stallfree.stage_runtime.plan.costs import LayerTimes
+    from stallfree.stage_runtime.models.layer_times import LayerTimes
     from stallfree.stage_runtime.plan.predict import predict_training
 
     costs = summary.get("layer_costs")
@@ -170,12 +169,13 @@ def _row(config: Any, summary: dict[str, Any], predicted: dict[str, Any]) -> dic
     from stallfree.stage_runtime.plan.orders import job_program
     from stallfree.stage_runtime.plan.pilots import mean_step, measured_step
 
-    step_s, bubble = measured_step(config.out_dir)
+    step_s, bubble = measured_step(config.report.out_dir)
     order, owner = job_program(config)
-    shown = attribute(trainer_steps(config.out_dir, order), owner)
-    return {"model": config.model, "schedule": config.schedule, "stages": config.stages,
-            "microbatches": config.microbatches, "balance": summary["balance"],
-            "measured_step_s": step_s, "measured_bubble": bubble, "measured_mean_step_s": mean_step(config.out_dir),
+    shown = attribute(trainer_steps(config.report.out_dir, order), owner)
+    p, out = config.pipeline, config.report.out_dir
+    return {"model": config.model.name, "schedule": p.schedule, "stages": p.stages,
+            "microbatches": p.microbatches, "balance": summary["balance"],
+            "measured_step_s": step_s, "measured_bubble": bubble, "measured_mean_step_s": mean_step(out),
             "cores": predicted["cores"],
             "measured_spans": shown.to_dict(), "measured_books": summary.get("books"), **_prediction(predicted)}
 
@@ -245,42 +245,42 @@ def _check(args: argparse.Namespace) -> None:
 
 def _run_stages(args: argparse.Namespace, stages: int, tmp: Path, given: Any, sweep: Sweep) -> None:
     """Calibrate on ``stages`` processes, train every job of that rank count with its pilots, add its cells."""
+    from stallfree.stage_runtime.jobs import train_many
     from stallfree.stage_runtime.plan.calibrate import cached_calibration
     from stallfree.stage_runtime.plan.overhead import OverheadChoice
     from stallfree.stage_runtime.plan.pilots import fit_pilots, read_pilot
     from stallfree.stage_runtime.plan.predict import job_cores
-    from stallfree.stage_runtime.train.trainer import train_many
 
     configs, left_out = _jobs(args, stages, tmp)
     sweep.skipped += left_out
     if not configs:
         return
-    runs = [[replace(c, out_dir=f"{c.out_dir}-r{k}") for c in configs] for k in range(args.repeats)]
+    runs = [[c.with_flags(out_dir=f"{c.report.out_dir}-r{k}") for c in configs] for k in range(args.repeats)]
     print(f"calibrating on {stages} gloo processes: sends and a near-empty pipeline ...", file=sys.stderr,
           flush=True)
-    calibration = cached_calibration(stages, configs[0].threads)
+    calibration = cached_calibration(stages, configs[0].processes.threads)
     sweep.calibrations[str(stages)] = calibration.to_dict()
     link = given or calibration.link
     print(f"training {len(configs)} jobs {args.repeats} time(s) in {stages} stage processes ...",
           file=sys.stderr, flush=True)
     pilots = [] if args.no_pilots or args.no_overhead else _pilot_jobs(configs, args.pilot_schedules or args.schedules)
     # Each turn runs the pilots again before the cells: the fit sees the machine as the cells' runs do.
-    turns = [[replace(c, out_dir=f"{c.out_dir}-pilot{k}") for c in pilots] + run for k, run in enumerate(runs)]
+    turns = [[c.with_flags(out_dir=f"{c.report.out_dir}-pilot{k}") for c in pilots] + run for k, run in enumerate(runs)]
     every = [config for turn in turns for config in turn]
-    summaries = dict(zip((c.out_dir for c in every), train_many(every), strict=True))
+    summaries = dict(zip((c.report.out_dir for c in every), train_many(every), strict=True))
     sharing = None if args.no_sharing else job_cores(configs[0])
-    fitted = {model: fit_pilots([read_pilot(c.out_dir) for turn in turns for c in turn[:len(pilots)]
-                                 if c.model == model], link, sharing)
-              for model in dict.fromkeys(c.model for c in pilots)}
+    fitted = {model: fit_pilots([read_pilot(c.report.out_dir) for turn in turns for c in turn[:len(pilots)]
+                                 if c.model.name == model], link, sharing)
+              for model in dict.fromkeys(c.model.name for c in pilots)}
     sweep.pilot_fits[str(stages)] = {model: fit.to_dict() for model, fit in fitted.items()}
-    piloted = {(c.model, c.schedule, c.microbatches) for c in pilots}
+    piloted = {(c.model.name, c.pipeline.schedule, c.pipeline.microbatches) for c in pilots}
     calibrated = OverheadChoice({} if args.no_overhead else {stages: calibration})
     for cell in zip(*runs, strict=True):  # one cell's runs
-        fit = fitted.get(cell[0].model)
+        fit = fitted.get(cell[0].model.name)
         choice = OverheadChoice(calibrated.calibrations, {stages: fit} if fit else {})
         first = cell[0]
-        sweep.rows.append(_cell_row(cell, summaries, link, choice, calibrated, not args.no_sharing,
-                                    (first.model, first.schedule, first.microbatches) in piloted))
+        key = (first.model.name, first.pipeline.schedule, first.pipeline.microbatches)
+        sweep.rows.append(_cell_row(cell, summaries, link, choice, calibrated, not args.no_sharing, key in piloted))
 
 
 def _cell_row(cell: Sequence[Any], summaries: dict[str, Any], link: Any, choice: Any, calibrated: Any,
@@ -291,16 +291,16 @@ def _cell_row(cell: Sequence[Any], summaries: dict[str, Any], link: Any, choice:
     ``piloted``: a pilot also ran the cell's configuration.
     """
     first = cell[0]
-    overhead, source = choice.choose(first.schedule, first.stages)
-    runs_of_cell = [_row(c, summaries[c.out_dir], _predicted(c, summaries[c.out_dir], link, overhead, share))
-                    for c in cell]
+    overhead, source = choice.choose(first.pipeline.schedule, first.pipeline.stages)
+    runs_of_cell = [_row(c, summaries[c.report.out_dir],
+                         _predicted(c, summaries[c.report.out_dir], link, overhead, share)) for c in cell]
     row = _median_cell(runs_of_cell)
     from_pilots = source in ("schedule", "family")
     row["overhead_from"] = f"pilots ({source})" if from_pilots else "calibration"
     row["pilot_config"] = piloted
     if from_pilots:  # the same runs, predicted from the calibration alone
-        alone = calibrated(first.schedule, first.stages)
-        only = _median_cell([{**r, **_prediction(_predicted(c, summaries[c.out_dir], link, alone, share))}
+        alone = calibrated(first.pipeline.schedule, first.pipeline.stages)
+        only = _median_cell([{**r, **_prediction(_predicted(c, summaries[c.report.out_dir], link, alone, share))}
                              for r, c in zip(runs_of_cell, cell, strict=True)])
         row["calibration_only"] = {k: only[k] for k in ("predicted_step_s", "predicted_bubble", "step_error",
                                                         "within", "books_within") if k in only}

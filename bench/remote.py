@@ -29,8 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+from stallfree.core.accelerator import SimAccelerator
 from stallfree.core.cpu import cpu_seconds
-from stallfree.stage_runtime.accelerator import SimAccelerator
 
 __all__ = ["add_arguments", "run"]
 

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from stallfree.bench.loader import MEAN, STD, bench_files
-from stallfree.stage_runtime.accelerator import SimAccelerator
+from stallfree.core.accelerator import SimAccelerator
 
 __all__ = ["add_arguments", "parts", "run"]
 

@@ -27,7 +27,7 @@ EXAMPLES = """examples:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The benchmark's options."""
-    from stallfree.stage_runtime.train.schedules import SCHEDULES
+    from stallfree.stage_runtime.schedules import SCHEDULES
 
     parser.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES), help="schedules to run")
     parser.add_argument("--microbatches", nargs="+", type=int, default=[2, 4, 8], help="micro-batch counts to try")
@@ -42,8 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def schedule_jobs(args: argparse.Namespace, out: Path) -> tuple[list[Any], list[str]]:
     """The sweep's training jobs, and why each (schedule, micro-batches) pair left out cannot run."""
-    from stallfree.stage_runtime.train.config import TrainConfig
-    from stallfree.stage_runtime.train.schedules import schedule_spec
+    from stallfree.stage_runtime.config.train_config import TrainConfig
+    from stallfree.stage_runtime.schedules import schedule_spec
 
     configs, skipped = [], []
     for schedule in args.schedules:
@@ -53,7 +53,7 @@ def schedule_jobs(args: argparse.Namespace, out: Path) -> tuple[list[Any], list[
             except ValueError as err:
                 skipped.append(f"{schedule} M={m}: {err}")
                 continue
-            configs.append(TrainConfig(
+            configs.append(TrainConfig.from_flags(
                 model="mlp", model_kwargs={"hidden": 512, "depth": 8}, image_size=16, samples=args.batch_size * 200,
                 stages=args.stages, schedule=schedule, microbatches=m, batch_size=args.batch_size,
                 max_steps=args.steps, progress=False, out_dir=str(out / f"{schedule}-m{m}")))
@@ -61,11 +61,11 @@ def schedule_jobs(args: argparse.Namespace, out: Path) -> tuple[list[Any], list[
 
 
 def _schedules(configs: list[Any]) -> list[dict[str, Any]]:
-    from stallfree.stage_runtime.train.trainer import train_many
+    from stallfree.stage_runtime.jobs import train_many
 
     rows = []
     for config, s in zip(configs, train_many(configs), strict=True):
-        rows.append({"schedule": config.schedule, "microbatches": config.microbatches,
+        rows.append({"schedule": config.pipeline.schedule, "microbatches": config.pipeline.microbatches,
                      "images_per_s": s["images_per_s"], "bubble": s["bubble_fraction"],
                      "bubble_theory": s["bubble_theory"]})
     return rows
@@ -73,16 +73,17 @@ def _schedules(configs: list[Any]) -> list[dict[str, Any]]:
 
 def _feeds(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
     from stallfree.ingest.synthetic import make_image_folder
-    from stallfree.stage_runtime.train.trainer import TrainConfig, train_many
+    from stallfree.stage_runtime.config.train_config import TrainConfig
+    from stallfree.stage_runtime.jobs import train_many
 
     data = make_image_folder(out / "data", num_classes=4, per_class=max(1, args.images // 4), size=(64, 64))
-    configs = [TrainConfig(model="small_cnn", data=str(data), image_size=32, batch_size=args.batch_size,
-                           microbatches=4, schedule="1f1b", stages=2, max_steps=args.steps, feed=feed,
-                           loader_threads=args.workers, progress=False, out_dir=str(out / f"feed-{feed}"))
+    configs = [TrainConfig.from_flags(model="small_cnn", data=str(data), image_size=32, batch_size=args.batch_size,
+                                      microbatches=4, schedule="1f1b", stages=2, max_steps=args.steps, feed=feed,
+                                      loader_threads=args.workers, progress=False, out_dir=str(out / f"feed-{feed}"))
                for feed in ("stallfree", "torch")]
     rows = []
     for config, s in zip(configs, train_many(configs), strict=True):
-        rows.append({"feed": "stallfree Loader" if config.feed == "stallfree" else "torch DataLoader",
+        rows.append({"feed": "stallfree Loader" if config.feed.kind == "stallfree" else "torch DataLoader",
                      "images_per_s": s["images_per_s"], "input_stall": s["input_stall_fraction"],
                      "bubble": s["bubble_fraction"]})
     return rows

@@ -59,14 +59,14 @@ class _Torchvision:
 
 class _PilStandIn:
     def __init__(self, size: int, train: bool):
-        from stallfree.transforms import RandomResizedCrop
+        from stallfree.transforms import RandomResizedCrop  # DALI is an extra: the torchvision baseline needs none
 
         self.size, self.train, self.crop = size, train, RandomResizedCrop(size)
 
     def __call__(self, image: Any, seed: int) -> torch.Tensor:
         from PIL import Image
 
-        from stallfree.transforms.random import SampleRandom
+        from stallfree.transforms.random import SampleRandom  # likewise
 
         size = self.size
         if self.train:

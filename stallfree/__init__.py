@@ -22,11 +22,11 @@ if TYPE_CHECKING:
     from stallfree.pipeline.samples import BadSampleError
     from stallfree.pipeline.shards import ShardReader
     from stallfree.stage_runtime.clock import StageClock
+    from stallfree.stage_runtime.config.train_config import TrainConfig
+    from stallfree.stage_runtime.jobs import train
     from stallfree.stage_runtime.plan.plan import plan
     from stallfree.stage_runtime.profile.dataset import profile_dataset
     from stallfree.stage_runtime.profile.loop import profile
-    from stallfree.stage_runtime.train.config import TrainConfig
-    from stallfree.stage_runtime.train.trainer import train
 
 __all__ = [
     "BadSampleError",
@@ -62,12 +62,12 @@ _HOMES = {
     "Resumable": "stallfree.core.resume",
     "ShardReader": "stallfree.pipeline.shards",
     "StageClock": "stallfree.stage_runtime.clock",
-    "TrainConfig": "stallfree.stage_runtime.train.config",
+    "TrainConfig": "stallfree.stage_runtime.config.train_config",
     "ingest_on_ray": "stallfree.ingest.ray_ingest",
     "plan": "stallfree.stage_runtime.plan.plan",
     "profile": "stallfree.stage_runtime.profile.loop",
     "profile_dataset": "stallfree.stage_runtime.profile.dataset",
-    "train": "stallfree.stage_runtime.train.trainer",
+    "train": "stallfree.stage_runtime.jobs",
 }
 
 

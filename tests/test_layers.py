@@ -36,19 +36,29 @@ def test_every_subpackage_is_linked_into_the_package() -> None:
 def test_no_import_crosses_a_floor_upwards_run_from_the_root() -> None:
     result = _lint(REPO)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    assert "1 kept, 0 broken" in result.stdout
+    assert "3 kept, 0 broken" in result.stdout
 
 
-@pytest.mark.parametrize(("floor", "target"), [("transforms", "stallfree.pipeline.sampler"),
-                                               ("pipeline", "stallfree.stage_runtime.clock"),
-                                               ("ingest", "stallfree.transforms")])
+@pytest.mark.parametrize(("floor", "target"), [
+    ("transforms", "stallfree.pipeline.sampler"),
+    ("pipeline", "stallfree.stage_runtime.clock"),
+    ("ingest", "stallfree.transforms"),
+    # inside stage_runtime: the planner and the trainer are independent (issue 45; plan imported train 12 times and
+    # train plan 5), the profiler imports neither, and what they share imports none of them
+    ("stage_runtime/plan", "stallfree.stage_runtime.train.trainer"),
+    ("stage_runtime/train", "stallfree.stage_runtime.plan.books"),
+    ("stage_runtime/profile", "stallfree.stage_runtime.train.rank"),
+    ("stage_runtime/config", "stallfree.stage_runtime.train.optim"),
+    ("stage_runtime/models", "stallfree.stage_runtime.plan.costs"),
+])
 def test_a_back_edge_breaks_the_contract(tmp_path: Path, floor: str, target: str) -> None:
     package = tmp_path / "stallfree"
     shutil.copytree(REPO / "stallfree", package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     (package / floor / "_back_edge.py").write_text(f"import {target}  # noqa: F401\n")
     result = _lint(tmp_path)
     assert result.returncode != 0
-    assert f"stallfree.{floor}._back_edge -> {target}" in result.stdout
+    shown = " ".join(result.stdout.split())  # the report wraps long lines
+    assert f"stallfree.{floor.replace('/', '.')}._back_edge -> {target}" in shown
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -20,11 +20,15 @@ version a micro-batch's forward read and the update its gradient goes into.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .costs import FREE_LINK, Cores, LayerTimes, Link, StageCost, stage_costs
+from stallfree.stage_runtime.config.train_config import TrainConfig
+from stallfree.stage_runtime.models.layer_times import LayerTimes
+from stallfree.stage_runtime.stage_times import stage_times
+
+from .costs import FREE_LINK, Cores, Link, StageCost, stage_costs
 from .orders import Op, torch_order
 from .simulate import StepResult, simulate
 
@@ -138,7 +142,7 @@ def simulate_async(name: str, ranks: int, microbatches: int, batch: int, costs: 
                        result)
 
 
-def predict_simulated_job(config: Any, summary: dict[str, Any], steps: int = 8,
+def predict_simulated_job(config: TrainConfig, summary: Mapping[str, Any], steps: int = 8,
                           link: Link = FREE_LINK) -> dict[str, Any]:
     """2BW's steady state and 1F1B's step, simulated for a ``--accelerator sim:R`` job (``config``, a ``TrainConfig``).
 
@@ -151,14 +155,15 @@ def predict_simulated_job(config: Any, summary: dict[str, Any], steps: int = 8,
     Raises:
         ValueError: not a ``sim:R`` job with one stage per rank, or a summary without its layer costs.
     """
-    accelerator = config.accelerator  # a SimAccelerator: TrainConfig parsed the string
-    if accelerator is None or summary.get("layer_costs") is None or config.model_stages != config.stages:
+    accelerator = config.simulation.accelerator  # a SimAccelerator: TrainConfig parsed the string
+    p = config.pipeline
+    if accelerator is None or summary.get("layer_costs") is None or p.model_stages != p.stages:
         raise ValueError("predict_simulated_job needs a --accelerator sim:R job with one stage per rank (gpipe, "
                          "1f1b or 2bw) and its summary's layer_costs")
-    ranks, m, batch = config.stages, config.microbatches, config.batch_size
+    ranks, m, batch = config.pipeline.stages, config.pipeline.microbatches, config.pipeline.batch_size
     layers = [LayerTimes(**layer) for layer in summary["layer_costs"]["layers"]]
     measured = stage_costs(layers, summary["balance"], float(summary["layer_costs"]["optimizer_s"]))
-    device = accelerator.stage_times(batch // m, [c.forward_s + c.backward_s for c in measured])
+    device = stage_times(accelerator, batch // m, [c.forward_s + c.backward_s for c in measured])
     costs = [StageCost(t.forward_s, t.backward_s, t.backward_weight_s, c.activation_bytes, c.output_bytes,
                        c.param_bytes, c.optimizer_s) for t, c in zip(device, measured, strict=True)]
     two_bw = simulate_async("pipedream-2bw", ranks, m, batch, costs, lambda a, b: link, steps=steps)

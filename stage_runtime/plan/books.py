@@ -43,7 +43,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .costs import FREE_LINK, LayerTimes, StageCost, stage_costs
+from stallfree.stage_runtime.config.train_config import TrainConfig
+from stallfree.stage_runtime.models.layer_times import LayerTimes
+from stallfree.stage_runtime.stage_times import stage_times
+
+from .attribution import steps_from_records
+from .costs import FREE_LINK, StageCost, stage_costs
 from .orders import Op, job_program
 from .simulate import Span, StepResult, compute_s, simulate
 
@@ -76,7 +81,7 @@ class Books:
                 "job": ranks[self.slowest], "ranks": ranks}
 
 
-def known_costs(config: Any, layers: Sequence[LayerTimes], balance: Sequence[int],
+def known_costs(config: TrainConfig, layers: Sequence[LayerTimes], balance: Sequence[int],
                 optimizer_s: float = 0.0) -> list[StageCost]:
     """Each model stage's compute per micro-batch: the measured layers' own, or the simulated device's.
 
@@ -86,10 +91,10 @@ def known_costs(config: Any, layers: Sequence[LayerTimes], balance: Sequence[int
     The sizes (activations, parameters) and the optimizer's share are the measured layers' in both cases.
     """
     measured = stage_costs(layers, balance, optimizer_s)
-    if config.accelerator is None:
+    if config.simulation.accelerator is None:
         return measured
-    micro = config.batch_size // config.microbatches
-    times = config.accelerator.stage_times(micro, [c.forward_s + c.backward_s for c in measured])
+    micro = config.pipeline.batch_size // config.pipeline.microbatches
+    times = stage_times(config.simulation.accelerator, micro, [c.forward_s + c.backward_s for c in measured])
     return [replace(c, forward_s=t.forward_s, backward_s=t.backward_s, weight_s=t.backward_weight_s)
             for c, t in zip(measured, times, strict=True)]
 
@@ -245,7 +250,7 @@ def predicted_books(result: StepResult, program: Mapping[int, Sequence[Op]], own
 
 
 
-def job_books(config: Any, balance: Sequence[int], layer_costs: Mapping[str, Any] | None,
+def job_books(config: TrainConfig, balance: Sequence[int], layer_costs: Mapping[str, Any] | None,
               records: Sequence[dict[str, Any]], step_times: Sequence[tuple[float, float]]) -> Books | None:
     """The books of a finished ``stallfree train`` job (``config``, a ``TrainConfig``), from what rank 0 holds.
 
@@ -255,9 +260,7 @@ def job_books(config: Any, balance: Sequence[int], layer_costs: Mapping[str, Any
     ``None``, with a warning, when the spans do not match the schedule (the clock dropped some); ``None`` for a
     schedule that does not flush (``2bw``: a step is a cut of an endless stream, not one of the simulator's steps).
     """
-    from .attribution import steps_from_records
-
-    if not config.spec.flush:
+    if not config.pipeline.spec.flush:
         return None
     program, owner = job_program(config)
     try:  # one list per step of this run, in order: the i-th is the step of step_times[i]
@@ -272,9 +275,9 @@ def job_books(config: Any, balance: Sequence[int], layer_costs: Mapping[str, Any
     times = list(step_times)
     if len(steps) > 1:
         steps, times = steps[1:], times[1:]
-    if config.accelerator is not None and layer_costs is not None:
+    if config.simulation.accelerator is not None and layer_costs is not None:
         costs = known_costs(config, [LayerTimes(**t) for t in layer_costs["layers"]], balance,
                             float(layer_costs["optimizer_s"]))
     else:
         costs = span_costs(steps, len(owner))
-    return measured_books(steps, times, program, owner, costs, config.batch_size * config.dp)
+    return measured_books(steps, times, program, owner, costs, config.pipeline.batch_size * config.pipeline.dp)

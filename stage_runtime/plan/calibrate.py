@@ -30,19 +30,32 @@ cores, ``ranks`` of them share the cores as the job's will.
 from __future__ import annotations
 
 import functools
-import json
+import queue as queues
 import statistics
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
-from stallfree.stage_runtime.plan.costs import HostOverhead, LayerTimes, Link, parse_link, stage_costs
-from stallfree.stage_runtime.train.schedules import SCHEDULE_SPECS, schedule_spec
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
 
-__all__ = ["FAMILIES", "RUNS", "Calibration", "PipelineTimes", "calibrate_gloo_link", "calibrate_host",
-           "cached_calibration", "fit_pipeline", "read_calibration"]
+from stallfree.stage_runtime.clock import StageClock
+from stallfree.stage_runtime.models.layer_times import LayerTimes
+from stallfree.stage_runtime.models.measure import layer_times
+from stallfree.stage_runtime.models.partition import measure_layers
+from stallfree.stage_runtime.plan.attribution import Measured, attribute, fit_overhead, steps_from_records
+from stallfree.stage_runtime.plan.calibration import FAMILIES, Calibration, PipelineTimes
+from stallfree.stage_runtime.plan.costs import HostOverhead, Link, stage_costs
+from stallfree.stage_runtime.plan.orders import placement, torch_order
+from stallfree.stage_runtime.plan.simulate import simulate
+from stallfree.stage_runtime.processes import free_port, stage_threads
+from stallfree.stage_runtime.schedules import build_schedule, schedule_spec
+from stallfree.stage_runtime.stage import TimedStage
+
+__all__ = ["RUNS", "calibrate_gloo_link", "calibrate_host", "cached_calibration", "fit_pipeline"]
 
 SMALL, LARGE = 1024, 4 * 2**20  # bytes
 WIDTH = 4  # the near-empty stages: Linear(WIDTH, WIDTH) on one row per micro-batch
@@ -50,122 +63,11 @@ WIDTH = 4  # the near-empty stages: Linear(WIDTH, WIDTH) on one row per micro-ba
 RUNS: tuple[tuple[str, int], ...] = (("gpipe", 2), ("gpipe", 8), ("interleaved-1f1b", 0), ("zero-bubble", 0))
 
 
-class _Families(Mapping[str, str]):
-    """Each schedule's family, read from its spec whenever asked: a schedule added to the table has one here."""
-
-    def __getitem__(self, schedule: str) -> str:
-        return SCHEDULE_SPECS[schedule].family
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(SCHEDULE_SPECS)
-
-    def __len__(self) -> int:
-        return len(SCHEDULE_SPECS)
-
-    def __repr__(self) -> str:
-        return repr(dict(self))
-
-
-# torch runs GPipe and 1F1B by a hand-written loop, the others by its action-list runtime: each family has its
-# own costs per action, send and step, so each is fitted from its own runs. Schedule name -> ``ScheduleSpec.family``.
-FAMILIES: Mapping[str, str] = _Families()
-
-
 def _microbatches(schedule: str, m: int, ranks: int) -> int:
     return m or 2 * ranks  # 0: twice the ranks (zero-bubble wants a multiple of them)
 
 
-@dataclass(frozen=True)
-class PipelineTimes:
-    """The near-empty pipeline under one schedule: the median schedule step and every rank's spans."""
-
-    schedule: str
-    microbatches: int
-    schedule_s: float  # the pipeline's schedule step timed whole after a barrier, as the trainer times it (median)
-    records: tuple[dict[str, Any], ...] = field(repr=False)  # per rank, its stage clock's records
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """What this machine measured: the link, the runtime's overhead, and the figures they were fitted from."""
-
-    link: Link
-    overheads: dict[str, HostOverhead]  # per family of :data:`FAMILIES`
-    ranks: int
-    layer_s: float  # the near-empty layer's forward + backward, by the partitioner's measurement
-    pipeline: tuple[PipelineTimes, ...] = ()
-    attribution: tuple[dict[str, Any], ...] = ()  # per run of ``pipeline``: what its spans show
-
-    def overhead(self, schedule: str) -> HostOverhead:
-        """The overhead of ``schedule``'s family.
-
-        Raises:
-            ValueError: an unknown schedule, or one whose family this calibration did not measure.
-        """
-        family = FAMILIES.get(schedule)
-        if family is None or family not in self.overheads:
-            raise ValueError(f"no calibrated host overhead for schedule {schedule!r} (measured: "
-                             f"{', '.join(self.overheads)}; families {FAMILIES})")
-        return self.overheads[family]
-
-    def to_dict(self) -> dict[str, Any]:
-        """As JSON (:func:`read_calibration` reads it back)."""
-        return {"format": CALIBRATION_FORMAT, "link": self.link.describe(),
-                "overhead": {k: v.to_dict() for k, v in self.overheads.items()},
-                "ranks": self.ranks, "layer_s": self.layer_s,
-                "pipeline": [{"schedule": p.schedule, "microbatches": p.microbatches, "schedule_s": p.schedule_s,
-                              **a} for p, a in zip(self.pipeline, self.attribution, strict=True)]}
-
-
-CALIBRATION_FORMAT = "stallfree-calibration-2"
-
-
-def read_calibration(path: str | Path) -> dict[int, Calibration]:
-    """The calibrations in ``path``, keyed by their rank count.
-
-    ``path`` holds one :meth:`Calibration.to_dict`, or ``stallfree bench plan``'s JSON (one per stage count,
-    under ``calibration``).
-
-    Raises:
-        FileNotFoundError: no such file.
-        ValueError: not JSON, or neither form; the message names the file and the field.
-    """
-    path = Path(path)
-    where = f"--calibration {path}"
-    if not path.is_file():
-        raise FileNotFoundError(f"{where}: no such file")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{where}: not JSON ({err})") from None
-    if isinstance(data, dict) and isinstance(data.get("calibration"), dict):
-        entries = list(data["calibration"].values())
-    else:
-        entries = [data]
-    out = {}
-    for entry in entries:
-        if not isinstance(entry, dict) or entry.get("format") != CALIBRATION_FORMAT:
-            raise ValueError(f"{where}: wants a calibration ({CALIBRATION_FORMAT!r}, as stallfree bench plan "
-                             f"--json-file writes), got {str(entry)[:80]!r}")
-        ranks = entry.get("ranks")
-        if not isinstance(ranks, int) or ranks < 2:
-            raise ValueError(f"{where}: 'ranks' must be an integer >= 2, got {ranks!r}")
-        overheads = entry.get("overhead")
-        if not isinstance(overheads, dict) or not overheads or any(k not in FAMILIES.values() for k in overheads):
-            raise ValueError(f"{where}: 'overhead' wants an object per schedule family "
-                             f"({', '.join(sorted(set(FAMILIES.values())))}), got {str(overheads)[:80]!r}")
-        out[ranks] = Calibration(parse_link(str(entry.get("link")), f"{where}: 'link'"),
-                                 {k: HostOverhead.from_dict(v, f"{where}: 'overhead', {k!r}")
-                                  for k, v in overheads.items()}, ranks, float(entry.get("layer_s", 0.0)))
-    if not out:
-        raise ValueError(f"{where}: holds no calibration")
-    return out
-
-
 def _ping_pong(rank: int, repeats: int) -> dict[int, float]:
-    import torch
-    import torch.distributed as dist
-
     times = {}
     for nbytes in (SMALL, LARGE):
         x = torch.zeros(nbytes // 4)
@@ -187,16 +89,6 @@ def _ping_pong(rank: int, repeats: int) -> dict[int, float]:
 def _near_empty_pipeline(rank: int, ranks: int,
                          steps: int) -> tuple[list[tuple[float, dict[str, Any]]], LayerTimes]:
     """Per run of :data:`RUNS`: the median schedule step (timed whole) and this rank's spans; the layer's compute."""
-    import torch
-    import torch.distributed as dist
-    from torch import nn
-
-    from stallfree.stage_runtime.clock import StageClock
-    from stallfree.stage_runtime.plan.measure import layer_times
-    from stallfree.stage_runtime.train.partition import measure_layers
-    from stallfree.stage_runtime.train.schedules import build_schedule
-    from stallfree.stage_runtime.train.stage import TimedStage
-
     torch.manual_seed(rank)
     passes = [layer_times(measure_layers([nn.Linear(WIDTH, WIDTH)], torch.randn(1, WIDTH), repeats=5)[0])
               for _ in range(3)]
@@ -250,9 +142,6 @@ def _whole_steps(times: list[tuple[float, float]], ranks: int) -> list[float]:
     machine share; a collective over every rank (each calls it). Under the zero-bubble schedules the other ranks
     still run weight gradients when rank 0's step returns.
     """
-    import torch
-    import torch.distributed as dist
-
     mine = torch.tensor(times, dtype=torch.float64)
     every = [torch.zeros_like(mine) for _ in range(ranks)]
     dist.all_gather(every, mine)
@@ -261,9 +150,6 @@ def _whole_steps(times: list[tuple[float, float]], ranks: int) -> list[float]:
 
 
 def _worker(rank: int, ranks: int, port: int, repeats: int, steps: int, threads: int, queue: Any) -> None:
-    import torch
-    import torch.distributed as dist
-
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ranks)
     try:
@@ -276,11 +162,6 @@ def _worker(rank: int, ranks: int, port: int, repeats: int, steps: int, threads:
 
 def _measure(ranks: int, repeats: int, steps: int,
              threads: int | None) -> tuple[Link, list[PipelineTimes], LayerTimes | None]:
-    import torch.multiprocessing as mp
-
-    from stallfree.stage_runtime.train.config import stage_threads
-    from stallfree.stage_runtime.train.launcher import free_port
-
     if ranks < 2:
         raise ValueError(f"calibration needs at least 2 ranks, got {ranks}")
     threads = stage_threads(ranks, threads)  # what the trainer gives each stage process
@@ -314,8 +195,6 @@ def _results(queue: Any, procs: list[Any], timeout: float) -> list[Any]:
     Raises:
         RuntimeError: a worker died (its rank and exit code; its traceback is on stderr), or ``timeout`` passed.
     """
-    import queue as queues
-
     results: list[Any] = []
     deadline = time.monotonic() + timeout
     while len(results) < len(procs):
@@ -355,10 +234,6 @@ def fit_pipeline(pipeline: Sequence[PipelineTimes], layer: LayerTimes,
     Raises:
         ValueError: no run, or a run whose spans do not match torch's order (the message says where).
     """
-    from stallfree.stage_runtime.plan.attribution import Measured, attribute, fit_overhead, steps_from_records
-    from stallfree.stage_runtime.plan.orders import placement, torch_order
-    from stallfree.stage_runtime.plan.simulate import simulate
-
     if not pipeline:
         raise ValueError("fitting the overhead needs at least one run of the near-empty pipeline")
     runs, shown = [], []

@@ -1,6 +1,6 @@
 """What the simulator charges: per-stage compute times and sizes, links between devices, and their parsing.
 
-Costs come from the partitioner's measurement (:func:`stallfree.stage_runtime.train.partition.measure_layers`, the one
+Costs come from the partitioner's measurement (:func:`stallfree.stage_runtime.models.partition.measure_layers`, the one
 ``stallfree train`` balances with, which times the forward, the backward and the backward's weight-gradient part
 apart) or from a JSON file a user writes for hardware they do not have::
 
@@ -21,12 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stallfree.stage_runtime.models.layer_times import LayerTimes
+
 __all__ = [
+    "DEFAULT_LINK",
     "KINDS",
     "NO_OVERHEAD",
     "Cores",
     "HostOverhead",
-    "LayerTimes",
     "Link",
     "StageCost",
     "layers_from_json",
@@ -35,16 +37,6 @@ __all__ = [
     "scale_layers",
     "stage_costs",
 ]
-
-@dataclass(frozen=True)
-class LayerTimes:
-    """One layer's cost for one micro-batch: seconds per pass, parameter bytes, output activation bytes."""
-
-    forward_s: float
-    backward_s: float  # input + weight gradient
-    weight_s: float  # the weight-gradient part of backward_s
-    param_bytes: int
-    activation_bytes: int
 
 
 @dataclass(frozen=True)
@@ -65,6 +57,9 @@ class StageCost:
         return self.backward_s - self.weight_s
 
 
+# stallfree plan's link between the devices of a site unless given or calibrated (and a GPU job's prediction's): the
+# calibration measures gloo on CPU
+DEFAULT_LINK = "25GB/s,5us"
 # Link.describe's units, largest first (parse_link reads each: _SIZE_UNITS)
 _RATE_UNITS = ((1e15, "PB"), (1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "KB"), (1, "B"))
 

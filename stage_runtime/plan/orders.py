@@ -1,13 +1,13 @@
 """The order of operations each rank runs, taken from torch's own schedule objects so it cannot drift.
 
-Which torch class, which way and on which placement come from the schedule's spec (``train/schedules.py``), never
-from its name. ``torch.distributed.pipelining`` builds its multi-stage schedules (the ``runtime`` family:
-interleaved 1F1B, zero-bubble, ZBV) from an action list per rank (``pipeline_order_with_comms``, what its runtime
-executes); we read the compute actions from it. The single-stage schedules (the ``loop`` family: GPipe, 1F1B) run
-hand-written loops (``_step_microbatches``) whose published ``pipeline_order`` does not match them in torch 2.13
-(1F1B's last rank lists ``F1..F4`` for micro-batches ``0..3``), so we run that loop itself with a stage that only
-records what it is asked to do. No process group is needed for either: the schedules are built on stand-in stages
-that carry only their index and the group size.
+Which torch class, which way and on which placement come from the schedule's spec
+(:mod:`stallfree.stage_runtime.schedules`), never from its name. ``torch.distributed.pipelining`` builds its
+multi-stage schedules (the ``runtime`` family: interleaved 1F1B, zero-bubble, ZBV) from an action list per rank
+(``pipeline_order_with_comms``, what its runtime executes); we read the compute actions from it. The single-stage
+schedules (the ``loop`` family: GPipe, 1F1B) run hand-written loops (``_step_microbatches``) whose published
+``pipeline_order`` does not match them in torch 2.13 (1F1B's last rank lists ``F1..F4`` for micro-batches ``0..3``),
+so we run that loop itself with a stage that only records what it is asked to do. No process group is needed for
+either: the schedules are built on stand-in stages that carry only their index and the group size.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from stallfree.stage_runtime.train.schedules import ScheduleSpec, schedule_spec
+from stallfree.stage_runtime.config.train_config import TrainConfig
+from stallfree.stage_runtime.schedules import ScheduleSpec, schedule_spec
 
 __all__ = ["Op", "job_program", "placement", "torch_order"]
 
@@ -131,8 +132,8 @@ def torch_order(schedule: str, ranks: int, microbatches: int, virtual: int = 2) 
     return {r: list(ops) for r, ops in enumerate(_cached(schedule_spec(schedule), ranks, microbatches, virtual))}
 
 
-def job_program(config: Any) -> tuple[dict[int, list[Op]], list[int]]:
+def job_program(config: TrainConfig) -> tuple[dict[int, list[Op]], list[int]]:
     """What each rank of ``config``'s job (a ``TrainConfig``) runs, in torch's order, and each model stage's rank."""
-    per_rank = config.spec.stages_per_rank(config.virtual_stages)
-    return (torch_order(config.schedule, config.stages, config.microbatches, per_rank),
-            placement(config.schedule, config.stages, config.model_stages))
+    per_rank = config.pipeline.spec.stages_per_rank(config.pipeline.virtual_stages)
+    return (torch_order(config.pipeline.schedule, config.pipeline.stages, config.pipeline.microbatches, per_rank),
+            placement(config.pipeline.schedule, config.pipeline.stages, config.pipeline.model_stages))

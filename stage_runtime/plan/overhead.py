@@ -3,7 +3,7 @@
 For a schedule at a pipeline rank count, in this order:
 
 1. pilots of that rank count (:class:`~.pilots.PilotFit`): the schedule's own fit, else its family's;
-2. a calibration (:class:`~.calibrate.Calibration`) of that rank count, else of the nearest (the larger of two
+2. a calibration (:class:`~.calibration.Calibration`) of that rank count, else of the nearest (the larger of two
    equally near): torch's runtime costs more with more processes sharing the cores;
 3. no overhead (:data:`~.costs.NO_OVERHEAD`): the runtime is free, as for a GPU job without a calibration.
 """
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .calibrate import Calibration
+from .calibration import Calibration
 from .costs import NO_OVERHEAD, HostOverhead
 from .pilots import PilotFit
 

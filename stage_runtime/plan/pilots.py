@@ -10,7 +10,7 @@ itself, with the schedules the prediction is for, show those costs where they ar
 
 From pilot jobs' output folders (what ``stallfree train`` writes: ``summary.json`` with the job's config, split
 and rank 0's layer costs, ``train.jsonl`` and every rank's ``spans-{rank}.json``), per family of schedules
-(:data:`~.calibrate.FAMILIES`, one runtime each):
+(:data:`~.calibration.FAMILIES`, one runtime each):
 
 1. :func:`~.attribution.fit_overhead` over the family's jobs' spans: each action kind's busy time beyond its
    stage's compute, the gap between actions, the sender's cost of a send and the receiver's of a message, and
@@ -38,10 +38,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from stallfree.stage_runtime.config.train_config import TrainConfig
+from stallfree.stage_runtime.models.layer_times import LayerTimes
+
 from .attribution import Measured, fit_overhead, trainer_steps
 from .books import known_costs, predicted_books
-from .calibrate import FAMILIES
-from .costs import Cores, HostOverhead, LayerTimes, Link, StageCost
+from .calibration import FAMILIES
+from .costs import Cores, HostOverhead, Link, StageCost
 from .orders import Op, job_program
 from .simulate import simulate
 
@@ -120,8 +123,6 @@ def read_pilot(out_dir: str | Path) -> Pilot:
         ValueError: its summary has no layer costs (a job given ``--balance`` measures none), it ran with
             ``--link-delay``, or its spans do not match its schedule.
     """
-    from stallfree.stage_runtime.train.config import TrainConfig
-
     out = Path(out_dir)
     path = out / "summary.json"
     if not path.is_file():
@@ -132,16 +133,18 @@ def read_pilot(out_dir: str | Path) -> Pilot:
         raise ValueError(f"{path}: no layer costs (a job given --balance measures none); run the pilot without "
                          "--balance")
     try:
-        config = TrainConfig(**summary["config"])
+        config = TrainConfig.from_flags(**summary["config"])
     except (KeyError, TypeError) as err:
         raise ValueError(f"{path}: its 'config' is not a stallfree train job's ({err})") from None
-    if config.link_delay is not None:  # its spans would fit the delayed messages' waits as the runtime's overhead
-        raise ValueError(f"{path}: a job run with --link-delay {config.link_delay} waits for its delayed messages, "
-                         "which is no overhead of torch's runtime; give pilots run without --link-delay")
+    delay = config.simulation.link_delay
+    if delay is not None:  # its spans would fit the delayed messages' waits as the runtime's overhead
+        raise ValueError(f"{path}: a job run with --link-delay {delay} waits for its delayed messages, which is no "
+                         "overhead of torch's runtime; give pilots run without --link-delay")
     program, owner = job_program(config)
     costs = known_costs(config, [LayerTimes(**c) for c in layers["layers"]], summary["balance"],
                         float(layers["optimizer_s"]))  # under sim:R, the device's known times
-    return Pilot(str(out), config.model, config.schedule, config.stages, config.microbatches, program,
+    p = config.pipeline
+    return Pilot(str(out), config.model.name, p.schedule, p.stages, p.microbatches, program,
                  tuple(owner), tuple(costs), measured_step(out)[0],
                  tuple(tuple(s) for s in trainer_steps(out, program)))
 
@@ -183,7 +186,7 @@ class PilotFit:
     """The host overhead pilots showed: per schedule that had pilots of its own, and per family of schedules."""
 
     schedules: dict[str, HostOverhead]  # fitted from that schedule's pilots alone
-    families: dict[str, HostOverhead]  # fitted from every pilot of the family (:data:`~.calibrate.FAMILIES`)
+    families: dict[str, HostOverhead]  # fitted from every pilot of the family (:data:`~.calibration.FAMILIES`)
 
     def overhead(self, schedule: str) -> HostOverhead | None:
         """The schedule's own fit, else its family's; None if no pilot ran either."""

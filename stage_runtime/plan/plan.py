@@ -17,10 +17,23 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from stallfree.core.atomic import atomic_write
+from stallfree.stage_runtime.models.layer_times import LayerTimes
+from stallfree.stage_runtime.models.measure import measure_model
+from stallfree.stage_runtime.models.zoo import build_model
+from stallfree.stage_runtime.processes import stage_threads
+from stallfree.stage_runtime.schedules import schedule_spec
+
 from .asynchronous import ASYNC_SCHEDULES, AsyncResult, simulate_async
-from .costs import Cores, LayerTimes, Link, parse_bytes, parse_link
+from .calibration import read_calibration
+from .costs import DEFAULT_LINK, Cores, Link, layers_from_json, parse_bytes, parse_link, scale_layers
+from .handoff import plan_document
 from .overhead import OverheadChoice
+from .pilots import fit_pilots, read_pilot
 from .planner import SYNC_SCHEDULES, Candidate, Network, rank_plans
+from .timeline import draw_timeline
 
 __all__ = ["PlanResult", "plan"]
 
@@ -56,8 +69,6 @@ class PlanResult:
     @property
     def train_command(self) -> str:
         """The ``stallfree train`` command that runs :attr:`best`."""
-        from stallfree.stage_runtime.train.schedules import schedule_spec
-
         best = self.best
         return (f"stallfree train DATA --model {self.model} --image-size {self.image_size} --batch-size "
                 f"{self.batch_size} --schedule {best.schedule} --stages {best.ranks} --microbatches "
@@ -66,16 +77,10 @@ class PlanResult:
 
     def to_dict(self) -> dict[str, Any]:
         """As ``plan.json`` holds it (:func:`~.handoff.plan_document`)."""
-        from .handoff import plan_document
-
         return plan_document(self)
 
     def write(self, out: str | Path) -> tuple[Path, Path]:
         """Write ``plan.json`` and ``timeline.png`` (the best plan's step) under ``out``; returns their paths."""
-        from stallfree.core.atomic import atomic_write
-
-        from .timeline import draw_timeline
-
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         atomic_write(out / "plan.json", json.dumps(self.to_dict(), indent=1).encode())
@@ -129,8 +134,6 @@ def _calibration(path: Path, choice: OverheadChoice) -> dict[str, Any]:
 def _pilots(folders: Sequence[Path], model: str | None, schedules: Sequence[str], calibrated: bool,
             link: Link, cores: Cores | None, choice: OverheadChoice) -> tuple[dict[str, Any], OverheadChoice]:
     """(what was used, for plan.json; ``choice`` with the pilots' fits): ``model`` None takes any model's pilots."""
-    from .pilots import fit_pilots, read_pilot
-
     if not folders:
         return {}, choice
     pilots = [read_pilot(folder) for folder in folders]
@@ -158,17 +161,9 @@ def _layer_source(model: str, costs: Path | None, image_size: int, classes: int,
                   device: str | None, progress: Callable[[str], object] | None,
                   ) -> tuple[Callable[[int], Sequence[LayerTimes]], float, dict[str, Any]]:
     """(micro-batch size -> layer costs, optimizer seconds, how they were obtained)."""
-    from .costs import layers_from_json, scale_layers
-
     if costs is not None:
         layers, micro, optimizer_s = layers_from_json(costs)
         return (lambda b: scale_layers(layers, b / micro)), optimizer_s, {"source": str(costs), "microbatch": micro}
-    import torch
-
-    from stallfree.stage_runtime.train.models import build_model
-
-    from .measure import measure_model
-
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     built = build_model(model, classes, image_size)
     optimizer = []
@@ -207,11 +202,6 @@ def plan(model: str = "small_cnn", *, costs: str | Path | None = None, image_siz
         ValueError: an argument out of range or unreadable, pilots of another model, nothing to simulate.
         FileNotFoundError: ``costs``, ``calibration`` or a pilot folder missing.
     """
-    from stallfree.stage_runtime.train.config import stage_threads
-
-    from .calibrate import read_calibration
-    from .predict import DEFAULT_LINK
-
     costs = None if costs is None else Path(costs)
     calibration = None if calibration is None else Path(calibration)
     folders = [Path(p) for p in pilots]
@@ -257,8 +247,6 @@ def _measuring_threads(threads: int | None) -> Iterator[None]:
     if threads is None:
         yield
         return
-    import torch
-
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

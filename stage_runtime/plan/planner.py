@@ -10,10 +10,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from stallfree.stage_runtime.train.schedules import FLUSHING, SCHEDULE_SPECS, schedule_spec
+from stallfree.stage_runtime.models import partition
+from stallfree.stage_runtime.models.layer_times import LayerTimes
+from stallfree.stage_runtime.schedules import FLUSHING, SCHEDULE_SPECS, schedule_spec
 
 from .books import Books, predicted_books
-from .costs import FREE_LINK, NO_OVERHEAD, Cores, HostOverhead, LayerTimes, Link, StageCost, stage_costs
+from .costs import FREE_LINK, NO_OVERHEAD, Cores, HostOverhead, Link, StageCost, stage_costs
 from .orders import placement, torch_order
 from .simulate import StepResult, simulate_step
 
@@ -91,14 +93,12 @@ class Candidate:
 
 def splits(layers: Sequence[LayerTimes], stages: int) -> dict[str, tuple[int, ...]]:
     """The splits tried: balanced by time alone, and by the trainer's rule (time share + 0.5 x memory share)."""
-    from stallfree.stage_runtime.train.partition import LayerCost, balance_costs, plan
-
     times = [c.forward_s + c.backward_s for c in layers]
-    measured = [LayerCost(t, c.param_bytes, c.activation_bytes, c.forward_s, c.weight_s)
+    measured = [partition.LayerCost(t, c.param_bytes, c.activation_bytes, c.forward_s, c.weight_s)
                 for t, c in zip(times, layers, strict=True)]
     # plan() reads only len(layers) when given costs and no balance: the modules themselves are not needed.
-    trainer = plan(cast(Any, [None] * len(layers)), stages, costs=measured).balance
-    return {"time": tuple(balance_costs(times, stages)), "time+memory": tuple(trainer)}
+    trainer = partition.plan(cast(Any, [None] * len(layers)), stages, costs=measured).balance
+    return {"time": tuple(partition.balance_costs(times, stages)), "time+memory": tuple(trainer)}
 
 
 def _overhead(overhead: HostOverhead | Callable[[str, int], HostOverhead], schedule: str,
@@ -121,7 +121,7 @@ def rank_plans(layers_for: Callable[[int], Sequence[LayerTimes]], optimizer_s: f
         batch: images per step, split into micro-batches (only counts that divide it are tried).
         network: devices and links; 2..devices pipeline ranks are tried.
         memory_limit: bytes per device; ``None``: no limit.
-        schedules: the schedules to try; ``None``: every schedule in the table (``train/schedules.py``).
+        schedules: the schedules to try; ``None``: every schedule in the table (``stage_runtime/schedules.py``).
         microbatches: the micro-batch counts to try.
         virtuals: the stages per rank to try for the schedules that leave it free (interleaved-1f1b and
             zero-bubble; ZBV always has 2, GPipe and 1F1B 1).

@@ -21,46 +21,45 @@ import os
 from dataclasses import asdict, replace
 from typing import Any
 
+import torch
+
+from stallfree.stage_runtime.config.train_config import TrainConfig
+from stallfree.stage_runtime.models.layer_times import LayerTimes
+from stallfree.stage_runtime.models.measure import measure_model
+from stallfree.stage_runtime.models.zoo import build_model
 from stallfree.stage_runtime.plan.attribution import attribute
 from stallfree.stage_runtime.plan.books import known_costs, predicted_books
-from stallfree.stage_runtime.plan.costs import (
-    NO_OVERHEAD,
-    Cores,
-    HostOverhead,
-    Link,
-    parse_link,
-)
+from stallfree.stage_runtime.plan.calibrate import cached_calibration
+from stallfree.stage_runtime.plan.costs import DEFAULT_LINK, NO_OVERHEAD, Cores, HostOverhead, Link, parse_link
 from stallfree.stage_runtime.plan.orders import job_program
 from stallfree.stage_runtime.plan.simulate import simulate_step
+from stallfree.stage_runtime.processes import stage_threads
 
-__all__ = ["DEFAULT_LINK", "job_cores", "predict_training"]
-
-DEFAULT_LINK = "25GB/s,5us"  # stallfree plan's default, for a GPU job (the calibration measures gloo on CPU)
+__all__ = ["job_cores", "predict_training"]
 
 
-def job_cores(config: Any) -> Cores | None:
+def job_cores(config: TrainConfig) -> Cores | None:
     """The cores a ``TrainConfig``'s stage processes share on this machine, as the simulator should share them.
 
     The processes of a CPU job share this machine's cores, each with the trainer's torch threads; a GPU job's
     compute, and a simulated accelerator's waits, hold none (``None``). The replicas of ``--dp`` are not
     simulated, so their share of the cores is not either.
     """
-    from stallfree.stage_runtime.train.config import stage_threads
-
-    if config.device.startswith("cuda") or config.accelerator is not None:  # a SimAccelerator, parsed by TrainConfig
+    if config.processes.device.startswith("cuda") or config.simulation.accelerator is not None:
         return None
     cores = len(os.sched_getaffinity(0))
-    return Cores(cores, stage_threads(config.world_size, config.threads, cores))
+    return Cores(cores, stage_threads(config.pipeline.world_size, config.processes.threads, cores))
 
 
-def predict_training(config: Any, balance: tuple[int, ...], num_classes: int, link: Link | None = None,
+def predict_training(config: TrainConfig, balance: tuple[int, ...], num_classes: int, link: Link | None = None,
                      overhead: HostOverhead | None = None,
-                     measured: tuple[list[Any], float] | None = None, share_cores: bool = True) -> dict[str, Any]:
+                     measured: tuple[list[LayerTimes], float] | None = None,
+                     share_cores: bool = True) -> dict[str, Any]:
     """Predicted step time, images/s and bubble (split into causes) of ``config`` (a ``TrainConfig``).
 
     ``balance`` is the split the job ran. Without ``link`` a CPU job calibrates the link and the runtime's overhead
     on this machine (:func:`~.calibrate.cached_calibration`: one start of the stage processes, once per stage count);
-    a GPU job takes :data:`DEFAULT_LINK` and no overhead. ``overhead`` given replaces the calibrated one.
+    a GPU job takes :data:`~.costs.DEFAULT_LINK` and no overhead. ``overhead`` given replaces the calibrated one.
     ``measured``: the per-layer times and optimizer seconds the job already measured (the trainer's rank 0 does,
     to split the model); without it the model is built and measured here. ``share_cores``: a CPU job's stage
     processes share this machine's cores (``False``: predict as if each had cores of its own).
@@ -69,21 +68,13 @@ def predict_training(config: Any, balance: tuple[int, ...], num_classes: int, li
     of one F, B, I, W), per message (``per_message_s``) and per send (``send_s``), as
     :func:`~.attribution.attribute` reads them from the trainer's measured spans.
     """
-    import torch
-
-    from stallfree.stage_runtime.plan.measure import measure_model
-    from stallfree.stage_runtime.train.config import stage_threads
-    from stallfree.stage_runtime.train.models import build_model
-
-    micro = config.batch_size // config.microbatches
+    p, m = config.pipeline, config.model
     fitted = overhead is not None  # given: fitted for this job (pilots), not the calibration's
-    threads = stage_threads(config.world_size, config.threads)
+    threads = stage_threads(p.world_size, config.processes.threads)
     source = "given" if link is not None else "default"
-    if link is None and not config.device.startswith("cuda"):
-        from stallfree.stage_runtime.plan.calibrate import cached_calibration
-
-        calibration = cached_calibration(max(2, config.stages), threads)  # one stage: its actions' cost still
-        link, overhead, source = calibration.link, overhead or calibration.overhead(config.schedule), "calibrated"
+    if link is None and not config.processes.device.startswith("cuda"):
+        calibration = cached_calibration(max(2, p.stages), threads)  # one stage: its actions' cost still
+        link, overhead, source = calibration.link, overhead or calibration.overhead(p.schedule), "calibrated"
     link = link or parse_link(DEFAULT_LINK)
     overhead = overhead or NO_OVERHEAD
     if measured is not None:
@@ -93,29 +84,29 @@ def predict_training(config: Any, balance: tuple[int, ...], num_classes: int, li
         torch.set_num_threads(threads)
         try:
             torch.manual_seed(config.seed)
-            model = build_model(config.model, num_classes, config.image_size, **config.model_kwargs)
-            layers, optimizer_s = measure_model(model, config.image_size, micro)
+            model = build_model(m.name, num_classes, m.image_size, **m.kwargs)
+            layers, optimizer_s = measure_model(model, m.image_size, p.micro_batch)
         finally:
             torch.set_num_threads(previous)  # process-wide: leave it as we found it
     costs = known_costs(config, layers, balance, optimizer_s)
-    if config.accelerator is not None and not fitted:
+    if config.simulation.accelerator is not None and not fitted:
         # The calibration's per-action overhead is the CPU runtime's around real compute; a simulated stage waits its
         # time from the chunk's start, so the runtime's work falls inside the wait (pilots run under sim:R fit what
         # is left, and are given as ``overhead``).
         overhead = replace(overhead, action_s=0.0, kind_s=())
     order, owner = job_program(config)
     sharing = job_cores(config) if share_cores else None
-    delay, base = config.link_delay, link  # a LinkDelay parsed by TrainConfig: the pair's link's added latency
+    delay, base = config.simulation.link_delay, link  # a pair's delay adds to its link's latency
     links = ((lambda a, b: base) if delay is None else
              (lambda a, b: replace(base, latency_s=base.latency_s + delay.seconds(a, b))))
     result = simulate_step(order, owner, costs, links, causes=True, overhead=overhead, cores=sharing)
     assert result.bubble is not None  # causes=True splits it
     shown = attribute([list(result.spans)], owner)
-    books = predicted_books(result, order, owner, costs, config.batch_size * config.dp)
+    books = predicted_books(result, order, owner, costs, p.batch_size * p.dp)
     return {"books": books.to_dict(),
             "per_action_s": shown.per_action_s, "per_message_s": shown.per_message_s, "send_s": shown.send_s,
             "step_s": result.schedule_s, "step_with_optimizer_s": result.step_s,
-            "images_per_s": config.batch_size * config.dp / result.schedule_s,
+            "images_per_s": p.batch_size * p.dp / result.schedule_s,
             "bubble": result.bubble.total, "causes": result.bubble.to_dict(),
             "link": link.describe() + ("" if delay is None else f", --link-delay {delay}"),
             "link_source": source, "overhead": overhead.to_dict(),

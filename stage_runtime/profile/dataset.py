@@ -8,9 +8,9 @@ The phases, each timed into one stage clock (DS-Analyzer, Mohan et al., VLDB 202
     4 real run           the Loader from storage (cache dropped) feeding the step   -> t_real, the measured wait
     5 real run, memory   the same from the in-memory copy                           -> t_cached
 
-then the stalls (:func:`.profile_report.differential_stalls`), the what-ifs from the real run's stage clock, and
-with ``verify=`` one more real run with a what-if applied, held against its prediction
-(:mod:`.profile_verify`). It returns a :class:`DatasetProfile`; it prints nothing to stdout (progress bars go to
+then the stalls (:func:`.report.differential_stalls`), the what-ifs from the real run's stage clock
+(:mod:`.what_ifs`), and with ``verify=`` one more real run with a what-if applied, held against its prediction
+(:mod:`.verify`). It returns a :class:`DatasetProfile`; it prints nothing to stdout (progress bars go to
 stderr).
 """
 
@@ -27,11 +27,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import psutil
+import torch
+from tqdm import tqdm
+
+from stallfree.core.accelerator import SimAccelerator, parse_accelerator
 from stallfree.core.atomic import atomic_write
-from stallfree.stage_runtime.accelerator import SimAccelerator, parse_accelerator
+from stallfree.core.device import check_device
+from stallfree.stage_runtime.baseline import torch_dataloader, transform_label
 from stallfree.stage_runtime.clock import StageClock
-from stallfree.stage_runtime.profile.phases import MODEL_ALIASES
-from stallfree.stage_runtime.profile.report import Observed, headline, input_cost
+from stallfree.stage_runtime.models.zoo import resolve
+from stallfree.stage_runtime.profile import phases as ph
+from stallfree.stage_runtime.profile import text
+from stallfree.stage_runtime.profile.chart import draw_profile
+from stallfree.stage_runtime.profile.loop import profile
+from stallfree.stage_runtime.profile.report import differential_stalls, headline, input_cost
+from stallfree.stage_runtime.profile.sampler import ResourceSampler
+from stallfree.stage_runtime.profile.schema import check_schema
+from stallfree.stage_runtime.profile.verify import chosen, resized_copy, verdict_of
+from stallfree.stage_runtime.profile.what_ifs import Observed, what_ifs
 
 __all__ = ["DatasetProfile", "profile_dataset"]
 
@@ -57,8 +71,6 @@ class DatasetProfile:
 
     def save(self, folder: str | os.PathLike[str]) -> list[Path]:
         """Write ``profile.json``, ``trace.json`` (open it in https://ui.perfetto.dev) and ``profile.png``."""
-        from stallfree.stage_runtime.profile.chart import draw_profile
-
         out = Path(folder)
         out.mkdir(parents=True, exist_ok=True)
         atomic_write(out / "profile.json", json.dumps(self.result, indent=2).encode())
@@ -67,9 +79,7 @@ class DatasetProfile:
 
     def table(self) -> str:
         """The human report: one row per phase, the headline, the what-ifs with their assumptions."""
-        from stallfree.stage_runtime.profile.text import report
-
-        return report(self.result)
+        return text.report(self.result)
 
 
 def _check(batch_size: int, image_size: int, batches: int, **optional: int | None) -> None:
@@ -129,7 +139,7 @@ def profile_dataset(
         verify: run one what-if for real and compare it with its prediction: ``"top"`` (the suggested one),
             ``"echo"``, ``"max-side"`` or ``"cores"``.
         accelerator: ``"sim:R"`` (parsed here, once) or a :class:`SimAccelerator`: the step is a simulated device
-            training ``R`` img/s (it waits, holding no CPU; see ``stallfree.stage_runtime.accelerator``) instead of
+            training ``R`` img/s (it waits, holding no CPU; see ``stallfree.core.accelerator``) instead of
             the model on this machine, so the real runs answer "with a device of this speed, would this loader
             stall?".
         progress: progress bars on stderr.
@@ -138,11 +148,6 @@ def profile_dataset(
         ValueError: a bad argument (a device this machine lacks, an unknown model), checked before any phase
             runs, or a dataset with fewer than three batches.
     """
-    import torch
-
-    from stallfree.core.device import check_device
-    from stallfree.stage_runtime.train.models import resolve
-
     _check(batch_size, image_size, batches, threads=threads, torch_threads=torch_threads, max_side=max_side,
            storage_files=storage_files)
     if verify is not None and verify not in VERIFY_CHOICES:
@@ -153,7 +158,7 @@ def profile_dataset(
     # Before any phase runs: a GPU this machine lacks, or a model name that does not resolve, fails in one line.
     device = check_device(device)
     if device_model is None:
-        resolve(MODEL_ALIASES.get(model, model))
+        resolve(ph.MODEL_ALIASES.get(model, model))
     previous = torch.get_num_threads()
     if torch_threads:
         torch.set_num_threads(torch_threads)
@@ -174,11 +179,8 @@ class _Run:
 
     def __init__(self, data: Path, model: str, batch: int, image_size: int, batches: int, threads: int | None,
                  device: str | None, progress: bool, accelerator: SimAccelerator | None = None):
-        import torch
-
-        from stallfree.pipeline.readers import open_source
-        from stallfree.stage_runtime.profile import phases as ph
-        from stallfree.transforms import Normalize, RandomHorizontalFlip, RandomResizedCrop
+        from stallfree.pipeline.readers import open_source  # DALI, an extra: needed once the arguments passed
+        from stallfree.transforms import Normalize, RandomHorizontalFlip, RandomResizedCrop  # likewise
 
         self.data, self.model_name, self.batch, self.image_size, self.batches = data, model, batch, image_size, batches
         self.cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -202,28 +204,22 @@ class _Run:
         if not self.progress:
             yield lambda n: None
             return
-        from tqdm import tqdm
-
         with tqdm(total=total, desc=name, unit="it", file=sys.stderr, mininterval=0.5, leave=True) as bar:
             yield bar.update
 
     def loader(self, source: Any, **settings: Any) -> Any:
-        from stallfree.pipeline.loader import Loader
+        from stallfree.pipeline.loader import Loader  # DALI, an extra: needed once the arguments passed
 
         return Loader(source, self.batch, transform=self.transform, drop_last=True,
                       **{"shuffle": True, "num_threads": self.threads, "device": self.device, **settings})
 
     def timed(self, name: str, loader: Any) -> Any:
-        from stallfree.stage_runtime.profile.loop import profile
-
         runs = min(self.batches, len(loader) - 2)
         with self.phase(name, runs) as tick:
             return profile(loader, self.step, batches=runs, warmup=2, clock=self.clock, progress=tick)
 
     def result(self, compare: str | None, max_side: int | None, storage_files: int | None,
                verify: Verify | None) -> DatasetProfile:
-        from stallfree.stage_runtime.profile.sampler import ResourceSampler
-
         self.sampler = ResourceSampler(0.1).start()
         origin = time.perf_counter()
         try:
@@ -235,17 +231,10 @@ class _Run:
             self.sampler.stop()
         out["resources"] = self.sampler.to_dicts(origin)
         out["clock"] = {"spans": len(self.clock), "dropped": self.clock.dropped}
-        from stallfree.stage_runtime.profile.report import check_schema
-
         check_schema(out)
         return DatasetProfile(out, self.clock)
 
     def _phases(self, compare: str | None, storage_files: int | None) -> dict[str, Any]:
-        import torch
-
-        from stallfree.stage_runtime.baseline import torch_dataloader, transform_label
-        from stallfree.stage_runtime.profile import phases as ph
-
         batch = self.batch
         storage_paths = self.paths[:storage_files] if storage_files else self.paths
         with self.phase("1 storage", 2 * len(storage_paths)) as tick:
@@ -311,10 +300,6 @@ class _Run:
                 "predicted_stall": max(0.0, 1 - loader_rate / rate), "measured_stall": real.stall_share}
 
     def _conclusions(self, out: dict[str, Any], max_side: int | None) -> dict[str, Any]:
-        import psutil
-
-        from stallfree.stage_runtime.profile.report import differential_stalls, what_ifs
-
         real, cached = self.real, self.cached
         stalls = differential_stalls(self.compute.step_s, cached.wall_s / cached.batches, real.wall_s / real.batches,
                                      real.stall_share, real.verdict, fallback=real.bottleneck,
@@ -330,9 +315,6 @@ class _Run:
                                     crop_size=self.image_size)}
 
     def _verify(self, out: dict[str, Any], which: Verify) -> dict[str, Any]:
-        from stallfree.stage_runtime.profile import phases as ph
-        from stallfree.stage_runtime.profile.verify import chosen, resized_copy, verdict_of
-
         pick = chosen(out["what_if"], which)
         if isinstance(pick, str):
             return {"what_if": None, "note": pick}

@@ -31,7 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from stallfree.core.atomic import atomic_write
 from stallfree.stage_runtime.clock import Span, StageClock, percentile
+from stallfree.stage_runtime.profile.loader_chart import draw_loader_profile
 from stallfree.stage_runtime.profile.sampler import ResourceSampler
 
 __all__ = ["FETCH_STAGES", "PREP_STAGES", "LoaderProfile", "attribute_stall", "profile", "verdict"]
@@ -138,9 +140,6 @@ class LoaderProfile:
         Returns:
             the three paths.
         """
-        from stallfree.core.atomic import atomic_write
-        from stallfree.stage_runtime.profile.loader_chart import draw_loader_profile
-
         out = Path(folder)
         out.mkdir(parents=True, exist_ok=True)
         result = self.to_dict()

@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
+from stallfree.core.accelerator import SimAccelerator
 from stallfree.pipeline.reader_base import sample_of
-from stallfree.stage_runtime.accelerator import SimAccelerator
 from stallfree.stage_runtime.clock import StageClock
+from stallfree.stage_runtime.models import zoo
 from stallfree.stage_runtime.profile.cache import drop_page_cache
 
 __all__ = [
@@ -185,15 +187,11 @@ MODEL_ALIASES = {"cnn": "small_cnn"}  # --model names the profiler takes besides
 
 def build_model(name: str, num_classes: int, image_size: int) -> Any:
     """The model for ``--model``: the trainer's factory (``stage_runtime.models``); ``cnn`` means ``small_cnn``."""
-    from stallfree.stage_runtime.train.models import build_model as factory
-
-    return factory(MODEL_ALIASES.get(name, name), num_classes=num_classes, image_size=image_size)
+    return zoo.build_model(MODEL_ALIASES.get(name, name), num_classes=num_classes, image_size=image_size)
 
 
 def make_train_step(model: Any, device: Any, lr: float = 0.01) -> Callable[[Any], float]:
     """A training step (SGD, cross-entropy) on ``(images, labels)``; waits for the device so timing is honest."""
-    import torch
-
     model.to(device).train()
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -236,8 +234,6 @@ def measure_compute(model_name: str, model: Any, device: Any, batch_size: int, i
                     num_classes: int, steps: int, clock: StageClock | None = None,
                     progress: Progress = None) -> ComputeResult:
     """Time ``steps`` training steps (after 2 untimed) on one synthetic batch kept on ``device``."""
-    import torch
-
     step = make_train_step(model, device)
     images = torch.randn(batch_size, 3, image_size, image_size, device=device)
     labels = torch.randint(0, num_classes, (batch_size,), device=device)

@@ -11,6 +11,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from stallfree.ingest.validate import check_image, convert
+from stallfree.pipeline.reader_base import sample_of
+
 __all__ = ["chosen", "resized_copy", "verdict_of"]
 
 
@@ -48,9 +51,6 @@ def resized_copy(reader: Any, rows: int, max_side: int, folder: Path) -> Path:
     Written as an ImageFolder tree under ``folder`` (one sub-folder per label, zero-padded so that their sorted
     order keeps the labels), for the Loader to read from storage as the first real run did.
     """
-    from stallfree.ingest.validate import check_image, convert
-    from stallfree.pipeline.reader_base import sample_of
-
     labels = reader.labels()
     for i in range(min(rows, len(reader))):
         data = bytes(sample_of(reader.read(i))["image"])

@@ -27,7 +27,8 @@ import ast
 from collections.abc import Callable
 from typing import Any
 
-from stallfree.stage_runtime.train.factories import import_factory, is_factory
+from stallfree.stage_runtime.baseline import MEAN, STD
+from stallfree.stage_runtime.factories import import_factory, is_factory
 
 __all__ = ["DEFAULT", "MAX_SPEC", "parse_spec", "training_transform"]
 
@@ -43,8 +44,7 @@ def training_transform(spec: str | None, image_size: int) -> Any:
         ValueError: a spec that does not parse or names an unknown step, or a factory that does not import; the
             message names ``--transform`` and the item.
     """
-    from stallfree.stage_runtime.baseline import MEAN, STD
-    from stallfree.transforms import Normalize, RandomHorizontalFlip, RandomResizedCrop
+    from stallfree.transforms import Normalize, RandomHorizontalFlip, RandomResizedCrop  # DALI is an extra
 
     if spec is None:
         return [RandomResizedCrop(image_size), RandomHorizontalFlip(), Normalize(MEAN, STD)]
@@ -78,7 +78,7 @@ def parse_spec(text: str) -> list[Any]:
         ValueError: the text is not a list of calls, a name is not a step of :mod:`stallfree.transforms`, an
             argument is not a literal, or a step refuses its arguments; the message quotes the item.
     """
-    import stallfree.transforms as steps
+    import stallfree.transforms as steps  # DALI is an extra: --synthetic trains without it
 
     if len(text) > MAX_SPEC:
         raise ValueError(f"--transform is {len(text)} characters long, over the {MAX_SPEC} a spec may have; write a "

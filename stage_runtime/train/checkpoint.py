@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from stallfree.core.atomic import atomic_path, atomic_write
+from stallfree.stage_runtime.config.train_config import TrainConfig, flag
 
 __all__ = ["CheckpointWriteError", "check_job", "latest", "load_meta", "load_rank", "manifest", "prune", "save_meta",
            "save_rank", "step_dir"]
@@ -95,36 +96,34 @@ def _os_error(err: BaseException) -> OSError | None:
     return None
 
 
-def manifest(config: Any, step: int, epoch: int, balance: Sequence[int], num_classes: int) -> dict[str, Any]:
+def manifest(config: TrainConfig, step: int, epoch: int, balance: Sequence[int], num_classes: int) -> dict[str, Any]:
     """``meta.json`` of ``config``'s job (a ``TrainConfig``) after ``step`` steps.
 
     It holds the place to continue from (``epoch`` is the next step's), the split, and the settings the rank files
     are shaped by (``job``, which :func:`check_job` reads).
     """
-    return {"step": step, "epoch": epoch, "balance": list(balance), "world_size": config.world_size,
-            "schedule": config.schedule, "job": _job(config, num_classes)}
+    return {"step": step, "epoch": epoch, "balance": list(balance), "world_size": config.pipeline.world_size,
+            "schedule": config.pipeline.schedule, "job": _job(config, num_classes)}
 
 
-def check_job(root: str | os.PathLike[str], step: int, config: Any, num_classes: int | None = None) -> None:
+def check_job(root: str | os.PathLike[str], step: int, config: TrainConfig, num_classes: int | None = None) -> None:
     """Refuse to resume ``config`` (a ``TrainConfig``) from the checkpoint at ``step`` if it was saved by another job.
 
-    ``num_classes`` is the job's class count where it is known (``None``: ``config.num_classes``, if given).
+    ``num_classes`` is the job's class count where it is known (``None``: ``config.model.num_classes``, if given).
     A checkpoint of an older stallfree, without ``job``, is compared by its schedule and world size.
 
     Raises:
         ValueError: naming each setting that differs, the checkpoint's value and the command's.
     """
-    from stallfree.stage_runtime.train.config import flag
-
     meta = load_meta(root, step)
     saved = meta.get("job") or {"schedule": meta.get("schedule"), "world_size": meta.get("world_size")}
-    mine = _job(config, num_classes if num_classes is not None else config.num_classes)
-    mine["world_size"] = config.world_size
-    if config.balance is not None:
-        saved, mine = {**saved, "balance": meta.get("balance")}, {**mine, "balance": list(config.balance)}
+    mine = _job(config, num_classes if num_classes is not None else config.model.num_classes)
+    mine["world_size"] = config.pipeline.world_size
+    if config.pipeline.balance is not None:
+        saved, mine = {**saved, "balance": meta.get("balance")}, {**mine, "balance": list(config.pipeline.balance)}
     if saved.get("placement") == mine["placement"]:  # the same stages on the same ranks: another schedule fits
         del mine["schedule"], mine["virtual_stages"]
-    elif config.spec.stages_fixed is not None:  # a schedule that places its own stages: --virtual-stages is not read
+    elif config.pipeline.spec.stages_fixed is not None:  # a schedule placing its own stages: --virtual-stages unread
         del mine["virtual_stages"]
     del mine["placement"]  # named by what decides it: --stages, --schedule, --virtual-stages
     differ = [k for k in mine if k in saved and saved[k] is not None and mine[k] is not None and saved[k] != mine[k]]
@@ -141,13 +140,14 @@ def check_job(root: str | os.PathLike[str], step: int, config: Any, num_classes:
 _FLAG = {"world_size": "processes (--stages x --dp)", "model_kwargs": "model_kwargs"}
 
 
-def _job(config: Any, num_classes: int | None) -> dict[str, Any]:
+def _job(config: TrainConfig, num_classes: int | None) -> dict[str, Any]:
     """The settings of ``config`` that shape a checkpoint's files, as JSON values (tuples are lists)."""
-    job = {"model": config.model, "model_kwargs": config.model_kwargs, "image_size": config.image_size,
-           "num_classes": num_classes, "stages": config.stages, "schedule": config.schedule,
-           "virtual_stages": config.virtual_stages, "dp": config.dp, "optimizer": config.optimizer,
+    m, p = config.model, config.pipeline
+    job = {"model": m.name, "model_kwargs": m.kwargs, "image_size": m.image_size,
+           "num_classes": num_classes, "stages": p.stages, "schedule": p.schedule,
+           "virtual_stages": p.virtual_stages, "dp": p.dp, "optimizer": config.optimizer.name,
            # each model stage's pipeline rank: schedules that place the stages alike (gpipe, 1f1b, 2bw) share files
-           "placement": [config.spec.owner(s, config.stages) for s in range(config.model_stages)]}
+           "placement": [p.owner(s) for s in range(p.model_stages)]}
     return dict(json.loads(json.dumps(job)))
 
 

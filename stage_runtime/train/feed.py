@@ -2,9 +2,10 @@
 
 The Loader or ``TorchFeed`` read a dataset folder; ``TensorBatches`` generates tensors when there is none.
 
-All share the Loader's contract the trainer relies on: iteration of ``(images, labels)``, ``len`` (batches
-per epoch), ``set_epoch`` and ``state_dict``/``load_state_dict`` counting batches delivered. Training batches
-are full (``drop_last``): ``torch.distributed.pipelining`` needs the same micro-batch shape every step.
+All satisfy :class:`Feed`, the Loader's contract the trainer reads them through: iteration of ``(images, labels)``,
+``len`` (batches per epoch), ``set_epoch``, ``state_dict``/``load_state_dict`` counting batches delivered, and
+``classes``. Training batches are full (``drop_last``): ``torch.distributed.pipelining`` needs the same micro-batch
+shape every step. Pipeline rank 0 of each replica builds its :class:`Feeds` (:func:`build_feeds`).
 """
 
 from __future__ import annotations
@@ -12,15 +13,48 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from stallfree.core.resume import check_fingerprint, state_int, state_mapping
-from stallfree.stage_runtime.baseline import transform_label
-from stallfree.stage_runtime.train.config import Verify
+from stallfree.stage_runtime.baseline import MEAN, STD, BaselineImages, EpochKeyed, transform_label
+from stallfree.stage_runtime.clock import StageClock
+from stallfree.stage_runtime.config.train_config import TrainConfig, Verify
+from stallfree.stage_runtime.train.augment import training_transform
 
-__all__ = ["TensorBatches", "TorchFeed", "make_feed", "unpadded_samples"]
+__all__ = ["Feed", "Feeds", "TensorBatches", "TorchFeed", "build_feeds", "make_feed"]
+
+
+@runtime_checkable
+class Feed(Protocol):
+    """What feeds stage 0, as the trainer reads it: the Loader, :class:`TorchFeed` and :class:`TensorBatches`."""
+
+    @property
+    def classes(self) -> list[str]:
+        """Class names, index = label."""
+        ...
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        ...
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The epoch's ``(images, labels)`` batches, from the position ``set_epoch`` or a loaded state gave."""
+        ...
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch``'s order next."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position after the last batch delivered (JSON-able)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue after the last batch delivered when ``state`` was taken."""
+        ...
 
 
 class TensorBatches:
@@ -106,8 +140,7 @@ class TorchFeed:
 
     def __init__(self, root: str, batch_size: int, image_size: int, *, train: bool, seed: int, replica: int,
                  replicas: int, workers: int):
-        from stallfree.pipeline.readers import FolderReader
-        from stallfree.stage_runtime.baseline import BaselineImages, EpochKeyed
+        from stallfree.pipeline.readers import FolderReader  # DALI is an extra: --synthetic trains without it
 
         reader = FolderReader(root)
         files = [(str(p), int(y)) for p, y in zip(reader.paths, reader.labels(), strict=True)]
@@ -174,54 +207,90 @@ def _next_epoch(epoch: int, position: int, loaded: bool, new: int) -> tuple[int,
     return int(new), position if loaded and new == epoch else 0
 
 
+@dataclass(frozen=True)
+class Feeds:
+    """Pipeline rank 0's feeds: the training feed and the held-out split's.
+
+    ``clocked``: the training feed records its own input waits on the stage clock (the Loader, given the clock);
+    the trainer records them for the others. ``held_out_samples``: how many of the samples the held-out feed
+    delivers each epoch are its replica's own, before any padding (see :func:`_own_samples`).
+    """
+
+    train: Feed
+    clocked: bool
+    held_out: Feed | None
+    held_out_samples: int
+
+
+def build_feeds(config: TrainConfig, replica: int, device: str, clock: StageClock) -> Feeds:
+    """Replica ``replica``'s feeds of ``config``'s job: its training data, and held-out data if there are any.
+
+    Generated tensors (no dataset) have a generated held-out split; a dataset has one when ``eval_data`` is given.
+    """
+    f, p = config.feed, config.pipeline
+    common: dict[str, Any] = {
+        "batch_size": p.batch_size, "image_size": config.model.image_size, "seed": config.seed, "replica": replica,
+        "replicas": p.dp, "samples": f.samples, "device": device, "num_classes": config.model.num_classes or 10,
+        "kind": f.kind, "workers": f.loader_threads, "verify": f.verify,
+    }
+    train, _ = _feed(f.data, train=True, clock=clock, transform=f.transform, **common)
+    held_out, own = _feed(f.eval_data, train=False, **common) if f.eval_data is not None or f.data is None else (
+        None, 0)
+    return Feeds(train, f.data is not None and f.kind == "stallfree", held_out, own)
+
+
 def make_feed(data: str | None, *, train: bool, batch_size: int, image_size: int, num_classes: int, seed: int,
-              replica: int, replicas: int, samples: int, device: str, clock: Any = None,
+              replica: int, replicas: int, samples: int, device: str, clock: StageClock | None = None,
               kind: str = "stallfree", workers: int | None = None, verify: Verify = "first-use",
-              transform: str | None = None) -> Any:
+              transform: str | None = None) -> Feed:
     """The training (``train=True``) or evaluation feed of one pipeline replica.
 
     ``data`` is an ImageFolder tree, a file list or an ingested shard folder read by the Loader (``kind`` is
-    ``"stallfree"``) or by torch's DataLoader (``"torch"``, ImageFolder only, ``workers`` processes); ``None``
-    generates :class:`TensorBatches` (``samples`` of them; evaluation draws another split: a held-out set).
-    ``verify`` is the Loader's: when a shard's SHA-256 is checked (``"first-use"``, ``"open"`` or ``"none"``).
-    ``transform`` is ``--transform`` for the training feed (:func:`.augment.training_transform`; ``None``: the
-    baseline's augmentation); evaluation always resizes and centre-crops.
+    ``"stallfree"``, given ``clock``) or by torch's DataLoader (``"torch"``, ImageFolder only, ``workers``
+    processes); ``None`` generates :class:`TensorBatches` (``samples`` of them; evaluation draws another split: a
+    held-out set). ``verify`` is the Loader's: when a shard's SHA-256 is checked (``"first-use"``, ``"open"`` or
+    ``"none"``). ``transform`` is ``--transform`` for the training feed (:func:`.augment.training_transform`;
+    ``None``: the baseline's augmentation); evaluation always resizes and centre-crops.
     """
+    return _feed(data, train=train, batch_size=batch_size, image_size=image_size, num_classes=num_classes, seed=seed,
+                 replica=replica, replicas=replicas, samples=samples, device=device, clock=clock, kind=kind,
+                 workers=workers, verify=verify, transform=transform)[0]
+
+
+def _feed(data: str | None, *, train: bool, batch_size: int, image_size: int, num_classes: int, seed: int,
+          replica: int, replicas: int, samples: int, device: str, clock: StageClock | None = None,
+          kind: str = "stallfree", workers: int | None = None, verify: Verify = "first-use",
+          transform: str | None = None) -> tuple[Feed, int]:
+    """:func:`make_feed`'s feed, and how many of the samples it delivers each epoch are its own (no padding)."""
     if data is not None and kind == "torch":
-        return TorchFeed(data, batch_size, image_size, train=train, seed=seed, replica=replica, replicas=replicas,
-                         workers=workers if workers is not None else 2)
+        torch_feed = TorchFeed(data, batch_size, image_size, train=train, seed=seed, replica=replica,
+                               replicas=replicas, workers=workers if workers is not None else 2)
+        return torch_feed, _own_samples(len(torch_feed.dataset), replicas, replica)
     if kind not in ("stallfree", "torch"):
         raise ValueError(f"feed must be 'stallfree' or 'torch', got {kind!r}")
     if data is None:
-        return TensorBatches(samples if train else max(batch_size * replicas, samples // 4), batch_size,
-                             image_size, num_classes, seed=seed, rank=replica, world_size=replicas,
-                             shuffle=train, split=0 if train else 1)
-    from stallfree.pipeline.loader import Loader
-    from stallfree.stage_runtime.baseline import MEAN, STD
-    from stallfree.stage_runtime.train.augment import training_transform
-    from stallfree.transforms import CenterCrop, Normalize, Resize
+        tensors = TensorBatches(samples if train else max(batch_size * replicas, samples // 4), batch_size,
+                                image_size, num_classes, seed=seed, rank=replica, world_size=replicas,
+                                shuffle=train, split=0 if train else 1)
+        return tensors, len(tensors) * batch_size  # it drops the tail instead of padding
+    from stallfree.pipeline.loader import Loader  # DALI is an extra: --synthetic trains without it
+    from stallfree.transforms import CenterCrop, Normalize, Resize  # likewise
 
     # by default the baseline's augmentation, so that a run fed by torch's DataLoader does the same work per image
     steps = (training_transform(transform, image_size) if train else
              [Resize(image_size * 256 // 224), CenterCrop(image_size), Normalize(MEAN, STD)])
     loader = Loader(data, batch_size, transform=steps, shuffle=train, seed=seed, drop_last=train, rank=replica,
                     world_size=replicas, device=device, clock=clock, num_threads=workers, verify=verify)
+    own = _own_samples(loader.sampler.num_virtual, replicas, replica)
     # The training feed makes its first batches while the stages build their models (the first step's input wait).
-    return loader.start() if train else loader
+    return (loader.start() if train else loader), own
 
 
-def unpadded_samples(feed: Any) -> int:
-    """How many of the samples ``feed`` delivers this epoch are its own, before any padding.
+def _own_samples(n: int, replicas: int, replica: int) -> int:
+    """How many of an evaluation shard's samples are its own, of ``n`` over ``replicas``.
 
     An evaluation feed over ``W`` replicas pads every shard to ``ceil(n / W)`` samples with samples from the
     start (the Loader and ``DistributedSampler`` both), replica ``r`` taking positions ``r, r + W, ...``, so its
-    padding is at its end and it has ``ceil((n - r) / W)`` samples of its own. :class:`TensorBatches` drops the
-    tail instead of padding.
+    padding is at its end and it has ``ceil((n - r) / W)`` samples of its own.
     """
-    if isinstance(feed, TensorBatches):
-        return len(feed) * feed.batch_size
-    if isinstance(feed, TorchFeed):
-        n, world, rank = len(feed.dataset), feed.sampler.num_replicas, feed.sampler.rank
-    else:  # the Loader
-        n, world, rank = feed.sampler.num_virtual, feed.sampler.world_size, feed.sampler.rank
-    return max(0, -(-(n - rank) // world))
+    return max(0, -(-(n - replica) // replicas))

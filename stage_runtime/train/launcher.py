@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import tempfile
 import threading
 import time
@@ -31,7 +30,7 @@ from typing import Any
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-__all__ = ["PeerWatch", "StageFailure", "free_port", "launch", "one_line", "torchrun_env"]
+__all__ = ["PeerWatch", "StageFailure", "launch", "one_line"]
 
 
 class StageFailure(RuntimeError):
@@ -44,20 +43,6 @@ class StageFailure(RuntimeError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return StageFailure, (self.rank, self.stages, self.cause)
-
-
-def free_port() -> int:
-    """A TCP port free on this machine for the rendezvous."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def torchrun_env() -> tuple[int, int, int] | None:
-    """``(rank, world_size, local_rank)`` when this process was started by ``torchrun``, else ``None``."""
-    if "TORCHELASTIC_RUN_ID" not in os.environ or "RANK" not in os.environ:
-        return None
-    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", "0"))
 
 
 def one_line(error: BaseException) -> str:

@@ -14,14 +14,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any, Literal, get_args
+from typing import Any
 
-__all__ = ["LR_SCHEDULES", "OPTIMIZERS", "LrSchedule", "Optimizer", "build_optimizer", "build_scheduler", "lr_factor"]
+from stallfree.stage_runtime.config.train_config import LR_SCHEDULES, OPTIMIZERS
 
-Optimizer = Literal["sgd", "adamw"]
-LrSchedule = Literal["constant", "cosine"]
-OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
-LR_SCHEDULES: tuple[str, ...] = get_args(LrSchedule)
+__all__ = ["build_optimizer", "build_scheduler", "lr_factor"]
 
 
 def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:

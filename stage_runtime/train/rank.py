@@ -1,8 +1,8 @@
 """One rank of a training job: its process groups, stages, schedule, optimizer, feeds, step and checkpoint.
 
 The trainer (:mod:`stallfree.stage_runtime.train.trainer`) runs the loop; this is what each step and save does on
-one rank. Global rank = replica x stages + pipeline rank; every rank builds the whole model from the seed, so
-all processes start from the same weights, and keeps the stage(s) it owns.
+one rank (its evaluation: :mod:`.evaluation`). Global rank = replica x stages + pipeline rank; every rank builds the
+whole model from the seed, so all processes start from the same weights, and keeps the stage(s) it owns.
 """
 
 from __future__ import annotations
@@ -13,24 +13,24 @@ import datetime
 import json
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from stallfree.stage_runtime.clock import StageClock
+from stallfree.stage_runtime.config.train_config import TrainConfig
+from stallfree.stage_runtime.models.measure import measure_model
+from stallfree.stage_runtime.models.partition import LayerCost, plan
+from stallfree.stage_runtime.models.zoo import build_model
+from stallfree.stage_runtime.schedules import build_schedule
+from stallfree.stage_runtime.stage import SimulatedCompute, TimedStage
+from stallfree.stage_runtime.stage_times import stage_times
 from stallfree.stage_runtime.train import checkpoint as ckpt
-from stallfree.stage_runtime.train.feed import make_feed, unpadded_samples
-from stallfree.stage_runtime.train.models import build_model
+from stallfree.stage_runtime.train.feed import Feeds, build_feeds
 from stallfree.stage_runtime.train.optim import build_optimizer, build_scheduler
-from stallfree.stage_runtime.train.partition import LayerCost, plan
-from stallfree.stage_runtime.train.schedules import build_schedule
-from stallfree.stage_runtime.train.stage import SimulatedCompute, TimedStage, chain_forward
 from stallfree.stage_runtime.train.two_bw import TwoBW
-
-if TYPE_CHECKING:
-    from stallfree.stage_runtime.train.config import TrainConfig
 
 __all__ = ["Rank"]
 
@@ -58,72 +58,64 @@ class Rank:
     """One rank's view of the job: groups, its stages, schedule, optimizer, feeds."""
 
     def __init__(self, rank: int, config: TrainConfig, local_rank: int):
-        c = self.config = config
-        self.rank, self.pp, self.replica = rank, rank % c.stages, rank // c.stages
+        self.config, p = config, config.pipeline
+        self.rank, self.pp, self.replica = rank, rank % p.stages, rank // p.stages
         self.local_rank = local_rank
-        cuda = c.device.startswith("cuda")
+        cuda = config.processes.device.startswith("cuda")
         self.device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
         if cuda:
             torch.cuda.set_device(self.device)
         self.comm = self.device if cuda else torch.device("cpu")  # NCCL sends CUDA tensors, gloo CPU ones
         # Every rank must create every group, in the same order; each with the job's timeout (a group's own
         # default is 30 minutes, whatever the default group was given), so a hung peer fails the job.
-        timeout = datetime.timedelta(seconds=c.timeout_s)
+        timeout = datetime.timedelta(seconds=config.processes.timeout_s)
         self.pp_group = self.dp_group = None
-        for d in range(c.dp):
-            g = dist.new_group([d * c.stages + p for p in range(c.stages)], timeout=timeout)
+        for d in range(p.dp):
+            g = dist.new_group([d * p.stages + pp for pp in range(p.stages)], timeout=timeout)
             if d == self.replica:
                 self.pp_group = g
-        for p in range(c.stages):
-            g = dist.new_group([d * c.stages + p for d in range(c.dp)], timeout=timeout)
-            if p == self.pp:
+        for pp in range(p.stages):
+            g = dist.new_group([d * p.stages + pp for d in range(p.dp)], timeout=timeout)
+            if pp == self.pp:
                 self.dp_group = g
-        self.base = self.replica * c.stages  # global rank of this replica's pipeline rank 0
-        self.owner = [self.base + c.spec.owner(s, c.stages) for s in range(c.model_stages)]
+        self.base = self.replica * p.stages  # global rank of this replica's pipeline rank 0
+        self.owner = [self.base + p.owner(s) for s in range(p.model_stages)]
         self.clock = StageClock()
         self._labels_sent: tuple[Any, torch.Tensor] | None = None  # stage 0's last labels isend, until it is done
-        self.feed = self.eval_feed = None
+        self.feeds: Feeds | None = None  # pipeline rank 0's
         info = torch.zeros(2, dtype=torch.int64, device=self.comm)
         if self.pp == 0:
-            common: dict[str, Any] = {
-                "batch_size": c.batch_size, "image_size": c.image_size, "seed": c.seed, "replica": self.replica,
-                "replicas": c.dp, "samples": c.samples, "device": str(self.device),
-                "num_classes": c.num_classes or 10, "kind": c.feed, "workers": c.loader_threads, "verify": c.verify,
-            }
-            self.feed = make_feed(c.data, train=True, clock=self.clock, transform=c.transform, **common)
-            if c.eval_data is not None or c.data is None:
-                self.eval_feed = make_feed(c.eval_data, train=False, **common)
-            info[0] = len(self.feed)
-            info[1] = c.num_classes or len(self.feed.classes)
+            self.feeds = build_feeds(config, self.replica, str(self.device), self.clock)
+            info[0] = len(self.feeds.train)
+            info[1] = config.model.num_classes or len(self.feeds.train.classes)
         dist.broadcast(info, self.base, group=self.pp_group)
         self.steps_per_epoch, self.num_classes = int(info[0]), int(info[1])
 
     def build(self) -> None:
         """Plan the split (measured on global rank 0), build this rank's stages, schedule and optimizer."""
-        c = self.config
+        c, p = self.config, self.config.pipeline
         torch.manual_seed(c.seed)
-        layers = list(build_model(c.model, self.num_classes, c.image_size, **c.model_kwargs))
-        micro = c.batch_size // c.microbatches
-        accelerator = c.accelerator  # a SimAccelerator, parsed by TrainConfig (None: the real device)
-        balance = c.balance
-        last = ckpt.latest(c.ckpt_root) if c.resume and c.balance is None and self.rank == 0 else None
+        size = c.model.image_size
+        layers = list(build_model(c.model.name, self.num_classes, size, **c.model.kwargs))
+        micro = p.micro_batch
+        accelerator = c.simulation.accelerator  # a SimAccelerator, parsed by TrainConfig (None: the real device)
+        balance = p.balance
+        last = ckpt.latest(c.ckpt_root) if c.checkpoint.resume and p.balance is None and self.rank == 0 else None
         if last is not None:
             balance = tuple(ckpt.load_meta(c.ckpt_root, last)["balance"])
-            if c.progress:
+            if c.report.progress:
                 print(f"split: balance {','.join(map(str, balance))} (from the checkpoint)", file=sys.stderr,
                       flush=True)
         # [balance, each model stage's measured cost (for the simulated device)]
         chosen: list[Any] = [balance, None]
         self.layer_costs: dict[str, Any] | None = None  # rank 0's measurement, for the report's prediction
         if self.rank == 0 and (balance is None or accelerator is not None):
-            from stallfree.stage_runtime.plan.measure import measure_model
-
             # One measurement serves the split and the plan simulator's prediction in the summary.
-            times, optimizer_s = measure_model(nn.Sequential(*layers), c.image_size, micro)
+            times, optimizer_s = measure_model(nn.Sequential(*layers), size, micro)
             costs = [LayerCost(t.forward_s + t.backward_s, t.param_bytes, t.activation_bytes, t.forward_s, t.weight_s)
                      for t in times]
-            partition = plan(layers, c.model_stages, balance=balance, costs=costs)
-            if c.progress and balance is None:
+            partition = plan(layers, p.model_stages, balance=balance, costs=costs)
+            if c.report.progress and balance is None:
                 print(partition.describe(), file=sys.stderr, flush=True)
             chosen = [partition.balance, partition.stage_time_s]
             self.layer_costs = {"layers": [dataclasses.asdict(t) for t in times], "optimizer_s": optimizer_s}
@@ -131,41 +123,42 @@ class Rank:
         self.balance = tuple(chosen[0])
         bounds = [sum(self.balance[:i]) for i in range(len(self.balance) + 1)]
         self.modules: dict[int, nn.Module] = {s: nn.Sequential(*layers[bounds[s]:bounds[s + 1]]).to(self.device)
-                        for s in range(c.model_stages) if self.owner[s] == self.rank}
-        shapes = _stage_shapes(layers, bounds, (micro, 3, c.image_size, c.image_size))
-        sim: list[Any] = [None] * c.model_stages
+                                              for s in range(p.model_stages) if self.owner[s] == self.rank}
+        shapes = _stage_shapes(layers, bounds, (micro, 3, size, size))
+        sim: list[Any] = [None] * p.model_stages
         if accelerator is not None:
-            sim = list(accelerator.stage_times(micro, chosen[1]))
+            sim = list(stage_times(accelerator, micro, chosen[1]))
             self.modules = {s: SimulatedCompute(m, shapes[s][1].shape[1:]) for s, m in self.modules.items()}
         params = [p for m in self.modules.values() for p in m.parameters()]
         # A rank whose stages hold no parameters (a Flatten alone) has nothing to step; torch refuses an empty list.
-        self.optimizer = (build_optimizer(params, c.optimizer, lr=c.lr, momentum=c.momentum,
-                                          weight_decay=c.weight_decay) if params else None)
-        self.scheduler = (build_scheduler(self.optimizer, total=c.total_steps(self.steps_per_epoch),
-                                          warmup=c.warmup_steps, schedule=c.lr_schedule) if self.optimizer else None)
+        o = c.optimizer
+        self.optimizer = (build_optimizer(params, o.name, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
+                          if params else None)
+        self.scheduler = (build_scheduler(self.optimizer, total=c.steps.total(self.steps_per_epoch),
+                                          warmup=o.warmup_steps, schedule=o.lr_schedule) if self.optimizer else None)
         self.stages: list[TimedStage] = []
         self.two_bw: TwoBW | None = None  # --schedule 2bw: stallfree's no-flush runner instead of torch's schedule
-        if not c.spec.flush:
+        if not p.spec.flush:
             (s, m), = self.modules.items()  # one stage per rank
             self.two_bw = TwoBW(m, s, prev=self.owner[s - 1] if s > 0 else None,
-                                next=self.owner[s + 1] if s < c.model_stages - 1 else None,
-                                microbatches=c.microbatches, ranks=c.stages, input_shape=tuple(shapes[s][0].shape),
+                                next=self.owner[s + 1] if s < p.model_stages - 1 else None,
+                                microbatches=p.microbatches, ranks=p.stages, input_shape=tuple(shapes[s][0].shape),
                                 output_shape=tuple(shapes[s][1].shape), device=self.device, comm=self.comm,
                                 group=self.pp_group, optimizer=self.optimizer, update=self._update,
                                 loss_fn=nn.functional.cross_entropy, clock=self.clock, sim=sim[s])
             return
-        self.stages = [TimedStage(m, s, c.model_stages, self.device, input_args=shapes[s][0],
+        self.stages = [TimedStage(m, s, p.model_stages, self.device, input_args=shapes[s][0],
                                   output_args=shapes[s][1], group=self.pp_group, clock=self.clock, sim=sim[s],
                                   delay_s=self._delay_s(s))
                        for s, m in self.modules.items()]
-        self.schedule = build_schedule(c.schedule, self.stages, c.microbatches, nn.functional.cross_entropy)
+        self.schedule = build_schedule(p.schedule, self.stages, p.microbatches, nn.functional.cross_entropy)
 
     def _delay_s(self, stage: int) -> tuple[float, float]:
         """``--link-delay``'s latency of model stage ``stage``'s links: (to the next stage's rank, to the previous)."""
-        c, delay = self.config, self.config.link_delay  # a LinkDelay, parsed by TrainConfig
+        p, delay = self.config.pipeline, self.config.simulation.link_delay  # a LinkDelay, parsed by TrainConfig
         if delay is None:
             return 0.0, 0.0
-        pp = [c.spec.owner(s, c.stages) for s in range(c.model_stages)]
+        pp = [p.owner(s) for s in range(p.model_stages)]
         return (delay.seconds(pp[stage], pp[stage + 1]) if stage + 1 < len(pp) else 0.0,
                 delay.seconds(pp[stage], pp[stage - 1]) if stage > 0 else 0.0)
 
@@ -184,7 +177,7 @@ class Rank:
         averages, linear in the batch statistics, and every replica starts from the same values, so averaging
         now equals having averaged after every step: the result does not depend on when it is done.
         """
-        if self.config.dp == 1:
+        if self.config.pipeline.dp == 1:
             return
         buffers = [b for m in self.modules.values() for sub in m.modules()
                    for b in (getattr(sub, "running_mean", None), getattr(sub, "running_var", None))
@@ -193,7 +186,7 @@ class Rank:
             return
         flat = torch.cat([b.reshape(-1) for b in buffers]).to(self.comm)
         dist.all_reduce(flat, group=self.dp_group)
-        flat /= self.config.dp
+        flat /= self.config.pipeline.dp
         offset = 0
         for b in buffers:
             b.copy_(flat[offset:offset + b.numel()].view_as(b))
@@ -213,21 +206,21 @@ class Rank:
         state = {"modules": {str(s): m.state_dict() for s, m in self.modules.items()},
                  "optimizer": self.optimizer.state_dict() if self.optimizer else {}, "torch_rng": torch.get_rng_state(),
                  "scheduler": self.scheduler.state_dict() if self.scheduler else {},
-                 "feed": json.dumps(self.feed.state_dict()) if self.feed is not None else ""}
+                 "feed": json.dumps(self.feeds.train.state_dict()) if self.feeds is not None else ""}
         if self.device.type == "cuda":
             state["cuda_rng"] = torch.cuda.get_rng_state(self.device)
         ckpt.save_rank(c.ckpt_root, step, self.rank, state)
         dist.barrier()
         if self.local_rank == 0:
             ckpt.save_meta(c.ckpt_root, step, ckpt.manifest(c, step, epoch, self.balance, self.num_classes))
-            ckpt.prune(c.ckpt_root, c.keep_checkpoints)
+            ckpt.prune(c.ckpt_root, c.checkpoint.keep)
         dist.barrier()
 
     def restore(self) -> tuple[int, int]:
         """Load the latest checkpoint; returns ``(step, epoch)`` to continue from (``(0, 0)`` without one)."""
         c = self.config
         step = ckpt.latest(c.ckpt_root)
-        steps = [None] * c.world_size
+        steps = [None] * c.pipeline.world_size
         dist.all_gather_object(steps, step)
         if len(set(steps)) > 1:
             where = ", ".join(f"rank {r}: {'none' if s is None else f'step {s}'}" for r, s in enumerate(steps))
@@ -250,8 +243,8 @@ class Rank:
         torch.set_rng_state(state["torch_rng"])
         if "cuda_rng" in state and self.device.type == "cuda":
             torch.cuda.set_rng_state(state["cuda_rng"], self.device)
-        if self.feed is not None and state["feed"]:
-            self.feed.load_state_dict(json.loads(state["feed"]))
+        if self.feeds is not None and state["feed"]:
+            self.feeds.train.load_state_dict(json.loads(state["feed"]))
         return step, int(meta["epoch"])
 
     def train_step(self, images: Any, labels: Any) -> tuple[float, float, float, float]:
@@ -293,7 +286,7 @@ class Rank:
 
     def _receive_labels(self) -> Any:
         """Post the receive of this step's labels; returns what waits for them (on this rank's device)."""
-        buf = torch.empty(self.config.batch_size, dtype=torch.int64, device=self.comm)
+        buf = torch.empty(self.config.pipeline.batch_size, dtype=torch.int64, device=self.comm)
         work = dist.irecv(buf, self.owner[0])
         if work is None:
             raise RuntimeError(f"rank {self.rank}: irecv of the labels from rank {self.owner[0]} returned no work")
@@ -313,11 +306,11 @@ class Rank:
         for module in self.modules.values():
             if isinstance(module, SimulatedCompute):
                 module.zero_grads()
-        if self.config.dp > 1:
+        if self.config.pipeline.dp > 1:
             for p in (p for m in self.modules.values() for p in m.parameters()):  # 2bw replaces them: read anew
                 if p.grad is not None:
                     dist.all_reduce(p.grad, group=self.dp_group)
-                    p.grad /= self.config.dp
+                    p.grad /= self.config.pipeline.dp
         if self.optimizer is not None:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -360,56 +353,6 @@ class Rank:
         if self.two_bw is None:
             return {}
         mine = torch.tensor([self.two_bw.versions.most_alive, self.two_bw.versions.most_stale], device=self.comm)
-        every = [torch.zeros_like(mine) for _ in range(self.config.stages)]
+        every = [torch.zeros_like(mine) for _ in range(self.config.pipeline.stages)]
         dist.all_gather(every, mine, group=self.pp_group)
         return {"weight_versions": [int(t[0]) for t in every], "staleness_steps": [int(t[1]) for t in every]}
-
-    def evaluate(self) -> float:
-        """Top-1 accuracy of the whole held-out split, each replica taking its shard; -1.0 without one.
-
-        The shards are padded to equal length (as ``DistributedSampler`` pads); stage 0 marks the padding's
-        labels -1 so that each held-out sample counts once, and the counts are summed over every rank.
-        """
-        self.drain()  # 2bw: the weights of every step given so far
-        has = torch.tensor([1 if self.eval_feed is not None else 0], device=self.comm)
-        dist.broadcast(has, self.base, group=self.pp_group)
-        if not int(has):
-            return -1.0
-        self.sync_running_stats()
-        for m in self.modules.values():
-            m.eval()
-        feed: Any = self.eval_feed
-        correct, total = torch.zeros(2, dtype=torch.float64), iter(feed) if self.first else None
-        left = unpadded_samples(feed) if self.first else 0
-        while True:
-            batch = next(total, None) if total is not None else None
-            if batch is not None:
-                y = batch[1].clone()
-                y[max(0, left):] = -1
-                left -= len(y)
-                batch = (batch[0], y)
-            flag = torch.tensor([0 if (self.first and batch is None) else 1], device=self.comm)
-            dist.broadcast(flag, self.base, group=self.pp_group)
-            if not int(flag):
-                break
-            x, y = (batch[0].to(self.device), batch[1]) if batch is not None else (None, torch.empty(0))
-            if self.first and not self.last:  # the length first: the last evaluation batch may be short
-                dist.send(torch.tensor([len(y)], device=self.comm), self.owner[-1])
-                dist.send(y.to(self.comm), self.owner[-1])
-            elif self.last and not self.first:
-                n = torch.zeros(1, dtype=torch.int64, device=self.comm)
-                dist.recv(n, self.owner[0])
-                y = torch.empty(int(n), dtype=torch.int64, device=self.comm)
-                dist.recv(y, self.owner[0])
-            y = y.cpu()
-            logits = chain_forward(self.modules, self.config.model_stages, self.owner, self.rank, x, self.device)
-            if self.last:
-                if logits is None:
-                    raise RuntimeError("chain_forward gave the last stage's rank no logits")
-                correct += torch.tensor([(logits.argmax(1).cpu() == y).sum().item(), (y >= 0).sum().item()],
-                                        dtype=torch.float64)
-        for m in self.modules.values():
-            m.train()
-        correct = correct.to(self.comm)
-        dist.all_reduce(correct)  # every replica's last stage holds its shard's counts
-        return float(correct[0] / correct[1]) if correct[1] else 0.0

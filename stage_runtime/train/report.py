@@ -19,7 +19,7 @@ from typing import Any
 
 from stallfree.core.atomic import atomic_write
 
-__all__ = ["Report", "format_summary", "predict_run", "with_prediction"]
+__all__ = ["Report", "format_summary"]
 
 
 class Report:
@@ -206,30 +206,3 @@ def _books_lines(summary: dict[str, Any], books: dict[str, Any]) -> list[str]:
         lines.append(f"  rank {r['rank']}: could do {r['could_do_images_per_s']:.0f} img/s, lost {r['loss']:.1%}: "
                      f"{_parts(r['parts'])}")
     return lines
-
-
-def with_prediction(config: Any, summary: dict[str, Any]) -> dict[str, Any]:
-    """``summary`` with the plan simulator's prediction under ``predicted``, where it applies.
-
-    :func:`format_summary` shows it beside the measured bubble. It applies to a job that no plan's prediction came
-    with (that one is shown instead) and whose schedule flushes (one step of ``2bw`` is not a step of the
-    simulator's: ``plan.asynchronous``); under a simulated ``--accelerator`` it simulates the device's stage times.
-    """
-    if config.plan_prediction is None and "balance" in summary and config.spec.flush:
-        summary["predicted"] = predict_run(config, summary)
-    return summary
-
-
-def predict_run(config: Any, summary: dict[str, Any]) -> dict[str, Any]:
-    """The plan simulator's step time, images/s and bubble for the job ``summary`` reports (``config`` ran it).
-
-    It simulates the layer costs rank 0 measured for the split (``summary["layer_costs"]``), so nothing is
-    measured twice; a job given its ``--balance`` measured nothing, and is measured here.
-    """
-    from stallfree.stage_runtime.plan.costs import LayerTimes
-    from stallfree.stage_runtime.plan.predict import predict_training
-
-    measured = summary.get("layer_costs")
-    layers = None if measured is None else ([LayerTimes(**layer) for layer in measured["layers"]],
-                                            float(measured["optimizer_s"]))
-    return predict_training(config, tuple(summary["balance"]), summary["num_classes"], measured=layers)

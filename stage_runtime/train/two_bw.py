@@ -37,7 +37,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from stallfree.stage_runtime.accelerator import StageTimes, hold
+from stallfree.core.accelerator import hold
+from stallfree.stage_runtime.stage_times import StageTimes
 from stallfree.stage_runtime.train.versions import WeightVersions
 
 __all__ = ["TwoBW"]

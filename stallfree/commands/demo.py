@@ -86,8 +86,9 @@ def _demo(args: argparse.Namespace) -> int:
     from stallfree.commands.kernels import announce_compiles
     from stallfree.ingest.runner import ingest
     from stallfree.ingest.synthetic import make_image_folder
-    from stallfree.stage_runtime.train.report import format_summary, with_prediction
-    from stallfree.stage_runtime.train.trainer import demo_config, train
+    from stallfree.stage_runtime.jobs import train, with_prediction
+    from stallfree.stage_runtime.train.report import format_summary
+    from stallfree.stage_runtime.train.trainer import demo_config
 
     announce_compiles(args.progress)
     out = human(args)

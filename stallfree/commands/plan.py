@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from stallfree.commands.output import add_progress_argument
+from stallfree.core.device import check_device
+from stallfree.stage_runtime.schedules import FLUSHING
 
 if TYPE_CHECKING:
     from stallfree.stage_runtime.plan.plan import PlanResult
@@ -41,8 +43,6 @@ def _ints(text: str) -> list[int]:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``stallfree plan``."""
-    from stallfree.stage_runtime.plan.planner import SYNC_SCHEDULES
-
     p = sub.add_parser(
         "plan",
         help="predict step time, bubble and memory of every pipeline schedule, and pick one",
@@ -79,8 +79,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "(docs/plan.md, \"Pilots\")")
     p.add_argument("--cross-link", default=None, help="bandwidth,latency between sites, e.g. 1GB/s,20ms")
     p.add_argument("--memory-per-device", default=None, help="e.g. 16GiB; plans that need more rank last")
-    p.add_argument("--schedules", type=lambda t: t.split(","), default=list(SYNC_SCHEDULES),
-                   help=f"comma-separated, from {','.join(SYNC_SCHEDULES)} (default all)")
+    # the schedules that flush are the ones the planner ranks (plan.planner.SYNC_SCHEDULES); 2bw is simulated apart
+    p.add_argument("--schedules", type=lambda t: t.split(","), default=list(FLUSHING),
+                   help=f"comma-separated, from {','.join(FLUSHING)} (default all)")
     p.add_argument("--microbatches", type=_ints, default=[1, 2, 4, 8, 16, 32],
                    help="micro-batch counts to try (those dividing --batch-size; default 1,2,4,8,16,32)")
     p.add_argument("--virtual-stages", type=_ints, default=[2, 4],
@@ -105,8 +106,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Plan (:func:`stallfree.plan`), print the table, write plan.json and timeline.png; returns the exit code."""
-    from stallfree.core.device import check_device
-    from stallfree.stage_runtime.plan.plan import plan
+    from stallfree.stage_runtime.plan.plan import plan  # imports torch: `stallfree --help` stays without it
 
     if args.costs is None:  # measured here: a GPU this machine lacks fails in one line, before any measurement
         check_device(args.device, instead="--costs FILE with the per-layer costs measured on a GPU")

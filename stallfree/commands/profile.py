@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from stallfree.commands.kernels import announce_compiles
 from stallfree.commands.output import add_json_arguments, add_progress_argument, emit, human, require_writable
+from stallfree.core.device import check_device
 
 __all__ = ["register"]
 
@@ -61,11 +63,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Profile ``args.data``, write the three files, print the report; returns the exit code."""
-    from stallfree.commands.kernels import announce_compiles
-    from stallfree.core.device import check_device
+    # They import torch: `stallfree --help` builds this module's parser without it.
+    from stallfree.stage_runtime.models.zoo import resolve
     from stallfree.stage_runtime.profile.dataset import profile_dataset
     from stallfree.stage_runtime.profile.phases import MODEL_ALIASES
-    from stallfree.stage_runtime.train.models import resolve
 
     # What fails in one line fails before the kernels compile (profile_dataset checks them again, for Python users).
     require_writable(args.out, "--out")  # not after minutes of measuring

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
 
 from stallfree.commands.output import add_json_arguments, add_progress_argument, emit, human, require_writable
+from stallfree.stage_runtime.config.train_config import (
+    BUNDLED_MODELS,
+    LR_SCHEDULES,
+    OPTIMIZERS,
+    VERIFY_MODES,
+    TrainConfig,
+)
+from stallfree.stage_runtime.plan.handoff import train_settings
+from stallfree.stage_runtime.processes import torchrun_env
+from stallfree.stage_runtime.schedules import SCHEDULES
+from stallfree.stage_runtime.train.report import format_summary
 
 __all__ = ["register"]
 
@@ -38,12 +48,7 @@ def _balance(text: str) -> tuple[int, ...]:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``stallfree train``."""
-    # Neither imports torch: `stallfree --help` builds this parser.
-    from stallfree.stage_runtime.train.config import BUNDLED_MODELS, VERIFY_MODES, TrainConfig
-    from stallfree.stage_runtime.train.optim import LR_SCHEDULES, OPTIMIZERS
-    from stallfree.stage_runtime.train.schedules import SCHEDULES
-
-    d = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    d = TrainConfig().flags()  # each flag's default, from the part that holds it
     p = sub.add_parser(
         "train",
         help="train a model split into pipeline stages, fed by the Loader",
@@ -124,19 +129,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     require_writable(args.out_dir, "--out")  # before torch loads: a read-only current folder, the default's home
+    # They import torch: `stallfree --help` builds this module's parser without it.
+    from stallfree.stage_runtime.jobs import train, with_prediction
     from stallfree.stage_runtime.train import checkpoint as checkpoint
-    from stallfree.stage_runtime.train.report import format_summary, with_prediction
-    from stallfree.stage_runtime.train.trainer import StageFailure, TrainConfig, train
+    from stallfree.stage_runtime.train.launcher import StageFailure
 
     if (args.data is None) == (args.synthetic is None):
         raise ValueError("give a dataset folder or --synthetic N (not both)")
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    values = {k: v for k, v in vars(args).items() if k in fields and v is not None}
+    defaults = TrainConfig().flags()
+    values = {k: v for k, v in vars(args).items() if k in defaults and v is not None}
     if args.synthetic is not None:
         values["samples"] = args.synthetic
     if args.plan is not None:
-        values = _with_plan(values, args.plan, d={f.name: f.default for f in dataclasses.fields(TrainConfig)})
-    config = TrainConfig(**values)
+        values = _with_plan(values, args.plan, d=defaults)
+    config = TrainConfig.from_flags(**values)  # the flags, parsed once into the job's parts
     try:
         summary = train(config)
     except StageFailure as err:
@@ -156,8 +162,6 @@ def _train(args: argparse.Namespace) -> int:
 
 def _with_plan(values: dict[str, Any], plan: Path, d: dict[str, Any]) -> dict[str, Any]:
     """``values`` with the plan's settings; a flag given with another value than the plan's is refused."""
-    from stallfree.stage_runtime.plan.handoff import train_settings
-
     settings = train_settings(plan)
     for key, value in settings.items():
         given = values.get(key, d.get(key))
@@ -170,7 +174,5 @@ def _with_plan(values: dict[str, Any], plan: Path, d: dict[str, Any]) -> dict[st
 
 def _reports() -> bool:
     """Whether this process prints the summary: always, except under torchrun, where global rank 0 does."""
-    from stallfree.stage_runtime.train.launcher import torchrun_env
-
     env = torchrun_env()
     return env is None or env[0] == 0

@@ -84,7 +84,7 @@ def test_nothing_is_said_when_the_kernels_load_fast_or_progress_is_off(
 
 def test_demo_keeps_its_results_under_out_and_removes_the_data(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from stallfree.stage_runtime.train import trainer as trainer
+    from stallfree.stage_runtime import jobs
 
     seen = {}
 
@@ -94,12 +94,12 @@ def test_demo_keeps_its_results_under_out_and_removes_the_data(
                 "steps": 3, "wall_s": 1.0, "images_per_s": 9.0, "final_loss": 1.0, "eval_top1": 0.5,
                 "input_stall_fraction": 0.1, "bubble_fraction": 0.2, "bubble_theory": 0.2}
 
-    monkeypatch.setattr(trainer, "train", fake_train)  # the demo's training is tested in test_train_demo.py
+    monkeypatch.setattr(jobs, "train", fake_train)  # the demo's training is tested in test_train_demo.py
     out = tmp_path / "results"
     assert main(["demo", "--skip-bench", "--epochs", "1", "--out", str(out), "--no-progress"]) == 0
     printed = capsys.readouterr()
     config = seen["config"]
-    assert config.out_dir == str(out / "run") and config.progress is False  # type: ignore[attr-defined]
-    assert not Path(config.data).exists()  # type: ignore[attr-defined]  # the temporary data are gone
+    assert config.report.out_dir == str(out / "run") and config.report.progress is False  # type: ignore[attr-defined]
+    assert not Path(config.feed.data).exists()  # type: ignore[attr-defined]  # the temporary data are gone
     assert (out / "demo.json").is_file() and f"results in {out}" in printed.out
     assert "issue" not in printed.out + printed.err

@@ -96,13 +96,13 @@ def test_train_json_is_alone_on_stdout_and_no_progress_still_prints_the_summary(
 
 
 def test_demo_json(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from stallfree.stage_runtime.train import trainer as trainer
+    from stallfree.stage_runtime import jobs
 
     # The demo's own training is tested in tests/stage_runtime/test_train_demo.py; here only what it prints.
     summary = {"model": "small_cnn", "stages": 2, "replicas": 1, "schedule": "1f1b", "microbatches": 4, "steps": 3,
                "wall_s": 1.0, "images_per_s": 9.0, "final_loss": 1.0, "eval_top1": 0.5,
                "input_stall_fraction": 0.1, "bubble_fraction": 0.2, "bubble_theory": 0.2}
-    monkeypatch.setattr(trainer, "train", lambda config: summary)
+    monkeypatch.setattr(jobs, "train", lambda config: summary)
     assert main(["demo", "--skip-bench", "--epochs", "1", "--out", str(tmp_path), "--json"]) == 0
     result, err = _json_alone(capsys)
     assert result["train"] == summary and result["ingest"]["train"]["images"] == 600 and result["bench"] is None
@@ -111,16 +111,15 @@ def test_demo_json(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pyte
 
 def test_the_demo_shows_the_simulated_bubble_beside_the_measured_one(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from stallfree.stage_runtime.train import report as report
-    from stallfree.stage_runtime.train import trainer as trainer
+    from stallfree.stage_runtime import jobs as jobs
 
     summary = {"model": "small_cnn", "stages": 2, "replicas": 1, "schedule": "1f1b", "microbatches": 4, "steps": 3,
                "wall_s": 1.0, "images_per_s": 9.0, "final_loss": 1.0, "eval_top1": 0.5, "balance": [2, 5],
                "input_stall_fraction": 0.1, "bubble_fraction": 0.2, "bubble_theory": 0.2}
     predicted = {"bubble": 0.31, "images_per_s": 8.0, "link": "gloo", "causes": {
         "warmup_cooldown": 0.2, "imbalance": 0.05, "communication": 0.04, "runtime": 0.02}}
-    monkeypatch.setattr(trainer, "train", lambda config: dict(summary))
-    monkeypatch.setattr(report, "predict_run", lambda config, s: predicted)  # the calibration is tested elsewhere
+    monkeypatch.setattr(jobs, "train", lambda config: dict(summary))
+    monkeypatch.setattr(jobs, "predict_run", lambda config, s: predicted)  # the calibration is tested elsewhere
     assert main(["demo", "--skip-bench", "--epochs", "1", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr()
     assert "bubble predicted for this split and schedule" in out.out + out.err
@@ -150,9 +149,9 @@ SUMMARY = {"model": "mlp", "stages": 1, "replicas": 1, "schedule": "1f1b", "micr
 def test_train_prints_the_summary_on_stdout_with_or_without_progress(
         flags: list[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # Was: the trainer printed the summary only `if c.progress`, so --no-progress printed nothing at all.
-    from stallfree.stage_runtime.train import trainer as trainer
+    from stallfree.stage_runtime import jobs
 
-    monkeypatch.setattr(trainer, "train", lambda config: SUMMARY)
+    monkeypatch.setattr(jobs, "train", lambda config: SUMMARY)
     assert main([*TINY_TRAIN, "--out", str(tmp_path / "run"), *flags]) == 0
     captured = capsys.readouterr()
     assert "trained mlp in 1 pipeline ranks" in captured.out and "throughput" in captured.out

@@ -66,7 +66,7 @@ def test_importing_the_package_and_the_ingest_library_leaves_torch_out() -> None
     done = _python(f"""
         import sys
         import stallfree, stallfree.cli, stallfree.ingest.runner, stallfree.ingest.verify, stallfree.ingest.sources
-        import stallfree.stage_runtime.train.config, stallfree.stage_runtime.train.schedules
+        import stallfree.stage_runtime.config.train_config, stallfree.stage_runtime.schedules
         assert stallfree.__version__
         loaded = [m for m in {HEAVY!r} if m in sys.modules]
         assert not loaded, loaded
@@ -115,15 +115,15 @@ def test_ingest_worker_processes_import_no_torch_dali_or_numba(image_folder: Pat
 
 
 def test_bundled_model_names_match_the_models_module() -> None:
-    from stallfree.stage_runtime.train.config import BUNDLED_MODELS
-    from stallfree.stage_runtime.train.models import MODELS
+    from stallfree.stage_runtime.config.train_config import BUNDLED_MODELS
+    from stallfree.stage_runtime.models.zoo import MODELS
 
     assert BUNDLED_MODELS == tuple(MODELS)
 
 
 def test_train_verify_modes_match_the_loaders() -> None:
     from stallfree.pipeline.shards import VERIFY_MODES as LOADER
-    from stallfree.stage_runtime.train.config import VERIFY_MODES
+    from stallfree.stage_runtime.config.train_config import VERIFY_MODES
 
     assert VERIFY_MODES == LOADER
 

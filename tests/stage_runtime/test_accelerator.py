@@ -15,9 +15,10 @@ from torch import nn
 from torch.distributed.pipelining import ScheduleGPipe
 
 import stallfree
-from stallfree.stage_runtime.accelerator import SimAccelerator, StageTimes, hold, parse_accelerator
-from stallfree.stage_runtime.train.config import TrainConfig
-from stallfree.stage_runtime.train.stage import SimulatedCompute, TimedStage
+from stallfree.core.accelerator import SimAccelerator, hold, parse_accelerator
+from stallfree.stage_runtime.config.train_config import TrainConfig
+from stallfree.stage_runtime.stage import SimulatedCompute, TimedStage
+from stallfree.stage_runtime.stage_times import StageTimes, stage_times
 
 
 @pytest.mark.parametrize(("text", "rate"), [("sim:500", 500.0), ("sim:2.5e3", 2500.0)])
@@ -44,43 +45,44 @@ def test_a_speed_must_be_positive(text: str) -> None:
 
 
 def test_the_slowest_stage_takes_a_micro_batch_over_r_split_in_thirds() -> None:
-    times = SimAccelerator(400).stage_times(8, [0.002, 0.004, 0.001])
+    times = stage_times(SimAccelerator(400), 8, [0.002, 0.004, 0.001])
     slowest = 8 / 400
     assert times[1] == StageTimes(slowest / 3, slowest / 3, slowest / 3)
     assert times[0].forward_s + times[0].backward_s == pytest.approx(slowest / 2)
     assert times[2].backward_input_s == pytest.approx(slowest / 4 / 3)
     with pytest.raises(ValueError, match="micro_batch"):
-        SimAccelerator(400).stage_times(0, [1.0])
+        stage_times(SimAccelerator(400), 0, [1.0])
 
 
 def test_train_config_checks_accelerator_and_feed() -> None:
-    assert TrainConfig(accelerator="sim:100").accelerator == SimAccelerator(100)
+    assert TrainConfig.from_flags(accelerator="sim:100").simulation.accelerator == SimAccelerator(100)
     with pytest.raises(ValueError, match="--accelerator must be"):
-        TrainConfig(accelerator="tpu")
+        TrainConfig.from_flags(accelerator="tpu")
     with pytest.raises(ValueError, match="feed must be 'stallfree' or 'torch'"):
-        TrainConfig(feed="ffcv")
+        TrainConfig.from_flags(feed="ffcv")
 
 
 @pytest.mark.parametrize("text", ["sim:fast", "sim:", "tpu:9"])
 def test_an_invalid_sim_string_fails_where_it_enters_train_config(text: str) -> None:
     with pytest.raises(ValueError, match=r"--accelerator must be sim:IMAGES_PER_S \(e\.g\. sim:1000\) or none, got"):
-        TrainConfig(accelerator=text)
+        TrainConfig.from_flags(accelerator=text)
 
 
 def test_train_config_holds_the_typed_value_and_writes_the_string() -> None:
-    config = TrainConfig(accelerator="sim:2.5e3")
-    assert config.accelerator == SimAccelerator(2500.0)
-    assert TrainConfig(accelerator=SimAccelerator(2500.0)) == config
-    assert TrainConfig(accelerator="none").accelerator is None and TrainConfig().accelerator is None
+    config = TrainConfig.from_flags(accelerator="sim:2.5e3")
+    assert config.simulation.accelerator == SimAccelerator(2500.0)
+    assert TrainConfig.from_flags(accelerator=SimAccelerator(2500.0)) == config
+    assert TrainConfig.from_flags(accelerator="none").simulation.accelerator is None
+    assert TrainConfig().simulation.accelerator is None
     form = json.loads(json.dumps(config.to_json()))  # what summary.json holds under "config"
-    assert form["accelerator"] == "sim:2500" and TrainConfig(**form) == config
+    assert form["accelerator"] == "sim:2500" and TrainConfig.from_flags(**form) == config
 
 
 def test_below_the_entry_the_code_takes_the_typed_value() -> None:
     from stallfree.stage_runtime.plan.predict import job_cores
     from stallfree.stage_runtime.profile.phases import simulated_step
 
-    assert job_cores(TrainConfig(accelerator="sim:100")) is None  # a simulated device's waits hold no core
+    assert job_cores(TrainConfig.from_flags(accelerator="sim:100")) is None  # a simulated device's waits hold no core
     step = simulated_step(SimAccelerator(1000))
     wall = time.perf_counter()
     step((None, [0] * 30))  # 30 images: 30 ms
@@ -96,15 +98,15 @@ def test_only_the_entry_points_parse_the_accelerator_string() -> None:
             path = Path(folder) / name
             if name.endswith(".py") and re.search(r"(?<!def )parse_accelerator\(", path.read_text()):
                 callers.add(path.relative_to(package).as_posix())
-    assert callers == {"stage_runtime/train/config.py", "stage_runtime/profile/dataset.py"}
+    assert callers == {"stage_runtime/config/parts.py", "stage_runtime/profile/dataset.py"}
 
 
-@pytest.mark.parametrize("module", ["stage_runtime/train/stage.py", "stage_runtime/profile/phases.py",
+@pytest.mark.parametrize("module", ["stage_runtime/stage.py", "stage_runtime/profile/phases.py",
                                     "bench/e2e.py", "bench/remote.py"])
 def test_every_simulated_device_is_the_one(module: str) -> None:
     """Regression: four devices slept on their own (a stage, the profiler's step, bench e2e's and remote's consumer)."""
     text = (Path(stallfree.__file__).parent / module).read_text()
-    assert "stallfree.stage_runtime.accelerator import" in text and "time.sleep(" not in text
+    assert "stallfree.core.accelerator import" in text and "time.sleep(" not in text
 
 
 def test_the_device_waits_its_time_without_holding_the_cpu() -> None:
@@ -145,7 +147,7 @@ def test_a_simulated_stage_waits_without_holding_the_cpu(tmp_path: Path) -> None
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         real, micro = _real(), 4
-        times = SimAccelerator(100).stage_times(micro, [1.0])[0]  # 40 ms a micro-batch
+        times = stage_times(SimAccelerator(100), micro, [1.0])[0]  # 40 ms a micro-batch
         sim = SimulatedCompute(real, (10,))
         stage = TimedStage(sim, 0, 1, torch.device("cpu"), input_args=torch.empty(micro, 3, 16, 16),
                            output_args=torch.empty(micro, 10, requires_grad=True), sim=times)

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from stallfree.stage_runtime.train.partition import LayerCost, balance_costs, measure_layers, plan, split
+from stallfree.stage_runtime.models.partition import LayerCost, balance_costs, measure_layers, plan, split
 
 
 @pytest.mark.parametrize(
@@ -77,7 +77,7 @@ def test_measure_layers_times_forward_backward_and_weight_gradient_apart() -> No
 
 
 def test_simulator_layer_times_come_from_the_measured_passes() -> None:
-    from stallfree.stage_runtime.plan.measure import layer_times
+    from stallfree.stage_runtime.models.measure import layer_times
 
     times = layer_times(LayerCost(3.0, 8, 4, forward_s=1.0, weight_s=0.5))
     assert (times.forward_s, times.backward_s, times.weight_s, times.param_bytes, times.activation_bytes) == (

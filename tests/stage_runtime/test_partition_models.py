@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from stallfree.stage_runtime.train.models import MODELS, build_model
-from stallfree.stage_runtime.train.partition import LayerCost, plan, split
+from stallfree.stage_runtime.models.partition import LayerCost, plan, split
+from stallfree.stage_runtime.models.zoo import MODELS, build_model
 
 SIZES = {"resnet18": 32, "resnet50": 32, "vit_small": 16}
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from stallfree.cli import main
-from stallfree.stage_runtime.profile.report import check_schema, headline
+from stallfree.stage_runtime.profile.report import headline
+from stallfree.stage_runtime.profile.schema import check_schema
 from stallfree.stage_runtime.profile.text import report
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import stallfree
-from stallfree.stage_runtime.profile.report import check_schema
+from stallfree.stage_runtime.profile.schema import check_schema
 
 
 def test_profile_dataset_returns_the_result_and_prints_nothing(image_folder: Path, tmp_path: Path,

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from stallfree.stage_runtime.train.config import TrainConfig
-from stallfree.stage_runtime.train.schedules import SCHEDULE_SPECS, SCHEDULES, schedule_spec
+from stallfree.stage_runtime.config.train_config import TrainConfig
+from stallfree.stage_runtime.schedules import SCHEDULE_SPECS, SCHEDULES, schedule_spec
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "train.md"
 
@@ -31,13 +31,13 @@ def test_placements() -> None:
 
 def test_bad_names_and_counts_carry_the_fix() -> None:
     with pytest.raises(ValueError, match="choose one of gpipe, 1f1b"):
-        TrainConfig(schedule="pipedream")
+        TrainConfig.from_flags(schedule="pipedream")
     with pytest.raises(ValueError, match="multiple of the 2 pipeline ranks, got 3; use 4"):
         schedule_spec("interleaved-1f1b").check(2, 3)
     with pytest.raises(ValueError, match="batch_size=30, microbatches=4"):
-        TrainConfig(batch_size=30, microbatches=4)
+        TrainConfig.from_flags(batch_size=30, microbatches=4)
     with pytest.raises(ValueError, match=r"schedule 'zbv' needs at least 2 pipeline ranks \(--stages 2\), got 1"):
-        TrainConfig(schedule="zbv", stages=1)
+        TrainConfig.from_flags(schedule="zbv", stages=1)
 
 
 def test_every_spec_names_a_torch_class_that_takes_what_build_schedule_passes() -> None:
@@ -67,10 +67,11 @@ def test_the_bench_sweep_skips_what_the_config_refuses_and_says_why(tmp_path: Pa
 
     args = argparse.Namespace(schedules=list(SCHEDULES), microbatches=[2, 3], stages=1, batch_size=6, steps=1)
     configs, skipped = schedule_jobs(args, tmp_path)
-    assert [(c.schedule, c.microbatches) for c in configs] == [(s, m) for s in SCHEDULES if s != "zbv" for m in (2, 3)]
+    made = [(c.pipeline.schedule, c.pipeline.microbatches) for c in configs]
+    assert made == [(s, m) for s in SCHEDULES if s != "zbv" for m in (2, 3)]
     assert skipped == ["zbv M=2: schedule 'zbv' needs at least 2 pipeline ranks (--stages 2), got 1",
                        "zbv M=3: schedule 'zbv' needs at least 2 pipeline ranks (--stages 2), got 1"]
     args.stages = 2
     configs, skipped = schedule_jobs(args, tmp_path)
-    assert ("interleaved-1f1b", 3) not in [(c.schedule, c.microbatches) for c in configs]
+    assert ("interleaved-1f1b", 3) not in [(c.pipeline.schedule, c.pipeline.microbatches) for c in configs]
     assert "interleaved-1f1b M=3: schedule 'interleaved-1f1b' needs --microbatches to be a multiple" in skipped[0]

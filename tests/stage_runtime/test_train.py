@@ -7,7 +7,6 @@ seconds each, the whole area has 120 s.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -16,11 +15,13 @@ import psutil
 import pytest
 import torch
 
+from stallfree.stage_runtime.config.train_config import TrainConfig
+from stallfree.stage_runtime.jobs import account, train_many
+from stallfree.stage_runtime.models.zoo import build_model
 from stallfree.stage_runtime.train import checkpoint as ckpt
 from stallfree.stage_runtime.train.feed import TensorBatches
 from stallfree.stage_runtime.train.launcher import StageFailure
-from stallfree.stage_runtime.train.models import build_model
-from stallfree.stage_runtime.train.trainer import TrainConfig, train_many
+from stallfree.stage_runtime.train.trainer import Fault, run_jobs
 
 STEPS = 4
 MODEL = {"model": "mlp", "model_kwargs": {"hidden": 16, "depth": 6}, "image_size": 4}  # 8 layers
@@ -33,7 +34,7 @@ def _config(out: Path, name: str, schedule: str, m: int, balance: tuple[int, ...
     base = dict(samples=64, batch_size=8, microbatches=m, schedule=schedule, balance=balance, max_steps=STEPS,
                 lr=0.1, momentum=0.9, progress=False, timeout_s=60, out_dir=str(out / name), **MODEL)
     base.update(kw)
-    return TrainConfig(**base)  # type: ignore[arg-type]
+    return TrainConfig.from_flags(**base)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")
@@ -50,10 +51,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     for schedule, balance in (("1f1b", (3, 5)), ("zero-bubble", (2, 2, 2, 2))):
         configs[f"sim-{schedule}"] = _config(out, f"sim-{schedule}", schedule, 2, balance, accelerator="sim:400")
     # Rank 1 dies after step 4, when rank 0 has logged step 3 past the checkpoint of step 2.
-    configs["crash"] = _config(out, "crash", "1f1b", 2, (3, 5), max_steps=6, checkpoint_every=2, crash_at=(1, 4))
+    configs["crash"] = _config(out, "crash", "1f1b", 2, (3, 5), max_steps=6, checkpoint_every=2)
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     with pytest.raises(StageFailure) as failure:
-        train_many(list(configs.values()))
+        run_jobs(list(configs.values()), account=account, faults={len(configs) - 1: Fault(rank=1, step=4)})
     # multiprocessing's resource tracker is the parent's helper, started once and kept: not a stage.
     left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before and p.is_running()
             and p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline())]
@@ -62,12 +63,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
 
 def _weights(config: TrainConfig) -> dict[str, torch.Tensor]:
     """The full model's state dict, rebuilt from the final checkpoint's per-rank files."""
-    summary = json.loads((Path(config.out_dir) / "summary.json").read_text())
+    summary = json.loads((Path(config.report.out_dir) / "summary.json").read_text())
     step, bounds = summary["steps"], [0]
     for b in summary["balance"]:
         bounds.append(bounds[-1] + b)
     state = {}
-    for rank in range(config.world_size):
+    for rank in range(config.pipeline.world_size):
         for stage, sd in ckpt.load_rank(config.ckpt_root, step, rank)["modules"].items():
             for key, value in sd.items():
                 local, rest = key.split(".", 1)
@@ -78,12 +79,13 @@ def _weights(config: TrainConfig) -> dict[str, torch.Tensor]:
 def _reference(config: TrainConfig, steps: int) -> dict[str, torch.Tensor]:
     """Single-process training with the same micro-batch gradient accumulation."""
     torch.manual_seed(config.seed)
-    model = build_model(config.model, 10, config.image_size, **config.model_kwargs)
-    opt = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
-    feed = TensorBatches(config.samples, config.batch_size, config.image_size, 10, seed=config.seed)
+    model = build_model(config.model.name, 10, config.model.image_size, **config.model.kwargs)
+    opt = torch.optim.SGD(model.parameters(), lr=config.optimizer.lr, momentum=config.optimizer.momentum)
+    m = config.pipeline.microbatches
+    feed = TensorBatches(config.feed.samples, config.pipeline.batch_size, config.model.image_size, 10, seed=config.seed)
     for _, (x, y) in zip(range(steps), feed, strict=False):
-        for xm, ym in zip(x.tensor_split(config.microbatches), y.tensor_split(config.microbatches), strict=True):
-            (torch.nn.functional.cross_entropy(model(xm), ym) / config.microbatches).backward()
+        for xm, ym in zip(x.tensor_split(m), y.tensor_split(m), strict=True):
+            (torch.nn.functional.cross_entropy(model(xm), ym) / m).backward()
         opt.step()
         opt.zero_grad()
     return model.state_dict()
@@ -103,7 +105,7 @@ def test_resume_equals_uninterrupted_run(runs: dict) -> None:
     got = _weights(resumed)
     want = _weights(full)
     assert max(float((got[k] - want[k]).abs().max()) for k in want) == 0.0
-    rows = [json.loads(line) for line in (Path(resumed.out_dir) / "train.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (Path(resumed.report.out_dir) / "train.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r] == [3, 4]
 
 
@@ -114,7 +116,7 @@ def test_extending_a_run_that_stopped_mid_epoch_equals_the_longer_run(runs: dict
     assert ckpt.load_meta(short.ckpt_root, 6)["epoch"] == 1
     feed = json.loads(ckpt.load_rank(short.ckpt_root, 6, 0)["feed"])
     assert (feed["epoch"], feed["batches"]) == (1, 2)  # the feed's place in epoch 1: 2 of its 4 batches delivered
-    rows = {name: [json.loads(line) for line in (Path(c.out_dir) / "train.jsonl").read_text().splitlines()]
+    rows = {name: [json.loads(line) for line in (Path(c.report.out_dir) / "train.jsonl").read_text().splitlines()]
             for name, c in (("resumed", resumed), ("full", full))}
     steps = {name: [(r["step"], r["epoch"], r["loss"]) for r in got if "loss" in r] for name, got in rows.items()}
     assert [s[:2] for s in steps["full"][5:]] == [(6, 1), (7, 1), (8, 1), (9, 2), (10, 2)]
@@ -124,7 +126,7 @@ def test_extending_a_run_that_stopped_mid_epoch_equals_the_longer_run(runs: dict
 
 
 def test_summary_reports_fractions_beside_theory(runs: dict) -> None:
-    summary = json.loads((Path(runs["configs"]["gpipe-m2"].out_dir) / "summary.json").read_text())
+    summary = json.loads((Path(runs["configs"]["gpipe-m2"].report.out_dir) / "summary.json").read_text())
     assert summary["bubble_theory"] == pytest.approx(1 / 3)
     assert 0.0 <= summary["bubble_fraction"] <= 1.0 and 0.0 <= summary["input_stall_fraction"] <= 1.0
     assert summary["steps"] == STEPS and summary["eval_top1"] is not None
@@ -134,7 +136,7 @@ def test_summary_reports_fractions_beside_theory(runs: dict) -> None:
 @pytest.mark.parametrize("schedule", ["1f1b", "zero-bubble"])
 def test_a_simulated_accelerator_trains_the_real_parameters_at_its_speed(runs: dict, schedule: str) -> None:
     config = runs["configs"][f"sim-{schedule}"]
-    summary = json.loads((Path(config.out_dir) / "summary.json").read_text())
+    summary = json.loads((Path(config.report.out_dir) / "summary.json").read_text())
     assert summary["accelerator"] == "sim:400" and summary["accelerator_images_per_s"] == 400
     assert summary["steps"] == STEPS
     # no device can beat itself: each step waits at least M x (slowest stage's micro-batch time)
@@ -145,12 +147,13 @@ def test_a_simulated_accelerator_trains_the_real_parameters_at_its_speed(runs: d
 
 def test_resume_after_a_crash_logs_each_step_once(runs: dict) -> None:
     crashed = runs["configs"]["crash"]
-    logged = [json.loads(line)["step"] for line in (Path(crashed.out_dir) / "train.jsonl").read_text().splitlines()]
+    rows = (Path(crashed.report.out_dir) / "train.jsonl").read_text().splitlines()
+    logged = [json.loads(line)["step"] for line in rows]
     assert logged[-1] > ckpt.latest(crashed.ckpt_root)  # the crash left rows past the checkpoint
-    resumed = dataclasses.replace(crashed, crash_at=None, resume=True, checkpoint_dir=str(runs["out"] / "again"))
+    resumed = crashed.with_flags(resume=True, checkpoint_dir=str(runs["out"] / "again"))
     shutil.copytree(crashed.ckpt_root, resumed.ckpt_root)
     train_many([resumed])
-    rows = [json.loads(line) for line in (Path(resumed.out_dir) / "train.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (Path(resumed.report.out_dir) / "train.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4, 5, 6]
 
 
@@ -160,7 +163,7 @@ def test_killed_stage_ends_job_with_named_error_and_intact_checkpoint(runs: dict
     assert "pipeline stage 1 (rank 1) failed: killed by SIGKILL" in str(failure)
     assert runs["orphans"] == []
     assert ckpt.latest(config.ckpt_root) == 2
-    for rank in range(config.world_size):
+    for rank in range(config.pipeline.world_size):
         assert ckpt.load_rank(config.ckpt_root, 2, rank)["modules"]
     shutil.rmtree(runs["out"], ignore_errors=True)
 
@@ -169,9 +172,10 @@ def test_two_replicas_equal_single_process_over_both_shards(tmp_path: Path) -> N
     config = _config(tmp_path, "dp", "1f1b", 2, (3, 5), dp=2, max_steps=3)
     train_many([config])
     torch.manual_seed(config.seed)
-    model = build_model(config.model, 10, config.image_size, **config.model_kwargs)
-    opt = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
-    batches = iter(TensorBatches(config.samples, config.batch_size, config.image_size, 10, seed=config.seed))
+    model = build_model(config.model.name, 10, config.model.image_size, **config.model.kwargs)
+    opt = torch.optim.SGD(model.parameters(), lr=config.optimizer.lr, momentum=config.optimizer.momentum)
+    batches = iter(TensorBatches(config.feed.samples, config.pipeline.batch_size, config.model.image_size, 10,
+                                 seed=config.seed))
     for _ in range(3):  # replica d takes batch 2k+d; the replicas' gradients are averaged
         for _replica in range(2):
             x, y = next(batches)

@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 from stallfree.ingest.synthetic import make_image_folder
-from stallfree.stage_runtime.train.trainer import demo_config, train
+from stallfree.stage_runtime.jobs import train
+from stallfree.stage_runtime.train.trainer import demo_config
 
 
 def test_demo_training_beats_chance(tmp_path: Path) -> None:

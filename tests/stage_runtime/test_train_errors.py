@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from stallfree.cli import main
+from stallfree.stage_runtime.config.train_config import TrainConfig
+from stallfree.stage_runtime.jobs import train
 from stallfree.stage_runtime.train.launcher import StageFailure
-from stallfree.stage_runtime.train.trainer import TrainConfig, train
 
 SMALL = ["--model", "mlp", "--image-size", "4", "--batch-size", "8", "--max-steps", "1", "--no-progress"]
 
@@ -56,8 +57,9 @@ def test_exception_in_a_stage_names_the_stage_type_and_message(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "faulty_model.py").write_text(FAULTY)
     monkeypatch.syspath_prepend(str(tmp_path))
-    config = TrainConfig(model="faulty_model:model", balance=(2, 2), samples=32, batch_size=8, microbatches=2,
-                         image_size=4, max_steps=2, progress=False, timeout_s=60, out_dir=str(tmp_path / "run"))
+    config = TrainConfig.from_flags(model="faulty_model:model", balance=(2, 2), samples=32, batch_size=8,
+                                    microbatches=2, image_size=4, max_steps=2, progress=False, timeout_s=60,
+                                    out_dir=str(tmp_path / "run"))
     with pytest.raises(StageFailure, match=r"^pipeline stage 1 \(rank 1\) failed: "
                        r"RuntimeError: boom in the second stage$") as failure:
         train(config)

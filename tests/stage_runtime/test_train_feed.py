@@ -11,7 +11,7 @@ import pytest
 from stallfree.ingest.runner import ingest
 from stallfree.ingest.writer import IngestOptions
 from stallfree.pipeline.shards import ShardError
-from stallfree.stage_runtime.train.config import TrainConfig
+from stallfree.stage_runtime.config.train_config import TrainConfig
 from stallfree.stage_runtime.train.feed import make_feed
 
 
@@ -49,4 +49,4 @@ def test_first_use_raises_on_the_shards_first_read_and_none_never_hashes(altered
 
 def test_an_unknown_mode_is_refused_with_the_known_ones() -> None:
     with pytest.raises(ValueError, match=r"verify must be one of \('first-use', 'open', 'none'\), got 'never'"):
-        TrainConfig(verify="never")  # type: ignore[arg-type]
+        TrainConfig.from_flags(verify="never")  # type: ignore[arg-type]

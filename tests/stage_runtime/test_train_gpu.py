@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from stallfree.stage_runtime.train.trainer import TrainConfig, train
+from stallfree.stage_runtime.config.train_config import TrainConfig
+from stallfree.stage_runtime.jobs import train
 
 
 @pytest.mark.gpu
@@ -15,7 +16,7 @@ from stallfree.stage_runtime.train.trainer import TrainConfig, train
 def test_trains_on_cuda_with_nccl(tmp_path: Path, stages: int) -> None:
     if torch.cuda.device_count() < stages:
         pytest.skip(f"needs {stages} GPUs (NCCL puts one rank on each), found {torch.cuda.device_count()}")
-    summary = train(TrainConfig(model="resnet_cifar", samples=512, batch_size=64, microbatches=4, stages=stages,
-                                schedule="1f1b" if stages > 1 else "gpipe", max_steps=6, device="cuda",
-                                progress=False, out_dir=str(tmp_path), timeout_s=120))
+    summary = train(TrainConfig.from_flags(model="resnet_cifar", samples=512, batch_size=64, microbatches=4,
+                                           stages=stages, schedule="1f1b" if stages > 1 else "gpipe", max_steps=6,
+                                           device="cuda", progress=False, out_dir=str(tmp_path), timeout_s=120))
     assert summary["steps"] == 6 and summary["eval_top1"] is not None

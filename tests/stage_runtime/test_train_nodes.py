@@ -19,10 +19,10 @@ import psutil
 import pytest
 import torch
 
+from stallfree.stage_runtime.models.zoo import build_model
+from stallfree.stage_runtime.processes import free_port
 from stallfree.stage_runtime.train import checkpoint as ckpt
 from stallfree.stage_runtime.train.feed import TensorBatches
-from stallfree.stage_runtime.train.launcher import free_port
-from stallfree.stage_runtime.train.models import build_model
 
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 # samples // 4 = 40 held-out samples: 5 batches of 8 over 2 replicas, so replica 0 alone would count 24.
@@ -30,23 +30,26 @@ JOB = {"model": "small_cnn", "model_kwargs": {"width": 4}, "image_size": 16, "sa
        "microbatches": 1, "stages": 1, "dp": 2, "max_steps": 3, "lr": 0.05, "progress": False, "timeout_s": 20}
 SCRIPT = """
 import json, sys
-from stallfree.stage_runtime.train.trainer import StageFailure, TrainConfig, train
+from stallfree.stage_runtime.config.train_config import TrainConfig
+from stallfree.stage_runtime.jobs import account
+from stallfree.stage_runtime.train.trainer import Fault, StageFailure, run_jobs
+job, fault = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 try:
-    train(TrainConfig(**json.loads(sys.argv[1])))
+    run_jobs([TrainConfig.from_flags(**job)], account=account, faults={0: Fault(*fault)} if fault else None)
 except StageFailure as err:
     print(f"stallfree train: error: {err}", file=sys.stderr)
     sys.exit(1)
 """
 
 
-def _nodes(tmp_path: Path, **overrides: object) -> list[subprocess.Popen[str]]:
+def _nodes(tmp_path: Path, fault: list[int] | None = None, **overrides: object) -> list[subprocess.Popen[str]]:
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
     port, procs = free_port(), []
     for node in range(2):
         job = dict(JOB, out_dir=str(tmp_path / f"node{node}"), **overrides)
         cmd = [TORCHRUN, "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1", "--master-addr",
-               "127.0.0.1", "--master-port", str(port), str(script), json.dumps(job)]
+               "127.0.0.1", "--master-port", str(port), str(script), json.dumps(job), json.dumps(fault)]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                       start_new_session=True, env=dict(os.environ, OMP_NUM_THREADS="1")))
     return procs
@@ -106,7 +109,7 @@ def test_two_nodes_without_a_shared_out_evaluate_every_shard_and_agree_on_batchn
     (signal.SIGSTOP, r"pipeline stage 0 \(rank 1\) failed: stopped responding: no heartbeat .*\(rank 0 saw: "),
 ], ids=["SIGKILL", "SIGSTOP"])
 def test_a_dead_or_stopped_peer_fails_the_other_node_naming_it(tmp_path: Path, sig: int, message: str) -> None:
-    procs = _nodes(tmp_path, crash_at=[1, 2, int(sig)], timeout_s=8)
+    procs = _nodes(tmp_path, fault=[1, 2, int(sig)], timeout_s=8)
     try:
         code, err = _finish(procs[0], 90)  # a SIGSTOPped peer must fail the job within --timeout, not hang it
     finally:

@@ -16,7 +16,7 @@ def test_the_prediction_uses_rank_0s_measurement_and_measures_nothing_again(
         raise AssertionError("the command measured the model again after training")
 
     # The stage processes are spawned: they import their own, unpatched measure_model.
-    monkeypatch.setattr("stallfree.stage_runtime.plan.measure.measure_model", measured_twice)
+    monkeypatch.setattr("stallfree.stage_runtime.plan.predict.measure_model", measured_twice)
     code = main(["train", "--synthetic", "64", "--model", "mlp", "--image-size", "8", "--batch-size", "8",
                  "--schedule", "1f1b", "--microbatches", "2", "--max-steps", "2", "--no-progress",
                  "--out", str(tmp_path / "run"), "--json"])

@@ -51,9 +51,10 @@ def test_async_rejects_what_it_cannot_simulate():
 
 
 def test_a_simulated_device_job_is_predicted_without_a_bubble_for_2bw_and_1f1b_s_for_1f1b():
-    from stallfree.stage_runtime.train.config import TrainConfig
+    from stallfree.stage_runtime.config.train_config import TrainConfig
 
-    config = TrainConfig(model="mlp", stages=2, microbatches=4, batch_size=32, schedule="2bw", accelerator="sim:200")
+    config = TrainConfig.from_flags(model="mlp", stages=2, microbatches=4, batch_size=32, schedule="2bw",
+                                    accelerator="sim:200")
     layer = {"forward_s": 1e-3, "backward_s": 2e-3, "weight_s": 1e-3, "param_bytes": 100, "activation_bytes": 10}
     summary = {"balance": [1, 1], "layer_costs": {"layers": [layer, layer], "optimizer_s": 0.0}}
     predicted = predict_simulated_job(config, summary)
@@ -65,4 +66,4 @@ def test_a_simulated_device_job_is_predicted_without_a_bubble_for_2bw_and_1f1b_s
     assert predicted["1f1b"]["images_per_s"] == pytest.approx(32 / 0.2)
     assert predicted["1f1b"]["bubble"] == pytest.approx(1 / 5)
     with pytest.raises(ValueError, match="needs a --accelerator sim:R job"):
-        predict_simulated_job(TrainConfig(model="mlp", schedule="2bw"), summary)
+        predict_simulated_job(TrainConfig.from_flags(model="mlp", schedule="2bw"), summary)

@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from stallfree.stage_runtime.config.train_config import TrainConfig
+from stallfree.stage_runtime.jobs import train_many
+from stallfree.stage_runtime.models.layer_times import LayerTimes
 from stallfree.stage_runtime.plan.books import PARTS, predicted_books
-from stallfree.stage_runtime.plan.costs import FREE_LINK, HostOverhead, LayerTimes, Link, StageCost, stage_costs
+from stallfree.stage_runtime.plan.costs import FREE_LINK, HostOverhead, Link, StageCost, stage_costs
 from stallfree.stage_runtime.plan.orders import placement, torch_order
 from stallfree.stage_runtime.plan.simulate import simulate
-from stallfree.stage_runtime.train.trainer import TrainConfig, train_many
 
 SCHEDULES = ["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv"]
 RATE, BATCH, M = 100.0, 8, 4
@@ -67,11 +69,12 @@ def test_only_the_faster_rank_loses_to_imbalance() -> None:
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     out = tmp_path_factory.mktemp("books")
-    configs = [TrainConfig(model="mlp", model_kwargs={"hidden": 16, "depth": 6}, image_size=4, samples=64,
-                           batch_size=BATCH, microbatches=M, schedule=s, max_steps=4, progress=False, timeout_s=60,
-                           accelerator=f"sim:{RATE:g}", out_dir=str(out / s)) for s in SCHEDULES]
+    configs = [TrainConfig.from_flags(model="mlp", model_kwargs={"hidden": 16, "depth": 6}, image_size=4, samples=64,
+                                      batch_size=BATCH, microbatches=M, schedule=s, max_steps=4, progress=False,
+                                      timeout_s=60, accelerator=f"sim:{RATE:g}", out_dir=str(out / s))
+               for s in SCHEDULES]
     train_many(configs)
-    return {c.schedule: json.loads((Path(c.out_dir) / "summary.json").read_text()) for c in configs}
+    return {c.pipeline.schedule: json.loads((Path(c.report.out_dir) / "summary.json").read_text()) for c in configs}
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from stallfree.stage_runtime.models.layer_times import LayerTimes
 from stallfree.stage_runtime.plan.attribution import Measured, attribute, fit_overhead, steps_from_records
-from stallfree.stage_runtime.plan.calibrate import Calibration, read_calibration
-from stallfree.stage_runtime.plan.costs import HostOverhead, LayerTimes, Link, stage_costs
+from stallfree.stage_runtime.plan.calibration import Calibration, read_calibration
+from stallfree.stage_runtime.plan.costs import HostOverhead, Link, stage_costs
 from stallfree.stage_runtime.plan.orders import placement, torch_order
 from stallfree.stage_runtime.plan.simulate import simulate
 

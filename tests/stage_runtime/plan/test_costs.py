@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from stallfree.stage_runtime.plan.costs import LayerTimes, Link, StageCost, parse_bytes, parse_link, stage_costs
+from stallfree.stage_runtime.models.layer_times import LayerTimes
+from stallfree.stage_runtime.plan.costs import Link, StageCost, parse_bytes, parse_link, stage_costs
 
 
 @pytest.mark.parametrize(("text", "rate", "latency"), [

@@ -21,7 +21,7 @@ def test_gpipe_runs_every_forward_then_every_backward(ranks, m):
 
 @pytest.mark.parametrize(("ranks", "m"), [(2, 2), (3, 5), (4, 8)])
 def test_1f1b_warms_up_with_one_forward_per_rank_below(ranks, m):
-    # The drawing in stage_runtime/train/schedules.py: rank r runs S - r forwards, then one backward, one forward...
+    # The drawing in stage_runtime/schedules.py: rank r runs S - r forwards, then one backward, one forward...
     for r, ops in torch_order("1f1b", ranks, m).items():
         warm = min(m, ranks - r)
         expected = [Op(r, "F", i) for i in range(warm)]

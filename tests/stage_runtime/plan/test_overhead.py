@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stallfree.stage_runtime.plan.calibrate import Calibration
+from stallfree.stage_runtime.plan.calibration import Calibration
 from stallfree.stage_runtime.plan.costs import NO_OVERHEAD, HostOverhead, Link
 from stallfree.stage_runtime.plan.overhead import OverheadChoice
 from stallfree.stage_runtime.plan.pilots import PilotFit

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from stallfree.stage_runtime.models.layer_times import LayerTimes
 from stallfree.stage_runtime.plan.books import predicted_books
-from stallfree.stage_runtime.plan.costs import HostOverhead, LayerTimes, Link, stage_costs
+from stallfree.stage_runtime.plan.costs import HostOverhead, Link, stage_costs
 from stallfree.stage_runtime.plan.orders import placement, torch_order
 from stallfree.stage_runtime.plan.pilots import (
     Pilot,

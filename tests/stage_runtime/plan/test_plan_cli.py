@@ -102,7 +102,7 @@ def test_registering_plan_imports_no_torch():
 
 
 def test_a_calibration_file_charges_its_host_overhead_and_link(tmp_path, capsys):
-    from stallfree.stage_runtime.plan.calibrate import Calibration
+    from stallfree.stage_runtime.plan.calibration import Calibration
     from stallfree.stage_runtime.plan.costs import HostOverhead, Link
 
     runtime = HostOverhead(2e-4, 1e-4, 5e-3, send_s=3e-4, kind_s=(("I", 4e-4), ("W", 4e-4)))
@@ -129,20 +129,21 @@ def _write_pilot(folder: Path, schedule: str, m: int, overhead: object) -> None:
     """A finished job's folder as stallfree train writes it, its steps made by the simulator with ``overhead``."""
     import dataclasses
 
-    from stallfree.stage_runtime.plan.costs import LayerTimes, Link, stage_costs
+    from stallfree.stage_runtime.config.train_config import TrainConfig
+    from stallfree.stage_runtime.models.layer_times import LayerTimes
+    from stallfree.stage_runtime.plan.costs import Link, stage_costs
     from stallfree.stage_runtime.plan.orders import placement, torch_order
     from stallfree.stage_runtime.plan.simulate import simulate
-    from stallfree.stage_runtime.train.config import TrainConfig
 
-    config = TrainConfig(model="mlp", image_size=8, stages=2, schedule=schedule, microbatches=m, batch_size=8,
-                         out_dir=str(folder))
+    config = TrainConfig.from_flags(model="mlp", image_size=8, stages=2, schedule=schedule, microbatches=m,
+                                    batch_size=8, out_dir=str(folder))
     layer = LayerTimes(1e-4, 2e-4, 1e-4, 2**20, 2**16)
     costs = stage_costs([layer] * 6, [3, 3])
     program = torch_order(schedule, 2, m)
     result = simulate(program, placement(schedule, 2, 2), costs, lambda a, b: Link(2e9, 0.0), overhead=overhead)
     folder.mkdir(parents=True)
     (folder / "summary.json").write_text(json.dumps({
-        "config": dataclasses.asdict(config), "balance": [3, 3],
+        "config": config.to_json(), "balance": [3, 3],
         "layer_costs": {"layers": [dataclasses.asdict(layer)] * 6, "optimizer_s": 1e-3}}))
     (folder / "train.jsonl").write_text("".join(
         json.dumps({"step": k, "loss": 1.0, "compute_step_s": result.schedule_s, "bubble": 0.5}) + "\n"

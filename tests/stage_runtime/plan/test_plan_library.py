@@ -9,7 +9,7 @@ import pytest
 
 import stallfree
 from stallfree.cli import main
-from stallfree.stage_runtime.plan.calibrate import Calibration
+from stallfree.stage_runtime.plan.calibration import Calibration
 from stallfree.stage_runtime.plan.costs import HostOverhead, Link
 from stallfree.stage_runtime.plan.handoff import train_settings
 

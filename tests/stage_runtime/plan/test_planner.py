@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from stallfree.stage_runtime.plan.costs import LayerTimes, layers_from_json, parse_link, scale_layers
+from stallfree.stage_runtime.models.layer_times import LayerTimes
+from stallfree.stage_runtime.plan.costs import layers_from_json, parse_link, scale_layers
 from stallfree.stage_runtime.plan.planner import Network, rank_plans, splits
 
 FAST = parse_link("25GB/s,5us")

@@ -10,13 +10,14 @@ import dataclasses
 
 import pytest
 
-from stallfree.stage_runtime.plan.calibrate import FAMILIES, Calibration
-from stallfree.stage_runtime.plan.costs import HostOverhead, LayerTimes, Link, parse_link, scale_layers
+from stallfree.stage_runtime.config.train_config import TrainConfig
+from stallfree.stage_runtime.models.layer_times import LayerTimes
+from stallfree.stage_runtime.plan.calibration import FAMILIES, Calibration
+from stallfree.stage_runtime.plan.costs import HostOverhead, Link, parse_link, scale_layers
 from stallfree.stage_runtime.plan.orders import job_program, placement, torch_order
 from stallfree.stage_runtime.plan.pilots import PilotFit
 from stallfree.stage_runtime.plan.planner import Network, rank_plans
-from stallfree.stage_runtime.train.config import TrainConfig
-from stallfree.stage_runtime.train.schedules import SCHEDULE_SPECS, ScheduleSpec
+from stallfree.stage_runtime.schedules import SCHEDULE_SPECS, ScheduleSpec
 
 FAST = parse_link("25GB/s,5us")
 LAYERS = [LayerTimes(1e-3, 2e-3, 1e-3, 4_000_000, 1_000_000)] * 8
@@ -47,8 +48,8 @@ def test_a_schedule_added_to_the_table_alone_is_ordered_planned_predicted_and_ca
     copied = _plans(name)  # the planner's default: every schedule in the table
     assert copied and copied == before == _plans(original)
 
-    config = TrainConfig(schedule=name, stages=2, microbatches=4, batch_size=8)
-    assert job_program(config) == job_program(dataclasses.replace(config, schedule=original))
+    config = TrainConfig.from_flags(schedule=name, stages=2, microbatches=4, batch_size=8)
+    assert job_program(config) == job_program(config.with_flags(schedule=original))
 
     overheads = {"loop": HostOverhead(action_s=1e-4), "runtime": HostOverhead(action_s=2e-4)}
     assert FAMILIES[name] == FAMILIES[original] and name in FAMILIES

@@ -7,7 +7,7 @@ import pytest
 from stallfree.stage_runtime.plan.costs import FREE_LINK, Cores, HostOverhead, Link, StageCost
 from stallfree.stage_runtime.plan.orders import Op, placement, torch_order
 from stallfree.stage_runtime.plan.simulate import simulate, simulate_step
-from stallfree.stage_runtime.train.schedules import SCHEDULE_SPECS
+from stallfree.stage_runtime.schedules import SCHEDULE_SPECS
 
 
 def theoretical_bubble(schedule: str, ranks: int, microbatches: int, virtual: int = 2) -> float:

@@ -12,9 +12,11 @@ from PIL import Image
 
 from stallfree.stage_runtime.profile.chart import title
 from stallfree.stage_runtime.profile.phases import InMemoryReader, measure_storage
-from stallfree.stage_runtime.profile.report import Observed, check_schema, differential_stalls, headline, what_ifs
+from stallfree.stage_runtime.profile.report import differential_stalls, headline
+from stallfree.stage_runtime.profile.schema import check_schema
 from stallfree.stage_runtime.profile.text import verify_line
 from stallfree.stage_runtime.profile.verify import chosen
+from stallfree.stage_runtime.profile.what_ifs import Observed, what_ifs
 
 
 @pytest.mark.parametrize(("ideal", "cached", "real", "measured", "bottleneck", "fetch", "prep"), [

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from stallfree.cli import build_parser, main
+from stallfree.stage_runtime.config.train_config import TrainConfig
 from stallfree.stage_runtime.train import checkpoint
 from stallfree.stage_runtime.train.augment import parse_spec, training_transform
-from stallfree.stage_runtime.train.config import TrainConfig
 from stallfree.stage_runtime.train.optim import build_optimizer, build_scheduler, lr_factor
 
 
@@ -30,8 +30,9 @@ def test_cosine_with_warmup(step: int, factor: float) -> None:
 
 
 def test_constant_is_the_default_and_stays_at_lr() -> None:
-    config = TrainConfig()
-    assert (config.optimizer, config.lr, config.lr_schedule, config.warmup_steps) == ("sgd", 0.01, "constant", 0)
+    config = TrainConfig.from_flags()
+    o = config.optimizer
+    assert (o.name, o.lr, o.lr_schedule, o.warmup_steps) == ("sgd", 0.01, "constant", 0)
     assert [lr_factor(s, 10, 0, "constant") for s in (0, 5, 9)] == [1.0, 1.0, 1.0]
 
 
@@ -61,7 +62,7 @@ def test_the_optimizer_and_the_rate_each_step_uses(name: str, kind: type) -> Non
 ])
 def test_bad_settings_are_refused_when_the_config_is_built(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        TrainConfig(**kwargs)  # type: ignore[arg-type]
+        TrainConfig.from_flags(**kwargs)  # type: ignore[arg-type]
 
 
 def test_the_help_states_the_defaults() -> None:

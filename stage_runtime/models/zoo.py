@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from stallfree.stage_runtime.train.factories import import_factory
+from stallfree.stage_runtime.factories import import_factory
 
 __all__ = ["MODELS", "build_model", "mlp", "resnet18", "resnet50", "resnet_cifar", "resolve", "small_cnn", "vit_small"]
 

@@ -1,17 +1,24 @@
-"""Per-layer costs for the simulator, from the partitioner's measurement (the one ``stallfree train`` uses)."""
+"""A model's layers measured as the simulator reads them, by the partitioner's measurement.
+
+The one ``stallfree train`` splits with: each layer's forward, backward and weight-gradient seconds, and one
+optimizer step over the whole model.
+"""
 
 from __future__ import annotations
 
 import time
-from typing import Any
 
-from .costs import LayerTimes
+import torch
+from torch import nn
+
+from stallfree.stage_runtime.models.layer_times import LayerTimes
+from stallfree.stage_runtime.models.partition import LayerCost, measure_layers
 
 __all__ = ["layer_times", "measure_model"]
 
 
-def layer_times(cost: Any) -> LayerTimes:
-    """A :class:`~stallfree.stage_runtime.train.partition.LayerCost` from ``measure_layers`` as the simulator's.
+def layer_times(cost: LayerCost) -> LayerTimes:
+    """A :class:`~stallfree.stage_runtime.models.partition.LayerCost` from ``measure_layers`` as the simulator's.
 
     Raises:
         ValueError: a cost without its passes (one given by hand: only ``measure_layers`` times them apart).
@@ -23,18 +30,14 @@ def layer_times(cost: Any) -> LayerTimes:
                       cost.activation_bytes)
 
 
-def measure_model(model: Any, image_size: int, micro: int, device: str = "cpu",
+def measure_model(model: nn.Sequential, image_size: int, micro: int, device: str = "cpu",
                   repeats: int = 3) -> tuple[list[LayerTimes], float]:
     """Time every layer of ``model`` (an ``nn.Sequential``) on one micro-batch of ``micro`` images.
 
     Returns the layers' costs (the forward, the backward and its weight-gradient part, each timed by
-    :func:`~stallfree.stage_runtime.train.partition.measure_layers`) and the seconds of one SGD-with-momentum step
+    :func:`~stallfree.stage_runtime.models.partition.measure_layers`) and the seconds of one SGD-with-momentum step
     over the whole model, the trainer's optimizer.
     """
-    import torch
-
-    from stallfree.stage_runtime.train.partition import measure_layers
-
     model = model.to(device)
     sample = torch.randn(micro, 3, image_size, image_size, device=device)
     measured = measure_layers(list(model), sample, repeats=repeats)

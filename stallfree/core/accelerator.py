@@ -4,30 +4,20 @@ On a training machine the model runs on accelerators and the host's cores only f
 one, ``sim:R`` shows that case honestly: where the device would compute, the caller *waits* (``time.sleep``, which
 holds neither a core nor the GIL) for as long as a device training ``R`` images per second would take, while
 everything else runs for real. Every simulated device of the project is this one: the trainer's pipeline stages
-(:mod:`stallfree.stage_runtime.train.stage`), the profiler's step (``stallfree profile --accelerator``), and the
-consumers of ``bench e2e`` and ``bench remote``.
+(their share of the device's time: :mod:`stallfree.stage_runtime.stage_times`), the profiler's step (``stallfree
+profile --accelerator``), and the consumers of ``bench e2e`` and ``bench remote``.
 
-The trainer's split. ``R`` is the replica's compute rate: with no input wait and no bubble, the pipeline would
-train ``R`` images per second. The slowest model stage therefore takes ``m / R`` seconds per micro-batch of ``m``
-images, and every other stage its measured share of that (the partitioner's forward + backward time of its
-layers, over the slowest stage's). Each stage's time splits one third forward, one third backward to the input,
-one third backward to the weights (the usual 1 : 1 : 1 of the zero-bubble paper); a schedule that runs the
-backward whole waits for both thirds at once. What runs in place of the layers is ``stage.SimulatedCompute``:
-throughput under ``sim`` measures the input path and the pipeline, not the model; losses under ``sim`` mean
-nothing.
-
-The string ``"sim:R"`` is parsed once, where it enters (:func:`parse_accelerator`, called by ``TrainConfig`` and
-``profile_dataset``); everything below takes the :class:`SimAccelerator`. This module imports no torch, so that
-``TrainConfig`` can check ``--accelerator`` without it.
+The string ``"sim:R"`` is parsed once, where it enters (:func:`parse_accelerator`, called by the training job's
+configuration and ``profile_dataset``); everything below takes the :class:`SimAccelerator`. This module imports no
+torch, so that a configuration can check ``--accelerator`` without it.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["SimAccelerator", "StageTimes", "hold", "parse_accelerator"]
+__all__ = ["SimAccelerator", "hold", "parse_accelerator"]
 
 
 def hold(seconds: float, since: float | None = None) -> None:
@@ -39,20 +29,6 @@ def hold(seconds: float, since: float | None = None) -> None:
     left = seconds if since is None else since + seconds - time.perf_counter()
     if left > 0:
         time.sleep(left)
-
-
-@dataclass(frozen=True)
-class StageTimes:
-    """Seconds one model stage computes per micro-batch on the simulated device."""
-
-    forward_s: float
-    backward_input_s: float
-    backward_weight_s: float
-
-    @property
-    def backward_s(self) -> float:
-        """The whole backward (a schedule that does not split it)."""
-        return self.backward_input_s + self.backward_weight_s
 
 
 @dataclass(frozen=True)
@@ -75,17 +51,6 @@ class SimAccelerator:
     def step(self, images: int) -> None:
         """Train on ``images`` images: wait the device's time, holding no CPU."""
         hold(self.seconds(images))
-
-    def stage_times(self, micro_batch: int, stage_cost_s: Sequence[float]) -> list[StageTimes]:
-        """Each model stage's times for a micro-batch, from its measured cost relative to the slowest stage's."""
-        if micro_batch < 1:
-            raise ValueError(f"micro_batch must be >= 1, got {micro_batch}")
-        if not stage_cost_s or any(c < 0 for c in stage_cost_s):
-            raise ValueError(f"stage costs must be non-negative and at least one, got {list(stage_cost_s)}")
-        slowest = max(stage_cost_s)
-        shares = [c / slowest if slowest > 0 else 1.0 for c in stage_cost_s]
-        per_micro = self.seconds(micro_batch)
-        return [StageTimes(*(per_micro * share / 3,) * 3) for share in shares]
 
 
 def parse_accelerator(value: str | SimAccelerator | None) -> SimAccelerator | None:

@@ -3,7 +3,7 @@
 :class:`TimedStage` is a ``torch.distributed.pipelining.PipelineStage`` whose forward, backward and
 weight-gradient chunks are timed: their sum is the rank's busy time, and the rest of the schedule's step is its
 bubble (waiting for neighbours). Communication is issued by the schedule outside these calls, so it counts as
-idle, which is what the bubble is. Under a simulated accelerator (:mod:`stallfree.stage_runtime.accelerator`)
+idle, which is what the bubble is. Under a simulated accelerator (:mod:`stallfree.stage_runtime.stage_times`)
 each chunk lasts the device's time: it waits for what its (stand-in) compute left of it.
 """
 
@@ -18,7 +18,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
 
-from stallfree.stage_runtime.accelerator import StageTimes, hold
+from stallfree.core.accelerator import hold
+from stallfree.stage_runtime.stage_times import StageTimes
 
 __all__ = ["SimulatedCompute", "TimedStage", "chain_forward"]
 
@@ -27,7 +28,7 @@ class TimedStage(PipelineStage):
     """``PipelineStage`` adding ``busy_s`` (seconds computing since the last :meth:`take_busy`) and clock spans.
 
     ``delay_s`` (next, previous): the latency of the link to the next and to the previous stage's rank
-    (``--link-delay``; how it is run: :mod:`stallfree.stage_runtime.train.link_delay`). A message over a delayed link
+    (``--link-delay``; how it is run: :mod:`stallfree.stage_runtime.link_delay`). A message over a delayed link
     carries its sender's clock reading, and the receiver starts the chunk that reads it no sooner than that reading
     plus the delay; each such wait is a ``waiting`` span of ``link{index}``.
     """
