@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
 import torch
@@ -30,7 +30,7 @@ from stallfree.pipeline.block_order import block_order
 from stallfree.pipeline.epochs import STATE_VERSION, Epochs
 from stallfree.pipeline.loader_sampler import LoaderSampler, Orders
 from stallfree.pipeline.options import LoaderOptions, fingerprint_of
-from stallfree.pipeline.placement import LocalGraph, Placement, RayGraph
+from stallfree.pipeline.placement import placement_for
 from stallfree.pipeline.process_group import UnknownRank, cache_rank
 from stallfree.pipeline.ray_workers import RayWorkers
 from stallfree.pipeline.reader_base import BaseReader, Reader
@@ -67,17 +67,6 @@ def _columns(reader: Reader, columns: Sequence[str]) -> None:
     if columns and not set(columns) <= set(available):
         raise ValueError(f"columns={list(columns)} but the source has columns {available} (only ingested "
                          "shard folders have further columns: see `stallfree ingest`)")
-
-
-def _placement(options: LoaderOptions, batch_size: int, encoded: bool) -> Callable[[], Placement]:
-    """What makes the graph's placement, in each process anew: this process's graph, or Ray workers."""
-    workers = options.run.workers
-    if workers is not None:
-        return functools.partial(RayGraph, workers, options.decode.compiled, options.output.pin_memory)
-    decode = options.decode
-    return functools.partial(LocalGraph, compiled=decode.compiled, batch_size=batch_size,
-                             num_threads=options.run.threads, device_id=options.graph_device, encoded=encoded,
-                             seed=options.order.seed, exif=decode.exif, pin_memory=options.output.pin_memory)
 
 
 class Loader:
@@ -250,7 +239,7 @@ class Loader:
         assembly = functools.partial(ImageAssembly, labels=labels, device=output.device, pin_memory=output.pin_memory,
                                      target_transform=output.target_transform, columns=output.columns)
         self._epochs = Epochs(reader=reader, orders=orders, batcher=batcher, compiled=decode.compiled, config=config,
-                              placement=_placement(options, batcher.largest, config.encoded), assembly=assembly,
+                              placement=placement_for(options, batcher.largest, config.encoded), assembly=assembly,
                               fingerprint=functools.partial(fingerprint_of, reader, options), clock=options.run.clock)
         try:  # an empty dataset, or drop_last over more ranks than samples, refused now
             self.sampler  # noqa: B018

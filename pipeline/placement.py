@@ -7,6 +7,8 @@ for runs and knows no more of either.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from stallfree.pipeline.epoch import EpochRun
@@ -17,10 +19,11 @@ from stallfree.pipeline.ray_transfer import worker_spec
 from stallfree.pipeline.ray_workers import RayWorkers, run_key
 
 if TYPE_CHECKING:
+    from stallfree.pipeline.options import LoaderOptions
     from stallfree.pipeline.run import Run
     from stallfree.pipeline.run_config import RunParts
 
-__all__ = ["LocalGraph", "Placement", "RayGraph"]
+__all__ = ["LocalGraph", "Placement", "RayGraph", "placement_for"]
 
 
 class Placement(Protocol):
@@ -96,3 +99,14 @@ class RayGraph:
 
     def discard(self) -> None:
         """Nothing started ahead."""
+
+
+def placement_for(options: LoaderOptions, batch_size: int, encoded: bool) -> Callable[[], Placement]:
+    """What makes the graph's placement, in each process anew: this process's graph, or Ray workers."""
+    workers = options.run.workers
+    if workers is not None:
+        return functools.partial(RayGraph, workers, options.decode.compiled, options.output.pin_memory)
+    decode = options.decode
+    return functools.partial(LocalGraph, compiled=decode.compiled, batch_size=batch_size,
+                             num_threads=options.run.threads, device_id=options.graph_device, encoded=encoded,
+                             seed=options.order.seed, exif=decode.exif, pin_memory=options.output.pin_memory)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from stallfree.core.ray_cluster import answers
 from stallfree.ingest.fields import IMAGE
 from stallfree.pipeline.ray_transfer import bytes_of, received
 from stallfree.pipeline.samples import BadSampleError, Batch
@@ -166,8 +167,6 @@ class RayRun:
     def _check_cluster(self, flight: _Flight) -> None:
         """Raise ``ConnectionError`` naming the cluster once its address no longer answers (after leaving it)."""
         import ray
-
-        from stallfree.core.ray_cluster import answers
 
         if answers(self.pool.address):
             return

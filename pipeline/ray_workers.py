@@ -17,7 +17,9 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from stallfree.core.cpu import cpu_seconds
 from stallfree.core.ray_cluster import connect
+from stallfree.core.ray_cpus import cluster_cpus
 
 if TYPE_CHECKING:
     from stallfree.pipeline.run_config import RunParts
@@ -111,13 +113,11 @@ class GraphWorker:
 
     def cpu_seconds(self) -> float:
         """CPU seconds the actor's process has used (``stallfree bench ray`` reads the workers' cost)."""
-        from stallfree.core.cpu import cpu_seconds
-
         return cpu_seconds()
 
     def prepare(self, key: str, parts: RunParts, compiled: CompiledTransforms, num_threads: int) -> None:
         """Build the reader and graph of the Loader run ``key`` (once; the :data:`_KEPT` latest are kept)."""
-        from stallfree.pipeline.ray_take import BatchTaker
+        from stallfree.pipeline.ray_take import BatchTaker  # DALI, an extra: `stallfree.RayWorkers` needs none
 
         if key in self._takers:
             return
@@ -148,8 +148,6 @@ class WorkerPool:
 
     def __init__(self, workers: RayWorkers, address: str):
         import ray
-
-        from stallfree.core.ray_cpus import cluster_cpus
 
         self.workers, self.address = workers, address
         cpus = cluster_cpus(holders=False)
@@ -202,8 +200,6 @@ class WorkerPool:
         return f"{which} ({_asked(workers)}) on the Ray cluster at {self.address}"
 
     def _cpus(self) -> str:
-        from stallfree.core.ray_cpus import cluster_cpus
-
         cpus = cluster_cpus()
         shortfall = _shortfall(self.workers, cpus.total, cpus.largest)
         return f"the cluster has {cpus.describe()}" + (f"; it {shortfall}" if shortfall else "")

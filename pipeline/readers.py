@@ -22,9 +22,10 @@ from stallfree.ingest.labels import class_numbers, label_array, label_column
 from stallfree.ingest.remote import is_url
 from stallfree.pipeline.hf_reader import HuggingFaceReader, is_hf_dataset
 from stallfree.pipeline.reader_base import BaseReader, Reader, Sample, as_reader
+from stallfree.pipeline.remote_shards import RemoteShardReader
 from stallfree.pipeline.shards import ShardReader, Verify, is_shard_folder
 from stallfree.pipeline.subset import SubsetReader, subset_rows
-from stallfree.pipeline.webdataset import is_webdataset
+from stallfree.pipeline.webdataset import WebDatasetReader, is_webdataset
 
 __all__ = [
     "BaseReader", "DatasetReader", "FileListReader", "FolderReader", "Reader", "open_source",
@@ -329,12 +330,8 @@ def open_source(source: str | os.PathLike[str] | Reader | Any, *, exif: Exif = "
         dataset.exif = exif
         return dataset
     if is_webdataset(source):
-        from stallfree.pipeline.webdataset import WebDatasetReader
-
         return WebDatasetReader(source, **(remote or {}))
     if is_url(source):
-        from stallfree.pipeline.remote_shards import RemoteShardReader
-
         return _check_raw(RemoteShardReader(str(source), **(remote or {})), exif)
     path = Path(source)
     if is_shard_folder(path):
