@@ -16,13 +16,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["COLUMN_KINDS", "IMAGE", "IMAGE_FIELDS", "LABEL", "Field", "FieldKind"]
+__all__ = [
+    "COLUMN_KINDS", "IMAGE", "IMAGE_FIELDS", "LABEL", "LENGTH", "TOKENS", "TOKEN_FIELDS", "Field", "FieldKind",
+]
 
-#: ``image``: encoded bytes (or HWC uint8 pixels) decoded in the graph; ``label``: an int64 class per row.
-FieldKind = Literal["image", "label"]
+#: ``image``: encoded bytes (or HWC uint8 pixels) decoded in the graph; ``label``: an int64 class per row;
+#: ``tokens``: a document's token ids (1-D integers); ``length``: its length in tokens, per row.
+FieldKind = Literal["image", "label", "tokens", "length"]
 
 #: The kinds read as whole columns, never with a sample.
-COLUMN_KINDS: tuple[FieldKind, ...] = ("label",)
+COLUMN_KINDS: tuple[FieldKind, ...] = ("label", "length")
 
 
 @dataclass(frozen=True)
@@ -43,3 +46,9 @@ LABEL = Field("label", "label")
 
 #: The image kind: an image and its class.
 IMAGE_FIELDS: tuple[Field, ...] = (IMAGE, LABEL)
+
+TOKENS = Field("tokens", "tokens")
+LENGTH = Field("length", "length")
+
+#: The token-sequence kind: a document's tokens and its length (known for every row before an epoch starts).
+TOKEN_FIELDS: tuple[Field, ...] = (TOKENS, LENGTH)
