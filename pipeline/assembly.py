@@ -19,7 +19,7 @@ from stallfree.ingest.fields import IMAGE
 from stallfree.pipeline.reader_base import Reader
 from stallfree.pipeline.samples import Batch
 
-__all__ = ["Assembly", "ImageAssembly", "batch_columns", "batch_labels"]
+__all__ = ["Assembly", "ImageAssembly", "TokenAssembly", "batch_columns", "batch_labels"]
 
 
 class Assembly(Protocol):
@@ -87,3 +87,23 @@ def batch_columns(delivery: ImageAssembly, rows: np.ndarray) -> dict[str, Any]:
         numeric = isinstance(values, np.ndarray)
         out[name] = _to(torch.from_numpy(np.ascontiguousarray(values)), delivery.device) if numeric else values
     return out
+
+
+@dataclass(frozen=True, eq=False)
+class TokenAssembly:
+    """The token kinds' batch: a dict of its fields (``input_ids``, ``labels``, ...), tensors on ``device``.
+
+    The token run assembled the arrays in its own thread (:mod:`.token_run`); here they only move where they go.
+    """
+
+    reader: Reader
+    device: torch.device
+    pin_memory: bool = False
+
+    def __call__(self, batch: Batch) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, value in batch.fields.items():
+            if isinstance(value, torch.Tensor):
+                value = value.pin_memory() if self.pin_memory else _to(value, self.device)
+            out[name] = value
+        return out

@@ -33,7 +33,7 @@ from stallfree.pipeline.run_config import RunConfig, RunParts
 
 if TYPE_CHECKING:
     from stallfree.pipeline.assembly import Assembly
-    from stallfree.pipeline.loader_sampler import LoaderSampler, Orders
+    from stallfree.pipeline.loader_sampler import LoaderOrder, Orders
     from stallfree.pipeline.placement import Placement
     from stallfree.pipeline.reader_base import Reader
     from stallfree.pipeline.run import Clock, Run
@@ -137,7 +137,7 @@ class Epochs:
         return self.standing.shard if self.current() is not None or self.standing.loaded else self.orders.now()
 
     @property
-    def sampler(self) -> LoaderSampler:
+    def sampler(self) -> LoaderOrder:
         """The order of the pass in progress, else of a loaded state, else of this rank now."""
         return self.orders[self.shard()]
 

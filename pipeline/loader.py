@@ -25,12 +25,11 @@ import torch
 from stallfree.ingest.images import DEFAULT_MAX_PIXELS, Exif
 from stallfree.ingest.remote import is_url
 from stallfree.pipeline.arguments import BUILTIN_COLUMNS, check_dataloader_keywords, is_int
-from stallfree.pipeline.assembly import ImageAssembly
-from stallfree.pipeline.block_order import block_order
 from stallfree.pipeline.epochs import STATE_VERSION, Epochs
-from stallfree.pipeline.loader_sampler import LoaderSampler, Orders
+from stallfree.pipeline.kinds import kind_of
+from stallfree.pipeline.loader_sampler import LoaderOrder, Orders
 from stallfree.pipeline.options import LoaderOptions, fingerprint_of
-from stallfree.pipeline.placement import placement_for
+from stallfree.pipeline.packing import Packing
 from stallfree.pipeline.process_group import UnknownRank, cache_rank
 from stallfree.pipeline.ray_workers import RayWorkers
 from stallfree.pipeline.reader_base import BaseReader, Reader
@@ -208,6 +207,7 @@ class Loader:
         remote_min_rate: float = 1024.0,
         remote_rate_window: float = 30.0,
         workers: RayWorkers | None = None,
+        packing: Packing | None = None,
         **dataloader_keywords: Any,
     ):
         check_dataloader_keywords(dataloader_keywords)
@@ -219,27 +219,25 @@ class Loader:
             num_threads=num_threads, prefetch=prefetch, io_threads=io_threads, echo=echo, echo_mode=echo_mode,
             on_error=on_error, verify=verify, max_pixels=max_pixels, exif=exif, dtype=dtype, layout=layout,
             channels=channels, clock=clock, columns=columns, pin_memory=pin_memory, target_transform=target_transform,
-            workers=workers, source={"cache_dir": cache_dir, "cache_limit": cache_limit,
+            workers=workers, packing=packing, source={"cache_dir": cache_dir, "cache_limit": cache_limit,
                                      "storage_options": storage_options, "downloads": downloads,
                                      "read_ahead": read_ahead, "retries": retries, "remote_timeout": remote_timeout,
                                      "remote_min_rate": remote_min_rate, "remote_rate_window": remote_rate_window},
             then=lambda: _check_exists(source))
         reader = _open(source, options)
         _columns(reader, options.output.columns)
-        order, output = options.order, options.output
-        self.labels = labels = reader.labels()
-        permute = block_order(reader, order.block_shards, order.seed, order.sample_echo) if order.shuffle == "block" \
-            else None
-        orders = Orders(self, order.rank, order.world_size, num_rows=len(reader), shuffle=order.shuffle != "none",
-                        seed=order.seed, drop_last=bool(order.drop_last), echo=order.sample_echo, permute=permute)
-        decode, batcher = options.decode, order.batcher()
+        kind = kind_of(reader)
+        kind.check(options, reader)
+        order, output, decode = options.order, options.output, options.decode
+        self.labels = reader.labels()
+        orders = Orders(self, order.rank, order.world_size, kind.orders(options, reader))
+        batcher = order.batcher()
         config = RunConfig(batcher=batcher, seed=order.seed, prefetch=options.run.prefetch,
                            io_threads=options.run.io_threads, on_error=decode.on_error, max_pixels=decode.max_pixels,
                            exif=decode.exif, encoded=bool(reader.encoded), device=output.device)
-        assembly = functools.partial(ImageAssembly, labels=labels, device=output.device, pin_memory=output.pin_memory,
-                                     target_transform=output.target_transform, columns=output.columns)
         self._epochs = Epochs(reader=reader, orders=orders, batcher=batcher, compiled=decode.compiled, config=config,
-                              placement=placement_for(options, batcher.largest, config.encoded), assembly=assembly,
+                              placement=kind.placement(options, config.encoded),
+                              assembly=kind.assembly(options, reader),
                               fingerprint=functools.partial(fingerprint_of, reader, options), clock=options.run.clock)
         try:  # an empty dataset, or drop_last over more ranks than samples, refused now
             self.sampler  # noqa: B018
@@ -282,7 +280,7 @@ class Loader:
         return self._epochs.standing.skipped
 
     @property
-    def sampler(self) -> LoaderSampler:
+    def sampler(self) -> LoaderOrder:
         """The order of the pass in progress, else of a loaded state, else of this rank now.
 
         ``loader.sampler.set_epoch`` is :meth:`set_epoch` (Lightning's fit loop calls it).
@@ -302,7 +300,8 @@ class Loader:
     def __len__(self) -> int:
         """Batches this rank yields per epoch (a pass resumed elastically yields only the epoch's remainder)."""
         epochs = self._epochs
-        return epochs.batcher.deliveries(epochs.orders[epochs.shard()].length(epochs.standing.split))
+        standing = epochs.standing
+        return epochs.batcher.deliveries(epochs.orders[epochs.shard()].length(standing.split, None, epochs.epoch))
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch``'s permutation and augmentation next; it ends a pass in progress that delivered batches.

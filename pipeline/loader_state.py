@@ -41,7 +41,7 @@ import numpy as np
 from stallfree.core.resume import check_fingerprint, state_int, state_mapping
 from stallfree.pipeline.batcher import Batcher, Cursor
 from stallfree.pipeline.elastic import ORDER_FIELDS, elastic_split
-from stallfree.pipeline.sampler import Sampler
+from stallfree.pipeline.sampler import Order
 
 __all__ = ["LoaderState", "read_state"]
 
@@ -65,7 +65,7 @@ class LoaderState:
     rank: int
 
 
-def read_state(state: object, *, version: int, fingerprint: Mapping[str, Any], sampler: Sampler, batcher: Batcher,
+def read_state(state: object, *, version: int, fingerprint: Mapping[str, Any], sampler: Order, batcher: Batcher,
                on_error: str = "raise") -> LoaderState:
     """Check ``state`` against the Loader it is loaded into.
 
@@ -97,15 +97,16 @@ def read_state(state: object, *, version: int, fingerprint: Mapping[str, Any], s
     theirs_rank = state_int(_OWNER, state, "rank", high=(world or sampler.world_size) - 1,
                             why=f" (a rank of world_size={world or sampler.world_size})")
     epoch = state_int(_OWNER, state, "epoch")
-    split = state_int(_OWNER, _part(state, "sampler"), "split", high=sampler.num_virtual, name="sampler.split",
-                      why=f" (the global positions of an epoch of {sampler.num_virtual} samples)")
-    per_rank = sampler.length(split, world)
+    total = sampler.total(epoch)
+    split = state_int(_OWNER, _part(state, "sampler"), "split", high=total, name="sampler.split",
+                      why=f" (the global positions of an epoch of {total} samples)")
+    per_rank = sampler.length(split, world, epoch)
     start = batcher.load_cursor(_part(state, "batcher"), per_rank)
     skipped = _skipped(state, epoch, start.position, per_rank, sampler.num_rows)
     _rejected(state)
     _check_position(batcher, start, skipped, per_rank)
     if elastic:  # this rank's share of what the old ranks left, from its start
-        split = min(elastic_split(state, sampler.world_size), sampler.num_virtual)
+        split = min(elastic_split(state, sampler.world_size), total)
         return LoaderState(epoch, split, Cursor(), [], theirs_rank)
     if theirs_rank != sampler.rank:  # after the same batches as the rank it was taken on, none skipped (listed)
         if on_error == "skip":

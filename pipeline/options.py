@@ -7,7 +7,7 @@ parts from them (:meth:`LoaderOptions.of`), as SPDL maps DataLoader's keywords o
 part                      fields                                                       in the fingerprint
 ========================  ===========================================================  ==================
 :class:`OrderOptions`     batch_size, shuffle, block_shards, seed, drop_last, echo,     yes (not the rank)
-                          echo_mode, rank, world_size
+                          echo_mode, rank, world_size, packing
 :class:`DecodeOptions`    transform (compiled with dtype, layout, channels),             yes (not on_error)
                           max_pixels, exif, on_error
 :class:`OutputOptions`    device, placement, pin_memory, columns, target_transform       no
@@ -34,6 +34,7 @@ from stallfree.core.device import parse_device
 from stallfree.ingest.images import DEFAULT_MAX_PIXELS, EXIF_MODES, Exif
 from stallfree.pipeline.arguments import describe_spec, dtype_name, is_int, source_identity
 from stallfree.pipeline.batcher import CountBatcher
+from stallfree.pipeline.packing import Packing
 from stallfree.pipeline.ray_workers import RayWorkers
 from stallfree.pipeline.reader_base import Reader
 from stallfree.pipeline.run import Clock
@@ -67,7 +68,9 @@ class OrderOptions:
     """Which samples each batch of each rank holds: the order, the batches, echo and the shard of ranks.
 
     ``shuffle`` is ``"none"``, ``"global"`` or ``"block"`` (:meth:`LoaderOptions.of` takes DataLoader's bool too);
-    ``rank``/``world_size`` ``None`` are decided when a pass starts (:mod:`~stallfree.pipeline.process_group`).
+    ``rank``/``world_size`` ``None`` are decided when a pass starts (:mod:`~stallfree.pipeline.process_group`);
+    ``packing`` packs token sequences into rows (:mod:`~stallfree.pipeline.packing`; a batch is ``batch_size``
+    rows).
     """
 
     batch_size: int
@@ -79,8 +82,11 @@ class OrderOptions:
     echo_mode: Literal["example", "batch"] = "example"
     rank: int | None = None
     world_size: int | None = None
+    packing: Packing | None = None
 
     def __post_init__(self) -> None:
+        if self.packing is not None and not isinstance(self.packing, Packing):
+            raise TypeError(f"packing must be None or stallfree.Packing(seq_len=...), got {self.packing!r}")
         if not is_int(self.batch_size) or self.batch_size <= 0:
             raise ValueError(f"batch_size must be a positive int, got {self.batch_size!r}")
         _flag("drop_last", self.drop_last)
@@ -106,8 +112,10 @@ class OrderOptions:
     def fingerprint(self) -> dict[str, Any]:
         """What decides the order (the world size is the Loader's to add; the rank is in no fingerprint)."""
         shuffle: str | bool = f"block/{self.block_shards}" if self.shuffle == "block" else self.shuffle == "global"
+        packing = self.packing.fingerprint() if self.packing is not None else None
         return {"shuffle": shuffle, "drop_last": bool(self.drop_last), "seed": int(self.seed),
-                "batch_size": int(self.batch_size), "echo": int(self.echo), "echo_mode": self.echo_mode}
+                "batch_size": int(self.batch_size), "echo": int(self.echo), "echo_mode": self.echo_mode,
+                "packing": packing}
 
 
 @dataclass(frozen=True)
@@ -226,7 +234,8 @@ class LoaderOptions:
            rank: Any, world_size: Any, device: Any, placement: Any, num_threads: Any, prefetch: Any, io_threads: Any,
            echo: Any, echo_mode: Any, on_error: Any, verify: Any, max_pixels: Any, exif: Any, dtype: Any, layout: Any,
            channels: Any, clock: Any, columns: Any, pin_memory: Any, target_transform: Any,
-           source: dict[str, Any], workers: Any, then: Callable[[], None] = lambda: None) -> LoaderOptions:
+           source: dict[str, Any], workers: Any, packing: Any = None,
+           then: Callable[[], None] = lambda: None) -> LoaderOptions:
         """The parts from the Loader's flat keywords, each checked where it belongs (a ``ValueError`` naming it).
 
         ``source`` holds :class:`SourceOptions`' fields but ``verify``; ``then`` runs after the cheap checks and
@@ -234,7 +243,7 @@ class LoaderOptions:
         behind a transform's message).
         """
         order = OrderOptions(batch_size, _shuffle(shuffle), block_shards, seed, drop_last, echo, echo_mode, rank,
-                             world_size)
+                             world_size, packing)
         run = RunOptions(num_threads, prefetch, io_threads, clock, workers)
         _check_decode(max_pixels, exif, on_error)  # before the transform compiles, which takes longer
         if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):

@@ -18,7 +18,7 @@ from stallfree.pipeline.batcher import CountBatcher
 
 if TYPE_CHECKING:
     from stallfree.pipeline.readers import Reader
-    from stallfree.pipeline.sampler import Sampler
+    from stallfree.pipeline.sampler import Order
     from stallfree.transforms.compile import CompiledTransforms
 
 __all__ = ["RunConfig", "RunParts"]
@@ -52,6 +52,6 @@ class RunParts:
     """
 
     config: RunConfig
-    sampler: Sampler
+    sampler: Order
     reader: Reader
     compiled: CompiledTransforms

@@ -31,13 +31,52 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from stallfree.pipeline.block_order import BlockOrder
 from stallfree.pipeline.permutation import Permutation
 
-__all__ = ["Sampler"]
+__all__ = ["Order", "Sampler"]
+
+
+class Order(Protocol):
+    """What a run reads of an order: the ids a rank takes each epoch, their rows, and how many.
+
+    A :class:`Sampler` deals samples; a :class:`~stallfree.pipeline.packing.PackOrder` deals packs of documents.
+    """
+
+    @property
+    def rank(self) -> int:
+        """This process's rank."""
+        ...
+
+    @property
+    def world_size(self) -> int:
+        """The ranks the order is dealt over."""
+        ...
+
+    @property
+    def num_rows(self) -> int:
+        """Rows of the dataset."""
+        ...
+
+    def total(self, epoch: int = 0) -> int:
+        """Ids of an epoch over all ranks before padding or truncation."""
+        ...
+
+    def length(self, start: int, world_size: int | None = None, epoch: int = 0) -> int:
+        """Ids this rank gets from an epoch split from global position ``start`` on."""
+        ...
+
+    def virtual_order(self, epoch: int, start: int = 0) -> np.ndarray:
+        """This rank's ids for ``epoch``."""
+        ...
+
+    def rows(self, virtual: np.ndarray) -> np.ndarray:
+        """The dataset rows of sample ids."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -85,11 +124,15 @@ class Sampler:
         """Samples this rank gets per epoch (the same on every rank)."""
         return self.length(0)
 
-    def length(self, start: int, world_size: int | None = None) -> int:
+    def total(self, epoch: int = 0) -> int:
+        """Samples of an epoch over all ranks before padding or truncation (:attr:`num_virtual`, whatever the epoch)."""
+        return self.num_virtual
+
+    def length(self, start: int, world_size: int | None = None, epoch: int = 0) -> int:
         """Samples this rank gets from an epoch split from global position ``start`` on (0 for the whole epoch).
 
         ``world_size`` asks what each rank got when the split was dealt over that many ranks instead (a state from
-        another world size, :mod:`.elastic`).
+        another world size, :mod:`.elastic`); ``epoch`` is read by orders whose length changes by epoch (packs).
         """
         ranks = self.world_size if world_size is None else world_size
         left = max(0, self.num_virtual - start)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from stallfree.ingest.writer import IngestOptions
     from stallfree.pipeline.hf_reader import HuggingFaceReader
     from stallfree.pipeline.loader import Loader
+    from stallfree.pipeline.packing import Packing
     from stallfree.pipeline.ray_workers import RayWorkers
     from stallfree.pipeline.reader_base import BaseReader
     from stallfree.pipeline.readers import DatasetReader
@@ -35,6 +36,7 @@ __all__ = [
     "HuggingFaceReader",
     "IngestOptions",
     "Loader",
+    "Packing",
     "RayWorkers",
     "RemoteStoreError",
     "Resumable",
@@ -57,6 +59,7 @@ _HOMES = {
     "HuggingFaceReader": "stallfree.pipeline.hf_reader",
     "IngestOptions": "stallfree.ingest.writer",
     "Loader": "stallfree.pipeline.loader",
+    "Packing": "stallfree.pipeline.packing",
     "RayWorkers": "stallfree.pipeline.ray_workers",
     "RemoteStoreError": "stallfree.ingest.remote",
     "Resumable": "stallfree.core.resume",

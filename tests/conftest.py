@@ -9,6 +9,7 @@ import socket
 import tarfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -87,3 +88,44 @@ def image_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     return make_image_folder(tmp_path_factory.mktemp("folder"), num_classes=3, per_class=8, size=(40, 48),
                              vary_size=True)
+
+
+class TokenDocs:
+    """An in-memory token source: document ``i`` is ``i * 1000 + 1, ..., i * 1000 + length`` (its tokens name it)."""
+
+    def __new__(cls, lengths: list[int] | np.ndarray, name: str = "docs") -> Any:
+        from stallfree.ingest.fields import TOKEN_FIELDS
+        from stallfree.pipeline.reader_base import BaseReader
+
+        class _Docs(BaseReader):
+            fields = TOKEN_FIELDS
+            encoded = False
+
+            def __init__(self) -> None:
+                super().__init__()
+                self.classes: list[str] = []
+                self.name = f"{name}:{len(lengths)}"
+                self._lengths = np.asarray(lengths, np.int64)
+
+            def __len__(self) -> int:
+                return len(self._lengths)
+
+            def labels(self) -> np.ndarray:
+                return np.zeros(len(self._lengths), np.int64)
+
+            def lengths(self) -> np.ndarray:
+                return self._lengths
+
+            def read(self, index: int) -> dict[str, np.ndarray]:
+                return {"tokens": np.arange(1, self._lengths[index] + 1, dtype=np.int32) + 1000 * index}
+
+            def describe(self, index: int) -> str:
+                return f"doc {index}"
+
+        return _Docs()
+
+
+@pytest.fixture(scope="session")
+def token_docs() -> Callable[..., Any]:
+    """An in-memory token source of given lengths (a ``BaseReader`` of the token-sequence kind)."""
+    return TokenDocs

@@ -15,6 +15,7 @@ the GPU as a ``numba.cuda`` kernel with the CPU's pixels (``transforms/kernels/r
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
@@ -111,13 +112,19 @@ class CompiledTransforms:
         self.layout: Layout = layout
         # The graph keeps 3 equal channels after a Grayscale (so every step sees RGB); the output keeps one.
         self.channels = 1 if any(isinstance(s, Grayscale) and s.num_output_channels == 1 for s in steps) else 3
-        self.output_size = self._output_size()
         self.conditionals = any(step.conditionals for step in steps)
         self.param_inputs: dict[str, type] = {
             f"{i}.{name}": kind for i, step in enumerate(steps) for name, kind in step.params.items()
         }
 
-    def _output_size(self) -> Size:
+    @functools.cached_property
+    def output_size(self) -> Size:
+        """The fixed (height, width) every sample has after the steps.
+
+        Raises:
+            ValueError: the steps do not end at a fixed size (checked when an image Loader is built: a token
+                source takes no transforms at all).
+        """
         size: Size | None = None
         for step in self.steps:
             size = step.size_after(size)

@@ -281,7 +281,7 @@ def _feed(data: str | None, *, train: bool, batch_size: int, image_size: int, nu
              [Resize(image_size * 256 // 224), CenterCrop(image_size), Normalize(MEAN, STD)])
     loader = Loader(data, batch_size, transform=steps, shuffle=train, seed=seed, drop_last=train, rank=replica,
                     world_size=replicas, device=device, clock=clock, num_threads=workers, verify=verify)
-    own = _own_samples(loader.sampler.num_virtual, replicas, replica)
+    own = _own_samples(loader.sampler.total(), replicas, replica)
     # The training feed makes its first batches while the stages build their models (the first step's input wait).
     return (loader.start() if train else loader), own
 

@@ -1,0 +1,129 @@
+"""Sample kinds, as the Loader builds each: its order, where its batches are made, and their public form.
+
+A kind is a set of fields (:mod:`stallfree.ingest.fields`); a reader declares its kind by its fields, and the Loader
+asks the kind for the three parts that differ (DESIGN.md, "Sample kinds"): the order its runs read (samples, or
+packs of documents), the placement that makes its runs (a DALI graph for images; the token run for sequences),
+and the assembly of a batch's fields into what the training loop takes. Everything else (the sampler's
+permutation, the batcher, the pass and its cursor, resume) is the same for every kind.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from stallfree.ingest.fields import TOKENS
+from stallfree.pipeline.assembly import ImageAssembly, TokenAssembly
+from stallfree.pipeline.block_order import block_order
+from stallfree.pipeline.loader_sampler import LoaderOrder, LoaderPacks, LoaderSampler
+from stallfree.pipeline.placement import placement_for
+from stallfree.pipeline.sampler import Sampler
+from stallfree.pipeline.token_run import TokenPlacement
+
+if TYPE_CHECKING:
+    from stallfree.pipeline.assembly import Assembly
+    from stallfree.pipeline.options import LoaderOptions
+    from stallfree.pipeline.placement import Placement
+    from stallfree.pipeline.reader_base import Reader
+
+__all__ = ["Images", "Kind", "Tokens", "kind_of"]
+
+
+class Kind(Protocol):
+    """What the Loader builds differently for a sample kind."""
+
+    name: str
+
+    def check(self, options: LoaderOptions, reader: Reader) -> None:
+        """Refuse, by name, an option that does not apply to this kind."""
+        ...
+
+    def orders(self, options: LoaderOptions, reader: Reader) -> Callable[..., LoaderOrder]:
+        """What makes the order of a shard (from ``rank``, ``world_size``, ``owner``)."""
+        ...
+
+    def placement(self, options: LoaderOptions, encoded: bool) -> Callable[[], Placement]:
+        """What makes the placement of the runs, in each process anew."""
+        ...
+
+    def assembly(self, options: LoaderOptions, reader: Reader) -> Callable[[Reader], Assembly]:
+        """What makes a pass's assembly for a reader (``reader`` now; a forked copy's reopened one later)."""
+        ...
+
+
+class Images:
+    """An image and its label: the graph decodes and transforms; ``(images, labels)`` out."""
+
+    name = "images"
+
+    def check(self, options: LoaderOptions, reader: Reader) -> None:
+        options.decode.compiled.output_size  # noqa: B018 - the transforms must end at a fixed size (ValueError)
+        if options.order.packing is not None:
+            raise ValueError(f"packing= packs token sequences, but {reader.kind} gives images; drop packing=, or "
+                             "pass a token source (`stallfree ingest --tokenizer`, docs/sequences.md)")
+
+    def orders(self, options: LoaderOptions, reader: Reader) -> Callable[..., LoaderOrder]:
+        order = options.order
+        permute = block_order(reader, order.block_shards, order.seed, order.sample_echo) if order.shuffle == "block" \
+            else None
+        return functools.partial(LoaderSampler, num_rows=len(reader), shuffle=order.shuffle != "none", seed=order.seed,
+                                 drop_last=bool(order.drop_last), echo=order.sample_echo, permute=permute)
+
+    def placement(self, options: LoaderOptions, encoded: bool) -> Callable[[], Placement]:
+        return placement_for(options, options.order.batch_size, encoded)
+
+    def assembly(self, options: LoaderOptions, reader: Reader) -> Callable[[Reader], Assembly]:
+        output = options.output
+        return functools.partial(ImageAssembly, labels=reader.labels(), device=output.device,
+                                 pin_memory=output.pin_memory, target_transform=output.target_transform,
+                                 columns=output.columns)
+
+
+class Tokens:
+    """A document's tokens and its length: packed into rows (``packing=``) or padded per batch; a dict out."""
+
+    name = "token sequences"
+
+    def check(self, options: LoaderOptions, reader: Reader) -> None:
+        refused = []
+        if options.decode.compiled.steps:
+            refused.append("transform=")
+        if options.output.columns:
+            refused.append("columns=")
+        if options.output.target_transform is not None:
+            refused.append("target_transform=")
+        if options.run.workers is not None:
+            refused.append("workers=")
+        if options.order.shuffle == "block":
+            refused.append("shuffle='block'")
+        if refused:
+            raise ValueError(f"{', '.join(refused)} apply to images, but {reader.kind} gives token sequences; drop "
+                             "them (docs/sequences.md)")
+
+    def orders(self, options: LoaderOptions, reader: Reader) -> Callable[..., LoaderOrder]:
+        order = options.order
+        if order.packing is None:
+            return Images().orders(options, reader)
+        documents = Sampler(len(reader), 0, 1, shuffle=order.shuffle != "none", seed=order.seed,
+                            echo=order.sample_echo)
+        lengths = np.asarray(getattr(reader, "lengths")(), np.int64)  # noqa: B009 - a token reader's, by contract
+        return functools.partial(LoaderPacks, documents, lengths, order.packing, order.batch_size,
+                                 drop_last=bool(order.drop_last))
+
+    def placement(self, options: LoaderOptions, encoded: bool) -> Callable[[], Placement]:
+        packing = options.order.packing
+        return functools.partial(TokenPlacement, options.run.prefetch, packing.pad_id if packing is not None else 0)
+
+    def assembly(self, options: LoaderOptions, reader: Reader) -> Callable[[Reader], Assembly]:
+        return functools.partial(TokenAssembly, device=options.output.device, pin_memory=options.output.pin_memory)
+
+
+def kind_of(reader: Reader) -> Kind:
+    """The reader's sample kind, by its fields."""
+    fields = getattr(reader, "fields", ())
+    if any(field.kind == TOKENS.kind for field in fields):
+        return Tokens()
+    return Images()
