@@ -7,6 +7,10 @@ last, through a temporary name, so a folder with a ``manifest.json`` is a comple
 ever unpickled). It holds no time stamps and no output path, so an interrupted and resumed ingest writes the same
 bytes as an uninterrupted one.
 
+A manifest of token shards (:mod:`~stallfree.ingest.token_writer`) says ``"kind": "tokens"`` (an image manifest has
+no kind), and holds ``vocab_size``, ``token_dtype``, ``documents``, ``tokens`` and ``lengths`` (``lengths.npy``'s
+entry) in place of the image entry; :func:`parse_manifest` checks each kind's own fields.
+
 A manifest read is not trusted, wherever it comes from (a folder, a URL, a part of a split ingest, ``stallfree
 verify``): :func:`parse_manifest` is the one place that checks it. It reads at most :data:`MANIFEST_LIMIT` bytes
 (from a store, within ``remote_timeout`` seconds), parses it, and checks its whole schema (every field's type, the

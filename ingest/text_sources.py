@@ -1,10 +1,11 @@
 """Sources of documents: JSON Lines, Parquet and CSV files (or a folder of them) of text or of token ids.
 
 ``stallfree ingest`` and the Loader's in-place token readers list and read them here. A source is one file, or a
-folder's files with these endings (its own files, sorted by name; not its subfolders, nor hidden files):
+folder's files with these endings (its own files, sorted by name; not its subfolders, nor hidden files; a ``.json``
+only as a file of its own, since a folder's ``.json`` is as often its ``dataset_info.json``):
 
 ==============  =====================================================================================
-``.jsonl``      JSON Lines (``.json`` too, as ``datasets``' ``to_json`` writes them): one object a line
+``.jsonl``      JSON Lines (a ``.json`` file too, as ``datasets``' ``to_json`` writes them): one object a line
 ``.parquet``    a text column, or an integer-list column of token ids
 ``.csv``        a text column (a header row names the columns; quoted values may hold newlines)
 ==============  =====================================================================================
@@ -36,6 +37,8 @@ __all__ = ["BATCH", "FORMATS", "TOKEN_COLUMNS", "Bad", "Mode", "Row", "TextFile"
 
 #: File endings a source's files are taken by, and their format.
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".csv": "csv"}
+#: The endings a folder's files are taken by (not ``.json``: see the module's docstring).
+_IN_FOLDERS = (".jsonl", ".parquet", ".csv")
 #: The columns taken as token ids when none is named, in this order (Hugging Face's name first).
 TOKEN_COLUMNS = ("input_ids", "tokens")
 #: Rows per batch read.
@@ -82,9 +85,10 @@ def list_text_files(source: str | os.PathLike[str]) -> list[TextFile]:
             raise ValueError(f"source {path}: expected a {', '.join(FORMATS)} file, got {path.suffix!r}")
         return [TextFile(path, path.name, kind, path.stat().st_size)]
     names = sorted(entry.name for entry in os.scandir(path)
-                   if not entry.name.startswith(".") and entry.is_file() and Path(entry.name).suffix.lower() in FORMATS)
+                   if not entry.name.startswith(".") and entry.is_file()
+                   and Path(entry.name).suffix.lower() in _IN_FOLDERS)
     if not names:
-        raise ValueError(f"no {', '.join(FORMATS)} files in {path}")
+        raise ValueError(f"no {', '.join(_IN_FOLDERS)} files in {path}")
     for name, problem in zip(names, outside_root(path, names), strict=True):
         if problem is not None:
             raise ValueError(f"{path / name} is refused: {problem}; every file must lie inside {path}")
@@ -287,7 +291,7 @@ def is_token_source(path: str | os.PathLike[str]) -> bool:
     if path.is_dir():
         with os.scandir(path) as entries:
             files = sorted(Path(e.path) for e in entries if e.is_file() and not e.name.startswith("."))
-        return any(_token_file(f) for f in files)
+        return any(_token_file(f) for f in files if f.suffix.lower() in _IN_FOLDERS)
     return path.is_file() and _token_file(path)
 
 

@@ -70,6 +70,7 @@ def test_a_folder_of_files_is_read_file_by_file_in_name_order(texts, bpe_tokeniz
     write(folder / "a.jsonl", [{"text": t} for t in texts[:40]])
     write(folder / "c.csv", [{"text": t} for t in texts[80:]])
     (folder / "notes.txt").write_text("not a source file")
+    (folder / "dataset_info.json").write_text('{"text": "a folder\'s .json is its metadata, not a document"}')
     ingest_tokens(folder, tmp_path / "out", TokenOptions(tokenizer=str(bpe_tokenizer)))
     rows = rows_of(tmp_path / "out")
     assert [r["tokens"] for r in rows] == [tokenizer.encode(t).ids for t in texts]
