@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from stallfree.pipeline.readers import DatasetReader
     from stallfree.pipeline.samples import BadSampleError
     from stallfree.pipeline.shards import ShardReader
+    from stallfree.pipeline.token_readers import HuggingFaceTokenReader, TokenFileReader, TokenShardReader
     from stallfree.stage_runtime.clock import StageClock
     from stallfree.stage_runtime.config.train_config import TrainConfig
     from stallfree.stage_runtime.jobs import train
@@ -33,6 +34,7 @@ __all__ = [
     "BaseReader",
     "DatasetReader",
     "HuggingFaceReader",
+    "HuggingFaceTokenReader",
     "IngestOptions",
     "Loader",
     "RayWorkers",
@@ -40,6 +42,8 @@ __all__ = [
     "Resumable",
     "ShardReader",
     "StageClock",
+    "TokenFileReader",
+    "TokenShardReader",
     "TrainConfig",
     "ingest_on_ray",
     "plan",
@@ -55,6 +59,7 @@ _HOMES = {
     "BaseReader": "stallfree.pipeline.reader_base",
     "DatasetReader": "stallfree.pipeline.readers",
     "HuggingFaceReader": "stallfree.pipeline.hf_reader",
+    "HuggingFaceTokenReader": "stallfree.pipeline.token_readers",
     "IngestOptions": "stallfree.ingest.writer",
     "Loader": "stallfree.pipeline.loader",
     "RayWorkers": "stallfree.pipeline.ray_workers",
@@ -62,6 +67,8 @@ _HOMES = {
     "Resumable": "stallfree.core.resume",
     "ShardReader": "stallfree.pipeline.shards",
     "StageClock": "stallfree.stage_runtime.clock",
+    "TokenFileReader": "stallfree.pipeline.token_readers",
+    "TokenShardReader": "stallfree.pipeline.token_readers",
     "TrainConfig": "stallfree.stage_runtime.config.train_config",
     "ingest_on_ray": "stallfree.ingest.ray_ingest",
     "plan": "stallfree.stage_runtime.plan.plan",
