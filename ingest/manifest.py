@@ -7,6 +7,10 @@ last, through a temporary name, so a folder with a ``manifest.json`` is a comple
 ever unpickled). It holds no time stamps and no output path, so an interrupted and resumed ingest writes the same
 bytes as an uninterrupted one.
 
+A manifest of token shards (:mod:`~stallfree.ingest.token_writer`) says ``"kind": "tokens"`` (an image manifest has
+no kind), and holds ``vocab_size``, ``token_dtype``, ``documents``, ``tokens`` and ``lengths`` (``lengths.npy``'s
+entry) in place of the image entry; :func:`parse_manifest` checks each kind's own fields.
+
 A manifest read is not trusted, wherever it comes from (a folder, a URL, a part of a split ingest, ``stallfree
 verify``): :func:`parse_manifest` is the one place that checks it. It reads at most :data:`MANIFEST_LIMIT` bytes
 (from a store, within ``remote_timeout`` seconds), parses it, and checks its whole schema (every field's type, the
@@ -29,6 +33,7 @@ from stallfree.ingest.remote import Retry, is_url, open_store, read_object, reda
 
 __all__ = [
     "FORMAT",
+    "KINDS",
     "LABELS",
     "MANIFEST",
     "MANIFEST_LIMIT",
@@ -47,6 +52,8 @@ __all__ = [
 FORMAT = "stallfree-shards"
 VERSION = 1
 MANIFEST = "manifest.json"
+#: What the shards hold: images (a manifest without ``"kind"``), or token sequences (:mod:`.token_writer`).
+KINDS = ("images", "tokens")
 REJECTED = "rejected.jsonl"  # one JSON record per sample the ingest rejected, beside the manifest
 LABELS = "labels.npy"  # every row's label, one array (stallfree.ingest.labels); listed under the manifest's "labels"
 #: The most bytes of a manifest read: about 200,000 shards' entries (ImageNet's 1.28 million images are 640 shards of
@@ -161,7 +168,9 @@ def _check_fields(manifest: dict[str, Any], where: str) -> None:
         if not ok:
             raise ValueError(f"{where}: {field} must be {wanted}, got {_show(value)}")
 
-    for key in ("shards", "classes", "schema", "image", "rows"):
+    kind = manifest.get("kind", "images")
+    need(kind in KINDS, "kind", f"one of {list(KINDS)}", kind)
+    for key in ("shards", "classes", "schema", "rows", "image" if kind == "images" else "lengths"):
         need(key in manifest, key, "present", "nothing")
     rows, shards = manifest["rows"], manifest["shards"]
     need(_is_count(rows), "rows", "a count (an int >= 0)", rows)
@@ -186,8 +195,12 @@ def _check_fields(manifest: dict[str, Any], where: str) -> None:
         ok = isinstance(column, dict) and isinstance(column.get("name"), str) and isinstance(column.get("type"), str)
         need(ok, f"schema[{i}]", "a {\"name\": str, \"type\": str} object", column)
     columns = [column["name"] for column in schema]
-    need("image" in columns and len(set(columns)) == len(columns), "schema", "columns of distinct names, 'image' "
-         "among them", columns)
+    payload = "image" if kind == "images" else "tokens"
+    need(payload in columns and len(set(columns)) == len(columns), "schema", f"columns of distinct names, "
+         f"{payload!r} among them", columns)
+    if kind == "tokens":
+        _check_tokens(manifest, need)
+        return
     image = manifest["image"]
     need(isinstance(image, dict) and image.get("kind") in ("encoded", "raw"), "image.kind", "'encoded' or 'raw'",
          image.get("kind") if isinstance(image, dict) else image)
@@ -199,6 +212,20 @@ def _check_fields(manifest: dict[str, Any], where: str) -> None:
     if labels is not None:
         _check_file(labels, "labels", need)
         need(isinstance(labels.get("dtype"), str), "labels.dtype", "a NumPy dtype's name", labels.get("dtype"))
+
+
+def _check_tokens(manifest: dict[str, Any], need: Any) -> None:
+    """A token manifest's own fields (:mod:`~stallfree.ingest.token_writer`)."""
+    vocab = manifest.get("vocab_size")
+    need(vocab is None or (_is_count(vocab) and vocab > 0), "vocab_size", "a positive int or null", vocab)
+    need(manifest.get("token_dtype") in ("uint16", "int32"), "token_dtype", "'uint16' or 'int32'",
+         manifest.get("token_dtype"))
+    need(manifest.get("documents") == manifest["rows"], "documents", f"the rows ({manifest['rows']})",
+         manifest.get("documents"))
+    need(_is_count(manifest.get("tokens")), "tokens", "a count (an int >= 0)", manifest.get("tokens"))
+    lengths = manifest["lengths"]
+    _check_file(lengths, "lengths", need)
+    need(lengths.get("dtype") == "int32", "lengths.dtype", "'int32'", lengths.get("dtype"))
 
 
 def _check_file(entry: Any, field: str, need: Any) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from stallfree.ingest.labels import load_labels, parse_labels
-from stallfree.ingest.manifest import LABELS, file_sha256, read_manifest, schema_problem
+from stallfree.ingest.manifest import file_sha256, read_manifest, schema_problem
 from stallfree.ingest.remote import (
     Retry,
     is_url,
@@ -25,6 +25,7 @@ from stallfree.ingest.remote import (
     redact,
     retried,
 )
+from stallfree.ingest.token_check import list_problems
 from stallfree.ingest.transfer import ChecksumMismatch, download
 from stallfree.ingest.validate import Rejected, check_image
 
@@ -52,14 +53,28 @@ def _decode_all(path: Path, raw_shape: list[int] | None) -> list[str]:
     return problems
 
 
+def _check_ids(path: Path, vocab_size: int | None) -> list[str]:
+    """Every document of a token shard that the one token check refuses (``--decode`` of token shards)."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    with pa.memory_map(str(path)) as source:
+        table = ipc.open_file(source).read_all()
+    tokens = table.column("tokens").combine_chunks()
+    sources = table.column("source")
+    return [f"{path.name} row {row} ({sources[row].as_py()}): {reason}"
+            for row, reason in list_problems(tokens, vocab_size).items()]
+
+
 def verify(out: str | os.PathLike[str], *, decode: bool = False, storage_options: dict[str, Any] | None = None,
            retry: Retry | None = None, progress: bool = False) -> list[str]:
     """Every problem found in ``out``'s shards (empty when all is well).
 
     Checks that each shard exists, has the manifest's size and SHA-256, and opens as an Arrow file with the
-    manifest's schema and row count; with ``decode``, decodes every image. ``labels.npy`` (when the manifest lists
-    it: not in datasets of older stallfree) has the manifest's size, SHA-256, dtype and length, and equals the
-    shards' label columns.
+    manifest's schema and row count; with ``decode``, decodes every image (of token shards: checks every document
+    with the one token check, ``ingest.token_check``). ``labels.npy`` (when the manifest lists it: not in datasets of
+    older stallfree) has the manifest's size, SHA-256, dtype and length, and equals the shards' label columns; a token
+    folder's ``lengths.npy`` likewise equals the shards' ``length`` columns.
 
     Args:
         out: an ingested folder, or its URL (a ``str``); a remote shard is named with its URL.
@@ -80,6 +95,7 @@ def verify(out: str | os.PathLike[str], *, decode: bool = False, storage_options
             tempfile.TemporaryDirectory(prefix="stallfree-verify-") as tmp:
         fetch = _Fetcher(str(out), storage_options or {}, retry, Path(tmp)) if remote else None
         labels = _labels(Path(out), manifest, fetch, problems)
+        column, entry = _column_of(manifest)
         first = 0
         for shard in manifest["shards"]:
             seen: list[np.ndarray] = []  # the shard's label column, once read
@@ -90,16 +106,21 @@ def verify(out: str | os.PathLike[str], *, decode: bool = False, storage_options
             rows = int(shard["rows"])
             ours = labels[first : first + rows] if labels is not None else None
             if ours is not None and seen and len(seen[0]) == rows and not np.array_equal(ours, seen[0]):
-                problems.append(f"{LABELS}: rows {first}..{first + rows - 1} differ from {shard['file']}'s label "
-                                "column (ingest or --merge again)")
+                problems.append(f"{manifest[entry]['file']}: rows {first}..{first + rows - 1} differ from "
+                                f"{shard['file']}'s {column} column (ingest or --merge again)")
             first += rows
             bar.update(int(shard["bytes"]))
     return problems
 
 
+def _column_of(manifest: dict[str, Any]) -> tuple[str, str]:
+    """The shard column kept again in an array file beside the manifest, and the manifest's entry for that file."""
+    return ("length", "lengths") if manifest.get("kind") == "tokens" else ("label", "labels")
+
+
 def _labels(out: Path, manifest: dict[str, Any], fetch: _Fetcher | None, problems: list[str]) -> np.ndarray | None:
-    """The dataset's ``labels.npy`` if the manifest lists it and it checks out; else None (its problem added)."""
-    entry = manifest.get("labels")
+    """The dataset's ``labels.npy`` (``lengths.npy`` for tokens) if listed and it checks out; else None (noted)."""
+    entry = manifest.get(_column_of(manifest)[1])
     if entry is None:  # ingested by an older stallfree: there is none
         return None
     try:
@@ -186,7 +207,7 @@ def _check(path: Path, shard: dict[str, Any], manifest: dict[str, Any], decode: 
             table = None if altered or schema else reader.read_all()
             rows = None if table is None else table.num_rows
             if table is not None:
-                seen.append(table.column("label").to_numpy())
+                seen.append(table.column(_column_of(manifest)[0]).to_numpy())
     except (pa.ArrowException, OSError) as err:
         return [*problems, f"{where}: not a readable Arrow file ({err})"]
     if schema is not None:
@@ -195,6 +216,8 @@ def _check(path: Path, shard: dict[str, Any], manifest: dict[str, Any], decode: 
         pass
     elif rows != shard["rows"]:
         problems.append(f"{where}: {rows} rows, the manifest says {shard['rows']}")
+    elif decode and manifest.get("kind") == "tokens":
+        problems.extend(_check_ids(path, manifest["vocab_size"]))
     elif decode:
         problems.extend(_decode_all(path, manifest["image"]["shape"]))
     return problems
@@ -203,6 +226,14 @@ def _check(path: Path, shard: dict[str, Any], manifest: dict[str, Any], decode: 
 def info(out: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """A summary of ``out`` (a folder or URL): rows, shards, size, classes with their counts, image kind, source."""
     manifest = read_manifest(out, storage_options)
+    if manifest.get("kind") == "tokens":
+        return {key: manifest.get(key) for key in ("kind", "rows", "documents", "tokens", "vocab_size", "token_dtype",
+                                                   "source", "tokenizer", "options")} | {
+            "shards": len(manifest["shards"]),
+            "bytes": sum(s["bytes"] for s in manifest["shards"]),
+            "rejected": manifest.get("rejected", 0),
+            "columns": [c["name"] for c in manifest["schema"]],
+        }
     return {
         "rows": manifest["rows"],
         "shards": len(manifest["shards"]),

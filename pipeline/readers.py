@@ -20,11 +20,19 @@ from stallfree.ingest.folders import inside_root, scan_image_folder
 from stallfree.ingest.images import Exif
 from stallfree.ingest.labels import class_numbers, label_array, label_column
 from stallfree.ingest.remote import is_url
+from stallfree.ingest.text_sources import is_token_source
 from stallfree.pipeline.hf_reader import HuggingFaceReader, is_hf_dataset
 from stallfree.pipeline.reader_base import BaseReader, Reader, Sample, as_reader
 from stallfree.pipeline.remote_shards import RemoteShardReader
 from stallfree.pipeline.shards import ShardReader, Verify, is_shard_folder
 from stallfree.pipeline.subset import SubsetReader, subset_rows
+from stallfree.pipeline.token_readers import (
+    HuggingFaceTokenReader,
+    TokenFileReader,
+    TokenShardReader,
+    is_token_dataset,
+    is_token_folder,
+)
 from stallfree.pipeline.webdataset import WebDatasetReader, is_webdataset
 
 __all__ = [
@@ -306,7 +314,9 @@ def open_source(source: str | os.PathLike[str] | Reader | Any, *, exif: Exif = "
     ending in ``.tar`` or with a ``{a..b}`` range: a :class:`~stallfree.pipeline.webdataset.WebDatasetReader`
     given the keywords ``remote``), an ingested shard folder, the URL of one (``s3://``, ``gs://``, ``http(s)://``,
     ``file://``: a :class:`RemoteShardReader` given the keywords ``remote``), a CSV/Parquet list, an image folder,
-    a map-style torch Dataset (see :class:`DatasetReader`), or a torch ``Subset`` of any of these (a
+    token sequences (:mod:`~stallfree.pipeline.token_readers`: a token shard folder, a JSON Lines or Parquet file of
+    ``input_ids``/``tokens`` or a folder of them, a ``datasets.Dataset`` with ``input_ids``), a map-style torch
+    Dataset (see :class:`DatasetReader`), or a torch ``Subset`` of any of these (a
     :class:`~stallfree.pipeline.subset.SubsetReader` of its rows).
 
     Raises:
@@ -324,7 +334,7 @@ def open_source(source: str | os.PathLike[str] | Reader | Any, *, exif: Exif = "
     if reader is not None:
         return _check_raw(reader, exif)
     if is_hf_dataset(source):
-        return HuggingFaceReader(source)
+        return HuggingFaceTokenReader(source) if is_token_dataset(source) else HuggingFaceReader(source)
     if not isinstance(source, (str, os.PathLike)):
         dataset = DatasetReader(source)
         dataset.exif = exif
@@ -335,7 +345,11 @@ def open_source(source: str | os.PathLike[str] | Reader | Any, *, exif: Exif = "
         return _check_raw(RemoteShardReader(str(source), **(remote or {})), exif)
     path = Path(source)
     if is_shard_folder(path):
+        if is_token_folder(path):
+            return TokenShardReader(path, verify=verify)
         return _check_raw(ShardReader(path, verify=verify), exif)
+    if is_token_source(path):
+        return TokenFileReader(path)
     if path.suffix.lower() in (".csv", ".parquet"):
         return FileListReader(path)
     if not path.exists():

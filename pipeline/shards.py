@@ -41,7 +41,7 @@ from stallfree.ingest.manifest import MANIFEST, file_sha256, read_manifest, sche
 from stallfree.pipeline.reader_base import BaseReader, Sample
 from stallfree.pipeline.verified import is_verified, mark_verified
 
-__all__ = ["VERIFY_MODES", "ShardError", "ShardReader", "Verify", "gather_column", "is_shard_folder"]
+__all__ = ["VERIFY_MODES", "ShardError", "ShardReader", "Verify", "column_views", "gather_column", "is_shard_folder"]
 
 #: When a shard's SHA-256 is checked: on its first read, all on open, or never.
 Verify = Literal["first-use", "open", "none"]
@@ -59,9 +59,12 @@ def is_shard_folder(path: str | os.PathLike[str]) -> bool:
 
 
 class _Shard:
-    """One mapped shard: its batches' image offsets and data as NumPy views, and its checksum state."""
+    """One mapped shard: its batches' offsets and data of one column as NumPy views, and its checksum state.
 
-    def __init__(self, folder: Path, entry: dict[str, Any], schema: list[dict[str, str]]):
+    The column is ``payload``: the image bytes (binary), or a token shard's ids (a list of integers).
+    """
+
+    def __init__(self, folder: Path, entry: dict[str, Any], schema: list[dict[str, str]], payload: str = "image"):
         import pyarrow as pa
         import pyarrow.ipc as ipc
 
@@ -95,10 +98,7 @@ class _Shard:
         self.lock = threading.Lock()
         self.views: list[tuple[np.ndarray, np.ndarray]] = []
         for batch in self.batches:
-            images = batch.column("image")
-            offsets = np.frombuffer(images.buffers()[1], np.int32)[images.offset : images.offset + len(images) + 1]
-            data = images.buffers()[2]
-            self.views.append((offsets, np.frombuffer(data, np.uint8) if data is not None else np.empty(0, np.uint8)))
+            self.views.append(column_views(batch.column(payload)))
         self.starts = [0, *itertools.accumulate(b.num_rows for b in self.batches)]  # a list: bisect, no NumPy call
 
     def check(self) -> None:
@@ -140,6 +140,24 @@ class _Shard:
         import pyarrow as pa
 
         return pa.chunked_array([b.column(name) for b in self.batches]).take(pa.array(rows, pa.int64()))
+
+
+def column_views(column: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A binary or list column's offsets and data as NumPy views into its buffers (row i: ``data[o[i]:o[i+1]]``)."""
+    import pyarrow as pa
+
+    large = pa.types.is_large_list(column.type) or pa.types.is_large_binary(column.type)
+    offsets = np.frombuffer(column.buffers()[1], np.int64 if large else np.int32)
+    offsets = offsets[column.offset : column.offset + len(column) + 1]
+    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+        values = column.values  # the child array, whose rows the offsets index
+        data = values.buffers()[1]
+        dtype = values.type.to_pandas_dtype()
+        if data is None:
+            return offsets, np.empty(0, dtype)
+        return offsets, np.frombuffer(data, dtype)[values.offset : values.offset + len(values)]
+    data = column.buffers()[2]
+    return offsets, np.frombuffer(data, np.uint8) if data is not None else np.empty(0, np.uint8)
 
 
 def gather_column(rows: np.ndarray, starts: Any, take: Callable[[int, np.ndarray], Any]) -> np.ndarray | list[Any]:
@@ -196,6 +214,13 @@ class ShardReader(BaseReader):
             the first read of one of the shard's rows.
     """
 
+    #: The per-sample column :meth:`read_image` reads, and the column that names a row in :meth:`describe` (a token
+    #: shard's are ``tokens`` and ``source``).
+    payload = "image"
+    key = "key"
+    #: The manifest ``kind`` it reads (``ingest.manifest.KINDS``).
+    holds = "images"
+
     def __init__(self, folder: str | os.PathLike[str], verify: Verify = "first-use"):
         if verify not in VERIFY_MODES:
             raise ValueError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
@@ -205,9 +230,15 @@ class ShardReader(BaseReader):
         self.folder = folder.parent if folder.name == MANIFEST else folder
         self.name = str(self.folder)
         self.manifest = read_manifest(self.folder)
+        kind = self.manifest.get("kind", "images")
+        if kind != self.holds:
+            other = {"images": "ShardReader", "tokens": "TokenShardReader"}.get(kind, "its reader")
+            raise ValueError(f"{self.folder} holds {kind}, not {self.holds}: open it with {other} (the Loader and "
+                             "open_source pick the reader by the manifest's kind)")
         self.classes: list[str] = list(self.manifest["classes"])
-        shape = self.manifest["image"].get("shape")
-        self.encoded = self.manifest["image"]["kind"] == "encoded"
+        image = self.manifest.get("image") or {"kind": "encoded"}  # a token manifest has none (TokenShardReader)
+        shape = image.get("shape")
+        self.encoded = image["kind"] == "encoded"
         self.shape = tuple(shape) if shape else None
         self._verify = verify
         self._entries: list[dict[str, Any]] = list(self.manifest["shards"])
@@ -218,7 +249,7 @@ class ShardReader(BaseReader):
         # from the manifest, as a plain list for bisect; an array of them for the column gathers.
         self._starts = [0, *itertools.accumulate(int(e["rows"]) for e in self._entries)]
         self._start_array = np.asarray(self._starts, np.int64)
-        self.columns: Sequence[str] = [c["name"] for c in self.manifest["schema"] if c["name"] != "image"]
+        self.columns: Sequence[str] = [c["name"] for c in self.manifest["schema"] if c["name"] != self.payload]
         self._rows = self._starts[-1]
         self._labels = self._read_labels()
         if verify == "open":
@@ -232,6 +263,10 @@ class ShardReader(BaseReader):
             pieces = [b.column("label").to_numpy(zero_copy_only=False) for i in range(len(self._entries))
                       for b in self._shard(i).batches]
             return np.concatenate(pieces).astype(np.int64, copy=False) if pieces else np.empty(0, np.int64)
+        return self._column_file(entry)
+
+    def _column_file(self, entry: dict[str, Any]) -> np.ndarray:
+        """The array file the manifest's ``entry`` lists (``labels.npy``, ``lengths.npy``), mapped and checked."""
         path = self.folder / entry["file"]
         fix = f"run `stallfree verify {self.folder}`, and ingest (or --merge) again if it fails"
         try:
@@ -255,7 +290,7 @@ class ShardReader(BaseReader):
                 if index in self._failed:
                     raise ShardError(self._failed[index])
                 try:
-                    shard = _Shard(self.folder, self._entries[index], self.manifest["schema"])
+                    shard = _Shard(self.folder, self._entries[index], self.manifest["schema"], self.payload)
                 except ShardError as err:
                     self._failed[index] = str(err)
                     raise
@@ -312,7 +347,7 @@ class ShardReader(BaseReader):
         except ShardError:  # describing the sample of an error: the shard's own error is the reason given
             return f"{self.folder / self._entries[shard_index]['file']} row {row}"
         batch, i = shard.locate(row)
-        key = shard.batches[batch].column("key")[i].as_py()
+        key = shard.batches[batch].column(self.key)[i].as_py()
         return f"{shard.path} row {row} ({key})"
 
     def column(self, name: str, rows: np.ndarray) -> np.ndarray | list[Any]:

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from stallfree.pipeline.readers import DatasetReader
     from stallfree.pipeline.samples import BadSampleError
     from stallfree.pipeline.shards import ShardReader
+    from stallfree.pipeline.token_readers import HuggingFaceTokenReader, TokenFileReader, TokenShardReader
     from stallfree.stage_runtime.clock import StageClock
     from stallfree.stage_runtime.config.train_config import TrainConfig
     from stallfree.stage_runtime.jobs import train
@@ -34,6 +35,7 @@ __all__ = [
     "BaseReader",
     "DatasetReader",
     "HuggingFaceReader",
+    "HuggingFaceTokenReader",
     "IngestOptions",
     "Loader",
     "Packing",
@@ -42,6 +44,8 @@ __all__ = [
     "Resumable",
     "ShardReader",
     "StageClock",
+    "TokenFileReader",
+    "TokenShardReader",
     "TrainConfig",
     "ingest_on_ray",
     "plan",
@@ -57,6 +61,7 @@ _HOMES = {
     "BaseReader": "stallfree.pipeline.reader_base",
     "DatasetReader": "stallfree.pipeline.readers",
     "HuggingFaceReader": "stallfree.pipeline.hf_reader",
+    "HuggingFaceTokenReader": "stallfree.pipeline.token_readers",
     "IngestOptions": "stallfree.ingest.writer",
     "Loader": "stallfree.pipeline.loader",
     "Packing": "stallfree.pipeline.packing",
@@ -65,6 +70,8 @@ _HOMES = {
     "Resumable": "stallfree.core.resume",
     "ShardReader": "stallfree.pipeline.shards",
     "StageClock": "stallfree.stage_runtime.clock",
+    "TokenFileReader": "stallfree.pipeline.token_readers",
+    "TokenShardReader": "stallfree.pipeline.token_readers",
     "TrainConfig": "stallfree.stage_runtime.config.train_config",
     "ingest_on_ray": "stallfree.ingest.ray_ingest",
     "plan": "stallfree.stage_runtime.plan.plan",

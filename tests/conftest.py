@@ -129,3 +129,36 @@ class TokenDocs:
 def token_docs() -> Callable[..., Any]:
     """An in-memory token source of given lengths (a ``BaseReader`` of the token-sequence kind)."""
     return TokenDocs
+
+
+# Words of generated documents: ASCII, accents, CJK and punctuation, so that the BPE learns multi-byte pieces.
+_WORDS = ("the a of data token pack loader shard model train batch sequence document length epoch rank window "
+          "café naïve 東京 データ über señor — , . ! ? 42 1970 x").split()
+
+
+def _texts(count: int, seed: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(_WORDS, int(rng.integers(1, 120)))) for _ in range(count)]
+
+
+@pytest.fixture(scope="session")
+def texts() -> list[str]:
+    """120 generated documents of 1 to 119 words each."""
+    return _texts(120, 0)
+
+
+@pytest.fixture(scope="session")
+def bpe_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A byte-level BPE tokenizer trained here on generated text (nothing downloaded), with ``<s>``/``</s>`` special
+    tokens and no post-processor; saved as ``tokenizer.json``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(_texts(400, 1), trainer)
+    path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"
+    tokenizer.save(str(path))
+    return path

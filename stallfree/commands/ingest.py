@@ -10,6 +10,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from stallfree.commands.ingest_tokens import (
+    add_token_arguments,
+    ingest_tokens_command,
+    is_token_run,
+    token_info_lines,
+)
 from stallfree.commands.output import add_json_arguments, add_progress_argument, emit, human, require_writable
 
 __all__ = ["register"]
@@ -60,7 +66,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "write OUT (or each --part of it): a second is refused, naming the first's pid and source. OUT may be a URL "
         "(s3://, gs://, file://): shards are written to a local staging folder and each is uploaded once complete, "
         "the manifest last, so a reader never finds a manifest whose shards are missing; a rerun uploads only what "
-        "is missing. Docs: docs/ingest.md, docs/remote.md.",
+        "is missing. SRC may also be documents (a .jsonl, .parquet or .csv file or a folder of them): text tokenized "
+        "once with --tokenizer, or token ids, written as token shards (docs/ingest.md, Token sequences). Docs: "
+        "docs/ingest.md, docs/remote.md.",
         usage="%(prog)s [options] SRC OUT\n       %(prog)s --merge [options] OUT",
         epilog="examples:\n"
         "  stallfree ingest ~/imagenet/train ./shards/train --workers 8 --max-side 256\n"
@@ -71,7 +79,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "  stallfree ingest ~/imagenet/train s3://bucket/train/ --part 0/4   # parts straight to a store,\n"
         "  stallfree ingest --merge s3://bucket/train/                       # then joined there\n"
         "  stallfree ingest /nfs/imagenet/train /nfs/shards/train --ray 10.0.0.5:6379   # parts as Ray tasks, merged\n"
-        "  stallfree ingest ./cifar-folder ./shards/cifar --ray --parts 8   # RAY_ADDRESS's cluster, or a local one",
+        "  stallfree ingest ./cifar-folder ./shards/cifar --ray --parts 8   # RAY_ADDRESS's cluster, or a local one\n"
+        "  stallfree ingest corpus.jsonl ./shards/text --tokenizer tokenizer.json --add-eos '</s>'   # token shards\n"
+        "  stallfree ingest ./parquet-folder ./shards/ids --tokens-field input_ids --vocab-size 50257",
         formatter_class=_FORMAT,
     )
     parser.add_argument("paths", nargs="+", metavar="SRC OUT",
@@ -109,6 +119,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "folder per URL under $STALLFREE_CACHE_DIR/ingest, by default ~/.cache/stallfree/ingest, "
                         "removed once the manifest is uploaded)")
     _add_storage_options(parser)
+    add_token_arguments(parser)
     add_json_arguments(parser)
     add_progress_argument(parser, quiet=True)
     parser.set_defaults(func=_ingest)
@@ -154,6 +165,8 @@ def _ingest(args: argparse.Namespace) -> int:
     from stallfree.ingest.validate import DEFAULT_MAX_PIXELS
     from stallfree.ingest.writer import IngestOptions
 
+    if is_token_run(args):
+        return ingest_tokens_command(args)
     if args.parts is not None and args.ray is None:
         raise ValueError("--parts applies to --ray; split by hand with --part i/N")
     if args.ray is not None and (args.merge or args.part != "0/1"):
@@ -276,6 +289,9 @@ def _info(args: argparse.Namespace) -> int:
     emit(args, summary)
     if args.json:
         return 0  # the JSON holds everything the text would say
+    if summary.get("kind") == "tokens":
+        print("\n".join(token_info_lines(_shown(args.out), summary)))
+        return 0
     kind = summary["image"]["kind"] + (f" {summary['image']['shape']}" if summary["image"]["shape"] else "")
     print(f"{_shown(args.out)}: {summary['rows']} rows in {summary['shards']} shards, {summary['bytes'] / 1e6:.1f} MB, "
           f"images {kind}, {summary['rejected']} rejected at ingest")
