@@ -57,7 +57,8 @@ def _open(source: Any, options: LoaderOptions) -> BaseReader:
     keywords = options.source.reader_keywords(source, remote=is_url(source), webdataset=is_webdataset(source),
                                               on_error=options.decode.on_error,
                                               rank=cache_rank(order.rank, order.world_size))
-    return open_source(source, exif=options.decode.exif, verify=options.source.verify, remote=keywords)
+    return open_source(source, exif=options.decode.exif, verify=options.source.verify, remote=keywords,
+                       on_error=options.decode.on_error)
 
 
 def _columns(reader: Reader, columns: Sequence[str]) -> None:

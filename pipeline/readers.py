@@ -12,7 +12,7 @@ import hashlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -307,7 +307,8 @@ def unwrap_torchvision_dataset(source: Any, transform: Any, target_transform: An
 
 
 def open_source(source: str | os.PathLike[str] | Reader | Any, *, exif: Exif = "ignore",
-                verify: Verify = "first-use", remote: dict[str, Any] | None = None) -> BaseReader:
+                verify: Verify = "first-use", remote: dict[str, Any] | None = None,
+                on_error: Literal["raise", "skip"] = "raise") -> BaseReader:
     """The reader for ``source``, decoding under the Loader's ``exif`` setting (shards checked as ``verify`` says).
 
     A Reader as it is (a :class:`DatasetReader` as a copy with that setting), WebDataset tars (a path or URL
@@ -319,12 +320,14 @@ def open_source(source: str | os.PathLike[str] | Reader | Any, *, exif: Exif = "
     Dataset (see :class:`DatasetReader`), or a torch ``Subset`` of any of these (a
     :class:`~stallfree.pipeline.subset.SubsetReader` of its rows).
 
+    ``on_error`` is what a token source read in place does with a bad document (checked when it opens).
+
     Raises:
         ValueError: ``exif="apply"`` for ``--raw`` shards, whose pixels were decoded at ingest without turning.
     """
     inner, rows = subset_rows(source)
     if rows is not None:
-        return SubsetReader(open_source(inner, exif=exif, verify=verify, remote=remote), rows)
+        return SubsetReader(open_source(inner, exif=exif, verify=verify, remote=remote, on_error=on_error), rows)
     if isinstance(source, DatasetReader):
         copied = copy.copy(source)
         copied.exif = exif
@@ -334,7 +337,8 @@ def open_source(source: str | os.PathLike[str] | Reader | Any, *, exif: Exif = "
     if reader is not None:
         return _check_raw(reader, exif)
     if is_hf_dataset(source):
-        return HuggingFaceTokenReader(source) if is_token_dataset(source) else HuggingFaceReader(source)
+        return HuggingFaceTokenReader(source, on_error=on_error) if is_token_dataset(source) else \
+            HuggingFaceReader(source)
     if not isinstance(source, (str, os.PathLike)):
         dataset = DatasetReader(source)
         dataset.exif = exif
@@ -349,7 +353,7 @@ def open_source(source: str | os.PathLike[str] | Reader | Any, *, exif: Exif = "
             return TokenShardReader(path, verify=verify)
         return _check_raw(ShardReader(path, verify=verify), exif)
     if is_token_source(path):
-        return TokenFileReader(path)
+        return TokenFileReader(path, on_error=on_error)
     if path.suffix.lower() in (".csv", ".parquet"):
         return FileListReader(path)
     if not path.exists():

@@ -155,3 +155,46 @@ def test_options_of_images_are_refused_for_token_sequences(token_docs: Callable[
         Loader(token_docs([3, 4]), 2, packing=128)
     with pytest.raises(ValueError, match=r"Packing seq_len must be an int >= 2"):
         Packing(seq_len=1)
+
+
+def _documents(batches: list[dict[str, torch.Tensor]]) -> dict[int, list[int]]:
+    """Each document's tokens as delivered, by row, in position order (pieces joined)."""
+    got: dict[int, dict[int, int]] = {}
+    for b in batches:
+        real = b["document_index"] >= 0
+        for doc, pos, tok in zip(b["document_index"][real].tolist(), b["position_ids"][real].tolist(),
+                                 b["input_ids"][real].tolist(), strict=True):
+            assert pos not in got.setdefault(doc, {}), f"row {doc} position {pos} delivered twice"
+            got[doc][pos] = tok
+    return {doc: [toks[p] for p in sorted(toks)] for doc, toks in got.items()}
+
+
+def test_text_ingested_with_a_local_tokenizer_comes_out_packed_as_the_tokenizer_encoded_it(
+        texts: list[str], bpe_tokenizer: Any, tmp_path: Any) -> None:
+    from tokenizers import Tokenizer
+
+    from stallfree.ingest.token_runner import ingest_tokens
+    from stallfree.ingest.token_writer import TokenOptions
+
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    ingest_tokens(tmp_path / "docs.jsonl", tmp_path / "tokens", TokenOptions(tokenizer=str(bpe_tokenizer),
+                                                                          shard_mb=0.001))
+    encoded = [Tokenizer.from_file(str(bpe_tokenizer)).encode(t).ids for t in texts]
+    batches = [b for r in range(2) for b in Loader(tmp_path / "tokens", 2, packing=Packing(seq_len=64),
+                                                   shuffle=True, rank=r, world_size=2)]
+    assert _documents(batches) == dict(enumerate(encoded))
+
+
+def test_ids_read_in_place_skip_a_bad_row_under_on_error_skip(tmp_path: Any) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    ids = [[5, 6, 7], [8, -1], [9, 10, 11, 12], [13]]
+    pq.write_table(pa.table({"input_ids": ids}), tmp_path / "ids.parquet")
+    with pytest.raises(ValueError, match=r"ids.parquet row 1"):
+        Loader(tmp_path / "ids.parquet", 2, packing=Packing(seq_len=8))
+    loader = Loader(tmp_path / "ids.parquet", 2, packing=Packing(seq_len=8), on_error="skip")
+    got = _documents(list(loader))
+    assert sorted(got.values()) == [[5, 6, 7], [9, 10, 11, 12], [13]]
+    assert loader.reader.rejected == [{"path": "ids.parquet:1", "reason": "negative token id -1"}]
+    assert loader.state_dict()["rejected"] == loader.reader.rejected, "what the reader left out is in the state"
