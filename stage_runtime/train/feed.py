@@ -27,7 +27,7 @@ from stallfree.stage_runtime.clock import StageClock
 from stallfree.stage_runtime.config.train_config import TrainConfig, Verify
 from stallfree.stage_runtime.train.augment import training_transform
 from stallfree.stage_runtime.train.feed_state import checked_position, next_epoch
-from stallfree.stage_runtime.train.token_feed import GENERATED_VOCAB, TokenBatches, data_vocab, packing
+from stallfree.stage_runtime.train.token_feed import GENERATED_VOCAB, TokenBatches, data_vocab, packed_loader
 
 __all__ = ["Feed", "Feeds", "TensorBatches", "TorchFeed", "build_feeds", "make_feed"]
 
@@ -237,28 +237,26 @@ def build_feeds(config: TrainConfig, replica: int, device: str, clock: StageCloc
 def _token_feeds(config: TrainConfig, replica: int, device: str, clock: StageClock) -> Feeds:
     """A token model's feeds: the Loader's packs of a token source, or generated sequences (:mod:`.token_feed`).
 
-    Generated sequences have a generated held-out split (another ``split`` of rows, in order); a token source has
-    one when ``eval_data`` is given, every row of its packs counted.
+    The held-out split is ``eval_data``'s packs, every row counted; without it, generated sequences have a generated
+    one (another ``split`` of rows, in order) and a token source none.
     """
     f, p, m = config.feed, config.pipeline, config.model
-    if f.data is None:
-        vocab = m.vocab_size or GENERATED_VOCAB
-        common: dict[str, Any] = {"batch_size": p.batch_size, "seq_len": m.packed_len, "vocab_size": vocab,
-                                  "seed": config.seed, "rank": replica, "world_size": p.dp}
-        held_out = TokenBatches(max(p.batch_size * p.dp, f.samples // 4), shuffle=False, split=1, **common)
-        return Feeds(TokenBatches(f.samples, **common), False, held_out, len(held_out) * p.batch_size, vocab)
-    from stallfree.pipeline.loader import Loader  # DALI is an extra: --synthetic trains without it
-
-    packed: Any = Loader  # its packing= keyword is the Loader's token batches (pipeline/, issue 46 item 2)
-
-    def loader(data: str, train: bool) -> Any:
-        made = packed(data, p.batch_size, packing=packing(m.packed_len), shuffle=train, seed=config.seed,
-                           drop_last=train, rank=replica, world_size=p.dp, device=device,
-                           clock=clock if train else None, num_threads=f.loader_threads, verify=f.verify)
-        return made.start() if train else made
-
-    held = loader(f.eval_data, False) if f.eval_data is not None else None
-    return Feeds(loader(f.data, True), True, held, sys.maxsize, m.vocab_size or data_vocab(f.data))
+    vocab = m.vocab_size or (GENERATED_VOCAB if f.data is None else data_vocab(f.data))
+    generated: dict[str, Any] = {"batch_size": p.batch_size, "seq_len": m.packed_len, "vocab_size": vocab,
+                                 "seed": config.seed, "rank": replica, "world_size": p.dp}
+    common: dict[str, Any] = {"batch_size": p.batch_size, "seq_len": m.packed_len, "seed": config.seed,
+                              "replica": replica, "replicas": p.dp, "device": device, "workers": f.loader_threads,
+                              "verify": f.verify}
+    train: Feed = (TokenBatches(f.samples, **generated) if f.data is None else
+                   packed_loader(f.data, train=True, clock=clock, **common))
+    held_out: Feed | None = None
+    own = sys.maxsize
+    if f.eval_data is not None:
+        held_out = packed_loader(f.eval_data, train=False, clock=None, **common)
+    elif f.data is None:
+        held_out = TokenBatches(max(p.batch_size * p.dp, f.samples // 4), shuffle=False, split=1, **generated)
+        own = len(held_out) * p.batch_size
+    return Feeds(train, f.data is not None, held_out, own, vocab)
 
 
 def make_feed(data: str | None, *, train: bool, batch_size: int, image_size: int, num_classes: int, seed: int,

@@ -15,10 +15,12 @@ from typing import Any
 
 import torch
 
+from stallfree.stage_runtime.clock import StageClock
+from stallfree.stage_runtime.config.train_config import Verify
 from stallfree.stage_runtime.models.gpt import IGNORE_INDEX
 from stallfree.stage_runtime.train.feed_state import checked_position, next_epoch
 
-__all__ = ["GENERATED_VOCAB", "TokenBatches", "data_vocab", "packing"]
+__all__ = ["GENERATED_VOCAB", "TokenBatches", "data_vocab", "packed_loader", "packing"]
 
 GENERATED_VOCAB = 32  # the vocabulary of generated sequences when --vocab-size is not given
 _MAX_STEP = 7  # a generated document's step is drawn from 1.._MAX_STEP
@@ -139,6 +141,21 @@ def packing(seq_len: int) -> Any:
         raise ValueError("a token model trains on a token source through the Loader's packing (stallfree.Packing), "
                          "which this build lacks; train on generated sequences with --synthetic N") from None
     return module.Packing(seq_len=seq_len)
+
+
+def packed_loader(data: str, *, train: bool, batch_size: int, seq_len: int, seed: int, replica: int, replicas: int,
+                  device: str, clock: StageClock | None, workers: int | None, verify: Verify) -> Any:
+    """The Loader over the token source ``data``, packing rows of ``seq_len`` tokens, as replica ``replica``'s feed.
+
+    Training: shuffled, full batches (``drop_last``), started (its first packs are made while the stages build);
+    evaluation: in order, the last batch kept.
+    """
+    from stallfree.pipeline.loader import Loader  # DALI is an extra: --synthetic trains without it
+
+    loader: Any = Loader  # its packing= keyword: the Loader's token batches (pipeline/, issue 46 item 2)
+    made = loader(data, batch_size, packing=packing(seq_len), shuffle=train, seed=seed, drop_last=train, rank=replica,
+                  world_size=replicas, device=device, clock=clock, num_threads=workers, verify=verify)
+    return made.start() if train else made
 
 
 def data_vocab(data: str) -> int:

@@ -48,9 +48,10 @@ def _alone(tokens: torch.Tensor, first: int = 0) -> torch.Tensor:
     return torch.stack([tokens, torch.arange(first, first + n), torch.zeros(n, dtype=torch.int64)])[None]
 
 
-def test_packed_forward_equals_each_documents_own_forward() -> None:
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_packed_forward_equals_each_documents_own_forward(device: str) -> None:
     vocab, s = 50, 16
-    model = gpt_tiny(vocab, d_model=32, layers=2, heads=4, max_positions=64).eval()
+    model = gpt_tiny(vocab, d_model=32, layers=2, heads=4, max_positions=64).eval().to(device)
     g = torch.Generator().manual_seed(1)
     docs = {i: torch.randint(vocab, (n,), generator=g) for i, n in enumerate((5, 9, 3, 12, 22, 7))}
     big = 3_000_000_000  # dataset rows far beyond float32's exact integers: the row-local ids stay exact
@@ -63,20 +64,20 @@ def test_packed_forward_equals_each_documents_own_forward() -> None:
     ]
     batch = _packed(rows, s)
     with torch.no_grad():
-        packed = model(_inputs(batch))  # (5, 16, vocab)
+        packed = model(_inputs(batch).to(device))  # (5, 16, vocab)
         assert torch.isfinite(packed).all()  # padding attends to itself: no row of the mask is empty
         for r, pieces in enumerate(rows):
             at = 0
             for _, tokens, first in pieces:
                 n = len(tokens)
-                own = model(_alone(tokens, first))[0]
+                own = model(_alone(tokens, first).to(device))[0]
                 torch.testing.assert_close(packed[r, at:at + n], own, atol=1e-5, rtol=1e-4)
                 at += n
         # The first piece of the split document is its start: it equals the whole document's forward there.
-        whole = model(_alone(docs[4]))[0]
+        whole = model(_alone(docs[4]).to(device))[0]
         torch.testing.assert_close(packed[2], whole[:16], atol=1e-5, rtol=1e-4)
         # Loss over padding alone is 0, not NaN (no label counts).
-        assert lm_loss(packed[4:], batch["labels"][4:]).item() == 0.0
+        assert lm_loss(packed[4:], batch["labels"][4:].to(device)).item() == 0.0
 
 
 def test_out_of_range_positions_and_ids_are_named() -> None:

@@ -20,6 +20,7 @@ from stallfree.stage_runtime.jobs import train_many
 from stallfree.stage_runtime.models.gpt import IGNORE_INDEX, lm_loss
 from stallfree.stage_runtime.models.tasks import LanguageModeling
 from stallfree.stage_runtime.models.zoo import build_model
+from stallfree.stage_runtime.train.feed import Feed
 from stallfree.stage_runtime.train.report import format_summary
 from stallfree.stage_runtime.train.token_feed import TokenBatches
 
@@ -116,6 +117,7 @@ def test_a_token_jobs_summary_counts_tokens(runs: dict[str, Any]) -> None:
 
 def test_generated_token_batches_are_the_loaders_packed_batches() -> None:
     feed = TokenBatches(16, 4, 24, 50, seed=3)
+    assert isinstance(feed, Feed) and len(feed) == 4  # what the trainer reads of every feed
     batch = next(iter(feed))
     ids, labels, positions, documents = (batch[k] for k in ("input_ids", "labels", "position_ids", "document_index"))
     for t in (ids, labels, positions, documents):
