@@ -154,7 +154,7 @@ def _run(rank: int, c: TrainConfig, local_rank: int, account: Account | None, fa
     total_steps = c.steps.total(job.steps_per_epoch)
     stats = StepStats(job, report)
     wall0, accuracy = time.perf_counter(), None
-    counted: list[int] = []  # stage 0's samples per step of this run: images, or real (not padding) tokens
+    counted = [0, 0, 0]  # stage 0's samples (images, or real tokens) in this run's first step, in the others; steps
     feeds = job.feeds  # pipeline rank 0's; the others get their input from the previous rank
     for epoch in range(start_epoch, c.steps.epochs):
         if step >= total_steps:
@@ -178,7 +178,8 @@ def _run(rank: int, c: TrainConfig, local_rank: int, account: Account | None, fa
             lr = o.lr * lr_factor(step, total_steps, o.warmup_steps, o.lr_schedule)  # what this step uses
             loss, start, end, busy = job.train_step(batch)
             if batch is not None:
-                counted.append(batch.samples)
+                counted[0 if counted[2] == 0 else 1] += batch.samples
+                counted[2] += 1
             step += 1
             if fault is not None and (fault.rank, fault.step) == (rank, step):
                 os.kill(os.getpid(), fault.signal)
@@ -227,13 +228,12 @@ def _summary(c: TrainConfig, job: Rank, step: int, wall: float, accuracy: float 
 def _real_tokens(c: TrainConfig, counted: list[list[int]], report: Report) -> dict[str, Any]:
     """A token job's real (not padding) tokens per second over every replica, and the padding's share of the slots.
 
-    ``counted``: each rank's tokens per step of this run (stage 0's ranks count; the others hold none); the first
-    step is left out when there are others, as the summary's throughput leaves it out.
+    ``counted``: each rank's ``[tokens in this run's first step, in the others, steps]`` (stage 0's ranks count; the
+    others count none); the first step is left out when there are others, as the summary's throughput leaves it out.
     """
     if c.unit != "tokens":
         return {}
-    steps = [n for n in counted if n]
-    real = sum(sum(n[1:] if len(n) > 1 else n) for n in steps)
+    real = sum(n[1] if n[2] > 1 else n[0] for n in counted)
     seconds, slots = report.measured_seconds()
     return {"real_tokens_per_s": real / seconds if seconds else 0.0,
             "padding_fraction": 1 - real / slots if slots else 0.0}
