@@ -26,6 +26,7 @@ from stallfree.ingest.manifest import read_manifest
 from stallfree.ingest.runner import ingest
 from stallfree.ingest.writer import IngestOptions
 from stallfree.stage_runtime.train.feed import TensorBatches, TorchFeed
+from stallfree.stage_runtime.train.token_feed import TokenBatches
 from stallfree.transforms import CutMix, MixUp, Normalize, RandomHorizontalFlip, RandomResizedCrop
 
 SPEC = [RandomResizedCrop(12), RandomHorizontalFlip(), Normalize()]
@@ -134,6 +135,7 @@ def _factories(image_folder: Path, indexed_list: Path, shards: Path, url: str, c
                                                        seed=seed, prefetch=1 + 2 * v),
         "loader-tokens-padded": lambda v, seed: Loader(tokens, 4, shuffle=True, seed=seed, prefetch=1 + 2 * v),
         "tensor-batches": lambda v, seed: TensorBatches(40, 6, 8, 3, seed=seed),
+        "token-batches": lambda v, seed: TokenBatches(40, 6, 16, 20, seed=seed),  # a token model's generated packs
         "torch-feed": lambda v, seed: TorchFeed(str(image_folder), 5, 12, train=True, seed=seed, replica=0,
                                                 replicas=1, workers=v),
         "mixup": lambda v, seed: _Mixing(MixUp(alpha=0.5, num_classes=5, seed=seed), mix_in),
@@ -143,7 +145,7 @@ def _factories(image_folder: Path, indexed_list: Path, shards: Path, url: str, c
 
 PARTS = ["loader-folder", "loader-file-list", "loader-dataset", "loader-shards", "loader-shards-block",
          "loader-http-block", "loader-webdataset-block", "loader-tokens-packed", "loader-tokens-padded",
-         "tensor-batches", "torch-feed", "mixup", "cutmix"]
+         "tensor-batches", "token-batches", "torch-feed", "mixup", "cutmix"]
 
 
 @pytest.fixture
@@ -153,10 +155,9 @@ def factory(request: pytest.FixtureRequest, image_folder: Path, indexed_list: Pa
                       token_docs)[request.param]
 
 
-def _tensors(batch: Any) -> Batch:
-    """A batch's tensors in order (a token batch is a dict)."""
-    values = batch.values() if isinstance(batch, dict) else batch
-    return tuple(v for v in values if isinstance(v, torch.Tensor))
+def _fields(batch: Any) -> Batch:
+    """A batch's tensors: a tuple's, or a packed dict's values (``max_seqlen``, an int, as a tensor)."""
+    return tuple(torch.as_tensor(v) for v in batch.values()) if isinstance(batch, dict) else tuple(batch)
 
 
 def _same(a: list[Batch], b: list[Batch]) -> bool:
@@ -178,7 +179,7 @@ def _state_after(part: Any, epoch0: int, taken: int) -> dict[str, Any]:
 def test_every_part_resumes_bit_identically_at_every_point(factory: Factory) -> None:
     reference = factory(0, 11)
     assert isinstance(reference, Resumable)
-    epochs = [[_tensors(b) for b in reference] for _ in range(3)]
+    epochs = [[_fields(b) for b in reference] for _ in range(3)]
     n = len(epochs[0])
     assert n >= 3 and not _same(epochs[0], epochs[1]), "the epochs must differ for the test to mean anything"
     points = {"batch 0": (0, 0), "mid-epoch": (0, n // 2), "last batch": (0, n), "epoch ended": (1, 0),
@@ -188,21 +189,21 @@ def test_every_part_resumes_bit_identically_at_every_point(factory: Factory) -> 
         resumed = factory(1, 11)
         resumed.load_state_dict(state)
         resumed.set_epoch(state["epoch"])  # as a training loop does: setting the loaded epoch keeps the position
-        rest = [_tensors(b) for b in resumed]
+        rest = [_fields(b) for b in resumed]
         assert _same(rest, epochs[epoch0][taken:]), f"{name}: the rest of the epoch differs"
-        following = [_tensors(b) for b in resumed]
+        following = [_fields(b) for b in resumed]
         assert _same(following, epochs[epoch0 + 1]), f"{name}: the epoch after the resumed one differs"
 
 
 @pytest.mark.parametrize("factory", PARTS, indirect=True)
 def test_setting_another_epoch_drops_a_loaded_position(factory: Factory) -> None:
     reference = factory(0, 11)
-    epoch2 = [_tensors(b) for b in (reference.set_epoch(2), reference)[1]]
+    epoch2 = [_fields(b) for b in (reference.set_epoch(2), reference)[1]]
     state = _state_after(factory(0, 11), 0, 2)
     resumed = factory(1, 11)
     resumed.load_state_dict(state)
     resumed.set_epoch(2)
-    assert _same([_tensors(b) for b in resumed], epoch2)
+    assert _same([_fields(b) for b in resumed], epoch2)
 
 
 @pytest.mark.parametrize("factory", PARTS, indirect=True)

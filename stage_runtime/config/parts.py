@@ -17,13 +17,17 @@ from stallfree.core.accelerator import SimAccelerator, parse_accelerator
 from stallfree.stage_runtime.link_delay import LinkDelay, parse_link_delay
 from stallfree.stage_runtime.schedules import ScheduleSpec, schedule_spec
 
-__all__ = ["BUNDLED_MODELS", "LR_SCHEDULES", "MAX_TIMEOUT_S", "OPTIMIZERS", "VERIFY_MODES", "CheckpointConfig",
-           "FeedConfig", "LrSchedule", "ModelConfig", "Optimizer", "OptimizerConfig", "PipelineConfig",
-           "ProcessConfig", "ReportConfig", "SimulationConfig", "StepsConfig", "Verify", "flag"]
+__all__ = ["BUNDLED_MODELS", "DEFAULT_SEQ_LEN", "LR_SCHEDULES", "MAX_TIMEOUT_S", "OPTIMIZERS", "TOKEN_MODELS",
+           "VERIFY_MODES", "CheckpointConfig", "FeedConfig", "LrSchedule", "ModelConfig", "Optimizer",
+           "OptimizerConfig", "PipelineConfig", "ProcessConfig", "ReportConfig", "SimulationConfig", "StepsConfig",
+           "Verify", "flag"]
 
 # The names of stallfree.stage_runtime.models.zoo.MODELS, listed here because that module needs torch to define
 # them; tests/cli/test_imports.py keeps the two equal.
-BUNDLED_MODELS = ("mlp", "small_cnn", "resnet_cifar", "resnet18", "resnet50", "vit_small")
+BUNDLED_MODELS = ("mlp", "small_cnn", "resnet_cifar", "resnet18", "resnet50", "vit_small", "gpt_tiny")
+# The bundled models that take packed token sequences (stallfree.stage_runtime.models.gpt): a job of one is a token job.
+TOKEN_MODELS = ("gpt_tiny",)
+DEFAULT_SEQ_LEN = 256  # --seq-len of a token job when not given
 
 # Loader(verify=)'s modes, stallfree.pipeline.shards.Verify, spelled here because importing stallfree.pipeline
 # imports DALI, which `stallfree train --help` must not; tests/cli/test_imports.py keeps the two equal.
@@ -64,9 +68,36 @@ class ModelConfig:
     kwargs: dict[str, Any] = field(default_factory=dict)  # passed to the factory
     image_size: int = 32  # the side of the square images it takes
     num_classes: int | None = None  # default: the Loader's class count (10 for generated tensors)
+    # A token model's (TOKEN_MODELS): the packed length of its rows (default DEFAULT_SEQ_LEN), and its vocabulary
+    # (default: the token source's; 32 for generated sequences)
+    seq_len: int | None = None
+    vocab_size: int | None = None
 
     def __post_init__(self) -> None:
         _at_least(1, image_size=self.image_size, num_classes=self.num_classes)
+        _at_least(2, seq_len=self.seq_len, vocab_size=self.vocab_size)
+        tokens = self.name in TOKEN_MODELS
+        given = [f for f, v in (("seq_len", self.seq_len), ("vocab_size", self.vocab_size)) if v is not None]
+        if not tokens and given:
+            raise ValueError(f"{flag(given[0])} applies to a token model ({', '.join(TOKEN_MODELS)}), not to "
+                             f"{self.name}: drop it or choose --model {TOKEN_MODELS[0]}")
+        if tokens and self.num_classes is not None:
+            raise ValueError(f"{flag('num_classes')} counts an image model's classes; {self.name}'s outputs are its "
+                             "vocabulary: give --vocab-size")
+
+    @property
+    def kind(self) -> Literal["images", "tokens"]:
+        """What a sample is: an image (and a label), or a packed token sequence (a token model)."""
+        return "tokens" if self.name in TOKEN_MODELS else "images"
+
+    @property
+    def packed_len(self) -> int:
+        """A token model's packed length: ``seq_len``, or :data:`DEFAULT_SEQ_LEN` (meaningless for images)."""
+        return self.seq_len or DEFAULT_SEQ_LEN
+
+    def factory_kwargs(self) -> dict[str, Any]:
+        """What the factory gets besides the classes and image size: ``kwargs`` (and a token model's packed length)."""
+        return {**self.kwargs, "seq_len": self.packed_len} if self.kind == "tokens" else dict(self.kwargs)
 
 
 @dataclass(frozen=True)

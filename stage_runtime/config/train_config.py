@@ -12,13 +12,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from .parts import (
     BUNDLED_MODELS,
+    DEFAULT_SEQ_LEN,
     LR_SCHEDULES,
     MAX_TIMEOUT_S,
     OPTIMIZERS,
+    TOKEN_MODELS,
     VERIFY_MODES,
     CheckpointConfig,
     FeedConfig,
@@ -35,9 +37,10 @@ from .parts import (
     flag,
 )
 
-__all__ = ["BUNDLED_MODELS", "LR_SCHEDULES", "MAX_TIMEOUT_S", "OPTIMIZERS", "VERIFY_MODES", "CheckpointConfig",
-           "FeedConfig", "LrSchedule", "ModelConfig", "Optimizer", "OptimizerConfig", "PipelineConfig",
-           "ProcessConfig", "ReportConfig", "SimulationConfig", "StepsConfig", "TrainConfig", "Verify", "flag"]
+__all__ = ["BUNDLED_MODELS", "DEFAULT_SEQ_LEN", "LR_SCHEDULES", "MAX_TIMEOUT_S", "OPTIMIZERS", "TOKEN_MODELS",
+           "VERIFY_MODES", "CheckpointConfig", "FeedConfig", "LrSchedule", "ModelConfig", "Optimizer",
+           "OptimizerConfig", "PipelineConfig", "ProcessConfig", "ReportConfig", "SimulationConfig", "StepsConfig",
+           "TrainConfig", "Verify", "flag"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,8 @@ class TrainConfig:
         if feed.data is None and feed.samples < p.batch_size * p.dp:
             raise ValueError(f"--synthetic {feed.samples} is less than one batch per replica (--batch-size "
                              f"{p.batch_size} x --dp {p.dp}); generate at least {p.batch_size * p.dp}")
+        if self.model.kind == "tokens":
+            self._check_token_job()
         delay = self.simulation.link_delay
         if delay is not None:
             if not p.spec.flush:
@@ -79,6 +84,32 @@ class TrainConfig:
             owner = [p.owner(s) for s in range(p.model_stages)]
             delay.check(p.stages, [(a, b) for a, b in zip(owner, owner[1:], strict=False) if a != b],
                         f"{p.schedule} with {p.stages} pipeline ranks")
+
+    def _check_token_job(self) -> None:
+        """Refuse what a token model's job does not run, naming the flag (images' options, the simulated device)."""
+        name, feed = self.model.name, self.feed
+        refused = [("--feed torch", "torch's DataLoader feeds ImageFolder images", feed.kind == "torch"),
+                   ("--transform", "it augments images", feed.transform is not None),
+                   ("--accelerator", "a simulated device trains a rate of images",
+                    self.simulation.accelerator is not None)]
+        for what, why, given in refused:
+            if given:
+                raise ValueError(f"{what} does not apply to --model {name}, a token model ({why}): drop it")
+
+    @property
+    def unit(self) -> Literal["images", "tokens"]:
+        """What the job's throughput counts: ``"images"``, or ``"tokens"`` for a token model."""
+        return self.model.kind
+
+    @property
+    def units_per_batch(self) -> int:
+        """Images, or token positions (padding included), in one replica's batch."""
+        return self.pipeline.batch_size * (self.model.packed_len if self.model.kind == "tokens" else 1)
+
+    @property
+    def units_per_step(self) -> int:
+        """Images, or token positions (padding included), that one step trains over all replicas."""
+        return self.units_per_batch * self.pipeline.dp
 
     @classmethod
     def from_flags(cls, **flags: Any) -> TrainConfig:

@@ -31,15 +31,18 @@ def layer_times(cost: LayerCost) -> LayerTimes:
 
 
 def measure_model(model: nn.Sequential, image_size: int, micro: int, device: str = "cpu",
-                  repeats: int = 3) -> tuple[list[LayerTimes], float]:
+                  repeats: int = 3, sample: torch.Tensor | None = None) -> tuple[list[LayerTimes], float]:
     """Time every layer of ``model`` (an ``nn.Sequential``) on one micro-batch of ``micro`` images.
 
+    ``sample``: the micro-batch stage 0 takes when it is not images (a token model's, ``Task.example``).
     Returns the layers' costs (the forward, the backward and its weight-gradient part, each timed by
     :func:`~stallfree.stage_runtime.models.partition.measure_layers`) and the seconds of one SGD-with-momentum step
     over the whole model, the trainer's optimizer.
     """
     model = model.to(device)
-    sample = torch.randn(micro, 3, image_size, image_size, device=device)
+    if sample is None:
+        sample = torch.randn(micro, 3, image_size, image_size, device=device)
+    sample = sample.to(device)
     measured = measure_layers(list(model), sample, repeats=repeats)
     layers = [layer_times(c) for c in measured]
     params = [p for p in model.parameters() if p.requires_grad]

@@ -1,5 +1,7 @@
 """Bundled models, each a flat ``nn.Sequential`` of layers so that the partitioner can cut it between any two.
 
+The image models are here; ``gpt_tiny``, a token model, is :mod:`.gpt`'s.
+
 A pipeline stage is a contiguous run of these layers, so every layer takes one tensor and returns one tensor.
 ``resolve(name)`` turns a ``--model`` value into a factory: a bundled name (``MODELS``) or a user's
 ``package.module:factory`` that returns an ``nn.Sequential`` or a list of modules.
@@ -13,6 +15,7 @@ import torch
 from torch import nn
 
 from stallfree.stage_runtime.factories import import_factory
+from stallfree.stage_runtime.models.gpt import gpt_tiny
 
 __all__ = ["MODELS", "build_model", "mlp", "resnet18", "resnet50", "resnet_cifar", "resolve", "small_cnn", "vit_small"]
 
@@ -158,9 +161,19 @@ def vit_small(num_classes: int = 10, image_size: int = 32, patch: int = 4, dim: 
     return nn.Sequential(_Patches(image_size, patch, dim), *blocks, _MeanHead(dim, num_classes))
 
 
+def _gpt_tiny(num_classes: int = 256, image_size: int = 32, seq_len: int = 256, max_positions: int | None = None,
+              **kwargs: int) -> nn.Sequential:
+    """:func:`~.gpt.gpt_tiny` as the trainer builds it: ``num_classes`` is its vocabulary.
+
+    Its position table holds at least the packed length (2048 positions by default).
+    """
+    del image_size
+    return gpt_tiny(num_classes, max_positions=max_positions or max(2048, seq_len), **kwargs)
+
+
 MODELS: dict[str, Factory] = {
     "mlp": mlp, "small_cnn": small_cnn, "resnet_cifar": resnet_cifar, "resnet18": resnet18, "resnet50": resnet50,
-    "vit_small": vit_small,
+    "vit_small": vit_small, "gpt_tiny": _gpt_tiny,
 }
 
 

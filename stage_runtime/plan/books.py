@@ -59,14 +59,19 @@ PARTS = ("warmup_cooldown", "imbalance", "communication", "runtime", "input")
 
 @dataclass(frozen=True)
 class Books:
-    """Per rank: could-do images/s, the loss and its parts (shares of the step); the job's are its slowest rank's."""
+    """Per rank: could-do images/s, the loss and its parts (shares of the step); the job's are its slowest rank's.
 
-    images_per_s: float  # what the job did
+    ``unit``: what the rates count, ``"images"`` or a token job's ``"tokens"`` (positions, padding included); the
+    rates' keys in :meth:`to_dict` are named by it (``images_per_s``, ``could_do_tokens_per_s``...).
+    """
+
+    images_per_s: float  # what the job did, in units a second
     step_s: float  # mean step
     could_do: tuple[float, ...]  # per rank
     loss: tuple[float, ...]  # per rank, 1 - did / could do
     parts: tuple[dict[str, float], ...]  # per rank, PARTS -> share of the step; they sum to the loss
     steps: int  # steps the books are over
+    unit: str = "images"
 
     @property
     def slowest(self) -> int:
@@ -75,10 +80,10 @@ class Books:
 
     def to_dict(self) -> dict[str, Any]:
         """As JSON: ``ranks`` (one entry per rank) and ``job`` (the slowest rank's)."""
-        ranks = [{"rank": r, "could_do_images_per_s": self.could_do[r], "loss": self.loss[r], "parts": self.parts[r]}
-                 for r in range(len(self.could_do))]
-        return {"images_per_s": self.images_per_s, "step_s": self.step_s, "steps": self.steps,
-                "job": ranks[self.slowest], "ranks": ranks}
+        ranks = [{"rank": r, f"could_do_{self.unit}_per_s": self.could_do[r], "loss": self.loss[r],
+                  "parts": self.parts[r]} for r in range(len(self.could_do))]
+        return {f"{self.unit}_per_s": self.images_per_s, "unit": self.unit, "step_s": self.step_s,
+                "steps": self.steps, "job": ranks[self.slowest], "ranks": ranks}
 
 
 def known_costs(config: TrainConfig, layers: Sequence[LayerTimes], balance: Sequence[int],
@@ -204,7 +209,7 @@ def _capped(cost: StageCost, mine: Sequence[StageCost], whole: bool) -> StageCos
 
 def measured_books(steps: Sequence[Sequence[Span]], step_times: Sequence[tuple[float, float]],
                    program: Mapping[int, Sequence[Op]], owner: Sequence[int], costs: Sequence[StageCost],
-                   images: int) -> Books:
+                   images: int, unit: str = "images") -> Books:
     """The books of measured (or simulated) steps.
 
     Args:
@@ -213,7 +218,8 @@ def measured_books(steps: Sequence[Sequence[Span]], step_times: Sequence[tuple[f
         program: each rank's operations, in the order it ran them.
         owner: the rank of each model stage.
         costs: each model stage's known compute per micro-batch.
-        images: images per step (all replicas).
+        images: images per step (all replicas), or ``unit``s: a token job's token positions.
+        unit: what ``images`` counts, ``"images"`` or ``"tokens"``.
 
     Raises:
         ValueError: no step, or ``steps`` and ``step_times`` of different lengths.
@@ -239,14 +245,14 @@ def measured_books(steps: Sequence[Sequence[Span]], step_times: Sequence[tuple[f
         parts.append({**{k: n * v / step for k, v in idle[r].items()},
                       "communication": total["communication"] / step, "runtime": total["runtime"] / step,
                       "input": total["input"] / step})
-    return Books(n * images / step, step / n, tuple(could), tuple(loss), tuple(parts), n)
+    return Books(n * images / step, step / n, tuple(could), tuple(loss), tuple(parts), n, unit)
 
 
 def predicted_books(result: StepResult, program: Mapping[int, Sequence[Op]], owner: Sequence[int],
-                    costs: Sequence[StageCost], images: int) -> Books:
+                    costs: Sequence[StageCost], images: int, unit: str = "images") -> Books:
     """The books of a simulated step (no input: the simulator predicts the schedule's step)."""
     spans = [s for s in result.spans if s.op.kind != "O"]
-    return measured_books([spans], [(0.0, _end(result))], program, owner, costs, images)
+    return measured_books([spans], [(0.0, _end(result))], program, owner, costs, images, unit)
 
 
 
@@ -280,4 +286,4 @@ def job_books(config: TrainConfig, balance: Sequence[int], layer_costs: Mapping[
                             float(layer_costs["optimizer_s"]))
     else:
         costs = span_costs(steps, len(owner))
-    return measured_books(steps, times, program, owner, costs, config.pipeline.batch_size * config.pipeline.dp)
+    return measured_books(steps, times, program, owner, costs, config.units_per_step, config.unit)

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from stallfree.core.atomic import atomic_write
+from stallfree.stage_runtime.config.train_config import TOKEN_MODELS
 from stallfree.stage_runtime.models.layer_times import LayerTimes
 from stallfree.stage_runtime.models.measure import measure_model
 from stallfree.stage_runtime.models.zoo import build_model
@@ -206,6 +207,10 @@ def plan(model: str = "small_cnn", *, costs: str | Path | None = None, image_siz
     calibration = None if calibration is None else Path(calibration)
     folders = [Path(p) for p in pilots]
     names = list(SYNC_SCHEDULES if schedules is None else schedules)
+    if model in TOKEN_MODELS:  # its stage 0 takes packed token rows, which the planner's measurement does not make
+        raise ValueError(f"--model {model} is a token model; stallfree plan measures image models (train it with "
+                         f"stallfree train --model {model}, whose summary holds its books and the simulator's "
+                         "prediction)")
     _check(image_size, classes, batch_size, devices, top, threads, cores, names, microbatches, costs, calibration,
            folders)
     choice = OverheadChoice() if calibration is None else OverheadChoice(read_calibration(calibration))

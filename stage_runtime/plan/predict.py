@@ -26,6 +26,7 @@ import torch
 from stallfree.stage_runtime.config.train_config import TrainConfig
 from stallfree.stage_runtime.models.layer_times import LayerTimes
 from stallfree.stage_runtime.models.measure import measure_model
+from stallfree.stage_runtime.models.tasks import make_task
 from stallfree.stage_runtime.models.zoo import build_model
 from stallfree.stage_runtime.plan.attribution import attribute
 from stallfree.stage_runtime.plan.books import known_costs, predicted_books
@@ -84,8 +85,10 @@ def predict_training(config: TrainConfig, balance: tuple[int, ...], num_classes:
         torch.set_num_threads(threads)
         try:
             torch.manual_seed(config.seed)
-            model = build_model(m.name, num_classes, m.image_size, **m.kwargs)
-            layers, optimizer_s = measure_model(model, m.image_size, p.micro_batch)
+            model = build_model(m.name, num_classes, m.image_size, **m.factory_kwargs())
+            task = make_task(m.kind, image_size=m.image_size, seq_len=m.packed_len, outputs=num_classes)
+            layers, optimizer_s = measure_model(model, m.image_size, p.micro_batch,
+                                                sample=task.example(p.micro_batch))
         finally:
             torch.set_num_threads(previous)  # process-wide: leave it as we found it
     costs = known_costs(config, layers, balance, optimizer_s)
@@ -102,11 +105,11 @@ def predict_training(config: TrainConfig, balance: tuple[int, ...], num_classes:
     result = simulate_step(order, owner, costs, links, causes=True, overhead=overhead, cores=sharing)
     assert result.bubble is not None  # causes=True splits it
     shown = attribute([list(result.spans)], owner)
-    books = predicted_books(result, order, owner, costs, p.batch_size * p.dp)
+    books = predicted_books(result, order, owner, costs, config.units_per_step, config.unit)
     return {"books": books.to_dict(),
             "per_action_s": shown.per_action_s, "per_message_s": shown.per_message_s, "send_s": shown.send_s,
             "step_s": result.schedule_s, "step_with_optimizer_s": result.step_s,
-            "images_per_s": p.batch_size * p.dp / result.schedule_s,
+            f"{config.unit}_per_s": config.units_per_step / result.schedule_s,
             "bubble": result.bubble.total, "causes": result.bubble.to_dict(),
             "link": link.describe() + ("" if delay is None else f", --link-delay {delay}"),
             "link_source": source, "overhead": overhead.to_dict(),

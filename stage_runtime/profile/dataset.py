@@ -36,6 +36,7 @@ from stallfree.core.atomic import atomic_write
 from stallfree.core.device import check_device
 from stallfree.stage_runtime.baseline import torch_dataloader, transform_label
 from stallfree.stage_runtime.clock import StageClock
+from stallfree.stage_runtime.config.train_config import TOKEN_MODELS
 from stallfree.stage_runtime.models.zoo import resolve
 from stallfree.stage_runtime.profile import phases as ph
 from stallfree.stage_runtime.profile import text
@@ -157,6 +158,9 @@ def profile_dataset(
     device_model = parse_accelerator(accelerator)  # where the string enters; below, the typed value
     # Before any phase runs: a GPU this machine lacks, or a model name that does not resolve, fails in one line.
     device = check_device(device)
+    if model in TOKEN_MODELS:
+        raise ValueError(f"--model {model} is a token model; stallfree profile feeds a model images (profile an "
+                         f"image model, or train it with stallfree train --model {model}: it reports the input stall)")
     if device_model is None:
         resolve(ph.MODEL_ALIASES.get(model, model))
     previous = torch.get_num_threads()

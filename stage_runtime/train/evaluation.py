@@ -2,8 +2,8 @@
 
 Pipeline rank 0 reads the held-out feed and runs the first stages forward; each rank runs its own stages on what
 the previous rank sent (:func:`~stallfree.stage_runtime.stage.chain_forward`), and the last stage's rank counts
-what it got right. The labels go from stage 0 to the last stage's rank with the batch's length first: the last
-evaluation batch may be short.
+what it got right (the job's task scores it: an image's class, or a token model's next token). The targets go from
+stage 0 to the last stage's rank with their shape first: the last evaluation batch may be short.
 """
 
 from __future__ import annotations
@@ -37,33 +37,33 @@ def evaluate(job: Rank) -> float:
     correct = torch.zeros(2, dtype=torch.float64)
     batches = iter(held_out) if job.first and held_out is not None else None
     left = job.feeds.held_out_samples if job.first and job.feeds is not None else 0
+    rank = len(job.task.target_shape(1))  # the targets' dimensions: labels [B], or a token model's [B, S]
     while True:
-        batch = next(batches, None) if batches is not None else None
+        item = next(batches, None) if batches is not None else None
+        batch = job.task.batch(item) if item is not None else None
+        y = torch.empty(0, dtype=torch.int64)
         if batch is not None:
-            y = batch[1].clone()
-            y[max(0, left):] = -1
+            y = job.task.drop_rows(batch.targets, left)  # an evaluation shard's padding is not scored
             left -= len(y)
-            batch = (batch[0], y)
         flag = torch.tensor([0 if (job.first and batch is None) else 1], device=job.comm)
         dist.broadcast(flag, job.base, group=job.pp_group)
         if not int(flag):
             break
-        x, y = (batch[0].to(job.device), batch[1]) if batch is not None else (None, torch.empty(0))
-        if job.first and not job.last:  # the length first: the last evaluation batch may be short
-            dist.send(torch.tensor([len(y)], device=job.comm), job.owner[-1])
-            dist.send(y.to(job.comm), job.owner[-1])
+        x = batch.inputs.to(job.device) if batch is not None else None
+        if job.first and not job.last:  # the shape first: the last evaluation batch may be short
+            dist.send(torch.tensor(y.shape, dtype=torch.int64, device=job.comm), job.owner[-1])
+            dist.send(y.contiguous().to(job.comm), job.owner[-1])
         elif job.last and not job.first:
-            n = torch.zeros(1, dtype=torch.int64, device=job.comm)
-            dist.recv(n, job.owner[0])
-            y = torch.empty(int(n), dtype=torch.int64, device=job.comm)
+            shape = torch.zeros(rank, dtype=torch.int64, device=job.comm)
+            dist.recv(shape, job.owner[0])
+            y = torch.empty(shape.tolist(), dtype=torch.int64, device=job.comm)
             dist.recv(y, job.owner[0])
         y = y.cpu()
         logits = chain_forward(job.modules, job.config.pipeline.model_stages, job.owner, job.rank, x, job.device)
         if job.last:
             if logits is None:
                 raise RuntimeError("chain_forward gave the last stage's rank no logits")
-            correct += torch.tensor([(logits.argmax(1).cpu() == y).sum().item(), (y >= 0).sum().item()],
-                                    dtype=torch.float64)
+            correct += torch.tensor(job.task.score(logits.cpu(), y), dtype=torch.float64)
     for m in job.modules.values():
         m.train()
     correct = correct.to(job.comm)

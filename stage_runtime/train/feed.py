@@ -1,9 +1,12 @@
 """What feeds stage 0: the Loader, a torch DataLoader (``TorchFeed``, the baseline), or generated tensors.
 
-The Loader or ``TorchFeed`` read a dataset folder; ``TensorBatches`` generates tensors when there is none.
+The Loader or ``TorchFeed`` read a dataset folder; ``TensorBatches`` generates tensors when there is none. A token
+model's job is fed packed sequences: the Loader's packs of a token source, or generated ones
+(:mod:`.token_feed`).
 
-All satisfy :class:`Feed`, the Loader's contract the trainer reads them through: iteration of ``(images, labels)``,
-``len`` (batches per epoch), ``set_epoch``, ``state_dict``/``load_state_dict`` counting batches delivered, and
+All satisfy :class:`Feed`, the Loader's contract the trainer reads them through: iteration of batches (``(images,
+labels)``, or the packed dicts; the job's task reads them, :mod:`stallfree.stage_runtime.models.tasks`), ``len``
+(batches per epoch), ``set_epoch``, ``state_dict``/``load_state_dict`` counting batches delivered, and
 ``classes``. Training batches are full (``drop_last``): ``torch.distributed.pipelining`` needs the same micro-batch
 shape every step. Pipeline rank 0 of each replica builds its :class:`Feeds` (:func:`build_feeds`).
 """
@@ -12,17 +15,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from stallfree.core.resume import check_fingerprint, state_int, state_mapping
 from stallfree.stage_runtime.baseline import MEAN, STD, BaselineImages, EpochKeyed, transform_label
 from stallfree.stage_runtime.clock import StageClock
 from stallfree.stage_runtime.config.train_config import TrainConfig, Verify
 from stallfree.stage_runtime.train.augment import training_transform
+from stallfree.stage_runtime.train.feed_state import checked_position, next_epoch
+from stallfree.stage_runtime.train.token_feed import GENERATED_VOCAB, TokenBatches, data_vocab, packed_loader
 
 __all__ = ["Feed", "Feeds", "TensorBatches", "TorchFeed", "build_feeds", "make_feed"]
 
@@ -40,8 +45,8 @@ class Feed(Protocol):
         """Batches per epoch."""
         ...
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """The epoch's ``(images, labels)`` batches, from the position ``set_epoch`` or a loaded state gave."""
+    def __iter__(self) -> Iterator[Any]:
+        """The epoch's batches (``(images, labels)``, or packed dicts), from where ``set_epoch`` or a state put it."""
         ...
 
     def set_epoch(self, epoch: int) -> None:
@@ -88,7 +93,7 @@ class TensorBatches:
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch``'s order next, from its first batch (from the loaded batch if a state of it is loaded)."""
-        self.epoch, self._position = _next_epoch(self.epoch, self._position, self._loaded, epoch)
+        self.epoch, self._position = next_epoch(self.epoch, self._position, self._loaded, epoch)
 
     def fingerprint(self) -> dict[str, Any]:
         """What decides the order and the pixels."""
@@ -107,7 +112,7 @@ class TensorBatches:
         Raises:
             ValueError: another fingerprint, or a field missing, of another type or out of range (named).
         """
-        self.epoch, self._position = _checked("TensorBatches", state, self.fingerprint(), len(self))
+        self.epoch, self._position = checked_position("TensorBatches", state, self.fingerprint(), len(self))
         self._loaded = True
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -159,7 +164,7 @@ class TorchFeed:
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch``'s order next, from its first batch (from the loaded batch if a state of it is loaded)."""
-        self.epoch, self._position = _next_epoch(self.epoch, self._position, self._loaded, epoch)
+        self.epoch, self._position = next_epoch(self.epoch, self._position, self._loaded, epoch)
 
     def fingerprint(self) -> dict[str, Any]:
         """What decides the order and the pixels: the files and labels, the augmentation and the shard."""
@@ -178,7 +183,7 @@ class TorchFeed:
         Raises:
             ValueError: another fingerprint, or a field missing, of another type or out of range (named).
         """
-        self.epoch, self._position = _checked("TorchFeed", state, self.fingerprint(), len(self))
+        self.epoch, self._position = checked_position("TorchFeed", state, self.fingerprint(), len(self))
         self._loaded = True
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -192,34 +197,21 @@ class TorchFeed:
         self.epoch, self._position = self.epoch + 1, 0
 
 
-def _checked(owner: str, state: object, fingerprint: dict[str, Any], batches: int) -> tuple[int, int]:
-    """A feed state's ``(epoch, batches)``, once its fingerprint is this feed's and each field is in range."""
-    state = state_mapping(owner, state)
-    check_fingerprint(owner, state.get("fingerprint"), fingerprint)
-    return state_int(owner, state, "epoch"), state_int(owner, state, "batches", high=batches,
-                                                        why=" (the batches of an epoch)")
-
-
-def _next_epoch(epoch: int, position: int, loaded: bool, new: int) -> tuple[int, int]:
-    """``(epoch, position)`` after ``set_epoch(new)``: a loaded position survives setting its own epoch."""
-    if new < 0:
-        raise ValueError(f"epoch must be >= 0, got {new}")
-    return int(new), position if loaded and new == epoch else 0
-
-
 @dataclass(frozen=True)
 class Feeds:
     """Pipeline rank 0's feeds: the training feed and the held-out split's.
 
     ``clocked``: the training feed records its own input waits on the stage clock (the Loader, given the clock);
     the trainer records them for the others. ``held_out_samples``: how many of the samples the held-out feed
-    delivers each epoch are its replica's own, before any padding (see :func:`_own_samples`).
+    delivers each epoch are its replica's own, before any padding (see :func:`_own_samples`). ``outputs``: what the
+    model's last layer predicts among: the classes, or a token model's vocabulary.
     """
 
     train: Feed
     clocked: bool
     held_out: Feed | None
     held_out_samples: int
+    outputs: int
 
 
 def build_feeds(config: TrainConfig, replica: int, device: str, clock: StageClock) -> Feeds:
@@ -227,6 +219,8 @@ def build_feeds(config: TrainConfig, replica: int, device: str, clock: StageCloc
 
     Generated tensors (no dataset) have a generated held-out split; a dataset has one when ``eval_data`` is given.
     """
+    if config.model.kind == "tokens":
+        return _token_feeds(config, replica, device, clock)
     f, p = config.feed, config.pipeline
     common: dict[str, Any] = {
         "batch_size": p.batch_size, "image_size": config.model.image_size, "seed": config.seed, "replica": replica,
@@ -236,7 +230,33 @@ def build_feeds(config: TrainConfig, replica: int, device: str, clock: StageCloc
     train, _ = _feed(f.data, train=True, clock=clock, transform=f.transform, **common)
     held_out, own = _feed(f.eval_data, train=False, **common) if f.eval_data is not None or f.data is None else (
         None, 0)
-    return Feeds(train, f.data is not None and f.kind == "stallfree", held_out, own)
+    return Feeds(train, f.data is not None and f.kind == "stallfree", held_out, own,
+                 config.model.num_classes or len(train.classes))
+
+
+def _token_feeds(config: TrainConfig, replica: int, device: str, clock: StageClock) -> Feeds:
+    """A token model's feeds: the Loader's packs of a token source, or generated sequences (:mod:`.token_feed`).
+
+    The held-out split is ``eval_data``'s packs, every row counted; without it, generated sequences have a generated
+    one (another ``split`` of rows, in order) and a token source none.
+    """
+    f, p, m = config.feed, config.pipeline, config.model
+    vocab = m.vocab_size or (GENERATED_VOCAB if f.data is None else data_vocab(f.data))
+    generated: dict[str, Any] = {"batch_size": p.batch_size, "seq_len": m.packed_len, "vocab_size": vocab,
+                                 "seed": config.seed, "rank": replica, "world_size": p.dp}
+    common: dict[str, Any] = {"batch_size": p.batch_size, "seq_len": m.packed_len, "seed": config.seed,
+                              "replica": replica, "replicas": p.dp, "device": device, "workers": f.loader_threads,
+                              "verify": f.verify}
+    train: Feed = (TokenBatches(f.samples, **generated) if f.data is None else
+                   packed_loader(f.data, train=True, clock=clock, **common))
+    held_out: Feed | None = None
+    own = sys.maxsize
+    if f.eval_data is not None:
+        held_out = packed_loader(f.eval_data, train=False, clock=None, **common)
+    elif f.data is None:
+        held_out = TokenBatches(max(p.batch_size * p.dp, f.samples // 4), shuffle=False, split=1, **generated)
+        own = len(held_out) * p.batch_size
+    return Feeds(train, f.data is not None, held_out, own, vocab)
 
 
 def make_feed(data: str | None, *, train: bool, batch_size: int, image_size: int, num_classes: int, seed: int,

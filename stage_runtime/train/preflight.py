@@ -13,6 +13,7 @@ from stallfree.stage_runtime.models.zoo import build_model, resolve
 from stallfree.stage_runtime.processes import torchrun_env
 from stallfree.stage_runtime.train import checkpoint as ckpt
 from stallfree.stage_runtime.train.augment import training_transform
+from stallfree.stage_runtime.train.token_feed import data_vocab
 
 __all__ = ["check"]
 
@@ -21,7 +22,8 @@ def check(config: TrainConfig) -> None:
     """Check what can be checked before any process starts: the data, the model, the split.
 
     Raises:
-        ValueError: a device this machine lacks, a dataset path that does not exist or holds no images, more model
+        ValueError: a device this machine lacks, a dataset path that does not exist or holds no images (a token
+            source without the Loader's packing, or of unknown vocabulary without ``vocab_size``), more model
             stages than layers, a ``balance`` of the wrong length or sum, or ``resume`` from a checkpoint of another
             model, split, schedule or optimizer; each message names the argument and the fix.
     """
@@ -33,7 +35,10 @@ def check(config: TrainConfig) -> None:
     latest = ckpt.latest(config.ckpt_root) if config.checkpoint.resume else None
     if latest is not None:  # a checkpoint of another model, split or schedule: named here
         ckpt.check_job(config.ckpt_root, latest, config)
-    _check_data(config)
+    if config.model.kind == "tokens":
+        _check_token_data(config)
+    else:
+        _check_data(config)
     if config.feed.transform is not None:
         _check_transform(config)
     _check_split(config)
@@ -55,6 +60,23 @@ def _check_data(config: TrainConfig) -> None:
             raise ValueError(f"{name} {data}: holds no images; give a dataset with at least one batch")
 
 
+def _check_token_data(config: TrainConfig) -> None:
+    """A token job's sources hold token sequences (packed by the Loader), and their vocabulary is known (or given)."""
+    from stallfree.ingest.fields import TOKENS  # the pipeline floor's import of DALI: --synthetic trains without it
+    from stallfree.pipeline.readers import open_source  # likewise
+
+    m = config.model
+    for name, data in (("training data", config.feed.data), ("--eval", config.feed.eval_data)):
+        if data is None:
+            continue
+        reader = open_source(data)
+        if not any(field.kind == TOKENS.kind for field in getattr(reader, "fields", ())):
+            raise ValueError(f"{name} {data} gives images, but --model {m.name} trains on token sequences; ingest "
+                             "text with `stallfree ingest SRC OUT --tokenizer tokenizer.json` (docs/sequences.md)")
+        if m.vocab_size is None:
+            data_vocab(data)
+
+
 def _check_transform(config: TrainConfig) -> None:
     """Build ``--transform`` and translate it as the Loader will, so that a bad one fails before any process."""
     from stallfree.transforms.translation.translator import to_steps  # DALI is an extra: --synthetic trains without it
@@ -70,7 +92,7 @@ def _check_split(config: TrainConfig) -> None:
     """The model has a layer for every model stage, and ``--balance`` cuts all its layers."""
     m, p = config.model, config.pipeline
     resolve(m.name)
-    layers = len(build_model(m.name, m.num_classes or 10, m.image_size, **m.kwargs))
+    layers = len(build_model(m.name, m.num_classes or m.vocab_size or 10, m.image_size, **m.factory_kwargs()))
     stages = p.model_stages
     if stages > layers:
         raise ValueError(f"--stages {p.stages} with schedule {p.schedule} makes {stages} model stages but {m.name} "

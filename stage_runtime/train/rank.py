@@ -23,6 +23,7 @@ from stallfree.stage_runtime.clock import StageClock
 from stallfree.stage_runtime.config.train_config import TrainConfig
 from stallfree.stage_runtime.models.measure import measure_model
 from stallfree.stage_runtime.models.partition import LayerCost, plan
+from stallfree.stage_runtime.models.tasks import Batch, make_task
 from stallfree.stage_runtime.models.zoo import build_model
 from stallfree.stage_runtime.schedules import build_schedule
 from stallfree.stage_runtime.stage import SimulatedCompute, TimedStage
@@ -35,27 +36,31 @@ from stallfree.stage_runtime.train.two_bw import TwoBW
 __all__ = ["Rank"]
 
 
-def _stage_shapes(layers: list[nn.Module], bounds: list[int], micro: tuple[int, ...]) -> list[tuple[Any, Any]]:
-    """Each stage's (input, output) as meta tensors, from a forward of a meta copy of the model.
+def _stage_shapes(layers: list[nn.Module], bounds: list[int], x: torch.Tensor) -> list[tuple[Any, Any]]:
+    """Each stage's (input, output) as meta tensors, from a forward of a meta copy of the model on ``x``.
 
-    Giving them to ``PipelineStage`` skips its runtime shape inference, which runs the stages' forward on
-    uninitialised buffers and so writes NaN into BatchNorm's running statistics of every stage but the first.
+    ``x``: stage 0's input of one micro-batch, on ``"meta"`` (``Task.example``). Giving the shapes to
+    ``PipelineStage`` skips its runtime shape inference, which runs the stages' forward on uninitialised buffers and
+    so writes NaN into BatchNorm's running statistics of every stage but the first.
     """
     meta = [copy.deepcopy(layer).to("meta") for layer in layers]
-    x = torch.empty(micro, device="meta")
     shapes = []
     with torch.no_grad():
         for s in range(len(bounds) - 1):
             inp = x
             for layer in meta[bounds[s]:bounds[s + 1]]:
                 x = layer(x)
-            # requires_grad says which tensors carry a gradient back: all activations, not the images.
+            # requires_grad says which tensors carry a gradient back: all activations, not stage 0's input.
             shapes.append((inp.detach().requires_grad_(s > 0), x.detach().requires_grad_(True)))
     return shapes
 
 
 class Rank:
-    """One rank's view of the job: groups, its stages, schedule, optimizer, feeds."""
+    """One rank's view of the job: groups, its stages, schedule, optimizer, feeds, and the task they serve.
+
+    ``task`` (:mod:`stallfree.stage_runtime.models.tasks`) turns the feed's items into batches and scores the last
+    stage's output: the same on every rank, from the job's model and its outputs (classes or vocabulary).
+    """
 
     def __init__(self, rank: int, config: TrainConfig, local_rank: int):
         self.config, p = config, config.pipeline
@@ -87,16 +92,18 @@ class Rank:
         if self.pp == 0:
             self.feeds = build_feeds(config, self.replica, str(self.device), self.clock)
             info[0] = len(self.feeds.train)
-            info[1] = config.model.num_classes or len(self.feeds.train.classes)
+            info[1] = self.feeds.outputs
         dist.broadcast(info, self.base, group=self.pp_group)
-        self.steps_per_epoch, self.num_classes = int(info[0]), int(info[1])
+        self.steps_per_epoch, self.num_classes = int(info[0]), int(info[1])  # classes, or a token model's vocabulary
+        m = config.model
+        self.task = make_task(m.kind, image_size=m.image_size, seq_len=m.packed_len, outputs=self.num_classes)
 
     def build(self) -> None:
         """Plan the split (measured on global rank 0), build this rank's stages, schedule and optimizer."""
         c, p = self.config, self.config.pipeline
         torch.manual_seed(c.seed)
         size = c.model.image_size
-        layers = list(build_model(c.model.name, self.num_classes, size, **c.model.kwargs))
+        layers = list(build_model(c.model.name, self.num_classes, size, **c.model.factory_kwargs()))
         micro = p.micro_batch
         accelerator = c.simulation.accelerator  # a SimAccelerator, parsed by TrainConfig (None: the real device)
         balance = p.balance
@@ -111,7 +118,7 @@ class Rank:
         self.layer_costs: dict[str, Any] | None = None  # rank 0's measurement, for the report's prediction
         if self.rank == 0 and (balance is None or accelerator is not None):
             # One measurement serves the split and the plan simulator's prediction in the summary.
-            times, optimizer_s = measure_model(nn.Sequential(*layers), size, micro)
+            times, optimizer_s = measure_model(nn.Sequential(*layers), size, micro, sample=self.task.example(micro))
             costs = [LayerCost(t.forward_s + t.backward_s, t.param_bytes, t.activation_bytes, t.forward_s, t.weight_s)
                      for t in times]
             partition = plan(layers, p.model_stages, balance=balance, costs=costs)
@@ -124,7 +131,7 @@ class Rank:
         bounds = [sum(self.balance[:i]) for i in range(len(self.balance) + 1)]
         self.modules: dict[int, nn.Module] = {s: nn.Sequential(*layers[bounds[s]:bounds[s + 1]]).to(self.device)
                                               for s in range(p.model_stages) if self.owner[s] == self.rank}
-        shapes = _stage_shapes(layers, bounds, (micro, 3, size, size))
+        shapes = _stage_shapes(layers, bounds, self.task.example(micro, "meta"))
         sim: list[Any] = [None] * p.model_stages
         if accelerator is not None:
             sim = list(stage_times(accelerator, micro, chosen[1]))
@@ -145,13 +152,13 @@ class Rank:
                                 microbatches=p.microbatches, ranks=p.stages, input_shape=tuple(shapes[s][0].shape),
                                 output_shape=tuple(shapes[s][1].shape), device=self.device, comm=self.comm,
                                 group=self.pp_group, optimizer=self.optimizer, update=self._update,
-                                loss_fn=nn.functional.cross_entropy, clock=self.clock, sim=sim[s])
+                                loss_fn=self.task.loss, clock=self.clock, sim=sim[s])
             return
         self.stages = [TimedStage(m, s, p.model_stages, self.device, input_args=shapes[s][0],
                                   output_args=shapes[s][1], group=self.pp_group, clock=self.clock, sim=sim[s],
                                   delay_s=self._delay_s(s))
                        for s, m in self.modules.items()]
-        self.schedule = build_schedule(p.schedule, self.stages, p.microbatches, nn.functional.cross_entropy)
+        self.schedule = build_schedule(p.schedule, self.stages, p.microbatches, self.task.loss)
 
     def _delay_s(self, stage: int) -> tuple[float, float]:
         """``--link-delay``'s latency of model stage ``stage``'s links: (to the next stage's rank, to the previous)."""
@@ -247,12 +254,15 @@ class Rank:
             self.feeds.train.load_state_dict(json.loads(state["feed"]))
         return step, int(meta["epoch"])
 
-    def train_step(self, images: Any, labels: Any) -> tuple[float, float, float, float]:
+    def train_step(self, batch: Batch | None) -> tuple[float, float, float, float]:
         """One optimizer step; returns ``(summed micro-batch loss or 0, schedule start, its end, busy seconds)``.
 
-        Start and end are ``time.perf_counter`` readings. The labels go from stage 0 to the last stage by ``isend``
-        (stage 0 does not wait for the last stage to reach this step) and ``irecv``, in posting order per pair.
+        ``batch``: stage 0's (``None`` on the other ranks). Start and end are ``time.perf_counter`` readings. The
+        targets go from stage 0 to the last stage by ``isend`` (stage 0 does not wait for the last stage to reach
+        this step) and ``irecv``, in posting order per pair.
         """
+        inputs: Any = batch.inputs if batch is not None else None
+        labels: Any = batch.targets if batch is not None else None
         for stage in self.stages:
             stage.step_number += 1
         target: Any = None  # the last stage's labels, or what waits for them
@@ -265,15 +275,15 @@ class Rank:
         elif self.last:
             target = self._receive_labels()
         if self.two_bw is not None:
-            return self._train_step_2bw(self.two_bw, images, target)
+            return self._train_step_2bw(self.two_bw, inputs, target)
         if callable(target):
             target = target()
         losses: list[torch.Tensor] = []
         start = time.perf_counter()
         if self.first and self.last:
-            self.schedule.step(images.to(self.device), target=target, losses=losses)
+            self.schedule.step(inputs.to(self.device), target=target, losses=losses)
         elif self.first:
-            self.schedule.step(images.to(self.device))
+            self.schedule.step(inputs.to(self.device))
         elif self.last:
             self.schedule.step(target=target, losses=losses)
         else:
@@ -286,7 +296,8 @@ class Rank:
 
     def _receive_labels(self) -> Any:
         """Post the receive of this step's labels; returns what waits for them (on this rank's device)."""
-        buf = torch.empty(self.config.pipeline.batch_size, dtype=torch.int64, device=self.comm)
+        buf = torch.empty(self.task.target_shape(self.config.pipeline.batch_size), dtype=torch.int64,
+                          device=self.comm)
         work = dist.irecv(buf, self.owner[0])
         if work is None:
             raise RuntimeError(f"rank {self.rank}: irecv of the labels from rank {self.owner[0]} returned no work")
@@ -317,7 +328,7 @@ class Rank:
         if self.scheduler is not None:
             self.scheduler.step()
 
-    def _train_step_2bw(self, two_bw: TwoBW, images: Any, target: Any) -> tuple[float, float, float, float]:
+    def _train_step_2bw(self, two_bw: TwoBW, inputs: Any, target: Any) -> tuple[float, float, float, float]:
         """As :meth:`train_step`, for ``--schedule 2bw``: the updates run inside the runner (one per M backwards).
 
         ``target``: on the last stage, the step's labels or what waits for them (read at the step's first forward
@@ -327,7 +338,7 @@ class Rank:
         two_bw.step_number += 1
         losses: list[torch.Tensor] = []
         start = time.perf_counter()
-        two_bw.step(images.to(self.device) if self.first else None, target, losses)
+        two_bw.step(inputs.to(self.device) if self.first else None, target, losses)
         end = time.perf_counter()
         loss = float(sum(x.item() for x in losses) / len(losses)) if losses else 0.0
         return loss, start, end, two_bw.take_busy()

@@ -3,6 +3,8 @@
 Two fractions describe where time goes, both measured by the stage clock's spans:
 
 - input stall = time stage 0 waited for the Loader / step time (step time = wait + the pipeline's step);
+- throughput = images, or for a token model's job token positions (padding included: ``batch x seq_len``), over all
+  replicas per second: ``images_per_s`` or ``tokens_per_s``, in ``train.jsonl`` and the summary;
 - bubble = idle time of the pipeline ranks inside the pipeline's step / (ranks x its time), shown beside the
   schedule's theory.
 
@@ -26,11 +28,13 @@ class Report:
     """Accumulates per-step figures on the logging rank and writes ``train.jsonl`` (one row per logged step)."""
 
     def __init__(self, out_dir: Path, ranks: int, replicas: int, progress: bool, log_every: int = 1,
-                 resume_step: int | None = None):
+                 resume_step: int | None = None, unit: str = "images"):
         """Open ``train.jsonl``: anew, or continued when ``resume_step`` is the step of the checkpoint resumed.
 
         On resume the rows after that step are dropped (the resumed run writes them again): each step once.
+        ``unit``: what the throughput counts, ``"images"`` or ``"tokens"`` (its key is ``{unit}_per_s``).
         """
+        self.unit = unit
         self.path = out_dir / "train.jsonl"
         out_dir.mkdir(parents=True, exist_ok=True)
         if resume_step is not None and self.path.is_file():
@@ -67,7 +71,8 @@ class Report:
         step began, ``end`` when the last rank's ended; ``busy_s`` the ranks' summed compute. The pipeline's step
         runs from stage 0 holding its batch, or from the previous step's end if later (the ranks overlap
         consecutive steps where nothing waits between them: ``2bw``, the zero-bubble schedules' tail), to ``end``;
-        the input stall is the part of the wait not hidden under the previous step. Steps then never overlap, so no
+        the input stall is the part of the wait not hidden under the previous step. ``images``: the units one
+        replica's batch holds (images, or token positions). Steps then never overlap, so no
         time is counted twice; rank 0's time between a step's end and its next read (its optimizer step) is in
         neither, as the plan simulator's step leaves it out.
         """
@@ -89,7 +94,7 @@ class Report:
         step_s = wait_s + pipe_s
         row = {
             "step": step, "epoch": epoch, "loss": round(loss, 6),
-            "images_per_s": round(images * self.replicas / step_s, 2) if step_s > 0 else None,
+            f"{self.unit}_per_s": round(images * self.replicas / step_s, 2) if step_s > 0 else None,
             "input_stall": round(wait_s / step_s, 4) if step_s > 0 else 0.0,
             "bubble": round(max(0.0, 1 - busy_s / (self.ranks * pipe_s)), 4) if pipe_s > 0 else 0.0,
             "step_s": round(step_s, 5),
@@ -101,7 +106,8 @@ class Report:
             self._file.write(json.dumps(row) + "\n")
             self._file.flush()
         if self._bar is not None:
-            self._bar.set_postfix(loss=f"{loss:.3f}", img_s=f"{row['images_per_s'] or 0:.0f}",
+            rate = {"img_s" if self.unit == "images" else "tok_s": f"{row[f'{self.unit}_per_s'] or 0:.0f}"}
+            self._bar.set_postfix(loss=f"{loss:.3f}", **rate,
                                   stall=f"{row['input_stall']:.0%}", bubble=f"{row['bubble']:.0%}", refresh=False)
             self._bar.update(1)
 
@@ -124,8 +130,13 @@ class Report:
             "input_stall_fraction": t["wait_s"] / t["step_s"] if t["step_s"] else 0.0,
             "bubble_fraction": max(0.0, 1 - t["busy_s"] / (self.ranks * t["compute_step_s"]))
             if t["compute_step_s"] else 0.0,
-            "images_per_s": t["images"] / t["step_s"] if t["step_s"] else 0.0,
+            f"{self.unit}_per_s": t["images"] / t["step_s"] if t["step_s"] else 0.0,
         }
+
+    def measured_seconds(self) -> tuple[float, float]:
+        """The seconds and the units (images or token positions) the throughput is over: the steps after the first."""
+        t = self.totals if self.totals["steps"] else (self._first or self.totals)
+        return t["step_s"], t["images"]
 
     def close(self) -> None:
         """Close the bar and the file."""
@@ -147,14 +158,18 @@ def format_summary(summary: dict[str, Any]) -> str:
     theory_s = f"{theory:.1%}" if theory is not None else "n/a"
     acc = summary.get("eval_top1")
     books = summary.get("books")
+    unit = summary.get("unit", "images")
     headline = _books_lines(summary, books) if books else []
     lines = [*headline,
         f"trained {summary['model']} in {summary['stages']} pipeline ranks x {summary['replicas']} replicas, "
         f"schedule {summary['schedule']}, {summary['microbatches']} micro-batches: {summary['steps']} steps "
         f"in {summary['wall_s']:.1f} s",
-        f"  throughput     {summary['images_per_s']:10.1f} images/s  (fed by {summary.get('feed', 'stallfree')})",
+        f"  throughput     {summary[f'{unit}_per_s']:10.1f} {unit}/s  (fed by {summary.get('feed', 'stallfree')})",
+        *([f"  real tokens    {summary['real_tokens_per_s']:10.1f} tokens/s  ({summary['padding_fraction']:.1%} "
+           "of the positions were padding)"] if "real_tokens_per_s" in summary else []),
         f"  final loss     {summary['final_loss']:10.4f}",
-        f"  eval top-1     {acc:10.1%}" if acc is not None else "  eval top-1            n/a",
+        f"  eval top-1     {acc:10.1%}{' (next token)' if unit == 'tokens' else ''}" if acc is not None
+        else "  eval top-1            n/a",
         f"  input stall    {summary['input_stall_fraction']:10.1%}  (stage 0 waiting for the Loader / step time)",
         f"  bubble         {summary['bubble_fraction']:10.1%}  measured; theory {theory_s}",
     ]
@@ -171,7 +186,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines.append(f"  simulated      {sim['bubble']:10.1%}  bubble predicted for this split and schedule (warm-up/"
                      f"cool-down {c['warmup_cooldown']:.1%}, imbalance {c['imbalance']:.1%}, communication "
                      f"{c['communication']:.1%} over {sim['link']}, runtime {c.get('runtime', 0.0):.1%}); "
-                     f"{sim['images_per_s']:.1f} images/s predicted")
+                     f"{sim[f'{unit}_per_s']:.1f} {unit}/s predicted")
     if sim and sim.get("books"):
         lines.append(f"  predicted      {_parts(sim['books']['job']['parts'])}  (the simulator's books, no input)")
     predicted = summary.get("plan_prediction")
@@ -199,10 +214,12 @@ def _books_lines(summary: dict[str, Any], books: dict[str, Any]) -> list[str]:
     job = books["job"]
     where = (f"on this accelerator ({summary['accelerator']})" if summary.get("accelerator")
              else "at its measured compute")
-    lines = [f"the pipeline could do {job['could_do_images_per_s']:.0f} img/s {where} (rank {job['rank']}'s own "
-             f"compute, the slowest rank's); it did {books['images_per_s']:.0f}, {job['loss']:.1%} lost: "
+    unit = books.get("unit", "images")
+    short = "img" if unit == "images" else "tok"
+    lines = [f"the pipeline could do {job[f'could_do_{unit}_per_s']:.0f} {short}/s {where} (rank {job['rank']}'s "
+             f"own compute, the slowest rank's); it did {books[f'{unit}_per_s']:.0f}, {job['loss']:.1%} lost: "
              f"{_parts(job['parts'])}"]
     for r in books["ranks"]:
-        lines.append(f"  rank {r['rank']}: could do {r['could_do_images_per_s']:.0f} img/s, lost {r['loss']:.1%}: "
-                     f"{_parts(r['parts'])}")
+        lines.append(f"  rank {r['rank']}: could do {r[f'could_do_{unit}_per_s']:.0f} {short}/s, lost "
+                     f"{r['loss']:.1%}: {_parts(r['parts'])}")
     return lines

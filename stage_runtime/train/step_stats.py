@@ -64,4 +64,4 @@ class StepStats:
         ends = [r[5] for r in rows] if self.one_clock else [rows[0][5]]
         self.report.step(step, epoch, loss=sum(r[0] for r in rows), wait_s=rows[0][1], t0=rows[0][3],
                          start=rows[0][4], end=max(ends), busy_s=sum(r[2] for r in rows),
-                         images=c.pipeline.batch_size, lr=lr)
+                         images=c.units_per_batch, lr=lr)

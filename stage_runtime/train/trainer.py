@@ -7,10 +7,13 @@ Ranks: ``stages`` pipeline ranks per replica times ``dp`` replicas; global rank 
 rank. Each rank builds the whole model from the seed (so every process starts from the same weights), keeps
 its stage(s), and runs the schedule::
 
-    pipeline rank 0:   Loader ─► images ─► stage 0 ─► ... ─►              labels ─► (send) ─┐
-    last stage's rank:                        ... ─► stage N-1 ─► loss(logits, labels) ◄────┘
+    pipeline rank 0:   Loader ─► task.batch ─► inputs ─► stage 0 ─► ... ─►           targets ─► (send) ─┐
+    last stage's rank:                                     ... ─► stage N-1 ─► task.loss(output, targets) ◄─┘
 
-The labels go to the last stage by a point-to-point send of ``batch`` int64 values per step: that costs
+The job's task (:mod:`stallfree.stage_runtime.models.tasks`, chosen from the model) turns each feed item into a
+``Batch``: ``(images, labels)`` of an image model, or a token model's packed dict (inputs ``[input_ids,
+position_ids, document_index]``, targets ``labels``); the loop is the same for both. The targets go to the last
+stage by a point-to-point send of ``batch`` int64 values per step (``batch x seq_len`` for tokens): that costs
 8 bytes per image against the activations the pipeline already sends, where a second, label-only reader over
 the same sampler state would have to re-list the dataset and keep two cursors in step.
 """
@@ -146,10 +149,12 @@ def _run(rank: int, c: TrainConfig, local_rank: int, account: Account | None, fa
     job.build()
     step, start_epoch = job.restore() if c.checkpoint.resume else (0, 0)
     report = Report(Path(c.report.out_dir), c.pipeline.stages, c.pipeline.dp, c.report.progress and rank == 0,
-                    c.report.log_every, resume_step=step if c.checkpoint.resume else None) if rank == 0 else None
+                    c.report.log_every, resume_step=step if c.checkpoint.resume else None,
+                    unit=c.unit) if rank == 0 else None
     total_steps = c.steps.total(job.steps_per_epoch)
     stats = StepStats(job, report)
     wall0, accuracy = time.perf_counter(), None
+    counted = [0, 0, 0]  # stage 0's samples (images, or real tokens) in this run's first step, in the others; steps
     feeds = job.feeds  # pipeline rank 0's; the others get their input from the previous rank
     for epoch in range(start_epoch, c.steps.epochs):
         if step >= total_steps:
@@ -165,13 +170,16 @@ def _run(rank: int, c: TrainConfig, local_rank: int, account: Account | None, fa
             if step >= total_steps:
                 break
             t0 = time.perf_counter()
-            images, labels = next(it) if it is not None else (None, None)
+            batch = job.task.batch(next(it)) if it is not None else None
             wait = time.perf_counter() - t0
             if feeds is not None and not feeds.clocked:  # the Loader records its own waits
                 job.clock.record("input", "waiting", t0, t0 + wait, step)
             o = c.optimizer
             lr = o.lr * lr_factor(step, total_steps, o.warmup_steps, o.lr_schedule)  # what this step uses
-            loss, start, end, busy = job.train_step(images, labels)
+            loss, start, end, busy = job.train_step(batch)
+            if batch is not None:
+                counted[0 if counted[2] == 0 else 1] += batch.samples
+                counted[2] += 1
             step += 1
             if fault is not None and (fault.rank, fault.step) == (rank, step):
                 os.kill(os.getpid(), fault.signal)
@@ -189,12 +197,14 @@ def _run(rank: int, c: TrainConfig, local_rank: int, account: Account | None, fa
     job.save(step, step // job.steps_per_epoch)
     versions = job.weight_versions()  # 2bw's versions and staleness per pipeline rank ({} otherwise); a collective
     # Rank 0 gathers every rank's spans through the process group: the machines may not share --out.
-    spans: list[Any] | None = [None] * c.pipeline.world_size if rank == 0 else None
-    dist.gather_object(job.clock.to_records(), spans, dst=0)
+    gathered: list[Any] | None = [None] * c.pipeline.world_size if rank == 0 else None
+    dist.gather_object((job.clock.to_records(), counted), gathered, dst=0)
     if report is not None:
-        summary = {**_summary(c, job, step, time.perf_counter() - wall0, accuracy, report), **versions}
+        spans = [records for records, _ in gathered or []]
+        summary = {**_summary(c, job, step, time.perf_counter() - wall0, accuracy, report), **versions,
+                   **_real_tokens(c, [n for _, n in gathered or []], report)}
         report.close()
-        _write(c, summary, spans or [], report.step_times, account)
+        _write(c, summary, spans, report.step_times, account)
 
 
 def _summary(c: TrainConfig, job: Rank, step: int, wall: float, accuracy: float | None,
@@ -208,10 +218,25 @@ def _summary(c: TrainConfig, job: Rank, step: int, wall: float, accuracy: float 
             "steps": step, "wall_s": wall, "final_loss": report.last_loss,
             "eval_top1": accuracy if accuracy is not None and accuracy >= 0 else None,
             "bubble_theory": p.spec.bubble(p.stages, p.microbatches, p.virtual_stages),
-            "feed": c.feed.kind, "plan_prediction": c.report.plan_prediction, "accelerator": config["accelerator"],
+            "unit": c.unit, "feed": c.feed.kind, "plan_prediction": c.report.plan_prediction,
+            "accelerator": config["accelerator"],
             "accelerator_images_per_s": _ideal(c),
             "num_classes": job.num_classes, "checkpoint": str(ckpt.step_dir(c.ckpt_root, step)),
             "layer_costs": job.layer_costs, "config": config, **report.fractions()}
+
+
+def _real_tokens(c: TrainConfig, counted: list[list[int]], report: Report) -> dict[str, Any]:
+    """A token job's real (not padding) tokens per second over every replica, and the padding's share of the slots.
+
+    ``counted``: each rank's ``[tokens in this run's first step, in the others, steps]`` (stage 0's ranks count; the
+    others count none); the first step is left out when there are others, as the summary's throughput leaves it out.
+    """
+    if c.unit != "tokens":
+        return {}
+    real = sum(n[1] if n[2] > 1 else n[0] for n in counted)
+    seconds, slots = report.measured_seconds()
+    return {"real_tokens_per_s": real / seconds if seconds else 0.0,
+            "padding_fraction": 1 - real / slots if slots else 0.0}
 
 
 def _write(c: TrainConfig, summary: dict[str, Any], spans: list[Any], step_times: list[tuple[float, float]],

@@ -10,6 +10,7 @@ from typing import Any
 from stallfree.commands.output import add_json_arguments, add_progress_argument, emit, human, require_writable
 from stallfree.stage_runtime.config.train_config import (
     BUNDLED_MODELS,
+    DEFAULT_SEQ_LEN,
     LR_SCHEDULES,
     OPTIMIZERS,
     VERIFY_MODES,
@@ -33,6 +34,9 @@ EXAMPLES = """examples:
   stallfree train --synthetic 512 --accelerator sim:400 --stages 2 --link-delay 0-1:20   # a slow cut, run for real
   stallfree train ./shards/train --verify none          # trust the shards: no SHA-256 read before the batches
   stallfree train ./data/train --no-progress --json | jq .images_per_s   # the summary alone on stdout
+  stallfree train --synthetic 256 --model gpt_tiny --seq-len 64 --stages 2 --batch-size 8 --optimizer adamw \\
+      --lr 3e-3                        # a small transformer on generated packed sequences, attention within documents
+  stallfree train ./tokens --model gpt_tiny --seq-len 256 --dp 2          # a token source packed by the Loader
   torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint host:29500 -m stallfree.cli train ./data/train \\
       --stages 4 --dp 2 --device cuda                          # the same command across machines
 """
@@ -59,9 +63,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("data", nargs="?", help="training data: ImageFolder, CSV/Parquet file list or shard folder")
+    p.add_argument("data", nargs="?", help="training data: ImageFolder, CSV/Parquet file list or shard folder (a "
+                   "token model's: a token source the Loader packs, e.g. ingested token shards)")
     p.add_argument("--eval", dest="eval_data", help="held-out split, evaluated each epoch (top-1)")
-    p.add_argument("--synthetic", type=int, metavar="N", help="no dataset: N generated learnable samples")
+    p.add_argument("--synthetic", type=int, metavar="N", help="no dataset: N generated learnable samples (a token "
+                   "model's: N packed sequences of generated documents)")
     p.add_argument("--plan", type=Path, metavar="PLAN_JSON",
                    help="run the best configuration of `stallfree plan`'s plan.json: its model, image size, schedule, "
                    "stages, virtual stages, micro-batches, balance and batch size (a flag that disagrees is an error)")
@@ -69,6 +75,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    f"(default {d['model']})")
     p.add_argument("--image-size", type=int, default=d["image_size"], help="side of the square images the model takes")
     p.add_argument("--classes", dest="num_classes", type=int, help="default: the dataset's class count")
+    p.add_argument("--seq-len", type=int, metavar="S", help=f"a token model's (gpt_tiny) packed length: tokens per "
+                   f"row of a batch (default {DEFAULT_SEQ_LEN})")
+    p.add_argument("--vocab-size", type=int, metavar="V", help="a token model's vocabulary (default: the token "
+                   "source's; 32 for --synthetic)")
     p.add_argument("--stages", type=int, default=d["stages"], help="pipeline ranks (processes) per replica")
     p.add_argument("--schedule", choices=SCHEDULES, default=d["schedule"], help="pipeline schedule")
     p.add_argument("--virtual-stages", type=int, default=d["virtual_stages"],

@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from stallfree.stage_runtime.config.train_config import TOKEN_MODELS
 from stallfree.stage_runtime.models.partition import LayerCost, plan, split
+from stallfree.stage_runtime.models.tasks import make_task
 from stallfree.stage_runtime.models.zoo import MODELS, build_model
 
 SIZES = {"resnet18": 32, "resnet50": 32, "vit_small": 16}
@@ -17,12 +19,14 @@ SIZES = {"resnet18": 32, "resnet50": 32, "vit_small": 16}
 def test_bundled_model_split_in_two_computes_the_whole(name: str) -> None:
     size = SIZES.get(name, 16)
     model = build_model(name, num_classes=5, image_size=size).eval()
-    x = torch.randn(2, 3, size, size)
+    # stage 0's input: images, or a token model's packed rows of 16 tokens (issue 46), whose documents cross the cut
+    task = make_task("tokens" if name in TOKEN_MODELS else "images", image_size=size, seq_len=16, outputs=5)
+    x = task.example(2)
     partition = plan(list(model), 2, costs=[LayerCost(1.0, 0, 0)] * len(model))  # measuring: test_partition
     first, second = split(list(model), partition.balance)
     with torch.no_grad():
         assert torch.allclose(second(first(x)), model(x), atol=1e-6)
-        assert model(x).shape == (2, 5)
+        assert model(x).shape == ((2, 16, 5) if name in TOKEN_MODELS else (2, 5))
 
 
 def test_user_factories_by_module_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

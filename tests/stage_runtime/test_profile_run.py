@@ -34,7 +34,8 @@ def test_profile_dataset_returns_the_result_and_prints_nothing(image_folder: Pat
 @pytest.mark.parametrize(("kwargs", "match"), [({"batches": 0}, "batches must be >= 1, got 0"),
                                                ({"threads": 0}, "threads must be >= 1, got 0"),
                                                ({"verify": "fast"}, "verify must be one of top, echo"),
-                                               ({"batch_size": 16}, "needs at least 48 .3 batches of 16.")])
+                                               ({"batch_size": 16}, "needs at least 48 .3 batches of 16."),
+                                               ({"model": "gpt_tiny"}, "--model gpt_tiny is a token model")])
 def test_bad_arguments_are_named(image_folder: Path, kwargs: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         stallfree.profile_dataset(image_folder, progress=False, **kwargs)  # type: ignore[arg-type]

@@ -62,6 +62,8 @@ def test_typed_values_plan_as_their_strings_do(tmp_path: Path) -> None:
     ({"devices": 1}, ValueError, "--devices must be >= 2"),
     ({"schedules": ["pipedream"]}, ValueError, "--schedules: unknown pipedream"),
     ({"calibration": "nowhere.json"}, FileNotFoundError, "--calibration nowhere.json: no such file"),
+    # issue 46: a token model's stage 0 takes packed rows, which the planner's measurement does not make
+    ({"model": "gpt_tiny"}, ValueError, "--model gpt_tiny is a token model; stallfree plan measures image models"),
 ])
 def test_bad_arguments_are_refused_before_any_work(tmp_path: Path, kwargs: dict[str, object], error: type,
                                                    message: str) -> None:

@@ -1,0 +1,179 @@
+"""What a model is trained to do, as the trainer reads it: a feed's item becomes a :class:`Batch`, scored by a loss.
+
+A job's task (:func:`make_task`) is chosen once, from its model, never by looking at a batch: an image classifier
+(:class:`ImageClassification`: a feed yields ``(images, labels)``) or a language model on packed token sequences
+(:class:`LanguageModeling`: a feed yields the Loader's packed dicts). Both give the trainer the same thing, a
+:class:`Batch`: the tensor stage 0 takes, the tensor the last stage scores, and how many samples (images or real
+tokens) it holds, so one path trains both::
+
+    feed item ──task.batch──► Batch(inputs ─► stage 0 ... last stage ◄─ targets: task.loss / task.score)
+
+The pipeline's static shapes come from :meth:`Task.example` (stage 0's input of one micro-batch) and
+:meth:`Task.target_shape` (what the last stage receives from stage 0 each step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import torch
+from torch import nn
+
+from stallfree.stage_runtime.models.gpt import IGNORE_INDEX, lm_loss
+
+__all__ = ["Batch", "ImageClassification", "LanguageModeling", "Task", "TaskKind", "make_task"]
+
+TaskKind = Literal["images", "tokens"]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One step's batch as the trainer moves it: stage 0's input, the last stage's target, what it counts.
+
+    ``samples``: images, or real (not padding) tokens: what the throughput that the job reports counts.
+    """
+
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    samples: int
+
+
+class Task(Protocol):
+    """What the trainer needs of a model's task: batches from a feed's items, shapes, the loss and the score."""
+
+    @property
+    def unit(self) -> TaskKind:
+        """What a sample is and the throughput counts: ``"images"`` or ``"tokens"``."""
+        ...
+
+    @property
+    def per_sample(self) -> int:
+        """Units a batch row holds: 1 image, or ``seq_len`` token positions."""
+        ...
+
+    def batch(self, item: Any) -> Batch:
+        """A feed's item (``(images, labels)``, or the Loader's packed dict) as a :class:`Batch`."""
+        ...
+
+    def example(self, micro: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        """Stage 0's input of one micro-batch of ``micro`` rows, with valid values (on ``"meta"``: shapes alone)."""
+        ...
+
+    def target_shape(self, rows: int) -> tuple[int, ...]:
+        """The targets' shape for ``rows`` rows (int64), as the last stage receives them."""
+        ...
+
+    def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The training loss of the last stage's output."""
+        ...
+
+    def score(self, output: torch.Tensor, target: torch.Tensor) -> tuple[int, int]:
+        """``(right, counted)``: top-1 predictions that match a target, of the targets that count."""
+        ...
+
+    def drop_rows(self, target: torch.Tensor, start: int) -> torch.Tensor:
+        """``target`` with its rows from ``start`` on left out of the score (an evaluation shard's padding)."""
+        ...
+
+
+@dataclass(frozen=True)
+class ImageClassification:
+    """Images in, one label each out: the feed yields ``(images, labels)``; cross entropy, top-1 accuracy."""
+
+    image_size: int
+    channels: int = 3
+
+    @property
+    def unit(self) -> TaskKind:
+        return "images"
+
+    @property
+    def per_sample(self) -> int:
+        return 1
+
+    def batch(self, item: Any) -> Batch:
+        images, labels = item
+        return Batch(images, labels, len(labels))
+
+    def example(self, micro: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        return torch.randn(micro, self.channels, self.image_size, self.image_size, device=device)
+
+    def target_shape(self, rows: int) -> tuple[int, ...]:
+        return (rows,)
+
+    def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(output, target)
+
+    def score(self, output: torch.Tensor, target: torch.Tensor) -> tuple[int, int]:
+        target = target.to(output.device)
+        return int((output.argmax(1) == target).sum()), int((target >= 0).sum())
+
+    def drop_rows(self, target: torch.Tensor, start: int) -> torch.Tensor:
+        target = target.clone()
+        target[max(0, start):] = -1
+        return target
+
+
+@dataclass(frozen=True)
+class LanguageModeling:
+    """Next-token prediction on packed sequences (:mod:`.gpt`): the feed yields the Loader's packed dicts.
+
+    Stage 0 takes ``[input_ids, position_ids, document_index]`` stacked as (B, 3, S) int64; the last stage scores
+    ``labels`` (B, S) with Hugging Face's shift (:func:`~.gpt.lm_loss`). ``cu_seqlens`` and ``max_seqlen`` are not
+    read: the mask is built from ``document_index``, which says the same per row.
+    """
+
+    seq_len: int
+    vocab_size: int
+
+    @property
+    def unit(self) -> TaskKind:
+        return "tokens"
+
+    @property
+    def per_sample(self) -> int:
+        return self.seq_len
+
+    def batch(self, item: Any) -> Batch:
+        fields: Mapping[str, torch.Tensor] = item
+        documents = fields["document_index"]
+        if documents.shape[-1] != self.seq_len:
+            raise ValueError(f"a packed batch of {documents.shape[-1]} tokens per row reached a job of --seq-len "
+                             f"{self.seq_len}; give the Loader Packing(seq_len={self.seq_len})")
+        inputs = torch.stack([fields["input_ids"], fields["position_ids"], documents], dim=1)
+        return Batch(inputs, fields["labels"], int((documents >= 0).sum()))
+
+    def example(self, micro: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        s = self.seq_len
+        if torch.device(device).type == "meta":
+            return torch.empty(micro, 3, s, dtype=torch.int64, device=device)
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(self.vocab_size, (micro, s), generator=g)
+        documents = torch.arange(s) * 4 // s  # four documents a row: the mask is built and applied as in training
+        positions = torch.arange(s) - (documents * s + 3) // 4
+        return torch.stack([ids, positions.expand(micro, s), documents.expand(micro, s)], dim=1).to(device)
+
+    def target_shape(self, rows: int) -> tuple[int, ...]:
+        return (rows, self.seq_len)
+
+    def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return lm_loss(output, target)
+
+    def score(self, output: torch.Tensor, target: torch.Tensor) -> tuple[int, int]:
+        predicted, target = output[:, :-1].argmax(-1), target[:, 1:].to(output.device)
+        counts = target != IGNORE_INDEX
+        return int(((predicted == target) & counts).sum()), int(counts.sum())
+
+    def drop_rows(self, target: torch.Tensor, start: int) -> torch.Tensor:
+        target = target.clone()
+        target[max(0, start):] = IGNORE_INDEX
+        return target
+
+
+def make_task(kind: TaskKind, *, image_size: int, seq_len: int, outputs: int) -> Task:
+    """The task of a model of ``kind``: ``outputs`` is the class count, or the vocabulary of a token model."""
+    if kind == "tokens":
+        return LanguageModeling(seq_len, outputs)
+    return ImageClassification(image_size)
