@@ -10,6 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from stallfree.core.cost import Cost
     from stallfree.core.resume import Resumable
     from stallfree.ingest.ray_ingest import ingest_on_ray
     from stallfree.ingest.remote import RemoteStoreError
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BadSampleError",
     "BaseReader",
+    "Cost",
     "DatasetReader",
     "HuggingFaceReader",
     "HuggingFaceTokenReader",
@@ -59,6 +61,7 @@ __version__ = "0.1.0"
 _HOMES = {
     "BadSampleError": "stallfree.pipeline.samples",
     "BaseReader": "stallfree.pipeline.reader_base",
+    "Cost": "stallfree.core.cost",
     "DatasetReader": "stallfree.pipeline.readers",
     "HuggingFaceReader": "stallfree.pipeline.hf_reader",
     "HuggingFaceTokenReader": "stallfree.pipeline.token_readers",
