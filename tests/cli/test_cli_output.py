@@ -83,6 +83,7 @@ def test_bench_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert json.loads((tmp_path / "clock.json").read_text()) == result
 
 
+@pytest.mark.slow
 def test_train_json_is_alone_on_stdout_and_no_progress_still_prints_the_summary(
         tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     # Was: --no-progress also hid the final summary, and the summary JSON followed the table on stdout. capfd: the
