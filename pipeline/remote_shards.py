@@ -70,6 +70,10 @@ class RemoteShardReader(BaseReader):
         self.fs, self._root = open_store(self.url, storage_options or {}, self.retry.timeout)
         self._root = self._root.rstrip("/")
         self.manifest = read_manifest(self.url, storage_options, self.retry)
+        if self.manifest.get("kind", "images") != "images":
+            raise ValueError(f"{self.name} holds shards of {self.manifest['kind']}: a store URL is read for image "
+                             "shards only so far; copy the folder to a local disk (e.g. `aws s3 sync`, `gsutil -m "
+                             "rsync`) and give the Loader its path")
         self.classes: list[str] = list(self.manifest["classes"])
         shape = self.manifest["image"].get("shape")
         self.encoded = self.manifest["image"]["kind"] == "encoded"

@@ -84,6 +84,13 @@ def test_each_shard_reader_refuses_the_other_kind(token_shards, image_folder, tm
         TokenShardReader(tmp_path / "images")
 
 
+def test_token_shards_at_a_store_url_are_refused_by_name(token_shards):
+    """A URL is read for image shards only so far: token shards there got a KeyError 'image', naming nothing."""
+    with pytest.raises(ValueError, match=r"holds shards of tokens: a store URL is read for image shards only so far; "
+                                         r"copy the folder to a local disk"):
+        open_source(f"file://{token_shards}")
+
+
 def test_an_altered_lengths_file_is_refused(token_shards, tmp_path):
     copied = tmp_path / "copy"
     shutil.copytree(token_shards, copied)
