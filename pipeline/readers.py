@@ -23,7 +23,7 @@ from stallfree.ingest.remote import is_url
 from stallfree.ingest.text_sources import is_token_source
 from stallfree.pipeline.hf_reader import HuggingFaceReader, is_hf_dataset
 from stallfree.pipeline.reader_base import BaseReader, Reader, Sample, as_reader
-from stallfree.pipeline.remote_shards import RemoteShardReader
+from stallfree.pipeline.remote_tokens import open_remote
 from stallfree.pipeline.shards import ShardReader, Verify, is_shard_folder
 from stallfree.pipeline.subset import SubsetReader, subset_rows
 from stallfree.pipeline.token_readers import (
@@ -314,7 +314,9 @@ def open_source(source: str | os.PathLike[str] | Reader | Any, *, exif: Exif = "
     A Reader as it is (a :class:`DatasetReader` as a copy with that setting), WebDataset tars (a path or URL
     ending in ``.tar`` or with a ``{a..b}`` range: a :class:`~stallfree.pipeline.webdataset.WebDatasetReader`
     given the keywords ``remote``), an ingested shard folder, the URL of one (``s3://``, ``gs://``, ``http(s)://``,
-    ``file://``: a :class:`RemoteShardReader` given the keywords ``remote``), a CSV/Parquet list, an image folder,
+    ``file://``: a :class:`~stallfree.pipeline.remote_shards.RemoteShardReader`, or for token shards a
+    :class:`~stallfree.pipeline.remote_tokens.RemoteTokenShardReader`, given the keywords ``remote``), a CSV/Parquet
+    list, an image folder,
     token sequences (:mod:`~stallfree.pipeline.token_readers`: a token shard folder, a JSON Lines or Parquet file of
     ``input_ids``/``tokens`` or a folder of them, a ``datasets.Dataset`` with ``input_ids``), a map-style torch
     Dataset (see :class:`DatasetReader`), or a torch ``Subset`` of any of these (a
@@ -346,7 +348,8 @@ def open_source(source: str | os.PathLike[str] | Reader | Any, *, exif: Exif = "
     if is_webdataset(source):
         return WebDatasetReader(source, **(remote or {}))
     if is_url(source):
-        return _check_raw(RemoteShardReader(str(source), **(remote or {})), exif)
+        remote_reader = open_remote(str(source), **(remote or {}))
+        return remote_reader if remote_reader.holds == "tokens" else _check_raw(remote_reader, exif)
     path = Path(source)
     if is_shard_folder(path):
         if is_token_folder(path):

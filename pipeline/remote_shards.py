@@ -38,6 +38,8 @@ __all__ = ["RemoteShardReader"]
 class RemoteShardReader(BaseReader):
     """Rows of an ingested dataset at a URL (the :class:`~stallfree.pipeline.readers.Reader` protocol).
 
+    Images; :class:`~stallfree.pipeline.token_readers.RemoteTokenShardReader` reads token shards the same way.
+
     Args:
         url: the dataset's URL (its folder, or its ``manifest.json``).
         cache_dir: where shards are kept (default :func:`~stallfree.pipeline.shard_cache.default_cache_dir`).
@@ -48,17 +50,23 @@ class RemoteShardReader(BaseReader):
             which holds two blocks of ``shuffle="block"`` when the cache holds three, or 1 GiB).
         retry: how downloads are retried, and the stall timeout.
         rank: this process's rank: the default ``cache_dir`` is one folder per rank (a folder is one process's).
+        manifest: the URL's manifest when it was just read (:func:`open_remote` reads it to pick the reader); a
+            copy unpickled elsewhere reads it again.
 
     Raises:
         FileNotFoundError: no manifest at the URL.
-        ValueError: not a stallfree manifest, a ``cache_limit`` smaller than a shard, or a ``cache_dir`` another
-            process uses.
+        ValueError: not a stallfree manifest, one of another kind, a ``cache_limit`` smaller than a shard, or a
+            ``cache_dir`` another process uses.
         RemoteStoreError: the store did not answer.
     """
 
+    payload = "image"  # the shards' column that holds each row's sample
+    holds = "images"  # the manifest's kind
+    _labels_from_shards = False  # an image dataset ingested before labels.npy: each shard brings its rows' labels
+
     def __init__(self, url: str, *, cache_dir: str | Path | None = None, cache_limit: int | None = None,
                  storage_options: dict[str, Any] | None = None, downloads: int = 8, read_ahead: int | None = None,
-                 retry: Retry | None = None, rank: int = 0):
+                 retry: Retry | None = None, rank: int = 0, manifest: dict[str, Any] | None = None):
         super().__init__()
         # Downloads, a cache and threads: it pickles as the URL and keywords, and is opened afresh where it lands.
         self.reopen_with(url, cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options,
@@ -69,16 +77,18 @@ class RemoteShardReader(BaseReader):
         self.name = redact(self.url)
         self.fs, self._root = open_store(self.url, storage_options or {}, self.retry.timeout)
         self._root = self._root.rstrip("/")
-        self.manifest = read_manifest(self.url, storage_options, self.retry)
-        if self.manifest.get("kind", "images") != "images":
-            raise ValueError(f"{self.name} holds shards of {self.manifest['kind']}: a store URL is read for image "
-                             "shards only so far; copy the folder to a local disk (e.g. `aws s3 sync`, `gsutil -m "
-                             "rsync`) and give the Loader its path")
+        self.manifest = manifest if manifest is not None else read_manifest(self.url, storage_options, self.retry)
+        kind = self.manifest.get("kind", "images")
+        if kind != self.holds:
+            other = {"images": "RemoteShardReader", "tokens": "RemoteTokenShardReader"}.get(kind, "its reader")
+            raise ValueError(f"{self.name} holds {kind}, not {self.holds}: open it with {other} (the Loader and "
+                             "open_source pick the reader by the manifest's kind)")
         self.classes: list[str] = list(self.manifest["classes"])
-        shape = self.manifest["image"].get("shape")
-        self.encoded = self.manifest["image"]["kind"] == "encoded"
+        image = self.manifest.get("image") or {"kind": "encoded"}  # a token manifest has none
+        shape = image.get("shape")
+        self.encoded = image["kind"] == "encoded"
         self.shape = tuple(shape) if shape else None
-        self.columns: Sequence[str] = [c["name"] for c in self.manifest["schema"] if c["name"] != "image"]
+        self.columns: Sequence[str] = [c["name"] for c in self.manifest["schema"] if c["name"] != self.payload]
         self._entries: list[dict[str, Any]] = list(self.manifest["shards"])
         self._starts = np.cumsum([0] + [int(e["rows"]) for e in self._entries])
         self._labels = self._read_labels(storage_options or {})
@@ -106,7 +116,12 @@ class RemoteShardReader(BaseReader):
         """``labels.npy`` fetched and checked; for an older dataset without it, ``-1`` until each shard arrives."""
         entry = self.manifest.get("labels")
         if entry is None:
+            self._labels_from_shards = True
             return np.full(len(self), -1, np.int64)
+        return self._column_file(entry)
+
+    def _column_file(self, entry: dict[str, Any]) -> np.ndarray:
+        """The array file the manifest's ``entry`` lists (``labels.npy``, ``lengths.npy``), fetched and checked."""
         url = self._url_of(entry)
         data = read_object(self.fs, f"{self._root}/{entry['file']}", url, self.retry, limit=int(entry["bytes"]) + 1)
         try:
@@ -166,12 +181,12 @@ class RemoteShardReader(BaseReader):
             mapped = self._open.get(shard)
             if mapped is None:
                 try:
-                    mapped = _Shard(path.parent, {**entry, "file": path.name}, self.manifest["schema"])
+                    mapped = _Shard(path.parent, {**entry, "file": path.name}, self.manifest["schema"], self.payload)
                 except ShardError as err:
                     self.cache.release(entry["sha256"])
                     raise ShardError(f"shard {entry['file']} ({redact(self._url_of(entry))}): {err}") from err
                 mapped.checked = True  # the cache checked its SHA-256 when it arrived
-                if "labels" not in self.manifest:  # an older dataset: its labels come with its shards
+                if self._labels_from_shards:  # an older dataset: its labels come with its shards
                     first = int(self._starts[shard])
                     self._labels[first : first + mapped.rows] = _label_column(mapped)
                 self._open[shard] = mapped
@@ -179,7 +194,7 @@ class RemoteShardReader(BaseReader):
 
     def read(self, index: int) -> Sample:
         """Row ``index``'s fields: ``{"image": ...}`` (:meth:`read_image`)."""
-        return {"image": self.read_image(index)}
+        return {self.payload: self.read_image(index)}
 
     def read_image(self, index: int) -> np.ndarray:
         """Row ``index``'s image (as :meth:`ShardReader.read_image`), its shard fetched first if it is not cached.

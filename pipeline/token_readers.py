@@ -45,12 +45,14 @@ from stallfree.pipeline.hf_reader import is_hf_dataset
 from stallfree.pipeline.reader_base import BaseReader, Sample
 from stallfree.pipeline.shards import ShardReader, Verify, column_views, is_shard_folder
 
-__all__ = ["HuggingFaceTokenReader", "TokenFileReader", "TokenShardReader", "is_token_dataset", "is_token_folder"]
+__all__ = [
+    "HuggingFaceTokenReader", "TokenFileReader", "TokenKind", "TokenShardReader", "is_token_dataset", "is_token_folder",
+]
 
 OnError = Literal["raise", "skip"]
 
 
-class _TokenKind:
+class TokenKind:
     """What every token reader answers the same way, from its lengths and :meth:`read_tokens`."""
 
     fields: Sequence[Field] = TOKEN_FIELDS
@@ -77,7 +79,7 @@ class _TokenKind:
         return {"tokens": self.read_tokens(index)}
 
 
-class TokenShardReader(_TokenKind, ShardReader):
+class TokenShardReader(TokenKind, ShardReader):
     """Rows of a token-shard folder ``stallfree ingest`` wrote: ids as views into the memory-mapped shards.
 
     Opens as :class:`~stallfree.pipeline.shards.ShardReader` does (the manifest and ``lengths.npy`` now, checked;
@@ -142,7 +144,7 @@ class _ListRows:
         return values[offsets[i] : offsets[i + 1]]
 
 
-class _InPlace(_TokenKind, BaseReader):
+class _InPlace(TokenKind, BaseReader):
     """A token reader over list columns read in place: the check at open, the rows kept, and where a row came from."""
 
     def _open(self, chunks: list[Any], where: list[tuple[str, int, np.ndarray | None]], vocab_size: int | None,

@@ -43,6 +43,10 @@ class Builder(Protocol):
         """The batch's document rows and its fields."""
         ...
 
+    def follow(self, ids: np.ndarray, epoch: int) -> None:
+        """Tell the reader the rows ``ids`` will read, in order (a remote reader fetches their shards ahead)."""
+        ...
+
 
 def _tokens(reader: Reader, row: int) -> np.ndarray:
     return sample_of(reader.read(int(row)))[TOKENS.name]
@@ -87,6 +91,12 @@ class PackedBatches:
                   "cu_seqlens": cu, "max_seqlen": int(max(segments))}
         return np.asarray(rows, np.int64), fields
 
+    def follow(self, ids: np.ndarray, epoch: int) -> None:
+        plan = self.order.plan(epoch)
+        pieces = [plan.virtual[_pieces(plan, int(pack))] for pack in ids.tolist()]
+        virtual = np.concatenate(pieces) if pieces else np.empty(0, np.int64)
+        self.reader.follow(np.asarray(virtual, np.int64) % self.order.num_rows)
+
 
 def _pieces(plan: PackPlan, pack: int) -> range:
     return range(0) if pack == EMPTY else range(int(plan.starts[pack]), int(plan.starts[pack + 1]))
@@ -113,6 +123,9 @@ class PaddedBatches:
             input_ids[r, : len(doc)], mask[r, : len(doc)] = doc, 1
         labels = np.where(mask == 1, input_ids, IGNORE)
         return rows, {"input_ids": input_ids, "attention_mask": mask, "labels": labels, "document_index": rows.copy()}
+
+    def follow(self, ids: np.ndarray, epoch: int) -> None:
+        self.reader.follow(self.order.rows(ids))
 
 
 @dataclass(frozen=True, eq=False)
@@ -146,6 +159,7 @@ class TokenRun:
     def _loop(self, number: int) -> None:
         batcher, per_rank = self.parts.batcher, len(self.ids)
         try:
+            self.parts.build.follow(self.ids[number * batcher.largest :], self.epoch)
             for k in range(number, batcher.batches(per_rank)):
                 if self._stop.is_set():
                     return

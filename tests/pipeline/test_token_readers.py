@@ -84,11 +84,40 @@ def test_each_shard_reader_refuses_the_other_kind(token_shards, image_folder, tm
         TokenShardReader(tmp_path / "images")
 
 
-def test_token_shards_at_a_store_url_are_refused_by_name(token_shards):
-    """A URL is read for image shards only so far: token shards there got a KeyError 'image', naming nothing."""
-    with pytest.raises(ValueError, match=r"holds shards of tokens: a store URL is read for image shards only so far; "
-                                         r"copy the folder to a local disk"):
-        open_source(f"file://{token_shards}")
+def test_token_shards_at_a_url_give_the_local_folders_packs_and_resume(token_shards, tmp_path):
+    """Token shards behind a real HTTP server on 127.0.0.1 (and at a file:// URL): the same packed batches as the
+    folder on disk, and a state taken mid-epoch resumes on either. Before, a URL was read as image shards only
+    (KeyError 'image')."""
+    import torch
+
+    from stallfree import Loader, Packing
+    from stallfree.bench.servers import RangeServer
+
+    def batches(source: object, state: dict | None = None, **remote: object) -> list[dict]:
+        loader = Loader(source, batch_size=2, packing=Packing(seq_len=48, window=16), shuffle=True, seed=3,
+                        **remote)
+        if state is not None:
+            loader.load_state_dict(state)
+        return list(loader)
+
+    def same(a: list[dict], b: list[dict]) -> None:
+        assert len(a) == len(b) and len(a) > 2
+        for x, y in zip(a, b, strict=True):
+            assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x if isinstance(x[k], torch.Tensor))
+
+    local = batches(token_shards)
+    with RangeServer(token_shards) as server:
+        reader = open_source(server.url, remote={"cache_dir": tmp_path / "cache-a"})
+        assert type(reader).__name__ == "RemoteTokenShardReader" and reader.fields == TOKEN_FIELDS
+        assert reader.lengths().tolist() == TokenShardReader(token_shards).lengths().tolist()
+        same(batches(server.url, cache_dir=tmp_path / "cache-b"), local)
+        loader = Loader(server.url, batch_size=2, packing=Packing(seq_len=48, window=16), shuffle=True, seed=3,
+                        cache_dir=tmp_path / "cache-c")
+        it = iter(loader)
+        next(it), next(it)
+        state = loader.state_dict()
+    same(batches(f"file://{token_shards}", cache_dir=tmp_path / "cache-d"), local)
+    same(batches(token_shards, state), local[2:])
 
 
 def test_an_altered_lengths_file_is_refused(token_shards, tmp_path):
