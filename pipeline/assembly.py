@@ -47,7 +47,7 @@ class ImageAssembly:
 
     def __call__(self, batch: Batch) -> tuple[Any, ...]:
         out: tuple[Any, ...] = (batch.fields[IMAGE.name], batch_labels(self, batch.rows))
-        return (*out, batch_columns(self, batch.rows)) if self.columns else out
+        return (*out, batch_columns(self.reader, self.columns, self.device, batch.rows)) if self.columns else out
 
 
 def batch_labels(delivery: ImageAssembly, rows: np.ndarray) -> Any:
@@ -72,11 +72,10 @@ def _to(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     return tensor if device.type == "cpu" else tensor.to(device)
 
 
-def batch_columns(delivery: ImageAssembly, rows: np.ndarray) -> dict[str, Any]:
-    """The batch's ``columns=`` fields: numbers as tensors on the delivery device, anything else as a list."""
+def batch_columns(reader: Reader, columns: Sequence[str], device: torch.device, rows: np.ndarray) -> dict[str, Any]:
+    """The ``columns`` of ``rows``: numbers as tensors on ``device``, anything else as a list."""
     out: dict[str, Any] = {}
-    reader = delivery.reader
-    for name in delivery.columns:
+    for name in columns:
         values: np.ndarray | list[Any]
         if name in reader.columns:
             values = reader.column(name, rows)
@@ -85,7 +84,7 @@ def batch_columns(delivery: ImageAssembly, rows: np.ndarray) -> dict[str, Any]:
         else:  # "path"
             values = [reader.describe(int(row)) for row in rows]
         numeric = isinstance(values, np.ndarray)
-        out[name] = _to(torch.from_numpy(np.ascontiguousarray(values)), delivery.device) if numeric else values
+        out[name] = _to(torch.from_numpy(np.ascontiguousarray(values)), device) if numeric else values
     return out
 
 
@@ -94,11 +93,15 @@ class TokenAssembly:
     """The token kinds' batch: a dict of its fields (``input_ids``, ``labels``, ...), tensors on ``device``.
 
     The token run assembled the arrays in its own thread (:mod:`.token_run`); here they only move where they go.
+    With ``columns``, ``batch["columns"]`` holds them for each of the batch's documents in the order of its segments
+    (a packed batch's ``cu_seqlens`` without its padding; a padded batch's rows): a document split over rows has an
+    entry for each piece.
     """
 
     reader: Reader
     device: torch.device
     pin_memory: bool = False
+    columns: Sequence[str] = ()
 
     def __call__(self, batch: Batch) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -106,4 +109,6 @@ class TokenAssembly:
             if isinstance(value, torch.Tensor):
                 value = value.pin_memory() if self.pin_memory else _to(value, self.device)
             out[name] = value
+        if self.columns:
+            out["columns"] = batch_columns(self.reader, self.columns, self.device, batch.rows)
         return out

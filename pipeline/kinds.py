@@ -91,8 +91,6 @@ class Tokens:
         refused = []
         if options.decode.compiled.steps:
             refused.append("transform=")
-        if options.output.columns:
-            refused.append("columns=")
         if options.output.target_transform is not None:
             refused.append("target_transform=")
         if options.run.workers is not None:
@@ -118,7 +116,9 @@ class Tokens:
         return functools.partial(TokenPlacement, options.run.prefetch, packing.pad_id if packing is not None else 0)
 
     def assembly(self, options: LoaderOptions, reader: Reader) -> Callable[[Reader], Assembly]:
-        return functools.partial(TokenAssembly, device=options.output.device, pin_memory=options.output.pin_memory)
+        output = options.output
+        return functools.partial(TokenAssembly, device=output.device, pin_memory=output.pin_memory,
+                                 columns=output.columns)
 
 
 def kind_of(reader: Reader) -> Kind:

@@ -133,7 +133,8 @@ class Loader:
         columns: extra fields with each batch: ``"index"`` (the sample's row in the source) and ``"path"`` (its
             file, or the shard row or dataset item) for every source, and an ingested source's own columns
             (``stallfree ingest`` keeps a file list's further columns); when given, each batch is
-            ``(images, labels, {name: tensor for numbers, list otherwise})``.
+            ``(images, labels, {name: tensor for numbers, list otherwise})``, and a token batch's dict has them
+            under ``"columns"``, one per document piece (docs/sequences.md).
         pin_memory: as DataLoader's: CPU batches (images and labels) in page-locked memory, for a fast
             ``.to("cuda", non_blocking=True)``. Without a CUDA device it warns and does nothing, as DataLoader does.
         target_transform: as ImageFolder's: called on each label (an int); the batch's results are collated as
