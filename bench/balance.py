@@ -22,7 +22,8 @@ The simulated accelerator (what ``--accelerator sim:...`` charges a token micro-
 Per mix, layout and balance (medians over ``--seeds`` seeds, each its own documents and order): steps per epoch,
 mean step time, useful tokens/s (the epoch's tokens over its simulated seconds), slowest/ideal (the epoch's time
 over the ideal's), the gain over ``"tokens"`` as a share of the ideal's gain ((T_tokens - T) / (T_tokens -
-T_ideal)), the padding share, and planning (the plan's measured seconds, per step, as a share of the simulated step).
+T_ideal)), the padding share, the slowest/ideal if padding cost its linear part, and planning per step (the plan
+made again in CPU seconds, as a share of the simulated step; and the Loader's own wall seconds, balance.seconds).
 Targets (issue 48): with ``"compute"``, slowest/ideal <= 1.05 on every mix, a gain >= 90% of the ideal's, planning
 < 2% of the step.
 """
@@ -109,8 +110,10 @@ def _one(fed: Any, lengths: Any, images: Any, cost: Any, world: int, slots: int,
             "slowest_over_ideal": epoch / ideal, "tokens_per_s": tokens / epoch, "ideal_tokens_per_s": tokens / ideal,
             "padding": fed.units.padding(slots),
             "padding_charged_over_ideal": float(padded.max(axis=1).sum(axis=1).sum()) / rate / ideal,
-            "plan_s": fed.plan_seconds, "plan_ms_per_step": 1e3 * fed.plan_seconds / len(step),
-            "plan_share": fed.plan_seconds / epoch, "planned_matches": matches}
+            "plan_s": fed.plan_seconds, "plan_cpu_s": fed.plan_cpu_seconds,
+            "plan_ms_per_step": 1e3 * fed.plan_cpu_seconds / len(step), "plan_share": fed.plan_cpu_seconds / epoch,
+            "plan_wall_ms_per_step": 1e3 * fed.plan_seconds / len(step), "plan_wall_share": fed.plan_seconds / epoch,
+            "planned_matches": matches}
 
 
 def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
@@ -191,19 +194,22 @@ def _stats(name: str, drawn: Any, seq_len: int) -> dict[str, Any]:
 
 
 def _targets(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each balance by compute against the issue's targets, mix by mix (``"compute on chat"``)."""
     out: dict[str, Any] = {}
     for c in ("compute", "compute+images"):
-        rows = [r for r in results if r["contender"] == c]
-        if not rows:
-            continue
-        worst = max(r["slowest_over_ideal"] for r in rows)
-        gains = [r["gain"] for r in rows if r["gain"] is not None]
-        share = max(r["plan_share"] for r in rows)
-        out[c] = {"slowest_over_ideal": {"goal": TARGET["slowest_over_ideal"], "worst": worst,
-                                         "met": worst <= TARGET["slowest_over_ideal"]},
-                  "gain": {"goal": TARGET["gain"], "lowest": min(gains) if gains else None,
-                           "met": bool(gains) and min(gains) >= TARGET["gain"]},
-                  "plan_share": {"goal": TARGET["plan_share"], "highest": share, "met": share < TARGET["plan_share"]}}
+        for mix in dict.fromkeys(r["mix"] for r in results):
+            rows = [r for r in results if r["contender"] == c and r["mix"] == mix]
+            if not rows:
+                continue
+            worst = max(r["slowest_over_ideal"] for r in rows)
+            gains = [r["gain"] for r in rows if isinstance(r["gain"], float)]
+            share = max(r["plan_share"] for r in rows)
+            out[f"{c} on {mix}"] = {
+                "slowest_over_ideal": {"goal": TARGET["slowest_over_ideal"], "worst": worst,
+                                       "met": worst <= TARGET["slowest_over_ideal"]},
+                "gain": {"goal": TARGET["gain"], "lowest": min(gains) if gains else None,
+                         "met": bool(gains) and min(gains) >= TARGET["gain"]},
+                "plan_share": {"goal": TARGET["plan_share"], "highest": share, "met": share < TARGET["plan_share"]}}
     return out
 
 
@@ -232,23 +238,24 @@ def _print(result: dict[str, Any], out: TextIO) -> None:
               "accelerator charges the images; 'images known (planner)' is the balance's planner given them.",
               file=out)
     print("\n| mix | layout | balance | steps | step s | useful ktok/s | slowest/ideal | gain over tokens (share of "
-          "ideal's) | padding | slowest/ideal, padding charged | planning ms/step (% of step) | planned = delivered |",
+          "ideal's) | padding | slowest/ideal, padding charged | planning CPU ms/step (% of step) | planning wall "
+          "ms/step | planned = delivered |",
           file=out)
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|", file=out)
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|", file=out)
     for r in result["results"]:
         gain = "" if not isinstance(r["gain"], float) or r["contender"] == "tokens" else f"{r['gain']:.0%}"
         match = {True: "yes", False: "no"}.get(r["planned_matches"], "")
         print(f"| {r['mix']} | {_layout(r['layout'], m)} | {r['label']} | {r['steps']:.0f} | {r['step_s']:.3f} | "
               f"{r['tokens_per_s'] / 1e3:.1f} | {r['slowest_over_ideal']:.3f} | {gain} | {r['padding']:.1%} | "
               f"{r['padding_charged_over_ideal']:.3f} | {r['plan_ms_per_step']:.2f} ({r['plan_share']:.2%}) | "
-              f"{match} |", file=out)
+              f"{r['plan_wall_ms_per_step']:.2f} | {match} |", file=out)
     ideal = {(r["mix"], r["layout"]): r["ideal_tokens_per_s"] for r in result["results"]}
     print("Ideal useful ktok/s: " + "; ".join(f"{mix}, {_layout(lay, m)}: {v / 1e3:.1f}"
                                              for (mix, lay), v in ideal.items()), file=out)
     for name, t in result["targets"].items():
         a, g, p = t["slowest_over_ideal"], t["gain"], t["plan_share"]
         lowest = "none measured" if g["lowest"] is None else f"lowest {g['lowest']:.0%}"
-        print(f"Targets, {name}: slowest/ideal <= {a['goal']} on every mix: worst {a['worst']:.3f}, "
+        print(f"Targets, {name}: slowest/ideal <= {a['goal']}: worst {a['worst']:.3f}, "
               f"{'met' if a['met'] else 'not met'}; gain >= {g['goal']:.0%} of the ideal's: {lowest}, "
-              f"{'met' if g['met'] else 'not met'}; planning < {p['goal']:.0%} of the step: highest "
+              f"{'met' if g['met'] else 'not met'}; planning < {p['goal']:.0%} of the step (CPU): highest "
               f"{p['highest']:.2%}, {'met' if p['met'] else 'not met'}.", file=out)

@@ -5,8 +5,9 @@ Each contender's epoch is read back into units (:mod:`.balance_units`).
 - ``none``, ``tokens``, ``compute``: one ``stallfree.Loader`` per rank over :class:`GeneratedDocuments` with
   ``Packing(seq_len=S, balance=..., cost=..., microbatches=M)``, shuffled with the run's seed, every batch of the
   epoch delivered and its units read from ``document_index``/``position_ids``. Its planning time: the plan's
-  ``balance.seconds`` (``loader.sampler.plan(epoch).balance``), and for ``none`` the plain packing of the same order
-  (:func:`~stallfree.pipeline.packing.pack`), timed here.
+  ``balance.seconds`` (``loader.sampler.plan(epoch).balance``; for ``none`` the plain packing of the same order,
+  :func:`~stallfree.pipeline.packing.pack`, timed here), and the same plan made again here in this thread's CPU
+  seconds (on a shared machine the wall time counts other jobs' turns too).
 - ``compute+images``: the balance's planner (:func:`~stallfree.pipeline.balance.balanced_packs`, what the Loader's
   ``"compute"`` runs) over the same order with every document's image count, which the Loader cannot pass yet (it
   has no image-text samples); its packs are placed in units as the Loader deals them.
@@ -25,7 +26,9 @@ from stallfree.bench.balance_mixes import MixDraw
 from stallfree.bench.balance_units import Units, delivered_pieces, delivered_units, planned_units
 from stallfree.core.cost import Cost
 from stallfree.ingest.fields import TOKEN_FIELDS, Field
+from stallfree.pipeline.balance import Balance, balanced_packs
 from stallfree.pipeline.loader_sampler import LoaderPacks
+from stallfree.pipeline.packing import pack
 from stallfree.pipeline.reader_base import BaseReader
 
 __all__ = ["CONTENDERS", "Fed", "GeneratedDocuments", "feed"]
@@ -74,10 +77,11 @@ class GeneratedDocuments(BaseReader):
 
 @dataclass(frozen=True)
 class Fed:
-    """What a contender delivered: its units, its planning seconds, and (a balance) each step's planned unit costs."""
+    """What a contender delivered: its units, its planning seconds and a balance's planned unit costs per step."""
 
     units: Units
-    plan_seconds: float
+    plan_seconds: float  # wall: the plan's balance.seconds (plain packing: timed here)
+    plan_cpu_seconds: float  # the same plan made again here, in this thread's CPU seconds
     planned: np.ndarray | None  # [steps, W*M] (loader.sampler.plan(epoch).balance.costs), or None
 
 
@@ -89,8 +93,6 @@ def feed(name: str, mix: MixDraw, label: str, *, seq_len: int, batch_size: int, 
         ValueError: no contender ``name``.
     """
     import stallfree
-    from stallfree.pipeline.balance import balanced_packs
-    from stallfree.pipeline.packing import pack
 
     if name not in CONTENDERS:
         raise ValueError(f"no contender {name!r}; the contenders are {', '.join(CONTENDERS)}")
@@ -110,18 +112,27 @@ def feed(name: str, mix: MixDraw, label: str, *, seq_len: int, batch_size: int, 
             raise TypeError(f"a packed Loader's sampler is a LoaderPacks, got {type(sampler).__name__}")
         order = sampler.documents.virtual_order(0)
         plan = sampler.plan(0)
-    if name == "compute+images":
-        packs, planned = balanced_packs(order, mix.lengths, len(mix.lengths), seq_len=seq_len, batch_size=batch_size,
-                                        microbatches=microbatches, world_size=world_size, cost=cost,
-                                        window=packing.window, images=mix.images)
+    images = mix.images if name == "compute+images" else None
+
+    def replan() -> tuple[list[list[tuple[int, int, int]]], Balance | None]:
+        """What the Loader's plan runs (the planner, or plain packing), with the images where they are known."""
+        if balance is None:
+            pack(order, mix.lengths, packing, len(mix.lengths))
+            return [], None
+        return balanced_packs(order, mix.lengths, len(mix.lengths), seq_len=seq_len, batch_size=batch_size,
+                              microbatches=microbatches, world_size=world_size, cost=packing.unit_cost,
+                              window=packing.window, group=balance == "compute", images=images)
+
+    started, cpu = time.perf_counter(), time.thread_time()
+    packs, planned = replan()  # timed here in CPU seconds too: a shared machine's wall time is other jobs' as well
+    wall, cpu = time.perf_counter() - started, time.thread_time() - cpu
+    if name == "compute+images" and planned is not None:
         units = planned_units(packs, len(mix.lengths), world_size, batch_size, microbatches)
-        return Fed(units, planned.seconds, planned.costs)
+        return Fed(units, planned.seconds, cpu, planned.costs)
     ranks = []
     for rank in range(world_size):
         with loader(rank) as each:
             ranks.append([delivered_pieces(batch, microbatches) for batch in each])
     if plan.balance is not None:
-        return Fed(delivered_units(ranks), plan.balance.seconds, plan.balance.costs)
-    started = time.perf_counter()
-    pack(order, mix.lengths, packing, len(mix.lengths))
-    return Fed(delivered_units(ranks), time.perf_counter() - started, None)
+        return Fed(delivered_units(ranks), plan.balance.seconds, cpu, plan.balance.costs)
+    return Fed(delivered_units(ranks), wall, cpu, None)

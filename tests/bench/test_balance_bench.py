@@ -50,7 +50,7 @@ def test_every_mix_layout_and_contender_has_a_row_and_no_unit_beats_the_ideal(ti
         ideals = [r["ideal_s"] for (m, layout, _), r in rows.items() if m == mix and layout == "dp4"]
         assert max(ideals) == pytest.approx(min(ideals)), mix
     assert "| chat | DP 4 | balance=\"compute\" |" in table and "2 DP x 2 stages, M = 2" in table
-    assert "The Loader has no image-text samples yet" in table and "Targets, compute:" in table
+    assert "The Loader has no image-text samples yet" in table and "Targets, compute on chat:" in table
 
 
 def test_the_loaders_delivered_micro_batches_cost_what_its_plan_said(tiny_run: tuple[dict, str]) -> None:
