@@ -19,7 +19,7 @@ from stallfree.bench.balance_mixes import MIXES, draw
 from stallfree.bench.balance_units import Units, delivered_pieces
 from stallfree.cli import main
 
-TINY = ["--seq-len", "256", "--tokens", "30000", "--batch-size", "4", "--microbatches", "2", "--seeds", "2",
+TINY = ["--seq-len", "256", "--tokens", "15000", "--batch-size", "4", "--microbatches", "2", "--seeds", "2",
         "--no-progress"]
 
 
