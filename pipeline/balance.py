@@ -6,15 +6,22 @@ pipeline, for its slowest micro-batch). The Loader knows every length before the
 so each rank computes the same balanced plan, with no communication::
 
     a global step = W ranks x M micro-batches ("units") of B/M rows of S tokens each
-    documents of the epoch's order, in turn ─► the step's candidates (about its W*B*S tokens; what does not fit
-                                               goes first into the next step)
-    largest cost first ─► the unit with the least cost so far that has a row with room ─► its fullest such row
+    "compute": a window of the epoch's order (``Packing(window=)``), costliest first ─► as many full steps as its
+               tokens fill, made three ways, the way whose units wait least kept:
+               - spread: each document to the unit (of all those steps) with the least cost so far that has a row
+                 with room, into its fullest such row;
+               - ahead:  the same, counting what a unit's empty room will cost once filled at the mean rate left;
+               - paced:  step by step, like with like, each unit held to the step's pace (see _step);
+               then each step's costliest unit moves or swaps a document with a cheaper unit while that evens them
+               (_refine). What no step holds goes first into the next window; the last window makes every step.
+    "tokens":  a step's worth of the epoch's order at a time, its units evened by tokens (paced).
 
-(longest-processing-time assignment, the rows filled best-fit inside a unit). ``balance="tokens"`` evens tokens,
-``"compute"`` evens :class:`~stallfree.core.cost.Cost`. The plan is a pure function of the seed, the epoch, the
-lengths and the world size it was planned for, so exactly-once delivery and bit-exact resume hold as for plain
-packing; a state resumed on another world size finishes its epoch on the packs planned for the old one (each once,
-balanced for the old ranks), and the next epoch is planned for the new.
+``"compute"`` evens :class:`~stallfree.core.cost.Cost` (with each document's images where the caller gives them);
+no step leaves rows empty for the sake of balance but the last ones, so an epoch has about as many steps as with
+``"tokens"``. The plan is a pure function of the seed, the epoch, the lengths and the world size it was planned for,
+so exactly-once delivery and bit-exact resume hold as for plain packing; a state resumed on another world size
+finishes its epoch on the packs planned for the old one (each once, balanced for the old ranks), and the next epoch
+is planned for the new.
 
 Rank ``r``'s batch of step ``s`` is its rows in micro-batch order: rows ``[m*B/M, (m+1)*B/M)`` are micro-batch
 ``m`` (torch's pipelining splits a batch along its first dimension in that order).
@@ -23,7 +30,10 @@ Rank ``r``'s batch of step ``s`` is its rows in micro-batch order: rows ``[m*B/M
 from __future__ import annotations
 
 import bisect
+import functools
+import itertools
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +44,10 @@ __all__ = ["FULL", "SLACK", "Balance", "balanced_packs"]
 
 #: How far over the step's pace (its costliest unit's first piece) a unit may go for one more piece.
 SLACK = 0.02
+#: Swaps tried per piece of the costliest unit, nearest the best first, when evening a step's units (_refine).
+TRIES = 32
+#: Units within this share of the costliest one's cost are even enough (_refine stops).
+EVEN = 0.001
 #: A step holding less than this share of its token slots waits for the next window's documents (but the last).
 FULL = 0.5
 
@@ -55,17 +69,19 @@ class Balance:
 
 
 Piece = tuple[int, int, int]  # (virtual id, begin, end)
+Step = tuple[list[list[list[Piece]]], list[float]]  # each unit's rows of pieces, and each unit's cost
 
 
 def balanced_packs(order: np.ndarray, lengths: np.ndarray, rows: int, *, seq_len: int, batch_size: int,
                    microbatches: int, world_size: int, cost: Cost, window: int = 1000,
-                   group: bool = True) -> tuple[list[list[Piece]], Balance]:
+                   group: bool = True, images: np.ndarray | None = None) -> tuple[list[list[Piece]], Balance]:
     """The epoch's packs in global position order (step by step, each rank's rows in micro-batch order).
 
     ``order`` holds the documents' virtual ids (their row's length is ``lengths[v % rows]``, already cut by the
     caller's ``long`` rule); a document longer than ``seq_len`` comes as pieces of ``seq_len`` and a remainder.
     ``group``: documents of a window are taken costliest first, so that like meets like in a step (``"compute"``);
     else in the epoch's order, a step's worth at a time, each step's units evened (``"tokens"``).
+    ``images``: each row's image count (``None``: none), charged ``cost.image`` each on the document's first piece.
     """
     started = time.perf_counter()
     per_unit, units = batch_size // microbatches, world_size * microbatches
@@ -74,51 +90,104 @@ def balanced_packs(order: np.ndarray, lengths: np.ndarray, rows: int, *, seq_len
     step_costs: list[list[float]] = []
     carried: list[Piece] = []
     everything = pieces(order, lengths, rows, seq_len)
+
+    counts = images.tolist() if images is not None else None
+    prices = {p: cost.document(p[2] - p[1], counts[p[0] % rows] if counts is not None and p[1] == 0 else 0)
+              for p in everything}  # each piece's cost, once
+    price = prices.__getitem__
+
     for lo in range(0, len(everything), window):
         last = lo + window >= len(everything)
         todo = carried + everything[lo : lo + window]
         if group:
-            todo.sort(key=lambda p: (-cost.document(p[2] - p[1]), p[0], p[1]))
+            todo.sort(key=lambda p: (-price(p), p[0], p[1]))
         carried = []
         while todo:
-            if not group:  # a step's worth of the order, costliest first
+            if group:  # the window's steps at once: every step gets its share of costly and of cheap documents
+                tokens = sum(p[2] - p[1] for p in todo)
+                n = -(-tokens // step_tokens) if last else tokens // step_tokens
+                if n == 0:  # less than a step's worth: with the next window
+                    carried = todo
+                    break
+                steps, todo = _best_steps(todo, n, units, per_unit, seq_len, cost.linear, price, step_tokens)
+            else:  # a step's worth of the order, costliest first
                 cut, tokens = 0, 0
                 while cut < len(todo) and tokens < step_tokens:
                     tokens, cut = tokens + todo[cut][2] - todo[cut][1], cut + 1
-                todo[:cut] = sorted(todo[:cut], key=lambda p: (-cost.document(p[2] - p[1]), p[0], p[1]))
-            step, spent, todo = _step(todo, units, per_unit, seq_len, cost)
-            if not last and sum(p[2] - p[1] for u in step for row in u for p in row) < step_tokens * FULL:
-                carried = [p for u in step for row in u for p in row] + todo  # a thin step: with the next window
+                todo[:cut] = sorted(todo[:cut], key=lambda p: (-price(p), p[0], p[1]))
+                step, spent, todo = _step(todo, units, per_unit, seq_len, cost.linear, price, step_tokens)
+                if not last and sum(p[2] - p[1] for u in step for row in u for p in row) < step_tokens * FULL:
+                    carried = [p for u in step for row in u for p in row] + todo  # a thin step: with the next window
+                    break
+                steps = [(step, spent)]
+            for step, spent in steps:
+                positions: list[list[Piece]] = [[] for _ in range(world_size * batch_size)]
+                for u, unit in enumerate(step):
+                    r, m = divmod(u, microbatches)
+                    for j, row in enumerate(unit):
+                        positions[(m * per_unit + j) * world_size + r] = row  # rank r's row i: global r + i * W
+                packs.extend(positions)
+                step_costs.append(spent)
+            if group and not last:
+                carried = todo  # what did not fit: the cheapest, first in the next window's steps
                 break
-            positions: list[list[Piece]] = [[] for _ in range(world_size * batch_size)]
-            for u, unit in enumerate(step):
-                r, m = divmod(u, microbatches)
-                for j, row in enumerate(unit):
-                    positions[(m * per_unit + j) * world_size + r] = row  # rank r's row i sits at global r + i * W
-            packs.extend(positions)
-            step_costs.append(spent)
     costs = np.asarray(step_costs, np.float64).reshape(-1, units)
     return packs, Balance(costs, time.perf_counter() - started)
 
 
-def _step(todo: list[Piece], units: int, per_unit: int, seq_len: int,
-          cost: Cost) -> tuple[list[list[list[Piece]]], list[float], list[Piece]]:
+def _best_steps(todo: list[Piece], n: int, units: int, per_unit: int, seq_len: int, linear: float,
+                price: Callable[[Piece], float], step_tokens: int) -> tuple[list[Step], list[Piece]]:
+    """``n`` steps of ``todo`` (costliest first), and what they left: the best of three ways.
+
+    Each way's steps are evened by :func:`_refine`; the way whose units wait least (the sum over steps of the
+    costliest unit's excess over the mean) wins, ties to the first. The ways: :func:`_spread` over all ``n`` steps'
+    units at once, the same looking ahead, and :func:`_step` step by step (like documents together); no one of them
+    is best on every mix.
+    """
+    tries = []
+    for how in ("spread", "ahead", "paced"):
+        if how == "paced":
+            steps, rest = [], todo
+            for _ in range(n):
+                step, spent, rest = _step(rest, units, per_unit, seq_len, linear, price, step_tokens)
+                steps.append((step, spent))
+        else:
+            (made, costs), rest = _spread(todo, n * units, per_unit, seq_len, price, how == "ahead")
+            steps = [(made[k : k + units], costs[k : k + units]) for k in range(0, n * units, units)]
+        for step, spent in steps:
+            _refine(step, spent, seq_len, price, 4 * units)
+        waste = sum(max(spent) - sum(spent) / units for _, spent in steps)  # the units' wait
+        tries.append((waste, len(rest), steps, rest))
+    _, _, steps, rest = min(tries, key=lambda t: t[:2])
+    return steps, rest
+
+
+def _step(todo: list[Piece], units: int, per_unit: int, seq_len: int, linear: float, price: Callable[[Piece], float],
+          step_tokens: int) -> tuple[list[list[list[Piece]]], list[float], list[Piece]]:
     """One step's units from ``todo`` (costliest first): what they hold, their costs, and what is left (in order).
 
     The costliest pieces open the units, one each; the step's pace is what its costliest unit would cost with its
-    rows filled by the cheapest work there is (tokens at the linear cost). Then every unit takes the next pieces
-    that fit its rows while its cost stays within the pace (the cheapest unit first): units of cheap documents fill
-    their rows, and a costly document's unit does not take more than its share, so the units of a step cost alike
-    as far as their rows allow. Documents sorted by cost over a window meet their like in the same steps.
+    rows filled by the cheapest work there is (tokens at the linear cost), and at least a full step of the costliest
+    pieces' mean unit (else a step of costly documents only would leave half its rows empty). Then every unit takes
+    the next pieces that fit its rows while its cost stays within the pace (the cheapest unit first): units of cheap
+    documents fill their rows, and a costly document's unit does not take more than its share, so the units of a
+    step cost alike as far as their rows allow. Documents sorted by cost over a window meet their like in the same
+    steps.
     """
     rows: list[list[list[Piece]]] = [[[] for _ in range(per_unit)] for _ in range(units)]
     room = [[(seq_len, j) for j in range(per_unit)] for _ in range(units)]
     spent = [0.0] * units
     left: list[Piece] = []
     pace = float("inf")
+    floor, tokens = 0.0, 0  # a full step of the costliest pieces left, per unit: the pace is at least that
+    for piece in todo:
+        if tokens >= step_tokens:
+            break
+        floor, tokens = floor + price(piece), tokens + piece[2] - piece[1]
+    floor /= units
     for k, piece in enumerate(todo):
-        size, price = piece[2] - piece[1], cost.document(piece[2] - piece[1])
-        u = k if k < units else _unit(spent, room, size, price, pace)
+        size, paid = piece[2] - piece[1], price(piece)
+        u = k if k < units else _unit(spent, room, size, paid, pace)
         if u < 0:
             left.append(piece)
             continue
@@ -127,10 +196,128 @@ def _step(todo: list[Piece], units: int, per_unit: int, seq_len: int,
         rows[u][j].append(piece)
         if free > size:
             bisect.insort(room[u], (free - size, j))
-        spent[u] += price
+        spent[u] += paid
         if k == units - 1:  # the pace: the costliest unit, its rows filled with the cheapest work there is
-            pace = max(spent[v] + cost.linear * sum(free for free, _ in room[v]) for v in range(units)) * (1 + SLACK)
+            pace = max(floor, max(spent[v] + linear * sum(free for free, _ in room[v]) for v in range(units)))
+            pace *= 1 + SLACK
     return rows, spent, left
+
+
+def _spread(todo: list[Piece], units: int, per_unit: int, seq_len: int, price: Callable[[Piece], float],
+            ahead: bool) -> tuple[tuple[list[list[list[Piece]]], list[float]], list[Piece]]:
+    """``todo`` (costliest first) over ``units`` units: the units, their costs, and what is left.
+
+    Each piece goes to the cheapest unit so far with a row that holds it, into its fullest such row
+    (longest-processing-time with rows).
+
+    ``ahead``: "cheapest" counts a unit's empty room at the mean cost per token of the pieces still to place, so that
+    a unit filled early with cheap tokens is not the last to take the costly pieces that fit nowhere else.
+    """
+    rows: list[list[list[Piece]]] = [[[] for _ in range(per_unit)] for _ in range(units)]
+    room = [[(seq_len, j) for j in range(per_unit)] for _ in range(units)]
+    spent = [0.0] * units
+    left: list[Piece] = []
+    empty = [per_unit * seq_len] * units
+    cost_left, tokens_left = sum(price(p) for p in todo), sum(p[2] - p[1] for p in todo)
+    for piece in todo:
+        size, paid = piece[2] - piece[1], price(piece)
+        rate = cost_left / tokens_left if ahead else 0.0  # what a token of the pieces still to place costs
+        cost_left, tokens_left = cost_left - paid, tokens_left - size
+        u = -1  # the unit that will cost least when its room is filled at that rate
+        for v in range(units):
+            if room[v] and room[v][-1][0] >= size and (u < 0 or spent[v] + rate * empty[v] <
+                                                      spent[u] + rate * empty[u]):
+                u = v
+        if u < 0:
+            left.append(piece)
+            continue
+        at = bisect.bisect_left(room[u], (size, -1))  # the fullest row of the unit that holds it
+        free, j = room[u].pop(at)
+        rows[u][j].append(piece)
+        if free > size:
+            bisect.insort(room[u], (free - size, j))
+        spent[u] += paid
+        empty[u] -= size
+    return (rows, spent), left
+
+
+def _refine(rows: list[list[list[Piece]]], spent: list[float], seq_len: int, price: Callable[[Piece], float],
+            rounds: int) -> None:
+    """Even a step's units further, in place, up to ``rounds`` exchanges.
+
+    From the costliest unit, a piece moves to a cheaper unit or swaps with a cheaper piece there (the rows' room
+    kept), with the cheapest unit that has such an exchange, the exchange moving the cost nearest half their gap.
+    """
+    for _ in range(rounds):
+        s = max(range(len(spent)), key=spent.__getitem__)
+        for f in sorted(range(len(spent)), key=spent.__getitem__):
+            gap = spent[s] - spent[f]
+            if gap <= EVEN * spent[s]:
+                return
+            best = _exchange(rows[s], rows[f], gap, seq_len, price)
+            if best is not None:
+                break
+        else:
+            return
+        moved, js, ia, jf, ib = best
+        a = rows[s][js].pop(ia)
+        if ib >= 0:
+            rows[s][js].append(rows[f][jf].pop(ib))
+        rows[f][jf].append(a)
+        spent[s] -= moved
+        spent[f] += moved
+
+
+def _exchange(costly: list[list[Piece]], cheap: list[list[Piece]], gap: float, seq_len: int,
+              price: Callable[[Piece], float]) -> tuple[float, int, int, int, int] | None:
+    """The move or swap from ``costly`` to ``cheap`` whose cost moved is in (0, gap) and nearest gap/2.
+
+    Returns ``(moved, row in costly, at, row in cheap, at or -1 for a move)``, or None.
+    """
+    free_s = [seq_len - sum(p[2] - p[1] for p in row) for row in costly]
+    free_f = [seq_len - sum(p[2] - p[1] for p in row) for row in cheap]
+    theirs = sorted((price(b), jf, ib) for jf, row in enumerate(cheap) for ib, b in enumerate(row))
+    prices = [t[0] for t in theirs]
+    best: tuple[float, int, int, int, int] | None = None
+    for js, row in enumerate(costly):
+        for ia, a in enumerate(row):
+            pa, la = price(a), a[2] - a[1]
+            if pa < gap and (best is None or abs(pa - gap / 2) < abs(best[0] - gap / 2)):  # a move
+                jf = next((j for j, free in enumerate(free_f) if free >= la), -1)
+                if jf >= 0:
+                    best = (pa, js, ia, jf, -1)
+            lo, hi = bisect.bisect_right(prices, pa - gap), bisect.bisect_left(prices, pa)
+            mid = bisect.bisect_left(prices, pa - gap / 2, lo, hi)
+            # outward from the swap that moves gap/2, while nearer than the best so far
+            far = functools.partial(_distance, prices, pa - gap / 2)
+            for k in itertools.islice(_outward(mid, lo, hi, far, abs(best[0] - gap / 2) if best else float("inf")),
+                                      TRIES):
+                pb, jf, ib = theirs[k]
+                lb = cheap[jf][ib][2] - cheap[jf][ib][1]
+                if free_f[jf] + lb >= la and free_s[js] + la >= lb:
+                    best = (pa - pb, js, ia, jf, ib)
+                    break
+    return best
+
+
+def _distance(prices: list[float], target: float, k: int) -> float:
+    return abs(target - prices[k])
+
+
+def _outward(mid: int, lo: int, hi: int, far: Callable[[int], float], within: float) -> Iterator[int]:
+    """Indices of ``[lo, hi)``, nearest ``mid`` first by ``far`` (which grows away from it), while below ``within``."""
+    left, right = mid - 1, mid
+    a = far(left) if left >= lo else float("inf")
+    b = far(right) if right < hi else float("inf")
+    while min(a, b) < within:
+        if a <= b:
+            yield left
+            left -= 1
+            a = far(left) if left >= lo else float("inf")
+        else:
+            yield right
+            right += 1
+            b = far(right) if right < hi else float("inf")
 
 
 def _unit(spent: list[float], room: list[list[tuple[int, int]]], size: int, price: float, pace: float) -> int:

@@ -16,7 +16,7 @@ __all__ = ["register"]
 # it prints its table to `out` and returns what --json prints and --json-file writes.
 BENCHMARKS = (
     "loader", "breakdown", "e2e", "resize", "clock", "ingest", "transforms", "train", "plan", "scale", "remote",
-    "webdataset", "rebuilds", "ray", "stall", "packing",
+    "webdataset", "rebuilds", "ray", "stall", "packing", "balance",
 )
 # The benchmarks that build the Loader's graph in this process: its Numba kernels are loaded (or compiled, once
 # after installing, with a line saying so) before their first timed batch.

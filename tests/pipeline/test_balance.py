@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from stallfree import Cost, Loader, Packing
+from stallfree.pipeline.balance import balanced_packs
 
 S, B, M = 64, 4, 2
 COST = Cost.attention(S)  # attention as costly as the rest at full length
@@ -125,3 +126,42 @@ def test_a_balance_is_refused_without_what_it_needs(token_docs: Callable[..., An
         Packing(seq_len=S, balance="compute")
     with pytest.raises(ValueError, match=r"batch_size=3 rows do not split into Packing\(microbatches=2\)"):
         Loader(token_docs([4, 5, 6]), 3, packing=Packing(seq_len=S, balance="tokens", microbatches=2))
+
+
+def planned_slowest(packs: list[list[tuple[int, int, int]]], cost: Cost, images: np.ndarray, world: int) -> tuple[
+        float, float]:
+    """A plan's sum over steps of its slowest unit, and of its mean unit (pack p of a step: rank p % W's row p // W)."""
+    per_step = world * B
+    steps = -(-len(packs) // per_step)
+    costs = np.zeros((steps, world * M))
+    for p, pack in enumerate(packs):
+        s, at = divmod(p, per_step)
+        i, r = divmod(at, world)
+        costs[s, r * M + i // (B // M)] += sum(cost.document(e - b, int(images[v]) if b == 0 else 0)
+                                               for v, b, e in pack)
+    return float(costs.max(axis=1).sum()), float(costs.mean(axis=1).sum())
+
+
+def test_the_planner_evens_the_images_it_is_given() -> None:
+    # image-text samples: a vision encoder's work per image, which a document's length does not show
+    rng = np.random.default_rng(3)
+    lengths, images = rng.integers(4, 12, 400), np.where(rng.random(400) < 0.1, 8, 0)
+    cost, order = Cost(1.0, 0.0, image=50.0), rng.permutation(400)
+    plans = {given: balanced_packs(order, lengths, 400, seq_len=S, batch_size=B, microbatches=M, world_size=2,
+                                   cost=cost, images=images if given else None)[0] for given in (True, False)}
+    slowest, mean = planned_slowest(plans[True], cost, images, 2)
+    blind, _ = planned_slowest(plans[False], cost, images, 2)
+    assert slowest < 1.05 * mean and slowest < blind, (slowest, mean, blind)
+
+
+def test_compute_balance_fills_its_rows_as_token_balance_does_on_long_documents() -> None:
+    # Was: a step of long documents only took what its costliest unit's first row allowed at the linear rate, so
+    # about half its rows stayed empty and the epoch took twice the steps (its padding is compute a model pays).
+    rng = np.random.default_rng(5)
+    lengths, order = rng.integers(S // 2, S + 1, 300), rng.permutation(300)
+    steps = {}
+    for balance in ("tokens", "compute"):
+        _, plan = balanced_packs(order, lengths, 300, seq_len=S, batch_size=B, microbatches=1, world_size=2,
+                                 cost=COST if balance == "compute" else Cost(1.0), group=balance == "compute")
+        steps[balance] = len(plan.costs)
+    assert steps["compute"] <= steps["tokens"], steps  # was 44 against 37
