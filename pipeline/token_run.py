@@ -9,9 +9,11 @@ alike. A bad document is refused when its reader opens (``on_error``), so a toke
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -139,6 +141,21 @@ class TokenParts:
 
 
 _DONE = object()
+_RUNNING: weakref.WeakSet[TokenRun] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_running_token_runs() -> None:
+    """Stop and join every token run before the interpreter shuts down.
+
+    A run's thread still making the next epoch's batches (started ahead) while the interpreter finalizes aborts the
+    process ("terminate called without an active exception", exit 134) in about one exit in ten.
+    """
+    runs = list(_RUNNING)
+    for run in runs:
+        run.stop()
+    for run in runs:
+        run.join(timeout=10.0)
 
 
 class TokenRun:
@@ -154,6 +171,7 @@ class TokenRun:
         self._held: list[tuple[str, str, float, float, int]] | None = []
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, args=(number,), daemon=True, name="stallfree-tokens")
+        _RUNNING.add(self)
         self._thread.start()
 
     def _loop(self, number: int) -> None:
