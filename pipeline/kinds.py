@@ -19,6 +19,7 @@ from stallfree.ingest.fields import TOKENS
 from stallfree.pipeline.assembly import ImageAssembly, TokenAssembly
 from stallfree.pipeline.block_order import block_order
 from stallfree.pipeline.loader_sampler import LoaderOrder, LoaderPacks, LoaderSampler
+from stallfree.pipeline.mix_reader import MixPlacement, MixReader
 from stallfree.pipeline.placement import placement_for
 from stallfree.pipeline.sampler import Sampler
 from stallfree.pipeline.token_run import TokenPlacement
@@ -26,10 +27,11 @@ from stallfree.pipeline.token_run import TokenPlacement
 if TYPE_CHECKING:
     from stallfree.pipeline.assembly import Assembly
     from stallfree.pipeline.options import LoaderOptions
+    from stallfree.pipeline.packing import Packing
     from stallfree.pipeline.placement import Placement
     from stallfree.pipeline.reader_base import Reader
 
-__all__ = ["Images", "Kind", "Tokens", "kind_of"]
+__all__ = ["Images", "Kind", "MixedTokens", "Tokens", "kind_of"]
 
 
 class Kind(Protocol):
@@ -121,8 +123,47 @@ class Tokens:
         return functools.partial(TokenAssembly, device=options.output.device, pin_memory=options.output.pin_memory)
 
 
+class MixedTokens(Tokens):
+    """A :class:`~stallfree.pipeline.mix.Mix` of token sources: its order packed, each token's ``dataset`` said.
+
+    Args:
+        mix: the Mix's reader (its sources, their sizes and quotas).
+    """
+
+    name = "a mixture of token sequences"
+
+    def __init__(self, mix: MixReader):
+        self.mix = mix
+
+    def check(self, options: LoaderOptions, reader: Reader) -> None:
+        super().check(options, reader)
+        _packing(options)
+        if options.order.sample_echo > 1:
+            raise ValueError(f"echo={options.order.echo} (echo_mode='example') repeats documents, which a Mix's "
+                             "weights already do: raise a source's weight or the Mix's epoch_size instead")
+
+    def orders(self, options: LoaderOptions, reader: Reader) -> Callable[..., LoaderOrder]:
+        order = options.order
+        return functools.partial(LoaderPacks, self.mix.order(order.shuffle != "none", order.seed),
+                                 self.mix.lengths(), _packing(options), order.batch_size,
+                                 drop_last=bool(order.drop_last))
+
+    def placement(self, options: LoaderOptions, encoded: bool) -> Callable[[], Placement]:
+        return functools.partial(MixPlacement, options.run.prefetch, _packing(options).pad_id, self.mix.offsets)
+
+
+def _packing(options: LoaderOptions) -> Packing:
+    """The Loader's packing: a Mix is read packed."""
+    if options.order.packing is None:
+        raise ValueError("a Mix is read packed: pass packing=stallfree.Packing(seq_len=...) (docs/sequences.md, "
+                         "\"Mixtures\")")
+    return options.order.packing
+
+
 def kind_of(reader: Reader) -> Kind:
     """The reader's sample kind, by its fields."""
+    if isinstance(reader, MixReader):
+        return MixedTokens(reader)
     fields = getattr(reader, "fields", ())
     if any(field.kind == TOKENS.kind for field in fields):
         return Tokens()
