@@ -4,6 +4,7 @@ documents exactly once per pass of it over the ranks, bit-identical and elastic 
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from fractions import Fraction
 from pathlib import Path
@@ -19,6 +20,7 @@ from stallfree.pipeline.mix import MixOrder, quotas
 from stallfree.pipeline.reader_base import BaseReader
 
 S, B = 32, 3
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Docs(BaseReader):
@@ -222,3 +224,25 @@ def test_bad_mixes_are_refused_naming_the_argument(image_folder: Path) -> None:
         with pytest.raises(error, match=match):
             build()
     make(Mix({**docs, "off": Docs(np.zeros(0, np.int64), 2)}, weights={"s0": 1, "s1": 1, "off": 0}))  # weight 0: fine
+
+
+def test_a_state_of_another_mixture_is_refused() -> None:
+    loader = make()
+    next(iter(loader))
+    state = loader.state_dict()
+    with pytest.raises(ValueError, match="source"):
+        make(Mix(sources(40, 10), weights={"s0": 25, "s1": 20}, epoch_size=45)).load_state_dict(state)
+
+
+def test_the_docs_example_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    text = (ROOT / "docs" / "sequences.md").read_text()
+    section = re.search(r"^## Mixtures.*?\n(.*?)^## ", text, re.S | re.M)
+    assert section is not None, "docs/sequences.md has no '## Mixtures' section"
+    example = section[1].split("An example that runs as it is", 1)
+    assert len(example) == 2, "the section has no runnable example"
+    blocks = re.findall(r"^```python\n(.*?)^```", example[1], re.S | re.M)
+    assert len(blocks) == 1
+    monkeypatch.chdir(tmp_path)
+    exec(compile(blocks[0], "docs/sequences.md", "exec"), {})  # noqa: S102 - the docs' own example, as written
+    assert capsys.readouterr().out.strip() == "{'chat': 525, 'code': 225}"
