@@ -18,7 +18,7 @@ import numpy as np
 from stallfree.ingest.fields import TOKENS
 from stallfree.pipeline.assembly import ImageAssembly, TokenAssembly
 from stallfree.pipeline.block_order import block_order
-from stallfree.pipeline.loader_sampler import LoaderOrder, LoaderPacks, LoaderSampler
+from stallfree.pipeline.loader_sampler import LoaderMixSamples, LoaderOrder, LoaderPacks, LoaderSampler
 from stallfree.pipeline.mix_reader import MixPlacement, MixReader
 from stallfree.pipeline.placement import placement_for
 from stallfree.pipeline.sampler import Sampler
@@ -27,7 +27,6 @@ from stallfree.pipeline.token_run import TokenPlacement
 if TYPE_CHECKING:
     from stallfree.pipeline.assembly import Assembly
     from stallfree.pipeline.options import LoaderOptions
-    from stallfree.pipeline.packing import Packing
     from stallfree.pipeline.placement import Placement
     from stallfree.pipeline.reader_base import Reader
 
@@ -124,7 +123,7 @@ class Tokens:
 
 
 class MixedTokens(Tokens):
-    """A :class:`~stallfree.pipeline.mix.Mix` of token sources: its order packed, each token's ``dataset`` said.
+    """A :class:`~stallfree.pipeline.mix.Mix` of token sources: its order packed or padded, each token's ``dataset``.
 
     Args:
         mix: the Mix's reader (its sources, their sizes and quotas).
@@ -137,27 +136,22 @@ class MixedTokens(Tokens):
 
     def check(self, options: LoaderOptions, reader: Reader) -> None:
         super().check(options, reader)
-        _packing(options)
         if options.order.sample_echo > 1:
             raise ValueError(f"echo={options.order.echo} (echo_mode='example') repeats documents, which a Mix's "
                              "weights already do: raise a source's weight or the Mix's epoch_size instead")
 
     def orders(self, options: LoaderOptions, reader: Reader) -> Callable[..., LoaderOrder]:
         order = options.order
-        return functools.partial(LoaderPacks, self.mix.order(order.shuffle != "none", order.seed),
-                                 self.mix.lengths(), _packing(options), order.batch_size,
+        documents = self.mix.order(order.shuffle != "none", order.seed)
+        if order.packing is None:
+            return functools.partial(LoaderMixSamples, documents, drop_last=bool(order.drop_last))
+        return functools.partial(LoaderPacks, documents, self.mix.lengths(), order.packing, order.batch_size,
                                  drop_last=bool(order.drop_last))
 
     def placement(self, options: LoaderOptions, encoded: bool) -> Callable[[], Placement]:
-        return functools.partial(MixPlacement, options.run.prefetch, _packing(options).pad_id, self.mix.offsets)
-
-
-def _packing(options: LoaderOptions) -> Packing:
-    """The Loader's packing: a Mix is read packed."""
-    if options.order.packing is None:
-        raise ValueError("a Mix is read packed: pass packing=stallfree.Packing(seq_len=...) (docs/sequences.md, "
-                         "\"Mixtures\")")
-    return options.order.packing
+        packing = options.order.packing
+        pad_id = packing.pad_id if packing is not None else 0
+        return functools.partial(MixPlacement, options.run.prefetch, pad_id, self.mix.offsets)
 
 
 def kind_of(reader: Reader) -> Kind:

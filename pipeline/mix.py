@@ -48,7 +48,7 @@ from stallfree.core.mixer import GOLDEN, splitmix
 from stallfree.pipeline.arguments import is_int
 from stallfree.pipeline.permutation import Permutation
 
-__all__ = ["Mix", "MixOrder", "quotas"]
+__all__ = ["Mix", "MixOrder", "MixSamples", "quotas"]
 
 _MASK64 = (1 << 64) - 1
 
@@ -245,3 +245,55 @@ class MixOrder:
         rows = np.asarray(rows, np.int64)
         source = np.searchsorted(self.offsets[1:], rows, side="right")
         return np.where(rows >= 0, source, -1)
+
+
+@dataclass(frozen=True)
+class MixSamples:
+    """A Mix's documents dealt to ranks one at a time (padded batches), as the sampler deals samples.
+
+    Rank ``r`` of ``W`` takes positions ``r, r + W, ...`` of each epoch's :class:`MixOrder`; without ``drop_last`` the
+    ranks are padded to the same count with documents from the epoch's start (``DistributedSampler``'s rule), with it
+    the last ``epoch_size % W`` are not read that epoch (:mod:`.sampler`'s "Splits" for an elastic resume).
+    """
+
+    documents: MixOrder
+    rank: int = 0
+    world_size: int = 1
+    drop_last: bool = False
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank must be in [0, world_size): rank={self.rank}, world_size={self.world_size}")
+        if self.drop_last and self.documents.epoch_size < self.world_size:
+            raise ValueError(f"drop_last with {self.documents.epoch_size} samples an epoch over world_size="
+                             f"{self.world_size} leaves ranks empty")
+
+    @property
+    def num_rows(self) -> int:
+        """The Mix's rows."""
+        return self.documents.num_rows
+
+    def total(self, epoch: int = 0) -> int:
+        """Samples per epoch over all ranks before padding or truncation."""
+        return self.documents.epoch_size
+
+    def length(self, start: int, world_size: int | None = None, epoch: int = 0) -> int:
+        """Samples this rank gets from an epoch split from global position ``start`` on."""
+        ranks = self.world_size if world_size is None else world_size
+        left = max(0, self.documents.epoch_size - start)
+        return left // ranks if self.drop_last else -(-left // ranks)
+
+    def virtual_order(self, epoch: int, start: int = 0) -> np.ndarray:
+        """This rank's documents of ``epoch`` (virtual ids, :meth:`MixOrder.virtual_order`)."""
+        if start < 0:
+            raise ValueError(f"start must be >= 0, got {start}")
+        positions = np.arange(self.length(start), dtype=np.int64) * self.world_size + start + self.rank
+        return self.documents.virtual_order(epoch)[positions % self.documents.epoch_size]
+
+    def rows(self, virtual: np.ndarray) -> np.ndarray:
+        """The Mix's rows of virtual ids."""
+        return virtual % self.num_rows
+
+    def planned_for(self, world_size: int | None) -> MixSamples:
+        """Itself: the order does not depend on the world size."""
+        return self

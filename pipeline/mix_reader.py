@@ -112,9 +112,10 @@ def open_mix(mix: Mix, open_source: Callable[[Any], BaseReader]) -> MixReader:
 
 @dataclass(frozen=True, eq=False)
 class MixBatches:
-    """A packed batch with ``dataset`` [B, S] and each token's ``document_index`` in its own source.
+    """A batch with ``dataset`` [B, S] and ``document_index`` the row in each document's own source.
 
-    ``dataset`` is each token's source (its position in the Mix), -1 on padding.
+    ``dataset`` is each token's source (its position in the Mix), -1 on padding; packed batches and padded ones
+    (``document_index`` [B], a document a row) alike.
     """
 
     build: Builder
@@ -122,21 +123,22 @@ class MixBatches:
 
     def __call__(self, ids: np.ndarray, epoch: int) -> tuple[np.ndarray, dict[str, Any]]:
         rows, fields = self.build(ids, epoch)
-        documents = fields["document_index"]  # the Mix's rows, -1 on padding
-        dataset = np.searchsorted(self.offsets[1:], documents, side="right")
+        documents = fields["document_index"]  # the Mix's rows: [B, S] packed, -1 on padding; [B] padded
         real = documents >= 0
-        fields["dataset"] = np.where(real, dataset, -1)
-        fields["document_index"] = np.where(real, documents - self.offsets[np.minimum(dataset, len(self.offsets) - 1)],
-                                            -1)
+        source = np.where(real, np.searchsorted(self.offsets[1:], documents, side="right"), -1)
+        fields["document_index"] = np.where(real, documents - self.offsets[np.maximum(source, 0)], -1)
+        if "attention_mask" in fields:  # padded batches: a document a row, its tokens where the mask is 1
+            source = np.where(fields["attention_mask"] == 1, source[:, None], -1)
+        fields["dataset"] = source
         return rows, fields
 
 
 class MixPlacement(TokenPlacement):
-    """The token runs of a Mix: packed batches with their ``dataset`` field (:class:`MixBatches`).
+    """The token runs of a Mix: batches with their ``dataset`` field (:class:`MixBatches`).
 
     Args:
         prefetch: batches a run makes ahead of the training loop.
-        pad_id: the packing's padding id.
+        pad_id: the padding id of padded batches (packs carry their packing's).
         offsets: where each source's rows start in the Mix's.
     """
 

@@ -142,6 +142,7 @@ def _factories(image_folder: Path, indexed_list: Path, shards: Path, url: str, c
                                        microbatches=2), shuffle=True, seed=seed, prefetch=1 + 2 * v),
         "loader-tokens-mix": lambda v, seed: Loader(mix, 3, packing=Packing(seq_len=24, window=8), shuffle=True,
                                                     seed=seed, prefetch=1 + 2 * v),
+        "loader-tokens-mix-padded": lambda v, seed: Loader(mix, 4, shuffle=True, seed=seed, prefetch=1 + 2 * v),
         "tensor-batches": lambda v, seed: TensorBatches(40, 6, 8, 3, seed=seed),
         "token-batches": lambda v, seed: TokenBatches(40, 6, 16, 20, seed=seed),  # a token model's generated packs
         "torch-feed": lambda v, seed: TorchFeed(str(image_folder), 5, 12, train=True, seed=seed, replica=0,
@@ -153,7 +154,7 @@ def _factories(image_folder: Path, indexed_list: Path, shards: Path, url: str, c
 
 PARTS = ["loader-folder", "loader-file-list", "loader-dataset", "loader-shards", "loader-shards-block",
          "loader-http-block", "loader-webdataset-block", "loader-tokens-packed", "loader-tokens-padded",
-         "loader-tokens-balanced", "loader-tokens-mix",
+         "loader-tokens-balanced", "loader-tokens-mix", "loader-tokens-mix-padded",
          "tensor-batches", "token-batches", "torch-feed", "mixup", "cutmix"]
 
 

@@ -192,6 +192,25 @@ def test_an_elastic_resume_delivers_exactly_what_was_not_delivered() -> None:
     assert tokens_seen(delivered) + tokens_seen([b for r in rest for b in r]) == tokens_seen(whole)
 
 
+def test_padded_batches_resume_elastically() -> None:
+    mix = Mix(sources(40, 10), weights={"s0": 1, "s1": 1}, epoch_size=48)
+
+    def rows(batches: list[dict[str, torch.Tensor]]) -> Counter[tuple[int, int]]:
+        return Counter((int(b["dataset"][r, 0]), int(b["document_index"][r])) for b in batches for r in range(len(b[
+            "document_index"])))
+
+    before = [make(mix, packing=None, rank=r, world_size=2) for r in range(2)]
+    its = [iter(loader) for loader in before]
+    delivered = [next(it) for it in its for _ in range(2)]
+    state = json.loads(json.dumps(before[1].state_dict()))
+    after = [make(mix, packing=None, rank=r, world_size=3) for r in range(3)]
+    for loader in after:
+        loader.load_state_dict(state)
+    rest = [list(loader) for loader in after]
+    assert len({len(r) for r in rest}) == 1
+    assert rows(delivered) + rows([b for r in rest for b in r]) == rows(list(make(mix, packing=None)))
+
+
 def test_a_mix_without_weights_reads_every_source_once_an_epoch() -> None:
     mix = Mix(sources(12, 30))
     loader = make(mix)
@@ -217,13 +236,35 @@ def test_bad_mixes_are_refused_naming_the_argument(image_folder: Path) -> None:
         (lambda: make(Mix({"text": docs["s0"], "none": Docs(np.zeros(0, np.int64), 1)}, {"text": 1, "none": 1})),
          ValueError,
          "Mix source 'none' is empty"),
-        (lambda: make(Mix(docs), packing=None), ValueError, "a Mix is read packed: pass packing="),
         (lambda: make(Mix(docs), echo=2), ValueError, "echo=2 .* repeats documents"),
     ]
     for build, error, match in cases:
         with pytest.raises(error, match=match):
             build()
     make(Mix({**docs, "off": Docs(np.zeros(0, np.int64), 2)}, weights={"s0": 1, "s1": 1, "off": 0}))  # weight 0: fine
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_padded_batches_of_a_mix_name_each_tokens_source(world: int) -> None:
+    # 24 + 24 documents an epoch (48: whole batches on 1, 2 and 3 ranks): over 5 epochs s0's 40 rows 3 times each,
+    # s1's 10 rows 12 times each
+    mix = Mix(sources(40, 10), weights={"s0": 1, "s1": 1}, epoch_size=48)
+    loaders = [make(mix, packing=None, rank=r, world_size=world) for r in range(world)]
+    seen: Counter[tuple[int, int]] = Counter()
+    for loader in loaders:
+        batches = [b for _ in range(5) for b in loader]
+        assert len(batches) == 5 * -(-48 // world // B), "the same batches on every rank"
+        for b in batches:
+            ids, mask, dataset, doc = b["input_ids"], b["attention_mask"], b["dataset"], b["document_index"]
+            assert dataset.shape == ids.shape and doc.shape == (len(ids),)
+            assert torch.equal(dataset >= 0, mask == 1), "dataset is -1 exactly on padding"
+            for r in range(len(ids)):
+                source, n = int(dataset[r, 0]), int(mask[r].sum())
+                assert (dataset[r, :n] == source).all()
+                want = 100000 * (source + 1) + 1000 * int(doc[r]) + torch.arange(1, n + 1)
+                assert torch.equal(ids[r, :n], want), "the row holds its source's document document_index"
+                seen[(source, int(doc[r]))] += 1
+    assert seen == Counter({**{(0, i): 3 for i in range(40)}, **{(1, i): 12 for i in range(10)}})
 
 
 def test_a_state_of_another_mixture_is_refused() -> None:
