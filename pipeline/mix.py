@@ -22,8 +22,8 @@ ties to the source earlier in the Mix::
     quotas a=3, b=1     times a: 1/6 1/2 5/6   b: 1/2     order: a a b a
 
 Among the first ``T`` samples of an epoch, source ``s``'s count is within ``1/2 + k * quota_s / (2 * epoch_size)`` of
-``T * quota_s / epoch_size`` for ``k`` sources (each source's count is within 1/2 of its time-share, and the times within
-``k / 2`` of ``T / epoch_size``); the last ``T`` alike. So in any ``N`` consecutive samples, inside an epoch or across
+``T * quota_s / epoch_size`` for ``k`` sources (each source's count is within 1/2 of its time-share, and the times
+within ``k / 2`` of ``T / epoch_size``); the last ``T`` alike. So in any ``N`` consecutive samples, inside an epoch or across
 epochs' boundaries, a source's count is within ``1 + k * quota_s / epoch_size`` of ``N * quota_s / epoch_size``, and
 ``quota_s / epoch_size`` is within ``1 / epoch_size`` of its weight: over 1,000 samples, within 1.1 points of the
 weight for up to 9 sources and an epoch of 1,000 samples or more.
