@@ -23,10 +23,10 @@ ties to the source earlier in the Mix::
 
 Among the first ``T`` samples of an epoch, source ``s``'s count is within ``1/2 + k * quota_s / (2 * epoch_size)`` of
 ``T * quota_s / epoch_size`` for ``k`` sources (each source's count is within 1/2 of its time-share, and the times
-within ``k / 2`` of ``T / epoch_size``); the last ``T`` alike. So in any ``N`` consecutive samples, inside an epoch or across
-epochs' boundaries, a source's count is within ``1 + k * quota_s / epoch_size`` of ``N * quota_s / epoch_size``, and
-``quota_s / epoch_size`` is within ``1 / epoch_size`` of its weight: over 1,000 samples, within 1.1 points of the
-weight for up to 9 sources and an epoch of 1,000 samples or more.
+within ``k / 2`` of ``T / epoch_size``); the last ``T`` alike. So in any ``N`` consecutive samples, inside an epoch
+or across epochs' boundaries, a source's count is within ``1 + k * quota_s / epoch_size`` of ``N * quota_s /
+epoch_size``, and ``quota_s / epoch_size`` is within ``1 / epoch_size`` of its weight: over 1,000 samples, within 1.1
+points of the weight for up to 9 sources and an epoch of 1,000 samples or more.
 
 The order is what the sampler packs (:mod:`.packing`), or deals a document at a time for padded batches
 (:class:`MixSamples`): ids are *virtual*, ``row + rows * pass`` for the Mix's row
