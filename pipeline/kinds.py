@@ -18,7 +18,8 @@ import numpy as np
 from stallfree.ingest.fields import TOKENS
 from stallfree.pipeline.assembly import ImageAssembly, TokenAssembly
 from stallfree.pipeline.block_order import block_order
-from stallfree.pipeline.loader_sampler import LoaderOrder, LoaderPacks, LoaderSampler
+from stallfree.pipeline.loader_sampler import LoaderMixSamples, LoaderOrder, LoaderPacks, LoaderSampler
+from stallfree.pipeline.mix_reader import MixPlacement, MixReader
 from stallfree.pipeline.placement import placement_for
 from stallfree.pipeline.sampler import Sampler
 from stallfree.pipeline.token_run import TokenPlacement
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from stallfree.pipeline.placement import Placement
     from stallfree.pipeline.reader_base import Reader
 
-__all__ = ["Images", "Kind", "Tokens", "kind_of"]
+__all__ = ["Images", "Kind", "MixedTokens", "Tokens", "kind_of"]
 
 
 class Kind(Protocol):
@@ -121,8 +122,42 @@ class Tokens:
                                  columns=output.columns)
 
 
+class MixedTokens(Tokens):
+    """A :class:`~stallfree.pipeline.mix.Mix` of token sources: its order packed or padded, each token's ``dataset``.
+
+    Args:
+        mix: the Mix's reader (its sources, their sizes and quotas).
+    """
+
+    name = "a mixture of token sequences"
+
+    def __init__(self, mix: MixReader):
+        self.mix = mix
+
+    def check(self, options: LoaderOptions, reader: Reader) -> None:
+        super().check(options, reader)
+        if options.order.sample_echo > 1:
+            raise ValueError(f"echo={options.order.echo} (echo_mode='example') repeats documents, which a Mix's "
+                             "weights already do: raise a source's weight or the Mix's epoch_size instead")
+
+    def orders(self, options: LoaderOptions, reader: Reader) -> Callable[..., LoaderOrder]:
+        order = options.order
+        documents = self.mix.order(order.shuffle != "none", order.seed)
+        if order.packing is None:
+            return functools.partial(LoaderMixSamples, documents, drop_last=bool(order.drop_last))
+        return functools.partial(LoaderPacks, documents, self.mix.lengths(), order.packing, order.batch_size,
+                                 drop_last=bool(order.drop_last))
+
+    def placement(self, options: LoaderOptions, encoded: bool) -> Callable[[], Placement]:
+        packing = options.order.packing
+        pad_id = packing.pad_id if packing is not None else 0
+        return functools.partial(MixPlacement, options.run.prefetch, pad_id, self.mix.offsets)
+
+
 def kind_of(reader: Reader) -> Kind:
     """The reader's sample kind, by its fields."""
+    if isinstance(reader, MixReader):
+        return MixedTokens(reader)
     fields = getattr(reader, "fields", ())
     if any(field.kind == TOKENS.kind for field in fields):
         return Tokens()

@@ -28,6 +28,8 @@ from stallfree.pipeline.arguments import BUILTIN_COLUMNS, check_dataloader_keywo
 from stallfree.pipeline.epochs import STATE_VERSION, Epochs
 from stallfree.pipeline.kinds import kind_of
 from stallfree.pipeline.loader_sampler import LoaderOrder, Orders
+from stallfree.pipeline.mix import Mix
+from stallfree.pipeline.mix_reader import open_mix
 from stallfree.pipeline.options import LoaderOptions, fingerprint_of
 from stallfree.pipeline.packing import Packing
 from stallfree.pipeline.process_group import UnknownRank, cache_rank
@@ -44,15 +46,18 @@ from stallfree.transforms.compile import CompiledTransforms, Dtype, Layout
 __all__ = ["STATE_VERSION", "BadSampleError", "Clock", "Loader"]
 
 
-def _check_exists(source: Any) -> None:
+def _check_exists(source: Any) -> Any:
     """A local path that does not exist, as a FileNotFoundError naming it (URLs and tar patterns are opened later)."""
     if isinstance(source, (str, os.PathLike)) and not is_url(source) and not is_webdataset(source):
         if not os.path.exists(source):
             raise FileNotFoundError(f"dataset {os.fspath(source)} does not exist")
+    return source
 
 
 def _open(source: Any, options: LoaderOptions) -> BaseReader:
     """The source's reader, opened with the source part of the options (refused where they do not apply)."""
+    if isinstance(source, Mix):  # each of its sources opened as a source of its own
+        return open_mix(source, lambda each: _open(_check_exists(each), options))
     order = options.order
     keywords = options.source.reader_keywords(source, remote=is_url(source), webdataset=is_webdataset(source),
                                               on_error=options.decode.on_error,
@@ -80,7 +85,8 @@ class Loader:
 
     Args:
         source: an ImageFolder tree, a CSV or Parquet file list (``path``, ``label``), an ingested shard folder
-            (or its URL: ``s3://``, ``gs://``, ``https://``, ``file://``; docs/remote.md), WebDataset tars read in
+            (or its URL: ``s3://``, ``gs://``, ``https://``, ``file://``; docs/remote.md), a ``Mix`` of token sources
+            (docs/sequences.md), WebDataset tars read in
             place (a path or URL ending in ``.tar`` or with ``{first..last}`` ranges; docs/remote.md), a map-style torch
             ``Dataset`` of ``(image, label)`` items (see :class:`DatasetReader`), or a :class:`Reader`. A
             torchvision dataset (``ImageFolder(root, transform=...)``) brings its transforms (see
@@ -171,7 +177,7 @@ class Loader:
 
     def __init__(
         self,
-        source: str | os.PathLike[str] | Reader | torch.utils.data.Dataset[Any],
+        source: str | os.PathLike[str] | Reader | Mix | torch.utils.data.Dataset[Any],
         batch_size: int,
         *,
         transform: Any = (),

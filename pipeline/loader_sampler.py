@@ -17,11 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
+from stallfree.pipeline.mix import MixSamples
 from stallfree.pipeline.packing import PackOrder
 from stallfree.pipeline.process_group import process_shard
 from stallfree.pipeline.sampler import Sampler
 
-__all__ = ["LoaderOrder", "LoaderPacks", "LoaderSampler", "Orders"]
+__all__ = ["LoaderMixSamples", "LoaderOrder", "LoaderPacks", "LoaderSampler", "Orders"]
 
 
 class _Epochs(Protocol):
@@ -91,8 +92,23 @@ class LoaderPacks(_Owned, PackOrder):
         return planned if isinstance(planned, LoaderPacks) else self
 
 
-#: An order a Loader makes for a shard: of samples, or of packs of documents.
-LoaderOrder = LoaderSampler | LoaderPacks
+@dataclass(frozen=True)
+class LoaderMixSamples(_Owned, MixSamples):
+    """A :class:`~stallfree.pipeline.mix.MixSamples` (a Mix's padded batches) whose epoch is its Loader's."""
+
+    owner: weakref.ReferenceType[_Epochs] | None = field(default=None, compare=False, repr=False)
+
+    def order(self) -> MixSamples:
+        """The order alone, without its Loader (picklable)."""
+        return MixSamples(**{f.name: getattr(self, f.name) for f in fields(MixSamples)})
+
+    def planned_for(self, world_size: int | None) -> LoaderMixSamples:
+        """Itself (the order does not depend on the world size)."""
+        return self
+
+
+#: An order a Loader makes for a shard: of samples, of packs of documents, or of a Mix's documents.
+LoaderOrder = LoaderSampler | LoaderPacks | LoaderMixSamples
 
 
 class Orders:
@@ -102,7 +118,8 @@ class Orders:
         owner: the Loader (held weakly).
         rank, world_size: the Loader's arguments (``None``: the process's, :func:`process_shard`).
         make: makes the order of a shard from ``rank``, ``world_size`` and ``owner`` (a partial of
-            :class:`LoaderSampler` or :class:`LoaderPacks` with their other fields: picklable).
+            :class:`LoaderSampler`, :class:`LoaderPacks` or :class:`LoaderMixSamples` with their other fields:
+            picklable).
     """
 
     def __init__(self, owner: _Epochs, rank: int | None, world_size: int | None,

@@ -41,7 +41,7 @@ import numpy as np
 from stallfree.core.cost import Cost
 from stallfree.pipeline.arguments import is_int
 from stallfree.pipeline.balance import Balance, balanced_packs
-from stallfree.pipeline.sampler import Sampler
+from stallfree.pipeline.sampler import Order
 
 __all__ = ["EMPTY", "PackOrder", "PackPlan", "Packing", "balanced_plan", "pack"]
 
@@ -223,7 +223,8 @@ class PackOrder:
     """The packs of each epoch, dealt to ranks as the sampler deals samples (see the module docstring).
 
     Args:
-        documents: the documents' order over the whole job (rank 0 of 1: shuffle, seed, example echo).
+        documents: the documents' order over the whole job (rank 0 of 1: shuffle, seed, example echo), a
+            :class:`~stallfree.pipeline.sampler.Sampler` or a Mix's (:class:`~stallfree.pipeline.mix.MixOrder`).
         lengths: every row's length in tokens.
         packing: how rows are packed.
         batch_size: packs per batch: the last global step is filled with empty packs to whole batches.
@@ -231,7 +232,7 @@ class PackOrder:
         drop_last: drop the last incomplete global step instead of filling it.
     """
 
-    documents: Sampler
+    documents: Order
     lengths: np.ndarray = field(compare=False, repr=False)
     packing: Packing
     batch_size: int

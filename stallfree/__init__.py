@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from stallfree.ingest.writer import IngestOptions
     from stallfree.pipeline.hf_reader import HuggingFaceReader
     from stallfree.pipeline.loader import Loader
+    from stallfree.pipeline.mix import Mix
     from stallfree.pipeline.packing import Packing
     from stallfree.pipeline.ray_workers import RayWorkers
     from stallfree.pipeline.reader_base import BaseReader
@@ -40,6 +41,7 @@ __all__ = [
     "HuggingFaceTokenReader",
     "IngestOptions",
     "Loader",
+    "Mix",
     "Packing",
     "RayWorkers",
     "RemoteStoreError",
@@ -67,6 +69,7 @@ _HOMES = {
     "HuggingFaceTokenReader": "stallfree.pipeline.token_readers",
     "IngestOptions": "stallfree.ingest.writer",
     "Loader": "stallfree.pipeline.loader",
+    "Mix": "stallfree.pipeline.mix",
     "Packing": "stallfree.pipeline.packing",
     "RayWorkers": "stallfree.pipeline.ray_workers",
     "RemoteStoreError": "stallfree.ingest.remote",

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from stallfree import Cost, DatasetReader, Loader, Packing
+from stallfree import Cost, DatasetReader, Loader, Mix, Packing
 from stallfree.bench.servers import RangeServer
 from stallfree.core.resume import Resumable
 from stallfree.ingest.manifest import read_manifest
@@ -119,6 +119,9 @@ def _factories(image_folder: Path, indexed_list: Path, shards: Path, url: str, c
                webdataset: str, token_docs: Callable[..., Any]) -> dict[str, Factory]:
     gen = torch.Generator().manual_seed(1)
     tokens = token_docs(np.random.default_rng(2).integers(1, 40, 30))
+    # a mixture: 30 and 12 documents, 2:1, so the small source starts its next pass within an epoch
+    mix = Mix({"a": tokens, "b": token_docs(np.random.default_rng(3).integers(1, 60, 12), name="b")},
+              weights={"a": 2, "b": 1})
     mix_in = [(torch.rand(4, 3, 6, 6, generator=gen), torch.randint(0, 5, (4,), generator=gen)) for _ in range(5)]
     return {
         "loader-folder": _loader(image_folder),
@@ -137,6 +140,9 @@ def _factories(image_folder: Path, indexed_list: Path, shards: Path, url: str, c
         "loader-tokens-balanced": lambda v, seed: Loader(
             tokens, 2, packing=Packing(seq_len=24, window=8, balance="compute", cost=Cost.attention(24),
                                        microbatches=2), shuffle=True, seed=seed, prefetch=1 + 2 * v),
+        "loader-tokens-mix": lambda v, seed: Loader(mix, 3, packing=Packing(seq_len=24, window=8), shuffle=True,
+                                                    seed=seed, prefetch=1 + 2 * v),
+        "loader-tokens-mix-padded": lambda v, seed: Loader(mix, 4, shuffle=True, seed=seed, prefetch=1 + 2 * v),
         "tensor-batches": lambda v, seed: TensorBatches(40, 6, 8, 3, seed=seed),
         "token-batches": lambda v, seed: TokenBatches(40, 6, 16, 20, seed=seed),  # a token model's generated packs
         "torch-feed": lambda v, seed: TorchFeed(str(image_folder), 5, 12, train=True, seed=seed, replica=0,
@@ -148,7 +154,7 @@ def _factories(image_folder: Path, indexed_list: Path, shards: Path, url: str, c
 
 PARTS = ["loader-folder", "loader-file-list", "loader-dataset", "loader-shards", "loader-shards-block",
          "loader-http-block", "loader-webdataset-block", "loader-tokens-packed", "loader-tokens-padded",
-         "loader-tokens-balanced",
+         "loader-tokens-balanced", "loader-tokens-mix", "loader-tokens-mix-padded",
          "tensor-batches", "token-batches", "torch-feed", "mixup", "cutmix"]
 
 
