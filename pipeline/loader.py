@@ -86,12 +86,11 @@ class Loader:
     Args:
         source: an ImageFolder tree, a CSV or Parquet file list (``path``, ``label``), an ingested shard folder
             (or its URL: ``s3://``, ``gs://``, ``https://``, ``file://``; docs/remote.md), a ``Mix`` of token sources
-            (docs/sequences.md), WebDataset tars read in
-            place (a path or URL ending in ``.tar`` or with ``{first..last}`` ranges; docs/remote.md), a map-style torch
-            ``Dataset`` of ``(image, label)`` items (see :class:`DatasetReader`), or a :class:`Reader`. A
-            torchvision dataset (``ImageFolder(root, transform=...)``) brings its transforms (see
-            :func:`~stallfree.pipeline.readers.unwrap_torchvision_dataset`), so ``DataLoader(dataset, ...)``
-            becomes ``Loader(dataset, ...)``.
+            (docs/sequences.md), WebDataset tars read in place (a path or URL ending in ``.tar`` or with
+            ``{first..last}`` ranges; docs/remote.md), a map-style torch ``Dataset`` of ``(image, label)`` items
+            (see :class:`DatasetReader`), or a :class:`Reader`. A torchvision dataset (``ImageFolder(root,
+            transform=...)``) brings its transforms (:func:`~stallfree.pipeline.readers.unwrap_torchvision_dataset`),
+            so ``DataLoader(dataset, ...)`` becomes ``Loader(dataset, ...)``.
         batch_size: samples per batch.
         transform: the augmentation spec: a ``stallfree.transforms`` step, a list or a ``Compose`` of them, or
             torchvision's own transforms (``T.Compose``, ``v2.Compose``, one transform, a list), translated with

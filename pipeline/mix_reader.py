@@ -132,6 +132,9 @@ class MixBatches:
         fields["dataset"] = source
         return rows, fields
 
+    def follow(self, ids: np.ndarray, epoch: int) -> None:
+        self.build.follow(ids, epoch)
+
 
 class MixPlacement(TokenPlacement):
     """The token runs of a Mix: batches with their ``dataset`` field (:class:`MixBatches`).
