@@ -24,13 +24,17 @@ other than 0 runs the last weight gradients). The loss is written as::
   compute is **host runtime**; a gap's growth over the same gap in the known schedule (idle the schedule has anyway,
   already in warm-up/cool-down and imbalance) is **communication** after a message-maker on another rank (posting, the
   link, the receive) and **host runtime** after the rank's own action, as is the pipeline step's own set-up and finish
-  (the step less the path). **input** is stage 0's wait for its batch. These are the job's: every rank's step is the
-  same ``T``.
+  (the step less the path). Slack in the known schedule (an action that waited there for its other input) absorbs the
+  lateness that reaches it, taken back from the parts booked before it in proportion, so neither part is ever
+  negative (:mod:`.critical_path`). **input** is stage 0's wait for its batch. These are the job's: every rank's step
+  is the same ``T``.
 
 The step is timed whole, to the end of the last action of any rank, so no rank's compute falls after it.
 
 Each part is measured (or known), none is the remainder of the others: they add up to the loss because the path
-covers the step exactly and the step's last action is the same action in both schedules.
+covers the step exactly and the step's last action is the same action in both schedules. A step that ran ahead of the
+known schedule (on a real device, whose known compute is a mean, actions can be faster) nets against the other steps'
+communication and runtime, then against the rank's own idle, in proportion.
 
 The same books are read from a simulated step (:func:`predicted_books`: its spans, no input), so that predicted and
 measured compare part by part. Clocks are ``time.perf_counter``, one monotonic clock for every process of a machine.
@@ -49,6 +53,7 @@ from stallfree.stage_runtime.stage_times import stage_times
 
 from .attribution import steps_from_records
 from .costs import FREE_LINK, StageCost, stage_costs
+from .critical_path import lateness
 from .orders import Op, job_program
 from .simulate import Span, StepResult, compute_s, simulate
 
@@ -123,53 +128,6 @@ def span_costs(steps: Sequence[Sequence[Span]], stages: int) -> list[StageCost]:
     return out
 
 
-def _producer(op: Op, last: int) -> tuple[str, int, int] | None:
-    """The (kind, stage, micro-batch) of the action whose output ``op`` reads from the next or previous stage."""
-    if op.kind == "F" and op.stage > 0:
-        return "F", op.stage - 1, op.mb
-    if op.kind in ("B", "I") and op.stage < last:
-        return "BI", op.stage + 1, op.mb
-    return None
-
-
-def _walk(spans: Sequence[Span], owner: Sequence[int], costs: Sequence[StageCost],
-          known: Mapping[Op, Span]) -> dict[str, float]:
-    """How far the last action of one step ended after its time in the known schedule, along the critical path.
-
-    ``known`` holds every action as the schedule runs it with the known compute alone. Walking back from the step's
-    last action, each action on the path was gated by the later-ending of its rank's previous action and
-    the action on another rank whose output it reads. Along the path, the measured step exceeds the known one by
-    each action's time beyond its known compute (host runtime) and each gap's growth over the same gap in the
-    known schedule (communication after a message-maker on another rank, host runtime after the rank's own
-    action): the known gap is idle the schedule has anyway, counted in warm-up/cool-down and imbalance. Returns
-    seconds, ``communication`` and ``runtime``: with that action's known end they make the measured path, exactly.
-    """
-    last = len(owner) - 1
-    by_op = {(s.op.kind, s.op.stage, s.op.mb): s for s in spans}
-    previous: dict[Span, Span] = {}
-    for r in {s.rank for s in spans}:
-        row = sorted((s for s in spans if s.rank == r), key=lambda s: s.start)
-        previous.update(zip(row[1:], row[:-1], strict=True))
-    origin = min(s.start for s in spans)
-    cur = max(spans, key=lambda s: s.end)  # the step's last action, on whichever rank
-    out = {"communication": 0.0, "runtime": 0.0}
-    while True:
-        mine = known[cur.op]
-        out["runtime"] += (cur.end - cur.start) - (mine.end - mine.start)
-        local = previous.get(cur)
-        reads = _producer(cur.op, last)
-        remote = None
-        if reads is not None and owner[reads[1]] != cur.rank:
-            remote = next((by_op[(k, reads[1], reads[2])] for k in reads[0] if (k, reads[1], reads[2]) in by_op), None)
-        gate = max((g for g in (local, remote) if g is not None), key=lambda g: g.end, default=None)
-        if gate is None:  # the step's first action (0 and 0 in both, or the path starts late)
-            out["runtime"] += (cur.start - origin) - mine.start
-            return out
-        grown = (cur.start - gate.end) - (mine.start - known[gate.op].end)
-        out["communication" if gate is remote else "runtime"] += grown
-        cur = gate
-
-
 def _idle_split(program: Mapping[int, Sequence[Op]], owner: Sequence[int],
                 costs: Sequence[StageCost]) -> tuple[StepResult, list[float], list[dict[str, float]]]:
     """The known-compute step, and per rank its compute and its idle split into parts (seconds).
@@ -189,6 +147,14 @@ def _idle_split(program: Mapping[int, Sequence[Op]], owner: Sequence[int],
         alone = _end(capped)  # no slower than the known step: a step only grows when a stage slows
         parts.append({"warmup_cooldown": alone - compute[r], "imbalance": step - alone})
     return known, compute, parts
+
+
+def _absorbed(parts: dict[str, float], ahead: float) -> dict[str, float]:
+    """``parts`` less ``ahead`` seconds, taken from each in proportion to its size; ``ahead``: what they lacked."""
+    held = sum(parts.values())
+    taken = min(ahead, held)
+    keep = 1 - taken / held if held > 0 else 1.0
+    return {**{k: v * keep for k, v in parts.items()}, "ahead": ahead - taken}
 
 
 def _end(result: StepResult) -> float:
@@ -229,22 +195,24 @@ def measured_books(steps: Sequence[Sequence[Span]], step_times: Sequence[tuple[f
                          f"{len(step_times)} step times")
     known, compute, idle = _idle_split(program, owner, costs)
     at = {s.op: s for s in known.spans}
-    total = {"input": 0.0, "communication": 0.0, "runtime": 0.0, "step": 0.0}
+    total = {"input": 0.0, "communication": 0.0, "runtime": 0.0, "ahead": 0.0, "step": 0.0}
     for spans, (wait, pipe) in zip(steps, step_times, strict=True):
-        path = _walk([s for s in spans if s.op.kind != "O"], owner, costs, at)
-        length = max(s.end for s in spans) - min(s.start for s in spans)
+        late = lateness([s for s in spans if s.op.kind != "O"], owner, at, pipe)
+        for part in ("communication", "runtime", "ahead"):
+            total[part] += late[part]
         total["input"] += wait
-        total["communication"] += path["communication"]
-        total["runtime"] += path["runtime"] + pipe - length  # the pipeline step's set-up and finish beside the path
         total["step"] += wait + pipe
     n, step = len(steps), total["step"]
+    # A step ahead of the known one (a real device's actions faster than their mean) nets against the others' delay,
+    # then against the rank's own idle: no part is negative (stage_runtime/plan/critical_path.py).
+    shared = _absorbed({"communication": total["communication"], "runtime": total["runtime"]}, total["ahead"])
     could, loss, parts = [], [], []
     for r in range(len(program)):
         could.append(images / compute[r] if compute[r] > 0 else float("inf"))
         loss.append(1 - n * compute[r] / step)
-        parts.append({**{k: n * v / step for k, v in idle[r].items()},
-                      "communication": total["communication"] / step, "runtime": total["runtime"] / step,
-                      "input": total["input"] / step})
+        mine = _absorbed({**{k: n * v for k, v in idle[r].items()}, "input": total["input"]}, shared["ahead"])
+        parts.append({**{k: mine[k] / step for k in idle[r]}, "communication": shared["communication"] / step,
+                      "runtime": shared["runtime"] / step, "input": mine["input"] / step})
     return Books(n * images / step, step / n, tuple(could), tuple(loss), tuple(parts), n, unit)
 
 

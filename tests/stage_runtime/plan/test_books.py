@@ -14,7 +14,7 @@ import pytest
 from stallfree.stage_runtime.config.train_config import TrainConfig
 from stallfree.stage_runtime.jobs import train_many
 from stallfree.stage_runtime.models.layer_times import LayerTimes
-from stallfree.stage_runtime.plan.books import PARTS, predicted_books
+from stallfree.stage_runtime.plan.books import PARTS, measured_books, predicted_books
 from stallfree.stage_runtime.plan.costs import FREE_LINK, HostOverhead, Link, StageCost, stage_costs
 from stallfree.stage_runtime.plan.orders import placement, torch_order
 from stallfree.stage_runtime.plan.simulate import simulate
@@ -64,6 +64,27 @@ def test_only_the_faster_rank_loses_to_imbalance() -> None:
     assert books.slowest == 0 and books.parts[0]["imbalance"] == pytest.approx(0.0)
     assert books.parts[1]["imbalance"] > 0.3
     assert books.to_dict()["job"]["rank"] == 0
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved-1f1b"])
+def test_slack_absorbs_a_late_message_instead_of_booking_negative_communication(schedule: str) -> None:
+    # Known: rank 0's stages twice as slow as rank 1's. Measured: rank 1's every action 1 s longer (host runtime), so
+    # its outputs reach rank 0 inside the slack rank 0 had in the known schedule. There is no link and no message
+    # cost: the whole delay is host runtime. The books used to book the slack's shrinking as negative communication
+    # (1f1b: "communication -3.3%", as `--schedule zbv` under sim:400 printed "communication -3.2%").
+    stages = 2 if schedule in ("gpipe", "1f1b") else 4
+    owner = placement(schedule, 2, stages)
+    known = [StageCost(*((2.0, 4.0, 2.0) if owner[s] == 0 else (1.0, 2.0, 1.0)), 10, 10, 0, 0.0) for s in range(stages)]
+    late = [c if owner[s] == 0 else StageCost(c.forward_s + 1, c.backward_s + 2, c.weight_s + 1, 10, 10, 0, 0.0)
+            for s, c in enumerate(known)]
+    result, order, owner = _sim(schedule, late)
+    spans = [s for s in result.spans if s.op.kind != "O"]
+    books = measured_books([spans], [(0.0, max(s.end for s in spans))], order, owner, known, images=8)
+    for r in range(2):
+        parts = books.parts[r]
+        assert min(parts.values()) >= 0.0, parts
+        assert sum(parts.values()) == pytest.approx(books.loss[r], abs=1e-12)
+        assert parts["communication"] == pytest.approx(0.0, abs=1e-12) and parts["runtime"] > 0.05
 
 
 @pytest.fixture(scope="module")
