@@ -220,7 +220,7 @@ def _summary(c: TrainConfig, job: Rank, step: int, wall: float, accuracy: float 
             "bubble_theory": p.spec.bubble(p.stages, p.microbatches, p.virtual_stages),
             "unit": c.unit, "feed": c.feed.kind, "plan_prediction": c.report.plan_prediction,
             "accelerator": config["accelerator"],
-            "accelerator_images_per_s": _ideal(c),
+            f"accelerator_{c.unit}_per_s": _ideal(c),
             "num_classes": job.num_classes, "checkpoint": str(ckpt.step_dir(c.ckpt_root, step)),
             "layer_costs": job.layer_costs, "config": config, **report.fractions()}
 
