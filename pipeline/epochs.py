@@ -65,15 +65,16 @@ class Standing:
     loaded: bool = False
     raw: Any = None
     shard: tuple[int, int] = (0, 0)
+    planned_world: int | None = None  # a balanced epoch resumed on other ranks: the ranks its packs were planned for
 
     def at_epoch_start(self, epoch: int) -> None:
         """Stand at ``epoch``'s start, with no loaded state (the ended epoch's skips stay listed until a pass)."""
-        self.epoch, self.start, self.split, self.loaded = epoch, Cursor(), 0, False
+        self.epoch, self.start, self.split, self.loaded, self.planned_world = epoch, Cursor(), 0, False, None
 
     def take(self, loaded: LoaderState, shard: tuple[int, int], raw: Any) -> None:
         """Stand where the checked state ``loaded`` (read on ``shard``) says."""
         self.epoch, self.split, self.start, self.skipped = loaded.epoch, loaded.split, loaded.start, loaded.skipped
-        self.loaded, self.raw, self.shard = True, raw, shard
+        self.loaded, self.raw, self.shard, self.planned_world = True, raw, shard, loaded.planned_world
 
 
 class Epochs:
@@ -139,7 +140,11 @@ class Epochs:
     @property
     def sampler(self) -> LoaderOrder:
         """The order of the pass in progress, else of a loaded state, else of this rank now."""
-        return self.orders[self.shard()]
+        return self.order_of(self.shard())
+
+    def order_of(self, shard: tuple[int, int]) -> LoaderOrder:
+        """The order of ``shard`` for the epoch the Loader stands in (planned for a resumed state's ranks)."""
+        return self.orders[shard].planned_for(self.standing.planned_world)
 
     @property
     def epoch(self) -> int:
@@ -191,7 +196,7 @@ class Epochs:
             "epoch": standing.epoch,
             "rank": rank,  # where it was taken: another rank's state loads too (load_state_dict)
             "fingerprint": self.fingerprint(world_size),
-            "sampler": {"split": standing.split},
+            "sampler": {"split": standing.split, "planned_world": standing.planned_world},
             "batcher": self.batcher.state_dict(cursor),
             "skipped": list(standing.skipped) if in_pass or standing.loaded else [],
             "rejected": [dict(record) for record in self.reader.rejected],
@@ -229,7 +234,7 @@ class Epochs:
 
     def parts(self, shard: tuple[int, int]) -> RunParts:
         """What a run on ``shard`` is made of."""
-        return RunParts(self.config, self.orders[shard].order(), self.reader, self.compiled)
+        return RunParts(self.config, self.order_of(shard).order(), self.reader, self.compiled)
 
     def _run(self, cursor: Cursor) -> tuple[Run, Cursor]:
         """The run of the current epoch from ``cursor`` (the one started ahead if it fits), and the cursor."""

@@ -302,7 +302,7 @@ class Loader:
         """Batches this rank yields per epoch (a pass resumed elastically yields only the epoch's remainder)."""
         epochs = self._epochs
         standing = epochs.standing
-        return epochs.batcher.deliveries(epochs.orders[epochs.shard()].length(standing.split, None, epochs.epoch))
+        return epochs.batcher.deliveries(epochs.order_of(epochs.shard()).length(standing.split, None, epochs.epoch))
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch``'s permutation and augmentation next; it ends a pass in progress that delivered batches.

@@ -70,6 +70,10 @@ class LoaderSampler(_Owned, Sampler):
         """The order alone, without its Loader: what an epoch run uses, picklable (a weak reference is not)."""
         return Sampler(**{f.name: getattr(self, f.name) for f in fields(Sampler)})
 
+    def planned_for(self, world_size: int | None) -> LoaderSampler:
+        """Itself (a sampler's order does not depend on the world size)."""
+        return self
+
 
 @dataclass(frozen=True)
 class LoaderPacks(_Owned, PackOrder):
@@ -80,6 +84,11 @@ class LoaderPacks(_Owned, PackOrder):
     def order(self) -> PackOrder:
         """The packs alone, without their Loader (picklable), sharing the plans made so far."""
         return PackOrder(**{f.name: getattr(self, f.name) for f in fields(PackOrder)})
+
+    def planned_for(self, world_size: int | None) -> LoaderPacks:
+        """As :meth:`PackOrder.planned_for`, keeping the Loader."""
+        planned = PackOrder.planned_for(self, world_size)
+        return planned if isinstance(planned, LoaderPacks) else self
 
 
 #: An order a Loader makes for a shard: of samples, or of packs of documents.

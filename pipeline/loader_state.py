@@ -63,6 +63,7 @@ class LoaderState:
     start: Cursor
     skipped: list[dict[str, Any]]
     rank: int
+    planned_world: int | None = None  # the world size a balanced epoch's packs were planned for, where not this one
 
 
 def read_state(state: object, *, version: int, fingerprint: Mapping[str, Any], sampler: Order, batcher: Batcher,
@@ -97,6 +98,8 @@ def read_state(state: object, *, version: int, fingerprint: Mapping[str, Any], s
     theirs_rank = state_int(_OWNER, state, "rank", high=(world or sampler.world_size) - 1,
                             why=f" (a rank of world_size={world or sampler.world_size})")
     epoch = state_int(_OWNER, state, "epoch")
+    planned = _planned_world(_part(state, "sampler")) or world  # a balance's packs: planned for the state's ranks
+    sampler = sampler.planned_for(planned)
     total = sampler.total(epoch)
     split = state_int(_OWNER, _part(state, "sampler"), "split", high=total, name="sampler.split",
                       why=f" (the global positions of an epoch of {total} samples)")
@@ -107,7 +110,7 @@ def read_state(state: object, *, version: int, fingerprint: Mapping[str, Any], s
     _check_position(batcher, start, skipped, per_rank)
     if elastic:  # this rank's share of what the old ranks left, from its start
         split = min(elastic_split(state, sampler.world_size), total)
-        return LoaderState(epoch, split, Cursor(), [], theirs_rank)
+        return LoaderState(epoch, split, Cursor(), [], theirs_rank, planned)
     if theirs_rank != sampler.rank:  # after the same batches as the rank it was taken on, none skipped (listed)
         if on_error == "skip":
             warnings.warn(f"rank {sampler.rank} resumes from rank {theirs_rank}'s Loader state: with on_error='skip' "
@@ -115,8 +118,8 @@ def read_state(state: object, *, version: int, fingerprint: Mapping[str, Any], s
                           "any in this epoch before the state, as many of its samples from before it are delivered "
                           "again; load each rank's own state_dict() for an exact resume", UserWarning, stacklevel=4)
         own = batcher.samples_before(start, per_rank)
-        return LoaderState(epoch, split, Cursor(own, start.repeat, start.delivered), [], theirs_rank)
-    return LoaderState(epoch, split, start, skipped, theirs_rank)
+        return LoaderState(epoch, split, Cursor(own, start.repeat, start.delivered), [], theirs_rank, planned)
+    return LoaderState(epoch, split, start, skipped, theirs_rank, planned)
 
 
 def _migrated(state: Mapping[str, Any], version: int) -> Mapping[str, Any]:
@@ -148,6 +151,13 @@ def _part(state: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     if not isinstance(part, Mapping):
         raise ValueError(f"Loader state has {name}={part!r}: expected a dict (its {name}'s own fields)")
     return part
+
+
+def _planned_world(part: Mapping[str, Any]) -> int | None:
+    """``sampler.planned_world``: the ranks a balanced epoch was planned for, where not the Loader's (else absent)."""
+    if part.get("planned_world") is None:
+        return None
+    return state_int(_OWNER, part, "planned_world", low=1, name="sampler.planned_world")
 
 
 def _rejected(state: Mapping[str, Any]) -> None:

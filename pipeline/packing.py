@@ -31,16 +31,19 @@ new ranks, and a mid-epoch resume finds the same packs again: the state is the c
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import warnings
 from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 
+from stallfree.core.cost import Cost
 from stallfree.pipeline.arguments import is_int
+from stallfree.pipeline.balance import Balance, balanced_packs
 from stallfree.pipeline.sampler import Sampler
 
-__all__ = ["EMPTY", "PackOrder", "PackPlan", "Packing", "pack"]
+__all__ = ["EMPTY", "PackOrder", "PackPlan", "Packing", "balanced_plan", "pack"]
 
 #: The pack id of an empty (all padding) row.
 EMPTY = -1
@@ -58,14 +61,31 @@ class Packing:
             window packs tighter and mixes documents from further apart in the order.
         long: what a document longer than ``seq_len`` becomes: ``"split"``, ``"truncate"`` or ``"error"``.
         pad_id: the token id of padding.
+        balance: ``None`` (plain packing), ``"tokens"`` or ``"compute"``: each global step's documents placed so
+            that its ranks x micro-batches hold even tokens, or even ``cost`` (:mod:`.balance`).
+        cost: what a document costs (:class:`~stallfree.core.cost.Cost`), for ``balance="compute"``.
+        microbatches: micro-batches per rank's batch that the balance evens too (a pipeline's ``--microbatches``).
     """
 
     seq_len: int
     window: int = 1000
     long: Long = "split"
     pad_id: int = 0
+    balance: Literal["tokens", "compute"] | None = None
+    cost: Cost | None = None
+    microbatches: int = 1
 
     def __post_init__(self) -> None:
+        if self.balance not in (None, "tokens", "compute"):
+            raise ValueError(f"Packing balance must be None, 'tokens' or 'compute', got {self.balance!r}")
+        if self.cost is not None and not isinstance(self.cost, Cost):
+            raise TypeError(f"Packing cost must be a stallfree.Cost(linear=..., quadratic=...), got {self.cost!r}")
+        if self.balance == "compute" and self.cost is None:
+            raise ValueError("Packing(balance='compute') balances a cost: give cost=stallfree.Cost(linear=..., "
+                             "quadratic=...) (e.g. Cost.attention(seq_len): attention as costly as the rest at "
+                             "full length), or balance='tokens'")
+        if not is_int(self.microbatches) or self.microbatches < 1:
+            raise ValueError(f"Packing microbatches must be an int >= 1, got {self.microbatches!r}")
         if not is_int(self.seq_len) or self.seq_len < 2:
             raise ValueError(f"Packing seq_len must be an int >= 2 (tokens per row), got {self.seq_len!r}")
         if not is_int(self.window) or self.window < 1:
@@ -77,8 +97,15 @@ class Packing:
 
     def fingerprint(self) -> dict[str, object]:
         """What decides the packs."""
+        cost = None if self.cost is None else [self.cost.linear, self.cost.quadratic, self.cost.image]
         return {"seq_len": int(self.seq_len), "window": int(self.window), "long": self.long,
-                "pad_id": int(self.pad_id)}
+                "pad_id": int(self.pad_id), "balance": self.balance, "cost": cost,
+                "microbatches": int(self.microbatches)}
+
+    @property
+    def unit_cost(self) -> Cost:
+        """What the balance evens: the cost (``"compute"``), else tokens."""
+        return self.cost if self.balance == "compute" and self.cost is not None else Cost(1.0)
 
 
 @dataclass(frozen=True)
@@ -96,6 +123,7 @@ class PackPlan:
     truncated: int  # tokens left out by long="truncate"
     cut: int  # documents long="truncate" shortened
     tokens: int  # tokens packed
+    balance: Balance | None = None  # what the balance planned, where it did
 
     def __len__(self) -> int:
         return len(self.starts) - 1
@@ -154,6 +182,33 @@ def pack(order: np.ndarray, lengths: np.ndarray, packing: Packing, rows: int) ->
     return _plan(out, truncated, cut, total)
 
 
+def balanced_plan(order: np.ndarray, lengths: np.ndarray, packing: Packing, rows: int, batch_size: int,
+                  world_size: int) -> PackPlan:
+    """The packs of documents ``order`` with ``packing.balance`` over ``world_size`` ranks (:mod:`.balance`)."""
+    seq = int(packing.seq_len)
+    effective = np.asarray(lengths, np.int64)
+    long = effective > seq
+    if long.any() and packing.long == "error":
+        row = int(np.flatnonzero(long)[0])
+        raise ValueError(f"row {row} has {int(effective[row])} tokens, more than seq_len={seq} (long='error'); pass "
+                         "Packing(long='split') to continue it in the next rows, or long='truncate'")
+    if (effective <= 0).any():
+        raise ValueError(f"row {int(np.flatnonzero(effective <= 0)[0])} is an empty document (0 tokens): it cannot "
+                         "be packed")
+    virtual_long = long[order % rows]
+    truncated = cut = 0
+    if packing.long == "truncate":
+        truncated, cut = int((effective[order % rows] - seq)[virtual_long].sum()), int(virtual_long.sum())
+        effective = np.minimum(effective, seq)
+    packs, balance = balanced_packs(order, effective, rows, seq_len=seq, batch_size=batch_size,
+                                    microbatches=packing.microbatches, world_size=world_size, cost=packing.unit_cost,
+                                    window=int(packing.window), group=packing.balance == "compute")
+    while packs and not packs[-1]:  # the last step's empty rows: filled (or dropped) as a plain plan's are
+        packs.pop()
+    total = int(effective[order % rows].sum())
+    return dataclasses.replace(_plan(packs, truncated, cut, total), balance=balance)
+
+
 def _plan(packs: list[list[tuple[int, int, int]]], truncated: int, cut: int, total: int) -> PackPlan:
     sizes = np.fromiter((len(p) for p in packs), np.int64, len(packs))
     starts = np.zeros(len(packs) + 1, np.int64)
@@ -183,11 +238,23 @@ class PackOrder:
     rank: int = 0
     world_size: int = 1
     drop_last: bool = False
+    planned_world: int | None = None  # the world size the balance plans for (None: world_size)
     _plans: dict[int, PackPlan] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank must be in [0, world_size): rank={self.rank}, world_size={self.world_size}")
+        if self.packing.balance is not None and self.batch_size % self.packing.microbatches:
+            raise ValueError(f"batch_size={self.batch_size} rows do not split into Packing(microbatches="
+                             f"{self.packing.microbatches}) micro-batches of equal rows; give a batch size that "
+                             f"{self.packing.microbatches} divides")
+
+    def planned_for(self, world_size: int | None) -> PackOrder:
+        """This order with the packs a balance planned for ``world_size`` ranks (an elastic resume's epoch)."""
+        if world_size is None or self.packing.balance is None or world_size == (self.planned_world or
+                                                                                self.world_size):
+            return self
+        return dataclasses.replace(self, planned_world=world_size, _plans={})
 
     @property
     def num_rows(self) -> int:
@@ -198,7 +265,12 @@ class PackOrder:
         """``epoch``'s packs (made once per epoch and kept for the latest two epochs)."""
         plan = self._plans.get(epoch)
         if plan is None:
-            plan = pack(self.documents.virtual_order(epoch), self.lengths, self.packing, self.num_rows)
+            order = self.documents.virtual_order(epoch)
+            if self.packing.balance is None:
+                plan = pack(order, self.lengths, self.packing, self.num_rows)
+            else:
+                plan = balanced_plan(order, self.lengths, self.packing, self.num_rows, self.batch_size,
+                                     self.planned_world or self.world_size)
             if plan.truncated:  # counted and said, never silent
                 warnings.warn(f"Packing(long='truncate') left out {plan.truncated} tokens of {plan.cut} document(s) "
                               f"longer than seq_len={self.packing.seq_len} in epoch {epoch} (loader.sampler."

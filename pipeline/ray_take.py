@@ -81,6 +81,10 @@ class BatchTaker:
         self._epoch: _Epoch | None = None
         self._pool = ThreadPoolExecutor(max(1, config.io_threads), thread_name_prefix="stallfree-ray-read")
 
+    def close(self) -> None:
+        """Let its read threads go (the actor dropped this setup to make room for another Loader's)."""
+        self._pool.shutdown(wait=False)
+
     def take(self, epoch: int, split: int, start: int, size: int, bad: list[int],
              first: dict[str, Any] | None) -> TakeResult:
         """Batch of ``size`` samples from ``start``.

@@ -22,6 +22,7 @@ from stallfree.core.ray_cluster import connect
 from stallfree.core.ray_cpus import cluster_cpus
 
 if TYPE_CHECKING:
+    from stallfree.pipeline.ray_take import BatchTaker
     from stallfree.pipeline.run_config import RunParts
     from stallfree.transforms.compile import CompiledTransforms
 
@@ -105,7 +106,7 @@ class GraphWorker:
     def __init__(self) -> None:
         # Each Loader run's setup in the order prepared: its BatchTaker, or the error its setup raised (which every
         # take of the run raises, where the driver waits). The pool keeps the same keys in the same order.
-        self._takers: dict[str, Any] = {}
+        self._takers: dict[str, BatchTaker | Exception] = {}
 
     def pid(self) -> int:
         """The actor's process id (a test kills it to check that its batches are redone)."""

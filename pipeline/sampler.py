@@ -78,6 +78,10 @@ class Order(Protocol):
         """The dataset rows of sample ids."""
         ...
 
+    def planned_for(self, world_size: int | None) -> Order:
+        """This order as planned for ``world_size`` ranks (a balanced pack order's epoch after an elastic resume)."""
+        ...
+
 
 @dataclass(frozen=True)
 class Sampler:
@@ -164,3 +168,7 @@ class Sampler:
     def rows(self, virtual: np.ndarray) -> np.ndarray:
         """The dataset rows of virtual sample ids."""
         return virtual % self.num_rows
+
+    def planned_for(self, world_size: int | None) -> Sampler:
+        """Itself: a sampler's order does not depend on the world size it is dealt over."""
+        return self

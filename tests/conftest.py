@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import os
 import random
 import socket
 import tarfile
@@ -15,6 +16,11 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+
+# gcsfs reads this when it is first imported: on (its default) it asks the gRPC control API for a bucket's layout,
+# which gcp-storage-emulator does not serve, and waits out a minute's timeout on every read. stallfree.bench.stores'
+# gcs_server sets it when it starts, too late once another test has imported gcsfs (Lightning's Trainer does).
+os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -44,3 +44,10 @@ def test_ci_runs_the_readme_set_up_line_verbatim_before_the_tests() -> None:
 @pytest.mark.parametrize("command", [c.removeprefix(VENV) for c in _block("Run the tests")])
 def test_ci_runs_each_readme_test_command_verbatim(command: str) -> None:
     assert any(command in line for line in _ci_lines()), f".ci/run does not run README.md's {command!r}"
+
+
+def test_every_test_run_of_ci_ends_with_its_25_slowest_tests() -> None:
+    """Issue 45, item 7: CI took 22 minutes and nothing showed which tests grew; each run now lists its slowest 25."""
+    runs = [c for c in _block("Run the tests") if "pytest" in c]
+    runs += [line for line in (ROOT / ".ci" / "torchvision").read_text().splitlines() if line.startswith("pytest")]
+    assert len(runs) == 3 and all("--durations=25" in run for run in runs), runs

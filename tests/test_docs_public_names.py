@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PUBLIC_MODULES = {"stallfree", "stallfree.transforms"}
 IMPORT = re.compile(r"^\s*from (stallfree[\w.]*) import ([\w, ]+)", re.MULTILINE)
-DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])  # the guides and docs/records/
 
 
 def _imports() -> list[tuple[str, str, str]]:

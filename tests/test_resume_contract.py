@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from stallfree import DatasetReader, Loader, Packing
+from stallfree import Cost, DatasetReader, Loader, Packing
 from stallfree.bench.servers import RangeServer
 from stallfree.core.resume import Resumable
 from stallfree.ingest.manifest import read_manifest
@@ -134,6 +134,9 @@ def _factories(image_folder: Path, indexed_list: Path, shards: Path, url: str, c
         "loader-tokens-packed": lambda v, seed: Loader(tokens, 3, packing=Packing(seq_len=24, window=8), shuffle=True,
                                                        seed=seed, prefetch=1 + 2 * v),
         "loader-tokens-padded": lambda v, seed: Loader(tokens, 4, shuffle=True, seed=seed, prefetch=1 + 2 * v),
+        "loader-tokens-balanced": lambda v, seed: Loader(
+            tokens, 2, packing=Packing(seq_len=24, window=8, balance="compute", cost=Cost.attention(24),
+                                       microbatches=2), shuffle=True, seed=seed, prefetch=1 + 2 * v),
         "tensor-batches": lambda v, seed: TensorBatches(40, 6, 8, 3, seed=seed),
         "token-batches": lambda v, seed: TokenBatches(40, 6, 16, 20, seed=seed),  # a token model's generated packs
         "torch-feed": lambda v, seed: TorchFeed(str(image_folder), 5, 12, train=True, seed=seed, replica=0,
@@ -145,6 +148,7 @@ def _factories(image_folder: Path, indexed_list: Path, shards: Path, url: str, c
 
 PARTS = ["loader-folder", "loader-file-list", "loader-dataset", "loader-shards", "loader-shards-block",
          "loader-http-block", "loader-webdataset-block", "loader-tokens-packed", "loader-tokens-padded",
+         "loader-tokens-balanced",
          "tensor-batches", "token-batches", "torch-feed", "mixup", "cutmix"]
 
 

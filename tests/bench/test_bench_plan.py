@@ -12,6 +12,7 @@ from stallfree.cli import main
 from stallfree.stage_runtime.plan.calibrate import calibrate_gloo_link, calibrate_host
 
 
+@pytest.mark.slow
 def test_bench_plan_sets_prediction_beside_measurement(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "plan.json"
     code = main(["bench", "plan", "--models", "mlp", "--schedules", "gpipe", "zbv", "--stages", "2",
@@ -73,11 +74,13 @@ def test_the_top_choice_is_the_fastest_predicted_cell_set_beside_the_fastest_mea
     assert cnn["top"]["schedule"] == "zbv" and not cnn["within"]  # 50% slower than gpipe
 
 
+@pytest.mark.slow
 def test_the_calibrated_link_is_positive() -> None:
     link = calibrate_gloo_link(repeats=3)
     assert link.bytes_per_s > 0 and 0 < link.latency_s < 1.0
 
 
+@pytest.mark.slow
 def test_the_host_calibration_runs_torchs_schedule_on_every_rank() -> None:
     calibration = calibrate_host(ranks=2, repeats=2, steps=2)
     assert [(p.schedule, p.microbatches) for p in calibration.pipeline] == [

@@ -32,6 +32,7 @@ def test_listing_measures_the_whole_folder_and_one_part() -> None:
     assert [(row["part"], row["listed"]) for row in result["rows"]] == [("0/1", 300), ("0/3", 99)]
 
 
+@pytest.mark.slow
 def test_the_block_shuffles_first_order_is_measured_for_one_rank(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -15,6 +15,7 @@ def test_every_command_has_help_with_examples(command: str, capsys: pytest.Captu
     assert "example" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_bench_loader_prints_a_table_with_ratios(image_folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["bench", "loader", str(image_folder), "--batch-size", "4", "--batches", "2", "--repeats", "1",
                  "--threads", "1", "--only", "stallfree", "torch", "dali", "--shards"])

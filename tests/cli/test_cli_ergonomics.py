@@ -82,6 +82,7 @@ def test_nothing_is_said_when_the_kernels_load_fast_or_progress_is_off(
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.slow
 def test_demo_keeps_its_results_under_out_and_removes_the_data(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from stallfree.stage_runtime import jobs

@@ -83,6 +83,7 @@ def test_bench_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert json.loads((tmp_path / "clock.json").read_text()) == result
 
 
+@pytest.mark.slow
 def test_train_json_is_alone_on_stdout_and_no_progress_still_prints_the_summary(
         tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     # Was: --no-progress also hid the final summary, and the summary JSON followed the table on stdout. capfd: the
@@ -98,7 +99,7 @@ def test_train_json_is_alone_on_stdout_and_no_progress_still_prints_the_summary(
 def test_demo_json(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from stallfree.stage_runtime import jobs
 
-    # The demo's own training is tested in tests/stage_runtime/test_train_demo.py; here only what it prints.
+    # The demo's own training is tested in tests/stage_runtime/train/test_train_demo.py; here only what it prints.
     summary = {"model": "small_cnn", "stages": 2, "replicas": 1, "schedule": "1f1b", "microbatches": 4, "steps": 3,
                "wall_s": 1.0, "images_per_s": 9.0, "final_loss": 1.0, "eval_top1": 0.5,
                "input_stall_fraction": 0.1, "bubble_fraction": 0.2, "bubble_theory": 0.2}

@@ -32,6 +32,7 @@ def _readme_demo_command() -> list[str]:
     return command
 
 
+@pytest.mark.slow
 def test_the_readme_demo_runs_every_step(tmp_path: Path) -> None:
     command = _readme_demo_command()
     script = Path(sys.executable).with_name("stallfree")  # the console script pip installed beside this Python

@@ -57,6 +57,7 @@ def test_ingest_usage_says_what_it_takes() -> None:
     assert "[SRC OUT ...]" not in usage
 
 
+@pytest.mark.slow
 def test_a_model_factory_is_found_from_the_current_directory(tmp_path: Path) -> None:
     (tmp_path / "tinymodels.py").write_text(textwrap.dedent("""
         import torch.nn as nn

@@ -100,6 +100,7 @@ assert not loaded, f"the ingest process imported {loaded}"
 """
 
 
+@pytest.mark.slow
 def test_ingest_worker_processes_import_no_torch_dali_or_numba(image_folder: Path, tmp_path: Path) -> None:
     probes = tmp_path / "probes"
     probes.mkdir()

@@ -35,6 +35,7 @@ def _run_in(folder: Path, *argv: str) -> subprocess.CompletedProcess[str]:
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=240)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("argv", "default", "flag"), [
     (["train", "--synthetic", "64", "--model", "mlp", "--image-size", "4", "--batch-size", "8", "--stages", "1",
       "--max-steps", "1", "--timeout", "60"], "stallfree-train", "--out"),

@@ -45,6 +45,7 @@ def test_the_loader_and_transforms_fail_with_one_line(statement: str) -> None:
     assert json.loads(done.stdout) == [DaliMissing.__name__, MISSING_DALI]
 
 
+@pytest.mark.slow
 def test_help_ingest_and_info_work_and_demo_says_what_to_install(tmp_path: Path) -> None:
     from PIL import Image
 

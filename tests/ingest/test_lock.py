@@ -81,6 +81,7 @@ def other(tmp_path, folder):
     return other
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("second", ["the same source", "another source"])
 def test_a_second_ingest_into_a_folder_being_written_is_refused_naming_the_first(folder, other, tmp_path, second):
     out = tmp_path / "out"
@@ -104,6 +105,7 @@ def test_a_second_ingest_into_a_folder_being_written_is_refused_naming_the_first
     assert verify(out) == [] and _temporaries(out) == []
 
 
+@pytest.mark.slow
 def test_a_killed_run_s_lock_and_temporary_files_go_with_it(folder, tmp_path, shard_rows):
     reference = tmp_path / "reference"
     ingest(folder, reference, OPTIONS)
@@ -139,6 +141,7 @@ sys.exit(main(["ingest", *sys.argv[1:3], "--shard-size", sys.argv[3], "--quiet"]
 """
 
 
+@pytest.mark.slow
 def test_a_full_disk_is_one_line_and_exit_1_and_loses_nothing_written(folder, tmp_path, shard_rows):
     reference = tmp_path / "reference"
     ingest(folder, reference, OPTIONS)
@@ -174,6 +177,7 @@ cp -a "$DISK/out" "$TMP/copy"
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux") or shutil.which("unshare") is None,
                     reason="needs Linux's unshare for a tmpfs of its own")
 def test_a_real_full_tmpfs_is_one_line_and_exit_1_then_resumes(folder, tmp_path, shard_rows):

@@ -69,6 +69,7 @@ def _end(process: subprocess.Popen[Any], stream: IO[Any] | None, pids: list[int]
     _kill_survivors(pids)
 
 
+@pytest.mark.slow
 def test_kill_9_of_ingest_ends_its_workers(busy_source: Path, tmp_path: Path) -> None:
     command = [sys.executable, "-c", "import sys; from stallfree.cli import main; sys.exit(main())", "ingest",
                str(busy_source), str(tmp_path / "out"), "--workers", "2", "--max-side", "32", "--validate"]

@@ -89,6 +89,7 @@ def test_ingest_to_s3_uploads_what_a_local_ingest_writes_and_the_loader_reads_it
     assert labels == list(range(37))  # every sample exactly once
 
 
+@pytest.mark.slow
 def test_ingest_to_gcs_then_verify_and_read_it(indexed_list: Path, reference: Path, tmp_path: Path) -> None:
     from stallfree.bench.stores import gcs_options, gcs_server
 
@@ -119,6 +120,7 @@ def test_ingest_to_a_file_url_writes_what_a_local_ingest_writes(indexed_list: Pa
     assert summary["uploaded_shards"] == summary["shards"]
 
 
+@pytest.mark.slow
 def test_a_failed_upload_leaves_no_manifest_and_a_rerun_uploads_only_what_is_missing(
         indexed_list: Path, reference: Path, s3: str, tmp_path: Path) -> None:
     staging = tmp_path / "staging"
@@ -157,6 +159,7 @@ def _slow_ingest(source: Path, url: str, staging: Path, options: dict[str, Any])
     ingest(source, url, OPTIONS, staging=staging, storage_options=options)
 
 
+@pytest.mark.slow
 def test_kill_9_mid_ingest_then_rerun_uploads_only_what_is_missing(
         indexed_list: Path, reference: Path, s3: str, tmp_path: Path) -> None:
     staging = tmp_path / "staging"

@@ -55,6 +55,7 @@ def _kill_9_after(records: int, folder: Path, out: Path, part: tuple[int, int] =
     assert child.exitcode == -signal.SIGKILL
 
 
+@pytest.mark.slow
 def test_kill_9_then_rerun_gives_the_same_shards(folder, reference, tmp_path):
     out = tmp_path / "out"
     _kill_9_after(3, folder, out)

@@ -13,6 +13,8 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
 from stallfree import Loader
 from stallfree.transforms import RandomResizedCrop
 
@@ -49,6 +51,7 @@ def test_a_run_started_ahead_adds_no_thread_but_its_own(indexed_list: Path) -> N
     assert not any(thread.is_alive() for thread in ahead._threads)
 
 
+@pytest.mark.slow
 def test_scripts_that_end_without_close_exit_0_every_time(indexed_list: Path, tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)

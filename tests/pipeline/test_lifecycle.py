@@ -126,6 +126,7 @@ def test_a_pickled_loader_is_its_configuration_and_where_it_stands(indexed_list:
     assert same(batches(after), batches(loader)), "the next epoch, on both"
 
 
+@pytest.mark.slow
 def test_a_loader_goes_to_a_spawned_process_pickled(indexed_list: Path) -> None:
     loader = make(indexed_list)
     with multiprocessing.get_context("spawn").Pool(1) as pool:

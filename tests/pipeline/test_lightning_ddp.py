@@ -20,6 +20,8 @@ from PIL import Image
 
 from stallfree.pipeline.sampler import Sampler
 
+pytestmark = pytest.mark.slow  # a 2-process Lightning DDP job
+
 JOB = Path(__file__).with_name("lightning_ddp_job.py")
 N = 24  # 12 samples a rank: 3 batches of 4
 LAUNCHER = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",

@@ -94,6 +94,7 @@ def test_cuda_output_matches_cpu(indexed_list: Path, placement: str) -> None:
     assert (images.cpu().int() - reference.int()).abs().float().mean() < 2.0
 
 
+@pytest.mark.slow
 def test_exiting_mid_epoch_does_not_abort_the_process(indexed_list: Path) -> None:
     # Guards against "terminate called without an active exception": DALI's exit hook tearing down a pipeline
     # that a Loader thread is still running.

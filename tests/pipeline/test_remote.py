@@ -64,6 +64,16 @@ def test_a_url_gives_the_batches_of_the_local_folder(kind: str, shuffle: Any, re
     loader.close()
 
 
+def test_gs_is_read_by_gcsfs_without_its_grpc_layout_call() -> None:
+    """Regression (issue 45, item 7): the three gs:// cases took 125, 125 and 226 s of the suite when another test
+    (Lightning's Trainer, tests/pipeline/test_lightning.py) imported gcsfs before gcs_server had set
+    GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false: gcsfs then asks the gRPC control API, which the emulator does not
+    serve, for each bucket's layout and waits out a minute's timeout. tests/conftest.py sets it before any test."""
+    import gcsfs
+
+    assert gcsfs.GCSFileSystem is gcsfs.core.GCSFileSystem, "gcsfs was imported with its gRPC layout call on"
+
+
 def test_a_second_loader_reads_the_cache_and_fetches_nothing(remote_data: Path, http_server: RangeServer,
                                                              tmp_path: Path) -> None:
     first = Loader(http_server.url, 4, transform=SPEC, cache_dir=tmp_path)

@@ -43,6 +43,7 @@ def test_an_endless_manifest_is_refused_at_the_limit(http_proxy: FaultProxy, tmp
     assert time.monotonic() - start < 60
 
 
+@pytest.mark.slow
 def test_a_manifest_trickled_byte_by_byte_is_given_up_within_the_timeout(http_proxy: FaultProxy,
                                                                          tmp_path: Path) -> None:
     # was: a manifest sent at 1 B/s kept Loader() blocked past 40 s

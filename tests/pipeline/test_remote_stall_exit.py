@@ -18,11 +18,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from stallfree.bench.servers import FaultProxy, RangeServer
 from stallfree.ingest.fetch import Progress
 from stallfree.ingest.remote import Retry, open_store
 from stallfree.ingest.transfer import download
 from stallfree.pipeline.shard_cache import ShardCache
+
+pytestmark = pytest.mark.slow  # each test runs the Loader in a child process and times its end
 
 #: The issue asks for 5 s; the bound is generous for a loaded 2-core machine, and far below "never".
 EXIT_BOUND = 15.0

@@ -38,6 +38,7 @@ def _gets(proxy: FaultProxy, name: str) -> int:
     return sum(1 for line in proxy.seen if line.startswith("GET ") and line.endswith(name))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("status", ["404", "403"])
 def test_a_refused_shard_is_asked_for_once_per_pass_while_the_loader_is_held(status: str, http_proxy: FaultProxy,
                                                                             tmp_path: Path) -> None:

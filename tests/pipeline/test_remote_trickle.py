@@ -47,6 +47,7 @@ def test_a_trickled_shard_fails_naming_the_url_the_rate_and_the_window(http_prox
     loader.close()
 
 
+@pytest.mark.slow
 def test_a_trickled_tar_fails_naming_the_tar_the_rate_and_the_window(tmp_path: Path, write_tar: Any) -> None:
     # the read-ahead's ranged requests (fetch_ranges) and a sample's own read both keep to the rate
     folder = tmp_path / "tars"
@@ -151,6 +152,7 @@ def _line(lines: queue.Queue[str | None], prefix: str, within: float) -> str:
     raise AssertionError(f"no {prefix!r} from the child within {within:g} s: the trickle held it")
 
 
+@pytest.mark.slow
 def test_the_program_ends_promptly_after_a_trickle_error(http_proxy: FaultProxy, tmp_path: Path) -> None:
     # was: the error came only when the trickling server closed (60 s); every shard's download trickles here, so
     # the read-ahead's downloads are still in flight when the error reaches the program

@@ -51,6 +51,7 @@ def shard_folder(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", ["folder", "shards"])
 def test_a_run_built_in_another_process_from_the_parts_gives_the_loaders_batches(
     source: str, image_folder: Path, shard_folder: Path

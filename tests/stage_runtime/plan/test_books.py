@@ -98,6 +98,7 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     return {c.pipeline.schedule: json.loads((Path(c.report.out_dir) / "summary.json").read_text()) for c in configs}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_measured_books_balance_per_rank_under_a_simulated_device(measured: dict, schedule: str) -> None:
     summary = measured[schedule]
@@ -113,6 +114,7 @@ def test_measured_books_balance_per_rank_under_a_simulated_device(measured: dict
         assert rank["parts"]["runtime"] > 0 and rank["parts"]["input"] >= 0 and rank["parts"]["imbalance"] >= 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_could_do_counts_every_stage_a_rank_hosts(measured: dict, schedule: str) -> None:
     summary = measured[schedule]

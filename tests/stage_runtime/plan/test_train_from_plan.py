@@ -20,6 +20,7 @@ def _plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
     return out / "plan.json"
 
 
+@pytest.mark.slow
 def test_train_runs_the_best_plan_and_reports_its_prediction(tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     path = _plan(tmp_path, capsys)
@@ -58,6 +59,7 @@ def test_a_bad_plan_file_is_named(tmp_path: Path, content: str, message: str) ->
     assert str(path) in str(err.value)
 
 
+@pytest.mark.slow
 def test_without_a_plan_the_report_shows_the_simulators_prediction(tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["train", "--synthetic", "64", "--model", "mlp", "--image-size", "8", "--batch-size", "8",

@@ -19,6 +19,8 @@ from stallfree.cli import main
 from stallfree.stage_runtime.train import checkpoint as ckpt
 from stallfree.stage_runtime.train.report import format_summary
 
+pytestmark = pytest.mark.slow  # training jobs (a module fixture trains the checkpoint they resume)
+
 SMALL = ["--synthetic", "64", "--model", "mlp", "--image-size", "4", "--batch-size", "8", "--no-progress",
          "--timeout", "60"]
 

@@ -29,6 +29,8 @@ from stallfree.stage_runtime.plan.orders import job_program
 from stallfree.stage_runtime.plan.pilots import read_pilot
 from stallfree.stage_runtime.plan.predict import predict_training
 
+pytestmark = pytest.mark.slow  # trainer jobs in spawned processes
+
 
 def test_the_forms_parse_to_one_typed_value_and_back() -> None:
     one = parse_link_delay(["1-0:20", "2-3:5.5,3-4:0"])

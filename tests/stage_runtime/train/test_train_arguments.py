@@ -58,6 +58,7 @@ def test_a_bad_value_is_refused_in_one_line_naming_its_flag(argv: list[str], mes
     assert not (tmp_path / "run").exists()  # refused before the run's folder, let alone its processes
 
 
+@pytest.mark.slow
 def test_a_factory_in_the_current_folder_is_found_as_python_m_finds_it(
         image_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Before: "No module named 'myaug'": the stallfree script puts its own folder first on sys.path, not this one.

@@ -59,6 +59,7 @@ def _fails_before_its_guard(rank: int) -> None:
     raise RuntimeError(f"rank {rank} could not join the process group")
 
 
+@pytest.mark.slow
 def test_a_rank_failing_outside_its_own_handler_keeps_the_cause() -> None:
     from stallfree.stage_runtime.train.launcher import StageFailure
 

@@ -120,6 +120,7 @@ def test_a_transform_the_loader_cannot_run_fails_before_any_process(
     assert code == 2 and err.count("\n") == 1 and "'Blur()' is not a step stallfree knows" in err
 
 
+@pytest.mark.slow
 def test_they_take_effect_in_a_run(image_folder: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     assert main(["train", str(image_folder), "--stages", "1", "--model", "mlp", "--image-size", "8",

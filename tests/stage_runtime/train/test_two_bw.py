@@ -27,6 +27,8 @@ from stallfree.stage_runtime.train import checkpoint as ckpt
 from stallfree.stage_runtime.train.feed import TensorBatches
 from stallfree.stage_runtime.train.report import format_summary
 
+pytestmark = pytest.mark.slow  # trainer jobs in spawned processes
+
 STEPS, M = 4, 4
 MODEL = {"model": "mlp", "model_kwargs": {"hidden": 16, "depth": 6}, "image_size": 4}  # 8 layers
 BALANCE = (3, 5)

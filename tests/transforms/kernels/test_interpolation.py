@@ -29,6 +29,7 @@ def _image(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
     return np.clip(smooth + rng.integers(-20, 20, (h, w, 3)), 0, 255).astype(np.uint8)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["bicubic", "box", "hamming", "lanczos", "bilinear"])
 def test_each_filter_of_the_kernel_equals_pils(mode) -> None:
     rng = np.random.default_rng(1)
@@ -77,6 +78,7 @@ def pil_resize(image: np.ndarray, size: tuple[int, int], mode: str) -> np.ndarra
     return np.asarray(Image.fromarray(image).resize(size[::-1], PIL_FILTERS[mode]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["bicubic", "nearest", "box", "hamming", "lanczos"])
 def test_resize_in_the_graph_equals_pil(pngs, mode) -> None:
     source, originals = pngs

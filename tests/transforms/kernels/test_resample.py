@@ -63,6 +63,7 @@ def _cases(seed: int, repeats: int, kinds: tuple[str, ...] = _KINDS):
         yield image, size
 
 
+@pytest.mark.slow
 def test_resample_equals_pil_bilinear_exactly_over_random_shapes() -> None:
     # 512 resizes (up, down, unchanged per axis; 1 and 3 channels). Horizontal-first on every shape, as the
     # resampler was, mismatched PIL on ~30% of them by one level.

@@ -23,6 +23,8 @@ import pytest
 from stallfree.transforms.kernels.filters import FILTERS
 from stallfree.transforms.kernels.resample import resample_float, resample_normalize
 
+pytestmark = pytest.mark.slow  # the CUDA simulator, in subprocesses
+
 SHAPES = 512
 
 SCRIPT = r"""

@@ -37,6 +37,7 @@ for (variant, windowed), run in KERNELS.items():
 NVVM = sorted(glob.glob("/usr/local/cuda*/lib*/libnvvm.so*") + glob.glob("/usr/local/cuda*/nvvm/lib64/libnvvm.so*"))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not NVVM, reason="needs the CUDA toolkit's libnvvm (compile_ptx), not a GPU")
 def test_every_gpu_resampler_kernel_compiles_to_ptx() -> None:
     home = NVVM[0].split("/lib")[0].split("/nvvm")[0]

@@ -47,6 +47,7 @@ SPECS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SPECS)
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_fused_output_equals_uint8_then_normalize(tmp_path: Path, name: str, layout: str) -> None:

@@ -55,6 +55,7 @@ def _run_in_new_process(folder: Path) -> tuple[int, int, list[int]]:
     return int(run_hits), int(entry_hits), [int(p) for p in pixels]
 
 
+@pytest.mark.slow
 def test_a_new_process_loads_a_users_kernel_from_the_cache_and_an_edit_compiles_again(tmp_path: Path) -> None:
     source = tmp_path / "user_kernel.py"
     source.write_text(_KERNEL_FILE.format(gain=1.0))

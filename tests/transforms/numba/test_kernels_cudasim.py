@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from stallfree.transforms import (
     ColorJitter,
@@ -24,6 +25,8 @@ from stallfree.transforms import (
     RandomSolarize,
 )
 from stallfree.transforms.random import SampleRandom
+
+pytestmark = pytest.mark.slow  # the CUDA simulator
 
 # Rebuilt identically in the subprocess from this source: (expression, image dtype).
 CASES = [

@@ -12,6 +12,7 @@ from stallfree.transforms.kernels.resample_node import _run, _setup
 from stallfree.transforms.numba import abi, dali, disk_cache
 
 
+@pytest.mark.slow
 def test_a_new_process_loads_every_entry_point_from_the_cache() -> None:
     pairs = {*entries.RESIZE_ENTRIES.values(), *entries.JITTER_ENTRIES.values()}  # writes the cache if absent
     code = ("from stallfree.transforms.kernels import entries as a; "

@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = r"""
 import json
 from stallfree.transforms.kernels import entries, resample as rk
@@ -30,6 +32,7 @@ print(json.dumps(state))
 """
 
 
+@pytest.mark.slow
 def test_only_the_entry_points_a_graph_looks_up_are_compiled(tmp_path: Path) -> None:
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
     done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)

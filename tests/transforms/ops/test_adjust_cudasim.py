@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 KERNELS = """
 from stallfree.transforms.ops import adjust, color
@@ -58,6 +59,7 @@ def cases() -> list[tuple[str, list[np.ndarray]]]:
     return out
 
 
+@pytest.mark.slow
 def test_cuda_kernels_agree_with_cpu_under_the_simulator(tmp_path: Path) -> None:
     namespace: dict[str, Any] = {}
     exec(KERNELS, namespace)  # noqa: S102 - the fixed import above, shared with the subprocess

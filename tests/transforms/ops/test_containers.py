@@ -132,6 +132,7 @@ def test_nested_containers_and_a_float_image(pngs) -> None:
     assert images.shape == (12, 3, 16, 16) and images.dtype == torch.float32
 
 
+@pytest.mark.slow
 def test_draws_follow_the_probabilities() -> None:
     n = 20000
     apply = RandomApply([JITTER], p=0.8)

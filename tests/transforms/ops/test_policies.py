@@ -15,6 +15,7 @@ from stallfree.transforms.random import batch_random
 from stallfree.transforms.spec import GraphState
 
 
+@pytest.mark.slow
 def test_policy_graph_runs_and_changes_images() -> None:
     import nvidia.dali.fn as fn
     import nvidia.dali.types as types
@@ -116,6 +117,7 @@ def test_per_channel_fill_fills_each_channel() -> None:
         assert {tuple(v) for v in pixels.tolist()} == {(124, 116, 104), (value,) * 3}
 
 
+@pytest.mark.slow
 def test_policies_with_a_per_channel_fill_run_in_the_graph() -> None:
     import nvidia.dali.fn as fn
     import nvidia.dali.types as types
@@ -141,6 +143,7 @@ def test_policies_with_a_per_channel_fill_run_in_the_graph() -> None:
     assert any(filled)  # the warps among the drawn operations fill with (124, 116, 104)
 
 
+@pytest.mark.slow
 def test_policies_run_inside_the_loader(image_folder) -> None:
     # Regression: without enable_conditionals DALI raised "DataNode was used in conditional context".
     from stallfree import Loader

@@ -56,6 +56,7 @@ def run(source: Path, transform: list, seed: int) -> list[tuple[int, np.ndarray]
             for image, label in zip(images, labels, strict=True)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("interpolation", ["nearest", "bilinear", "bicubic"])
 @pytest.mark.parametrize("expand", [False, True])
 def test_rotation_equals_pil_rotate(pngs, interpolation, expand) -> None:
@@ -133,6 +134,7 @@ def test_perspective_coefficients_map_the_corners() -> None:
         assert abs((a[0] * x + a[1] * y + a[2]) / w - u) < 1e-4 and abs((a[3] * x + a[4] * y + a[5]) / w - v) < 1e-4
 
 
+@pytest.mark.slow
 def test_draws_follow_torchvisions_definitions() -> None:
     n = 4000
     angles = np.array([RandomRotation((10, 50)).angle(SampleRandom(0, 0, i)) for i in range(n)])

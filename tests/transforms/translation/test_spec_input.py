@@ -41,6 +41,7 @@ def test_a_custom_class_is_refused_by_its_name() -> None:
         to_steps(Compose([Compose([CenterCrop(16), Brighten()])]))
 
 
+@pytest.mark.slow
 def test_no_torchvision_is_imported_for_stallfree_specs() -> None:
     code = (
         "import sys, stallfree; from stallfree.transforms import *; "

@@ -23,6 +23,8 @@ from stallfree.stage_runtime.train.feed import TensorBatches
 from stallfree.stage_runtime.train.launcher import StageFailure
 from stallfree.stage_runtime.train.trainer import Fault, run_jobs
 
+pytestmark = pytest.mark.slow  # every test reads one module fixture that trains in spawned processes
+
 STEPS = 4
 MODEL = {"model": "mlp", "model_kwargs": {"hidden": 16, "depth": 6}, "image_size": 4}  # 8 layers
 SCHEDULES = [("gpipe", 2, (4, 4)), ("gpipe", 1, (4, 4)), ("gpipe", 4, (1, 7)),  # m4: stage 0 is a Flatten alone

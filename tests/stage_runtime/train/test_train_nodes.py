@@ -24,6 +24,8 @@ from stallfree.stage_runtime.processes import free_port
 from stallfree.stage_runtime.train import checkpoint as ckpt
 from stallfree.stage_runtime.train.feed import TensorBatches
 
+pytestmark = pytest.mark.slow  # two torchrun nodes
+
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 # samples // 4 = 40 held-out samples: 5 batches of 8 over 2 replicas, so replica 0 alone would count 24.
 JOB = {"model": "small_cnn", "model_kwargs": {"width": 4}, "image_size": 16, "samples": 160, "batch_size": 8,

@@ -9,6 +9,9 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
+
+pytestmark = pytest.mark.slow  # a training job interrupted in a subprocess
 
 SCRIPT = """
 import signal, sys

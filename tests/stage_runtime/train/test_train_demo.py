@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from stallfree.ingest.synthetic import make_image_folder
 from stallfree.stage_runtime.jobs import train
 from stallfree.stage_runtime.train.trainer import demo_config
+
+pytestmark = pytest.mark.slow  # the demo's training
 
 
 def test_demo_training_beats_chance(tmp_path: Path) -> None:

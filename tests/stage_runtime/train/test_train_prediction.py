@@ -9,6 +9,8 @@ import pytest
 
 from stallfree.cli import main
 
+pytestmark = pytest.mark.slow  # a training job in spawned processes
+
 
 def test_the_prediction_uses_rank_0s_measurement_and_measures_nothing_again(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:

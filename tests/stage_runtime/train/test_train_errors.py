@@ -53,6 +53,7 @@ def test_bad_arguments_fail_before_spawning_in_one_line(argv: list[str], message
     assert __import__("re").search(message, err), err
 
 
+@pytest.mark.slow
 def test_exception_in_a_stage_names_the_stage_type_and_message(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "faulty_model.py").write_text(FAULTY)
@@ -67,6 +68,7 @@ def test_exception_in_a_stage_names_the_stage_type_and_message(tmp_path: Path,
     sys.modules.pop("faulty_model", None)
 
 
+@pytest.mark.slow
 def test_failure_without_a_checkpoint_does_not_claim_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "faulty_model.py").write_text(FAULTY)
