@@ -81,7 +81,7 @@ class Task(Protocol):
         ...
 
     def work(self, x: torch.Tensor) -> float:
-        """A micro-batch's work on the simulated device, from any stage's input: images, or its documents' cost."""
+        """A micro-batch's work on the simulated device, from any stage's input: images, or its tokens' cost."""
         ...
 
     def passed_on(self, x: torch.Tensor) -> torch.Tensor | None:
@@ -145,8 +145,9 @@ class LanguageModeling:
     read: the mask is built from ``document_index``, which says the same per row.
 
     ``cost``: a micro-batch's work on the simulated device, the summed cost of its documents (each segment with
-    ``document_index >= 0``; a split document's piece counts as a document of its own length; padding costs
-    nothing). Default ``Cost.attention(seq_len)``: attention over a full row as costly as the linear part.
+    ``document_index >= 0``; a split document's piece counts as a document of its own length) plus the linear part
+    of every padding slot (a device with static shapes runs each slot through the layers; attention stays within
+    documents). Default ``Cost.attention(seq_len)``: attention over a full row as costly as the linear part.
     """
 
     seq_len: int
@@ -198,7 +199,9 @@ class LanguageModeling:
 
     def work(self, x: torch.Tensor) -> float:
         cost = self.cost or Cost.attention(self.seq_len)
-        return cost.lengths(document_lengths(boundary_documents(x)).numpy())
+        lengths = document_lengths(boundary_documents(x)).numpy()
+        padding = x.shape[0] * self.seq_len - int(lengths.sum())
+        return cost.lengths(lengths) + cost.linear * padding
 
     def passed_on(self, x: torch.Tensor) -> torch.Tensor | None:
         return boundary_documents(x)  # every block builds its mask from them (gpt.py)

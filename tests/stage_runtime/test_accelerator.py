@@ -193,8 +193,9 @@ def test_train_offers_feed_loader_threads_and_accelerator(capsys: pytest.Capture
 
 
 def test_a_token_stage_charges_each_micro_batch_its_own_documents_cost(tmp_path: Path) -> None:
-    # Issue 48: a token micro-batch of documents l_i takes (sum l_i + sum l_i^2 / A) / R on the slowest stage. Two
-    # micro-batches of 2 rows of 32: one of 2-token documents (padding after them), one of whole-row documents.
+    # Issue 48: a token micro-batch of documents l_i and p padding slots takes (sum l_i + sum l_i^2 / A + p) / R on
+    # the slowest stage. Two micro-batches of 2 rows of 32: one of 2-token documents (padding after them), one of
+    # whole-row documents.
     from stallfree.stage_runtime.models.tasks import LanguageModeling
 
     s, task = 32, LanguageModeling(32, 16)  # A = 32: attention over a whole row as costly as its linear part
@@ -203,7 +204,7 @@ def test_a_token_stage_charges_each_micro_batch_its_own_documents_cost(tmp_path:
     documents[2:] = torch.tensor([[2], [3]])
     positions = torch.arange(s).expand(4, s)
     x = torch.stack([torch.ones(4, s, dtype=torch.int64), positions, documents], dim=1)
-    light, heavy = 2 * (2 + 4 / 32), 2 * (32 + 32 * 32 / 32)  # 4.25 and 128 tokens of work
+    light, heavy = 2 * (2 + 4 / 32 + 30), 2 * (32 + 32 * 32 / 32)  # 64.25 and 128 tokens of work
     device = SimAccelerator(1000)  # tokens of linear work a second: the heavy micro-batch takes 128 ms
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:

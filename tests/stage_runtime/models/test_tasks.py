@@ -23,7 +23,8 @@ def _micro_batch() -> torch.Tensor:
 
 def test_a_token_micro_batchs_work_is_its_documents_cost_at_every_stage() -> None:
     task = LanguageModeling(S, 16, Cost.attention(4))
-    want = Cost(1.0, 0.25).lengths([3, 5, 8, 2])  # (3 + 5 + 8 + 2) + (9 + 25 + 64 + 4) / 4: padding costs nothing
+    # (3 + 5 + 8 + 2) + (9 + 25 + 64 + 4) / 4, and the 6 padding slots their linear part alone (no attention)
+    want = Cost(1.0, 0.25).lengths([3, 5, 8, 2]) + 6
     x = _micro_batch()
     assert task.work(x) == pytest.approx(want)
     model = gpt_tiny(16, d_model=8, layers=1, heads=2)
