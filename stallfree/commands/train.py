@@ -38,7 +38,7 @@ EXAMPLES = """examples:
   stallfree train --synthetic 256 --model gpt_tiny --seq-len 64 --stages 2 --batch-size 8 --optimizer adamw \\
       --lr 3e-3                        # a small transformer on generated packed sequences, attention within documents
   stallfree train ./tokens --model gpt_tiny --seq-len 256 --dp 2          # a token source packed by the Loader
-  stallfree train ./tokens --model gpt_tiny --seq-len 256 --dp 4 --accelerator sim:20000 \
+  stallfree train ./tokens --model gpt_tiny --seq-len 256 --dp 4 --accelerator sim:20000 \\
       --balance-batches compute       # packs evened by compute across replicas and micro-batches, on a 20k tok/s device
   torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint host:29500 -m stallfree.cli train ./data/train \\
       --stages 4 --dp 2 --device cuda                          # the same command across machines
@@ -129,9 +129,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "instead of computing, holding no CPU (throughput then measures the input path and the "
                    "pipeline, not the model). For a token model R is tokens/s of linear work: a micro-batch holding "
                    "documents of lengths l_i (each segment with document_index >= 0; a split piece counts at its own "
-                   "length; padding is free) takes (sum l_i + sum l_i^2 / A) / R seconds on the slowest model stage, "
-                   "A being --attention-span, and each other stage its measured share of that")
-    p.add_argument("--balance-batches", choices=BALANCE_BATCHES, default=d["balance_batches"],
+                   "length) and p padding slots takes (sum l_i + sum l_i^2 / A + p) / R seconds on the slowest model "
+                   "stage, A being --attention-span (attention within documents; every slot, padding too, pays the "
+                   "linear part), and each other stage its measured share of that")
+    # not argparse's choices: a bad value is refused in one line naming the flag (FeedConfig), not after the usage
+    p.add_argument("--balance-batches", metavar="{" + ",".join(BALANCE_BATCHES) + "}", default=d["balance_batches"],
                    help="a token source's packs for each step, over the --dp replicas x --microbatches micro-batches: "
                    "none (plain packing), tokens (even token counts) or compute (even cost, l + l^2 / "
                    "--attention-span per document), so that no replica waits for another at the all-reduce "
