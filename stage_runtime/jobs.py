@@ -51,12 +51,13 @@ def train_many(configs: Sequence[TrainConfig]) -> list[dict[str, Any]]:
 
 
 def account(config: TrainConfig, summary: Mapping[str, Any], records: Sequence[dict[str, Any]],
-            step_times: Sequence[tuple[float, float]]) -> dict[str, Any]:
+            step_times: Sequence[tuple[float, float]],
+            step_loads: Sequence[tuple[float, float, float, float]] | None = None) -> dict[str, Any]:
     """The books of a finished job (``books``), and a ``2bw`` job's simulated steady state (``predicted_steady``).
 
     The trainer's rank 0 calls it (:class:`~stallfree.stage_runtime.train.trainer.Account`).
     """
-    books = job_books(config, summary["balance"], summary["layer_costs"], records, step_times)
+    books = job_books(config, summary["balance"], summary["layer_costs"], records, step_times, step_loads)
     fields: dict[str, Any] = {"books": None if books is None else books.to_dict()}
     p = config.pipeline
     if not p.spec.flush and config.simulation.accelerator is not None and p.model_stages == p.stages \
@@ -88,4 +89,5 @@ def predict_run(config: TrainConfig, summary: Mapping[str, Any]) -> dict[str, An
     measured = summary.get("layer_costs")
     layers = None if measured is None else ([LayerTimes(**layer) for layer in measured["layers"]],
                                             float(measured["optimizer_s"]))
-    return predict_training(config, tuple(summary["balance"]), summary["num_classes"], measured=layers)
+    return predict_training(config, tuple(summary["balance"]), summary["num_classes"], measured=layers,
+                            work=summary.get("micro_batch_work"))

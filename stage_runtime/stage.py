@@ -4,13 +4,15 @@
 weight-gradient chunks are timed: their sum is the rank's busy time, and the rest of the schedule's step is its
 bubble (waiting for neighbours). Communication is issued by the schedule outside these calls, so it counts as
 idle, which is what the bubble is. Under a simulated accelerator (:mod:`stallfree.stage_runtime.stage_times`)
-each chunk lasts the device's time: it waits for what its (stand-in) compute left of it.
+each chunk lasts the device's time: it waits for what its (stand-in) compute left of it. That time is the stage's
+per micro-batch, scaled by the work of the chunk's own micro-batch, which the stand-in reads from its input at the
+forward (images, or a token micro-batch's documents' cost) and the chunk's backward and weight gradient reuse.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -31,6 +33,10 @@ class TimedStage(PipelineStage):
     (``--link-delay``; how it is run: :mod:`stallfree.stage_runtime.link_delay`). A message over a delayed link
     carries its sender's clock reading, and the receiver starts the chunk that reads it no sooner than that reading
     plus the delay; each such wait is a ``waiting`` span of ``link{index}``.
+
+    ``sim``: the simulated device's times of this stage for a micro-batch of ``sim.work``; each chunk's are scaled to
+    its micro-batch's work, as the module (a :class:`SimulatedCompute`) read it at the chunk's forward (``sim.work``
+    None: every chunk takes ``sim``'s times).
     """
 
     def __init__(self, *args: Any, clock: Any = None, sim: StageTimes | None = None,
@@ -39,8 +45,23 @@ class TimedStage(PipelineStage):
         self.busy_s, self.clock, self.step_number, self.sim, self.delay_s = 0.0, clock, 0, sim, delay_s
         # ("F" or "B", chunk) -> (the sender's clock reading, filled by its receive; the link's delay)
         self._sent_at: dict[tuple[str, int], tuple[torch.Tensor, float]] = {}
+        self._works: dict[int, float] = {}  # chunk -> its micro-batch's work, read at its forward
 
-    def _timed(self, sim_s: float | None, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def _device_s(self, kind: str, chunk: int) -> Callable[[], float] | None:
+        """The device's seconds of a chunk (``F``, ``B``, ``I`` or ``W``), asked once its compute ran; None: real."""
+        sim = self.sim
+        if sim is None:
+            return None
+
+        def seconds() -> float:
+            if kind == "F" and isinstance(self.submod, SimulatedCompute):
+                self._works[chunk] = self.submod.work
+            times = sim.for_work(self._works[chunk]) if chunk in self._works else sim
+            return {"F": times.forward_s, "B": times.backward_s, "I": times.backward_input_s,
+                    "W": times.backward_weight_s}[kind]
+        return seconds
+
+    def _timed(self, sim_s: Callable[[], float] | None, fn: Any, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
         try:
             return fn(*args, **kwargs)
@@ -48,7 +69,7 @@ class TimedStage(PipelineStage):
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             if sim_s is not None:
-                hold(sim_s, since=start)  # the device's time for this chunk: holds no core, no GIL
+                hold(sim_s(), since=start)  # the device's time for this chunk: holds no core, no GIL
             end = time.perf_counter()
             self.busy_s += end - start
             if self.clock is not None:
@@ -56,19 +77,18 @@ class TimedStage(PipelineStage):
 
     def forward_one_chunk(self, fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
         self._delivered(("F", fwd_chunk_id))
-        return self._timed(None if self.sim is None else self.sim.forward_s, super().forward_one_chunk, fwd_chunk_id,
-                           *args, **kwargs)
+        return self._timed(self._device_s("F", fwd_chunk_id), super().forward_one_chunk, fwd_chunk_id, *args,
+                           **kwargs)
 
     def backward_one_chunk(self, bwd_chunk_id: int, loss: Any = None, full_backward: bool = True,
                            last_backward: bool = False) -> Any:
         self._delivered(("B", bwd_chunk_id))
-        sim = None if self.sim is None else self.sim.backward_s if full_backward else self.sim.backward_input_s
-        return self._timed(sim, super().backward_one_chunk, bwd_chunk_id, loss=loss, full_backward=full_backward,
-                           last_backward=last_backward)
+        return self._timed(self._device_s("B" if full_backward else "I", bwd_chunk_id), super().backward_one_chunk,
+                           bwd_chunk_id, loss=loss, full_backward=full_backward, last_backward=last_backward)
 
     def backward_weight_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
-        sim = None if self.sim is None else self.sim.backward_weight_s
-        return self._timed(sim, super().backward_weight_one_chunk, *args, **kwargs)
+        chunk = args[0] if args else kwargs["bwd_chunk_id"]
+        return self._timed(self._device_s("W", chunk), super().backward_weight_one_chunk, *args, **kwargs)
 
     # torch's schedules take a chunk's send ops right after its compute and its receive ops before it, post each
     # list as one batch and wait for the whole batch before the chunk that reads it: a clock reading appended to
@@ -169,26 +189,42 @@ def chain_forward(modules: dict[int, nn.Module], num_stages: int, owner: list[in
     return x if owner[num_stages - 1] == me else None
 
 
+def _rows(x: torch.Tensor) -> float:
+    return float(x.shape[0])
+
+
 class SimulatedCompute(nn.Module):
     """A stage module that computes nothing: the real layers' parameters, and an output of the real shape.
 
     The output is zeros plus one element of the input times zero: it costs one write of the activation (what a
     device hands to the send), and autograd reaches the input, so the gradient sent upstream has the real shape.
+    ``carry`` (given the input) is what the next stage still reads, put in the output's last channel (a token model's
+    documents, which its next stage's micro-batch work is read from); ``work`` (given the input) is the micro-batch's
+    work on the simulated device, kept in :attr:`work` for the stage's chunks (default: its rows, images).
     The parameters are outside the graph (touching each would cost the host a few operations per parameter and
     micro-batch, for a resnet50 more than its simulated compute); :meth:`zero_grads` gives each a zero gradient
     before the data-parallel all-reduce and the optimizer step, which then run on the real tensors.
     """
 
-    def __init__(self, real: nn.Module, output_shape: Sequence[int]):
+    def __init__(self, real: nn.Module, output_shape: Sequence[int],
+                 work: Callable[[torch.Tensor], float] = _rows,
+                 carry: Callable[[torch.Tensor], torch.Tensor | None] | None = None):
         super().__init__()
         for name, child in real.named_children():  # the real layers, never called: state_dict keys stay the same
             self.add_module(name, child)
         self.output_shape = tuple(output_shape)  # per sample
         self._zeros: list[torch.Tensor] | None = None
+        self.work_of, self.carry = work, carry
+        self.work = 0.0  # the last micro-batch's work (images, or tokens of cost)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.work = self.work_of(x)
         touch = x.reshape(-1)[:1].sum() * 0
-        return torch.zeros((x.shape[0], *self.output_shape), dtype=torch.float32, device=x.device) + touch
+        out = torch.zeros((x.shape[0], *self.output_shape), dtype=torch.float32, device=x.device) + touch
+        carried = None if self.carry is None else self.carry(x)
+        if carried is not None:
+            out = torch.cat([out[..., :-1], carried.unsqueeze(-1).to(out.dtype)], dim=-1)
+        return out
 
     def zero_grads(self) -> None:
         """Give every parameter a zero gradient (allocated once, cleared each step), as a step's backward would."""

@@ -14,13 +14,14 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, get_args
 
 from stallfree.core.accelerator import SimAccelerator, parse_accelerator
+from stallfree.core.cost import Cost
 from stallfree.stage_runtime.link_delay import LinkDelay, parse_link_delay
 from stallfree.stage_runtime.schedules import ScheduleSpec, schedule_spec
 
-__all__ = ["BUNDLED_MODELS", "DEFAULT_SEQ_LEN", "LR_SCHEDULES", "MAX_TIMEOUT_S", "OPTIMIZERS", "TOKEN_MODELS",
-           "VERIFY_MODES", "CheckpointConfig", "FeedConfig", "LrSchedule", "ModelConfig", "Optimizer",
-           "OptimizerConfig", "PipelineConfig", "ProcessConfig", "ReportConfig", "SimulationConfig", "StepsConfig",
-           "Verify", "flag"]
+__all__ = ["BALANCE_BATCHES", "BUNDLED_MODELS", "DEFAULT_SEQ_LEN", "LR_SCHEDULES", "MAX_TIMEOUT_S", "OPTIMIZERS",
+           "TOKEN_MODELS", "VERIFY_MODES", "BalanceBatches", "CheckpointConfig", "FeedConfig", "LrSchedule",
+           "ModelConfig", "Optimizer", "OptimizerConfig", "PipelineConfig", "ProcessConfig", "ReportConfig",
+           "SimulationConfig", "StepsConfig", "Verify", "flag"]
 
 # The names of stallfree.stage_runtime.models.zoo.MODELS, listed here because that module needs torch to define
 # them; tests/cli/test_imports.py keeps the two equal.
@@ -38,6 +39,9 @@ Optimizer = Literal["sgd", "adamw"]
 LrSchedule = Literal["constant", "cosine"]
 OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
 LR_SCHEDULES: tuple[str, ...] = get_args(LrSchedule)
+# --balance-batches: Packing(balance=) of a token job's Loader ("none": Packing's balance=None, plain packing)
+BalanceBatches = Literal["none", "tokens", "compute"]
+BALANCE_BATCHES: tuple[str, ...] = get_args(BalanceBatches)
 
 MAX_TIMEOUT_S = 7 * 24 * 3600  # --timeout's largest: beyond it, datetime and the backends' clocks overflow
 # The flat keywords whose flag is not ``--`` + the keyword with dashes (stallfree.commands.train), or that have none.
@@ -72,12 +76,17 @@ class ModelConfig:
     # (default: the token source's; 32 for generated sequences)
     seq_len: int | None = None
     vocab_size: int | None = None
+    # A token model's cost of a document of l tokens, l + l^2 / attention_span (stallfree.Cost.attention): what the
+    # simulated device charges and --balance-batches compute evens; default: the packed length (attention over a full
+    # row as costly as the linear part)
+    attention_span: int | None = None
 
     def __post_init__(self) -> None:
-        _at_least(1, image_size=self.image_size, num_classes=self.num_classes)
+        _at_least(1, image_size=self.image_size, num_classes=self.num_classes, attention_span=self.attention_span)
         _at_least(2, seq_len=self.seq_len, vocab_size=self.vocab_size)
         tokens = self.name in TOKEN_MODELS
-        given = [f for f, v in (("seq_len", self.seq_len), ("vocab_size", self.vocab_size)) if v is not None]
+        given = [f for f, v in (("seq_len", self.seq_len), ("vocab_size", self.vocab_size),
+                                ("attention_span", self.attention_span)) if v is not None]
         if not tokens and given:
             raise ValueError(f"{flag(given[0])} applies to a token model ({', '.join(TOKEN_MODELS)}), not to "
                              f"{self.name}: drop it or choose --model {TOKEN_MODELS[0]}")
@@ -94,6 +103,11 @@ class ModelConfig:
     def packed_len(self) -> int:
         """A token model's packed length: ``seq_len``, or :data:`DEFAULT_SEQ_LEN` (meaningless for images)."""
         return self.seq_len or DEFAULT_SEQ_LEN
+
+    @property
+    def cost(self) -> Cost:
+        """A token model's cost of a document: ``Cost.attention(attention_span or packed_len)``, in tokens."""
+        return Cost.attention(self.attention_span or self.packed_len)
 
     def factory_kwargs(self) -> dict[str, Any]:
         """What the factory gets besides the classes and image size: ``kwargs`` (and a token model's packed length)."""
@@ -115,8 +129,14 @@ class FeedConfig:
     # the training augmentation: a torchvision-style spec ("RandomResizedCrop(32), RandomHorizontalFlip()") or
     # package.module:factory (stallfree.stage_runtime.train.augment); None: augment.DEFAULT at the image size
     transform: str | None = None
+    # a token source's packs balanced across the replicas and micro-batches of each step (Packing(balance=)): "none",
+    # "tokens" or "compute" (by the model's cost, ModelConfig.cost)
+    balance_batches: BalanceBatches = "none"
 
     def __post_init__(self) -> None:
+        if self.balance_batches not in BALANCE_BATCHES:
+            raise ValueError(f"--balance-batches must be one of {', '.join(BALANCE_BATCHES)}, got "
+                             f"{self.balance_batches!r}")
         if (self.loader_threads or 0) < 0:
             raise ValueError(f"{flag('loader_threads')} must be >= 0, got {self.loader_threads}")
         if self.kind not in ("stallfree", "torch"):

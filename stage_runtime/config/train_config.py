@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from .parts import (
+    BALANCE_BATCHES,
     BUNDLED_MODELS,
     DEFAULT_SEQ_LEN,
     LR_SCHEDULES,
@@ -22,6 +23,7 @@ from .parts import (
     OPTIMIZERS,
     TOKEN_MODELS,
     VERIFY_MODES,
+    BalanceBatches,
     CheckpointConfig,
     FeedConfig,
     LrSchedule,
@@ -37,10 +39,10 @@ from .parts import (
     flag,
 )
 
-__all__ = ["BUNDLED_MODELS", "DEFAULT_SEQ_LEN", "LR_SCHEDULES", "MAX_TIMEOUT_S", "OPTIMIZERS", "TOKEN_MODELS",
-           "VERIFY_MODES", "CheckpointConfig", "FeedConfig", "LrSchedule", "ModelConfig", "Optimizer",
-           "OptimizerConfig", "PipelineConfig", "ProcessConfig", "ReportConfig", "SimulationConfig", "StepsConfig",
-           "TrainConfig", "Verify", "flag"]
+__all__ = ["BALANCE_BATCHES", "BUNDLED_MODELS", "DEFAULT_SEQ_LEN", "LR_SCHEDULES", "MAX_TIMEOUT_S", "OPTIMIZERS",
+           "TOKEN_MODELS", "VERIFY_MODES", "BalanceBatches", "CheckpointConfig", "FeedConfig", "LrSchedule",
+           "ModelConfig", "Optimizer", "OptimizerConfig", "PipelineConfig", "ProcessConfig", "ReportConfig",
+           "SimulationConfig", "StepsConfig", "TrainConfig", "Verify", "flag"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,9 @@ class TrainConfig:
                              f"{p.batch_size} x --dp {p.dp}); generate at least {p.batch_size * p.dp}")
         if self.model.kind == "tokens":
             self._check_token_job()
+        elif feed.balance_batches != "none":
+            raise ValueError(f"--balance-batches balances a token model's packs ({', '.join(TOKEN_MODELS)}), not "
+                             f"{self.model.name}'s images: drop it")
         delay = self.simulation.link_delay
         if delay is not None:
             if not p.spec.flush:
@@ -86,15 +91,16 @@ class TrainConfig:
                         f"{p.schedule} with {p.stages} pipeline ranks")
 
     def _check_token_job(self) -> None:
-        """Refuse what a token model's job does not run, naming the flag (images' options, the simulated device)."""
+        """Refuse what a token model's job does not run, naming the flag (images' options; a balance, unloaded)."""
         name, feed = self.model.name, self.feed
         refused = [("--feed torch", "torch's DataLoader feeds ImageFolder images", feed.kind == "torch"),
-                   ("--transform", "it augments images", feed.transform is not None),
-                   ("--accelerator", "a simulated device trains a rate of images",
-                    self.simulation.accelerator is not None)]
+                   ("--transform", "it augments images", feed.transform is not None)]
         for what, why, given in refused:
             if given:
                 raise ValueError(f"{what} does not apply to --model {name}, a token model ({why}): drop it")
+        if feed.balance_batches != "none" and feed.data is None:
+            raise ValueError(f"--balance-batches {feed.balance_batches} balances the Loader's packs of a token source, "
+                             "but --synthetic generates its rows: give a token source, or drop --balance-batches")
 
     @property
     def unit(self) -> Literal["images", "tokens"]:

@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["IGNORE_INDEX", "Block", "LMHead", "TokenEmbedding", "document_mask", "gpt_tiny", "lm_loss",
-           "row_documents"]
+__all__ = ["IGNORE_INDEX", "Block", "LMHead", "TokenEmbedding", "boundary_documents", "document_lengths",
+           "document_mask", "gpt_tiny", "lm_loss", "row_documents"]
 
 IGNORE_INDEX = -100  # Hugging Face's: a label that is never predicted (padding, each document's first token)
 
@@ -43,6 +43,28 @@ def row_documents(document_index: torch.Tensor) -> torch.Tensor:
     ids = torch.empty_like(ordered).scatter_(1, order, new.cumsum(1))  # (B, S): 1..S, equal within a document
     columns = torch.arange(s, device=document_index.device).expand_as(ids)
     return torch.where(document_index < 0, s + 1 + columns, ids)
+
+
+def boundary_documents(x: torch.Tensor) -> torch.Tensor:
+    """Each token's row-local document id (:func:`row_documents`) from any stage's input (B, S).
+
+    Stage 0 takes ``[input_ids, position_ids, document_index]`` (B, 3, S) int64; every later stage a boundary
+    (B, S, D + 1) float whose last channel holds the ids.
+    """
+    return x[..., -1] if x.is_floating_point() else row_documents(x[:, 2])
+
+
+def document_lengths(documents: torch.Tensor) -> torch.Tensor:
+    """The length of every document segment in ``documents`` (B, S) row-local ids, padding left out (int64).
+
+    Ids 1..S are documents (a split document's piece is a document of its own in its row), above S padding.
+    """
+    b, s = documents.shape
+    ids = documents.to(torch.int64)
+    real = ids <= s
+    keys = (torch.arange(b, device=ids.device)[:, None] * (s + 1) + ids)[real]
+    counts = torch.bincount(keys.cpu(), minlength=1)
+    return counts[counts > 0]
 
 
 def document_mask(documents: torch.Tensor) -> torch.Tensor:

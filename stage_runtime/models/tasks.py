@@ -9,7 +9,9 @@ tokens) it holds, so one path trains both::
     feed item ──task.batch──► Batch(inputs ─► stage 0 ... last stage ◄─ targets: task.loss / task.score)
 
 The pipeline's static shapes come from :meth:`Task.example` (stage 0's input of one micro-batch) and
-:meth:`Task.target_shape` (what the last stage receives from stage 0 each step).
+:meth:`Task.target_shape` (what the last stage receives from stage 0 each step). Under a simulated accelerator each
+stage charges a micro-batch its :meth:`Task.work`, read from the stage's own input, and a stand-in passes on what
+the next stage reads of it (:meth:`Task.passed_on`: a token model's documents).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from typing import Any, Literal, Protocol
 import torch
 from torch import nn
 
-from stallfree.stage_runtime.models.gpt import IGNORE_INDEX, lm_loss
+from stallfree.core.cost import Cost
+from stallfree.stage_runtime.models.gpt import IGNORE_INDEX, boundary_documents, document_lengths, lm_loss
 
 __all__ = ["Batch", "ImageClassification", "LanguageModeling", "Task", "TaskKind", "make_task"]
 
@@ -77,6 +80,17 @@ class Task(Protocol):
         """``target`` with its rows from ``start`` on left out of the score (an evaluation shard's padding)."""
         ...
 
+    def work(self, x: torch.Tensor) -> float:
+        """A micro-batch's work on the simulated device, from any stage's input: images, or its tokens' cost."""
+        ...
+
+    def passed_on(self, x: torch.Tensor) -> torch.Tensor | None:
+        """What a stand-in (a stage computing nothing) must still hand on, from its input; ``None``: nothing.
+
+        (B, S), put in the last channel of the stand-in's output: what the next stage reads of it besides its shape.
+        """
+        ...
+
 
 @dataclass(frozen=True)
 class ImageClassification:
@@ -115,6 +129,12 @@ class ImageClassification:
         target[max(0, start):] = -1
         return target
 
+    def work(self, x: torch.Tensor) -> float:
+        return float(x.shape[0])  # images: the device's rate counts them
+
+    def passed_on(self, x: torch.Tensor) -> torch.Tensor | None:
+        return None
+
 
 @dataclass(frozen=True)
 class LanguageModeling:
@@ -123,10 +143,16 @@ class LanguageModeling:
     Stage 0 takes ``[input_ids, position_ids, document_index]`` stacked as (B, 3, S) int64; the last stage scores
     ``labels`` (B, S) with Hugging Face's shift (:func:`~.gpt.lm_loss`). ``cu_seqlens`` and ``max_seqlen`` are not
     read: the mask is built from ``document_index``, which says the same per row.
+
+    ``cost``: a micro-batch's work on the simulated device, the summed cost of its documents (each segment with
+    ``document_index >= 0``; a split document's piece counts as a document of its own length) plus the linear part
+    of every padding slot (a device with static shapes runs each slot through the layers; attention stays within
+    documents). Default ``Cost.attention(seq_len)``: attention over a full row as costly as the linear part.
     """
 
     seq_len: int
     vocab_size: int
+    cost: Cost | None = None
 
     @property
     def unit(self) -> TaskKind:
@@ -171,9 +197,21 @@ class LanguageModeling:
         target[max(0, start):] = IGNORE_INDEX
         return target
 
+    def work(self, x: torch.Tensor) -> float:
+        cost = self.cost or Cost.attention(self.seq_len)
+        lengths = document_lengths(boundary_documents(x)).numpy()
+        padding = x.shape[0] * self.seq_len - int(lengths.sum())
+        return cost.lengths(lengths) + cost.linear * padding
 
-def make_task(kind: TaskKind, *, image_size: int, seq_len: int, outputs: int) -> Task:
-    """The task of a model of ``kind``: ``outputs`` is the class count, or the vocabulary of a token model."""
+    def passed_on(self, x: torch.Tensor) -> torch.Tensor | None:
+        return boundary_documents(x)  # every block builds its mask from them (gpt.py)
+
+
+def make_task(kind: TaskKind, *, image_size: int, seq_len: int, outputs: int, cost: Cost | None = None) -> Task:
+    """The task of a model of ``kind``: ``outputs`` is the class count, or the vocabulary of a token model.
+
+    ``cost``: a token model's cost of a document on the simulated device (default: ``Cost.attention(seq_len)``).
+    """
     if kind == "tokens":
-        return LanguageModeling(seq_len, outputs)
+        return LanguageModeling(seq_len, outputs, cost)
     return ImageClassification(image_size)

@@ -148,7 +148,8 @@ def predict_simulated_job(config: TrainConfig, summary: Mapping[str, Any], steps
 
     The job's split, ranks, micro-batches and batch are simulated, each stage taking the simulated device's time
     per micro-batch: the trainer's (``SimAccelerator.stage_times`` over each stage's measured cost, the summary's
-    ``layer_costs`` summed by its ``balance``), and the optimizer its measured share. Steps and images/s include
+    ``layer_costs`` summed by its ``balance``; a token job's micro-batch of the summary's mean ``micro_batch_work``),
+    and the optimizer its measured share. Steps and images/s include
     the optimizer (2BW updates inside its pipeline, 1F1B after its schedule); the link defaults to free and the
     host's own costs (the runtime, the trainer's per-step collective) are left out.
 
@@ -163,7 +164,8 @@ def predict_simulated_job(config: TrainConfig, summary: Mapping[str, Any], steps
     ranks, m, batch = config.pipeline.stages, config.pipeline.microbatches, config.pipeline.batch_size
     layers = [LayerTimes(**layer) for layer in summary["layer_costs"]["layers"]]
     measured = stage_costs(layers, summary["balance"], float(summary["layer_costs"]["optimizer_s"]))
-    device = stage_times(accelerator, batch // m, [c.forward_s + c.backward_s for c in measured])
+    work = summary.get("micro_batch_work") or batch // m  # a token job's mean micro-batch cost, or its images
+    device = stage_times(accelerator, work, [c.forward_s + c.backward_s for c in measured])
     costs = [StageCost(t.forward_s, t.backward_s, t.backward_weight_s, c.activation_bytes, c.output_bytes,
                        c.param_bytes, c.optimizer_s) for t, c in zip(device, measured, strict=True)]
     two_bw = simulate_async("pipedream-2bw", ranks, m, batch, costs, lambda a, b: link, steps=steps)

@@ -55,7 +55,7 @@ def job_cores(config: TrainConfig) -> Cores | None:
 def predict_training(config: TrainConfig, balance: tuple[int, ...], num_classes: int, link: Link | None = None,
                      overhead: HostOverhead | None = None,
                      measured: tuple[list[LayerTimes], float] | None = None,
-                     share_cores: bool = True) -> dict[str, Any]:
+                     share_cores: bool = True, work: float | None = None) -> dict[str, Any]:
     """Predicted step time, images/s and bubble (split into causes) of ``config`` (a ``TrainConfig``).
 
     ``balance`` is the split the job ran. Without ``link`` a CPU job calibrates the link and the runtime's overhead
@@ -63,7 +63,8 @@ def predict_training(config: TrainConfig, balance: tuple[int, ...], num_classes:
     a GPU job takes :data:`~.costs.DEFAULT_LINK` and no overhead. ``overhead`` given replaces the calibrated one.
     ``measured``: the per-layer times and optimizer seconds the job already measured (the trainer's rank 0 does,
     to split the model); without it the model is built and measured here. ``share_cores``: a CPU job's stage
-    processes share this machine's cores (``False``: predict as if each had cores of its own).
+    processes share this machine's cores (``False``: predict as if each had cores of its own). ``work``: a micro-batch's
+    work on a simulated device (default: its images; a token job's: its tokens' cost, the trainer's mean).
 
     Beside the step it returns what the simulated spans show per action kind (``per_action_s``: mean busy seconds
     of one F, B, I, W), per message (``per_message_s``) and per send (``send_s``), as
@@ -91,7 +92,7 @@ def predict_training(config: TrainConfig, balance: tuple[int, ...], num_classes:
                                                 sample=task.example(p.micro_batch))
         finally:
             torch.set_num_threads(previous)  # process-wide: leave it as we found it
-    costs = known_costs(config, layers, balance, optimizer_s)
+    costs = known_costs(config, layers, balance, optimizer_s, work=work)
     if config.simulation.accelerator is not None and not fitted:
         # The calibration's per-action overhead is the CPU runtime's around real compute; a simulated stage waits its
         # time from the chunk's start, so the runtime's work falls inside the wait (pilots run under sim:R fit what

@@ -27,7 +27,13 @@ from stallfree.stage_runtime.clock import StageClock
 from stallfree.stage_runtime.config.train_config import TrainConfig, Verify
 from stallfree.stage_runtime.train.augment import training_transform
 from stallfree.stage_runtime.train.feed_state import checked_position, next_epoch
-from stallfree.stage_runtime.train.token_feed import GENERATED_VOCAB, TokenBatches, data_vocab, packed_loader
+from stallfree.stage_runtime.train.token_feed import (
+    GENERATED_VOCAB,
+    TokenBatches,
+    data_vocab,
+    packed_loader,
+    packing,
+)
 
 __all__ = ["Feed", "Feeds", "TensorBatches", "TorchFeed", "build_feeds", "make_feed"]
 
@@ -244,15 +250,14 @@ def _token_feeds(config: TrainConfig, replica: int, device: str, clock: StageClo
     vocab = m.vocab_size or (GENERATED_VOCAB if f.data is None else data_vocab(f.data))
     generated: dict[str, Any] = {"batch_size": p.batch_size, "seq_len": m.packed_len, "vocab_size": vocab,
                                  "seed": config.seed, "rank": replica, "world_size": p.dp}
-    common: dict[str, Any] = {"batch_size": p.batch_size, "seq_len": m.packed_len, "seed": config.seed,
-                              "replica": replica, "replicas": p.dp, "device": device, "workers": f.loader_threads,
-                              "verify": f.verify}
+    common: dict[str, Any] = {"batch_size": p.batch_size, "seed": config.seed, "replica": replica, "replicas": p.dp,
+                              "device": device, "workers": f.loader_threads, "verify": f.verify}
     train: Feed = (TokenBatches(f.samples, **generated) if f.data is None else
-                   packed_loader(f.data, train=True, clock=clock, **common))
+                   packed_loader(f.data, packing(config), train=True, clock=clock, **common))
     held_out: Feed | None = None
     own = sys.maxsize
     if f.eval_data is not None:
-        held_out = packed_loader(f.eval_data, train=False, clock=None, **common)
+        held_out = packed_loader(f.eval_data, packing(config, train=False), train=False, clock=None, **common)
     elif f.data is None:
         held_out = TokenBatches(max(p.batch_size * p.dp, f.samples // 4), shuffle=False, split=1, **generated)
         own = len(held_out) * p.batch_size

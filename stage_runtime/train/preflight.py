@@ -13,7 +13,7 @@ from stallfree.stage_runtime.models.zoo import build_model, resolve
 from stallfree.stage_runtime.processes import torchrun_env
 from stallfree.stage_runtime.train import checkpoint as ckpt
 from stallfree.stage_runtime.train.augment import training_transform
-from stallfree.stage_runtime.train.token_feed import data_vocab
+from stallfree.stage_runtime.train.token_feed import data_vocab, packing
 
 __all__ = ["check"]
 
@@ -75,6 +75,8 @@ def _check_token_data(config: TrainConfig) -> None:
                              "text with `stallfree ingest SRC OUT --tokenizer tokenizer.json` (docs/sequences.md)")
         if m.vocab_size is None:
             data_vocab(data)
+    if config.feed.data is not None:
+        packing(config)  # a --balance-batches this build's Packing cannot do fails here, in one line
 
 
 def _check_transform(config: TrainConfig) -> None:

@@ -96,7 +96,8 @@ class Rank:
         dist.broadcast(info, self.base, group=self.pp_group)
         self.steps_per_epoch, self.num_classes = int(info[0]), int(info[1])  # classes, or a token model's vocabulary
         m = config.model
-        self.task = make_task(m.kind, image_size=m.image_size, seq_len=m.packed_len, outputs=self.num_classes)
+        self.task = make_task(m.kind, image_size=m.image_size, seq_len=m.packed_len, outputs=self.num_classes,
+                              cost=m.cost)
 
     def build(self) -> None:
         """Plan the split (measured on global rank 0), build this rank's stages, schedule and optimizer."""
@@ -133,9 +134,12 @@ class Rank:
                                               for s in range(p.model_stages) if self.owner[s] == self.rank}
         shapes = _stage_shapes(layers, bounds, self.task.example(micro, "meta"))
         sim: list[Any] = [None] * p.model_stages
-        if accelerator is not None:
-            sim = list(stage_times(accelerator, micro, chosen[1]))
-            self.modules = {s: SimulatedCompute(m, shapes[s][1].shape[1:]) for s, m in self.modules.items()}
+        if accelerator is not None:  # each chunk scales its stage's times to its own micro-batch's work
+            sim = [dataclasses.replace(t, work=micro) for t in stage_times(accelerator, micro, chosen[1])]
+            last = p.model_stages - 1
+            self.modules = {s: SimulatedCompute(m, shapes[s][1].shape[1:], work=self.task.work,
+                                                carry=None if s == last else self.task.passed_on)
+                            for s, m in self.modules.items()}
         params = [p for m in self.modules.values() for p in m.parameters()]
         # A rank whose stages hold no parameters (a Flatten alone) has nothing to step; torch refuses an empty list.
         o = c.optimizer

@@ -9,7 +9,9 @@ Two fractions describe where time goes, both measured by the stage clock's spans
   schedule's theory.
 
 The pipeline's step is timed whole: from stage 0 holding its batch to the end of the last rank's schedule step
-(:meth:`Report.step`), on ``time.perf_counter``, the clock every process of a machine shares.
+(:meth:`Report.step`), on ``time.perf_counter``, the clock every process of a machine shares. With ``--dp N`` the
+job's step runs on to the end of the slowest replica's pipeline, which the gradient all-reduce waits for: that wait
+is the step's data-parallel imbalance (:attr:`Report.step_loads`, the books' "data-parallel imbalance").
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ class Report:
         self.totals: dict[str, float] = {"wait_s": 0.0, "step_s": 0.0, "busy_s": 0.0, "images": 0, "steps": 0,
                                          "compute_step_s": 0.0}
         self.step_times: list[tuple[float, float]] = []  # per step of this run: input stall, the pipeline's step
+        # per step of this run: replica 0's wait for the slowest replica, its batch's work, the replicas' mean work
+        # and mean padding slots
+        self.step_loads: list[tuple[float, float, float, float]] = []
         self._end: float | None = None  # when the last step's pipeline ended (None: after a synchronisation)
         self._bar: Any = None
         self._first: dict[str, float] | None = None
@@ -64,7 +69,8 @@ class Report:
         self._end = None
 
     def step(self, step: int, epoch: int, *, loss: float, wait_s: float, t0: float, start: float, end: float,
-             busy_s: float, images: int, lr: float | None = None) -> None:
+             busy_s: float, images: int, lr: float | None = None, replicas_end: float | None = None,
+             work: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> None:
         """Add one step, timed whole over the pipeline on the clock every process of a machine shares.
 
         ``t0``: when stage 0 began reading the step's batch (``wait_s`` then passed), ``start`` when its schedule
@@ -75,23 +81,30 @@ class Report:
         replica's batch holds (images, or token positions). Steps then never overlap, so no
         time is counted twice; rank 0's time between a step's end and its next read (its optimizer step) is in
         neither, as the plan simulator's step leaves it out.
+
+        ``replicas_end``: when the slowest replica's pipeline ended (``--dp N`` on one machine; None: this
+        replica's ``end``): the step runs on to it, the gradient all-reduce waiting for it (data-parallel imbalance).
+        ``work``: this replica's batch's work (images, or its tokens' cost), the replicas' mean work and their mean
+        padding slots.
         """
         after = self._end if self._end is not None else float("-inf")
-        self._end = end
+        dp_wait_s = max(0.0, replicas_end - end) if replicas_end is not None else 0.0
+        self._end = end + dp_wait_s
         pipe_s = end - max(t0 + wait_s, after)
         wait_s = max(0.0, min(wait_s, t0 + wait_s - after))
         # The first step of a run pays for warm-up (DataLoader workers starting, first sends, allocations); the
         # summary leaves it out when there are others, train.jsonl keeps it.
         self.step_times.append((wait_s, pipe_s))
-        figures = {"wait_s": wait_s, "compute_step_s": pipe_s, "step_s": wait_s + pipe_s, "busy_s": busy_s,
-                   "images": images * self.replicas, "steps": 1}
+        self.step_loads.append((dp_wait_s, *work))
+        figures = {"wait_s": wait_s, "compute_step_s": pipe_s, "step_s": wait_s + pipe_s + dp_wait_s,
+                   "busy_s": busy_s, "images": images * self.replicas, "steps": 1}
         if self._first is None:
             self._first = figures
         else:
             for key, value in figures.items():
                 self.totals[key] += value
         self.last_loss = loss
-        step_s = wait_s + pipe_s
+        step_s = wait_s + pipe_s + dp_wait_s
         row = {
             "step": step, "epoch": epoch, "loss": round(loss, 6),
             f"{self.unit}_per_s": round(images * self.replicas / step_s, 2) if step_s > 0 else None,
@@ -100,6 +113,8 @@ class Report:
             "step_s": round(step_s, 5),
             "compute_step_s": round(pipe_s, 5),  # the pipeline's step alone, what the plan simulator predicts
         }
+        if replicas_end is not None:
+            row["dp_wait_s"] = round(dp_wait_s, 5)  # replica 0 waiting for the slowest replica at the all-reduce
         if lr is not None:
             row["lr"] = lr
         if step % self.log_every == 0:
@@ -132,6 +147,12 @@ class Report:
             if t["compute_step_s"] else 0.0,
             f"{self.unit}_per_s": t["images"] / t["step_s"] if t["step_s"] else 0.0,
         }
+
+    def mean_work(self) -> float:
+        """Replica 0's mean batch work (images, or its tokens' cost) over the steps after the first."""
+        works = [load[1] for load in self.step_loads]
+        works = works[1:] or works
+        return sum(works) / len(works) if works else 0.0
 
     def measured_seconds(self) -> tuple[float, float]:
         """The seconds and the units (images or token positions) the throughput is over: the steps after the first."""
@@ -198,7 +219,8 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 
 _NAMES = {"warmup_cooldown": "warm-up/cool-down", "imbalance": "imbalance", "communication": "communication",
-          "runtime": "host runtime", "input": "input"}
+          "runtime": "host runtime", "input": "input", "dp_imbalance": "data-parallel imbalance",
+          "padding": "padding"}
 
 
 def _listed(values: list[int]) -> str:
@@ -206,7 +228,9 @@ def _listed(values: list[int]) -> str:
 
 
 def _parts(parts: dict[str, float]) -> str:
-    return ", ".join(f"{name} {parts.get(key, 0.0):.1%}" for key, name in _NAMES.items())
+    """The parts the books hold, named: the five of every job, then those that apply (replicas, padding)."""
+    return ", ".join(f"{name} {parts.get(key, 0.0):.1%}" for key, name in _NAMES.items()
+                     if key in parts or key not in ("dp_imbalance", "padding"))
 
 
 def _books_lines(summary: dict[str, Any], books: dict[str, Any]) -> list[str]:

@@ -1,8 +1,10 @@
 """Each step's figures, gathered over a pipeline's ranks one step late, for the report.
 
-Every rank posts its figures of step ``k`` (``[loss, input wait, busy, t0, start, end]``: the last stage's loss,
-stage 0's wait for its batch, the rank's busy seconds, and ``time.perf_counter`` before the batch was read and
-at the start and end of its schedule step) in an ``all_gather`` with ``async_op=True``, and waits for step
+Every rank posts its figures of step ``k`` (``[loss, input wait, busy, t0, start, end, work, padding]``: the last
+stage's loss, stage 0's wait for its batch, the rank's busy seconds, ``time.perf_counter`` before the batch was read
+and at the start and end of its schedule step, and stage 0's batch's work and padding slots) in an ``all_gather``
+(over every replica's ranks with ``--dp N``: the slowest replica's end is the step's) with ``async_op=True``, and
+waits for step
 ``k-1``'s only then, long after every rank posted it. A blocking collective after every step would be a barrier
 across the pipeline: under ``2bw`` at S>=3 (no instant ends every rank's part of a step) and under the
 zero-bubble schedules (the other ranks still run weight gradients when rank 0 is done) it idles ranks.
@@ -40,8 +42,10 @@ class StepStats:
     def post(self, step: int, epoch: int, lr: float, figures: list[float]) -> None:
         """Post step ``step``'s figures, then wait for (and report) the step before it."""
         mine = torch.tensor(figures, dtype=torch.float64, device=self.job.comm)  # float64: perf_counter's seconds
-        every = [torch.zeros_like(mine) for _ in range(self.job.config.pipeline.stages)]
-        work = dist.all_gather(every, mine, group=self.job.pp_group, async_op=True)
+        p = self.job.config.pipeline
+        group = self.job.pp_group if p.dp == 1 else None  # None: every rank, replica 0's first (global rank order)
+        every = [torch.zeros_like(mine) for _ in range(p.stages if p.dp == 1 else p.world_size)]
+        work = dist.all_gather(every, mine, group=group, async_op=True)
         previous, self._pending = self._pending, (work, every, step, epoch, lr)
         if previous is not None:
             self._finish(previous)
@@ -59,9 +63,13 @@ class StepStats:
         work.wait()
         if self.report is None:
             return
-        rows = [[float(v) for v in t.cpu()] for t in every]  # one per pipeline rank, in pipeline order
         c = self.job.config
+        every_rank = [[float(v) for v in t.cpu()] for t in every]
+        rows = every_rank[:c.pipeline.stages]  # replica 0's, one per pipeline rank, in pipeline order
         ends = [r[5] for r in rows] if self.one_clock else [rows[0][5]]
+        slowest = max(r[5] for r in every_rank) if self.one_clock and c.pipeline.dp > 1 else None
+        firsts = every_rank[::c.pipeline.stages]  # each replica's stage 0: its batch's work and padding slots
+        work = (rows[0][6], sum(r[6] for r in firsts) / len(firsts), sum(r[7] for r in firsts) / len(firsts))
         self.report.step(step, epoch, loss=sum(r[0] for r in rows), wait_s=rows[0][1], t0=rows[0][3],
                          start=rows[0][4], end=max(ends), busy_s=sum(r[2] for r in rows),
-                         images=c.units_per_batch, lr=lr)
+                         images=c.units_per_batch, lr=lr, replicas_end=slowest, work=work)

@@ -9,17 +9,18 @@ turns one into the trainer's batch.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from stallfree.stage_runtime.clock import StageClock
-from stallfree.stage_runtime.config.train_config import Verify
+from stallfree.stage_runtime.config.train_config import TrainConfig, Verify
 from stallfree.stage_runtime.models.gpt import IGNORE_INDEX
 from stallfree.stage_runtime.train.feed_state import checked_position, next_epoch
 
-__all__ = ["GENERATED_VOCAB", "TokenBatches", "data_vocab", "packed_loader"]
+__all__ = ["GENERATED_VOCAB", "TokenBatches", "data_vocab", "packed_loader", "packing"]
 
 GENERATED_VOCAB = 32  # the vocabulary of generated sequences when --vocab-size is not given
 _MAX_STEP = 7  # a generated document's step is drawn from 1.._MAX_STEP
@@ -128,18 +129,39 @@ def _batch(rows: list[list[tuple[int, torch.Tensor]]], seq_len: int) -> dict[str
             "cu_seqlens": torch.tensor(segments, dtype=torch.int32), "max_seqlen": max(lengths)}
 
 
-def packed_loader(data: str, *, train: bool, batch_size: int, seq_len: int, seed: int, replica: int, replicas: int,
+def packing(config: TrainConfig, train: bool = True) -> Any:
+    """The Loader's ``Packing`` of a token job: rows of its packed length, balanced as ``--balance-batches`` says.
+
+    A balance (training only) evens each step's packs over the ``--dp`` replicas x ``--microbatches`` micro-batches,
+    by tokens or by the model's cost (``--attention-span``); a batch's rows are then in micro-batch order, as the
+    trainer splits it.
+
+    Raises:
+        ValueError: a balance asked of a build whose ``Packing`` has none, naming the flag.
+    """
+    from stallfree.pipeline.packing import Packing  # DALI is an extra: --synthetic trains without it
+
+    m, balance = config.model, config.feed.balance_batches
+    if balance == "none" or not train:
+        return Packing(seq_len=m.packed_len)
+    if "balance" not in {f.name for f in dataclasses.fields(Packing)}:
+        raise ValueError(f"--balance-batches {balance} needs stallfree.Packing(balance=...), which this build of "
+                         "stallfree lacks; drop --balance-batches (or use --balance-batches none)")
+    balanced: dict[str, Any] = {"balance": balance, "cost": m.cost, "microbatches": config.pipeline.microbatches}
+    return Packing(seq_len=m.packed_len, **balanced)
+
+
+def packed_loader(data: str, packs: Any, *, train: bool, batch_size: int, seed: int, replica: int, replicas: int,
                   device: str, clock: StageClock | None, workers: int | None, verify: Verify) -> Any:
-    """The Loader over the token source ``data``, packing rows of ``seq_len`` tokens, as replica ``replica``'s feed.
+    """The Loader over the token source ``data``, its rows packed as ``packs`` says (:func:`packing`): a replica's feed.
 
     Training: shuffled, full batches (``drop_last``), started (its first packs are made while the stages build);
     evaluation: in order, the last batch kept.
     """
     from stallfree.pipeline.loader import Loader  # DALI is an extra: --synthetic trains without it
-    from stallfree.pipeline.packing import Packing  # likewise (the pipeline floor imports DALI)
 
-    made = Loader(data, batch_size, packing=Packing(seq_len=seq_len), shuffle=train, seed=seed, drop_last=train,
-                  rank=replica, world_size=replicas, device=device, clock=clock, num_threads=workers, verify=verify)
+    made = Loader(data, batch_size, packing=packs, shuffle=train, seed=seed, drop_last=train, rank=replica,
+                  world_size=replicas, device=device, clock=clock, num_threads=workers, verify=verify)
     return made.start() if train else made
 
 

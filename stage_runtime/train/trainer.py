@@ -53,13 +53,15 @@ class Account(Protocol):
     """What rank 0 adds to a finished job's summary from what it measured: the books, the simulator's view of it.
 
     Called with the job's config, its summary so far (``balance``, ``layer_costs``...), every rank's stage-clock
-    records (``StageClock.to_records()``, by global rank) and each step of this run's ``(input wait, pipeline step)``
-    seconds, in order; the fields it returns go into ``summary.json``. It is pickled to the stage processes: a
-    module-level function.
+    records (``StageClock.to_records()``, by global rank), each step of this run's ``(input wait, pipeline step)``
+    seconds and its ``(wait for the slowest replica, replica 0's work, the replicas' mean work and mean padding
+    slots)`` (``Report.step_loads``), in order; the fields it returns go into ``summary.json``. It is pickled to the
+    stage processes: a module-level function.
     """
 
     def __call__(self, config: TrainConfig, summary: Mapping[str, Any], records: Sequence[dict[str, Any]],
-                 step_times: Sequence[tuple[float, float]]) -> dict[str, Any]: ...
+                 step_times: Sequence[tuple[float, float]],
+                 step_loads: Sequence[tuple[float, float, float, float]]) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -183,7 +185,10 @@ def _run(rank: int, c: TrainConfig, local_rank: int, account: Account | None, fa
             step += 1
             if fault is not None and (fault.rank, fault.step) == (rank, step):
                 os.kill(os.getpid(), fault.signal)
-            stats.post(step, epoch, lr, [loss if job.last else 0.0, wait if job.first else 0.0, busy, t0, start, end])
+            load = [job.task.work(batch.inputs), c.units_per_batch - batch.samples if c.unit == "tokens" else 0.0] \
+                if batch is not None else [0.0, 0.0]  # stage 0's batch: its work on the device, its padding slots
+            stats.post(step, epoch, lr, [loss if job.last else 0.0, wait if job.first else 0.0, busy, t0, start, end,
+                                         *load])
             if c.checkpoint.every and step % c.checkpoint.every == 0 and step < total_steps:
                 stats.settle()
                 job.save(step, step // job.steps_per_epoch)
@@ -204,7 +209,7 @@ def _run(rank: int, c: TrainConfig, local_rank: int, account: Account | None, fa
         summary = {**_summary(c, job, step, time.perf_counter() - wall0, accuracy, report), **versions,
                    **_real_tokens(c, [n for _, n in gathered or []], report)}
         report.close()
-        _write(c, summary, spans, report.step_times, account)
+        _write(c, summary, spans, (report.step_times, report.step_loads), account)
 
 
 def _summary(c: TrainConfig, job: Rank, step: int, wall: float, accuracy: float | None,
@@ -220,9 +225,11 @@ def _summary(c: TrainConfig, job: Rank, step: int, wall: float, accuracy: float 
             "bubble_theory": p.spec.bubble(p.stages, p.microbatches, p.virtual_stages),
             "unit": c.unit, "feed": c.feed.kind, "plan_prediction": c.report.plan_prediction,
             "accelerator": config["accelerator"],
-            "accelerator_images_per_s": _ideal(c),
+            f"accelerator_{c.unit}_per_s": _ideal(c),
             "num_classes": job.num_classes, "checkpoint": str(ckpt.step_dir(c.ckpt_root, step)),
-            "layer_costs": job.layer_costs, "config": config, **report.fractions()}
+            "layer_costs": job.layer_costs, "config": config, **report.fractions(),
+            # a token micro-batch's mean work on the device (its tokens' cost), what a prediction of the job charges
+            **({"micro_batch_work": report.mean_work() / p.microbatches} if c.unit == "tokens" else {})}
 
 
 def _real_tokens(c: TrainConfig, counted: list[list[int]], report: Report) -> dict[str, Any]:
@@ -239,12 +246,13 @@ def _real_tokens(c: TrainConfig, counted: list[list[int]], report: Report) -> di
             "padding_fraction": 1 - real / slots if slots else 0.0}
 
 
-def _write(c: TrainConfig, summary: dict[str, Any], spans: list[Any], step_times: list[tuple[float, float]],
+def _write(c: TrainConfig, summary: dict[str, Any], spans: list[Any],
+           steps: tuple[list[tuple[float, float]], list[tuple[float, float, float, float]]],
            account: Account | None) -> None:
     """Write every rank's spans, the merged trace and ``summary.json`` (with what ``account`` adds) under ``--out``."""
     out = Path(c.report.out_dir)
     if account is not None:
-        summary.update(account(c, summary, spans, step_times))
+        summary.update(account(c, summary, spans, *steps))
     merged = StageClock()
     for r, records in enumerate(spans):
         one = StageClock()

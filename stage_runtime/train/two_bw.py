@@ -38,6 +38,7 @@ import torch.distributed as dist
 from torch import nn
 
 from stallfree.core.accelerator import hold
+from stallfree.stage_runtime.stage import SimulatedCompute
 from stallfree.stage_runtime.stage_times import StageTimes
 from stallfree.stage_runtime.train.versions import WeightVersions
 
@@ -78,6 +79,7 @@ class TwoBW:
         self._held: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}  # mb -> (input, output or loss)
         self._sends: list[Any] = []
         self.busy_s, self.step_number = 0.0, 0
+        self._works: dict[int, float] = {}  # mb -> its work on the simulated device, read by the stand-in's forward
 
     def step(self, images: torch.Tensor | None = None,
              target: torch.Tensor | Callable[[], torch.Tensor] | None = None,
@@ -139,7 +141,7 @@ class TwoBW:
         if x is None:
             raise ValueError(f"stage {self.stage_index}: the first stage's step() needs images")
         self.versions.read(mb)
-        out = self._timed(None if self.sim is None else self.sim.forward_s, self.module, x)
+        out = self._timed(self._device_s(mb, forward=True), self.module, x)
         if self.next is None:
             if y is None:
                 raise ValueError(f"stage {self.stage_index}: the last stage's step() needs a target")
@@ -161,7 +163,7 @@ class TwoBW:
             grad = self._recv(self.output_shape, self.next, _GRADIENT)
         # Under sim:R the first stage's stand-in leaves nothing to differentiate: its time is the device's alone.
         backward = torch.autograd.backward if out.requires_grad else _nothing
-        self._timed(None if self.sim is None else self.sim.backward_s, backward, out, grad)
+        self._timed(self._device_s(mb, forward=False), backward, out, grad)
         if x is not None:
             assert x.grad is not None
             self._send(x.grad, self.prev, _GRADIENT)  # type: ignore[arg-type]
@@ -170,7 +172,25 @@ class TwoBW:
         if self.backwards % self.microbatches == 0:
             self.versions.update(self._update)
 
-    def _timed(self, sim_s: float | None, fn: Callable[..., Any], *args: Any) -> Any:
+    def _device_s(self, mb: int, forward: bool) -> Callable[[], float] | None:
+        """The device's seconds of micro-batch ``mb``'s forward or backward, asked once its compute ran.
+
+        As ``TimedStage``'s: the stage's times scaled to the micro-batch's work, read by the stand-in at the forward.
+        """
+        sim = self.sim
+        if sim is None:
+            return None
+
+        def seconds() -> float:
+            if forward and isinstance(self.module, SimulatedCompute):
+                self._works[mb] = self.module.work
+            times = sim.for_work(self._works[mb]) if mb in self._works else sim
+            if not forward:
+                self._works.pop(mb, None)
+            return times.forward_s if forward else times.backward_s
+        return seconds
+
+    def _timed(self, sim_s: Callable[[], float] | None, fn: Callable[..., Any], *args: Any) -> Any:
         start = time.perf_counter()
         try:
             return fn(*args)
@@ -178,7 +198,7 @@ class TwoBW:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             if sim_s is not None:
-                hold(sim_s, since=start)  # the simulated device's time for this chunk
+                hold(sim_s(), since=start)  # the simulated device's time for this chunk
             end = time.perf_counter()
             self.busy_s += end - start
             if self.clock is not None:

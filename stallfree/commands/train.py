@@ -9,6 +9,7 @@ from typing import Any
 
 from stallfree.commands.output import add_json_arguments, add_progress_argument, emit, human, require_writable
 from stallfree.stage_runtime.config.train_config import (
+    BALANCE_BATCHES,
     BUNDLED_MODELS,
     DEFAULT_SEQ_LEN,
     LR_SCHEDULES,
@@ -37,6 +38,8 @@ EXAMPLES = """examples:
   stallfree train --synthetic 256 --model gpt_tiny --seq-len 64 --stages 2 --batch-size 8 --optimizer adamw \\
       --lr 3e-3                        # a small transformer on generated packed sequences, attention within documents
   stallfree train ./tokens --model gpt_tiny --seq-len 256 --dp 2          # a token source packed by the Loader
+  stallfree train ./tokens --model gpt_tiny --seq-len 256 --dp 4 --accelerator sim:20000 \\
+      --balance-batches compute       # packs evened by compute across replicas and micro-batches, on a 20k tok/s device
   torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint host:29500 -m stallfree.cli train ./data/train \\
       --stages 4 --dp 2 --device cuda                          # the same command across machines
 """
@@ -79,6 +82,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    f"row of a batch (default {DEFAULT_SEQ_LEN})")
     p.add_argument("--vocab-size", type=int, metavar="V", help="a token model's vocabulary (default: the token "
                    "source's; 32 for --synthetic)")
+    p.add_argument("--attention-span", type=int, metavar="TOKENS", help="a token model's cost of a document of l "
+                   "tokens is l + l^2 / TOKENS (stallfree.Cost.attention): attention is as costly as the linear part "
+                   "for a document of TOKENS tokens; what --accelerator sim:R charges and --balance-batches compute "
+                   "evens (default: --seq-len)")
     p.add_argument("--stages", type=int, default=d["stages"], help="pipeline ranks (processes) per replica")
     p.add_argument("--schedule", choices=SCHEDULES, default=d["schedule"], help="pipeline schedule")
     p.add_argument("--virtual-stages", type=int, default=d["virtual_stages"],
@@ -120,7 +127,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--accelerator", metavar="sim:R",
                    help="simulate a device that trains R img/s per replica: each stage waits the device's time "
                    "instead of computing, holding no CPU (throughput then measures the input path and the "
-                   "pipeline, not the model)")
+                   "pipeline, not the model). For a token model R is tokens/s of linear work: a micro-batch holding "
+                   "documents of lengths l_i (each segment with document_index >= 0; a split piece counts at its own "
+                   "length) and p padding slots takes (sum l_i + sum l_i^2 / A + p) / R seconds on the slowest model "
+                   "stage, A being --attention-span (attention within documents; every slot, padding too, pays the "
+                   "linear part), and each other stage its measured share of that")
+    # not argparse's choices: a bad value is refused in one line naming the flag (FeedConfig), not after the usage
+    p.add_argument("--balance-batches", metavar="{" + ",".join(BALANCE_BATCHES) + "}", default=d["balance_batches"],
+                   help="a token source's packs for each step, over the --dp replicas x --microbatches micro-batches: "
+                   "none (plain packing), tokens (even token counts) or compute (even cost, l + l^2 / "
+                   "--attention-span per document), so that no replica waits for another at the all-reduce "
+                   "(stallfree.Packing(balance=); the books' data-parallel imbalance part shows what is left)")
     p.add_argument("--link-delay", action="append", metavar="RANKS:MS",
                    help="a slow link: every message the schedule sends between two pipeline ranks arrives MS ms "
                    "after it was sent, while its sender goes on computing (a cross-site latency), e.g. 0-1:20; "

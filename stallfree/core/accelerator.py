@@ -33,7 +33,11 @@ def hold(seconds: float, since: float | None = None) -> None:
 
 @dataclass(frozen=True)
 class SimAccelerator:
-    """A device that runs one replica's forward + backward at ``images_per_s``; ``str()`` gives back ``sim:R``."""
+    """A device that runs one replica's forward + backward at ``images_per_s``; ``str()`` gives back ``sim:R``.
+
+    For a token model ``R`` is tokens of linear work per second: the trainer charges a micro-batch its documents'
+    cost (:class:`~stallfree.core.cost.Cost`, with attention's quadratic term; ``stage_runtime/stage_times.py``).
+    """
 
     images_per_s: float
 
@@ -44,8 +48,8 @@ class SimAccelerator:
     def __str__(self) -> str:
         return f"sim:{self.images_per_s:g}"
 
-    def seconds(self, images: int) -> float:
-        """How long the device takes to train on ``images`` images."""
+    def seconds(self, images: float) -> float:
+        """How long the device takes to train on ``images`` images (or units of work: a token micro-batch's cost)."""
         return images / self.images_per_s
 
     def step(self, images: int) -> None:

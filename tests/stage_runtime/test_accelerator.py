@@ -6,6 +6,7 @@ import json
 import os
 import re
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -189,3 +190,32 @@ def test_train_offers_feed_loader_threads_and_accelerator(capsys: pytest.Capture
         main(["train", "--help"])
     text = capsys.readouterr().out
     assert "--feed {stallfree,torch}" in text and "--loader-threads" in text and "--accelerator sim:R" in text
+
+
+def test_a_token_stage_charges_each_micro_batch_its_own_documents_cost(tmp_path: Path) -> None:
+    # Issue 48: a token micro-batch of documents l_i and p padding slots takes (sum l_i + sum l_i^2 / A + p) / R on
+    # the slowest stage. Two micro-batches of 2 rows of 32: one of 2-token documents (padding after them), one of
+    # whole-row documents.
+    from stallfree.stage_runtime.models.tasks import LanguageModeling
+
+    s, task = 32, LanguageModeling(32, 16)  # A = 32: attention over a whole row as costly as its linear part
+    documents = torch.full((4, s), -1)
+    documents[:2, :2] = torch.tensor([[0], [1]])
+    documents[2:] = torch.tensor([[2], [3]])
+    positions = torch.arange(s).expand(4, s)
+    x = torch.stack([torch.ones(4, s, dtype=torch.int64), positions, documents], dim=1)
+    light, heavy = 2 * (2 + 4 / 32 + 30), 2 * (32 + 32 * 32 / 32)  # 64.25 and 128 tokens of work
+    device = SimAccelerator(1000)  # tokens of linear work a second: the heavy micro-batch takes 128 ms
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        times = replace(stage_times(device, 2, [1.0])[0], work=2)  # for a micro-batch of 2: each chunk rescales
+        sim = SimulatedCompute(nn.Linear(4, 4), (s, 4), work=task.work)
+        stage = TimedStage(sim, 0, 1, torch.device("cpu"), input_args=torch.empty(2, 3, s, dtype=torch.int64),
+                           output_args=torch.empty(2, s, 4, requires_grad=True), sim=times)
+        schedule = ScheduleGPipe(stage, 2, loss_fn=lambda out, target: out.sum() * 0)
+        schedule.step(x, target=torch.zeros(4))
+        busy = stage.take_busy()
+    finally:
+        dist.destroy_process_group()
+    assert stage._works == pytest.approx({0: light, 1: heavy})  # each chunk's own micro-batch, read at its forward
+    assert busy >= (light + heavy) / 1000 * 0.99  # forward and backward: the device's whole time of both

@@ -67,3 +67,17 @@ def test_a_simulated_device_job_is_predicted_without_a_bubble_for_2bw_and_1f1b_s
     assert predicted["1f1b"]["bubble"] == pytest.approx(1 / 5)
     with pytest.raises(ValueError, match="needs a --accelerator sim:R job"):
         predict_simulated_job(TrainConfig.from_flags(model="mlp", schedule="2bw"), summary)
+
+
+def test_a_token_jobs_steady_state_charges_its_mean_micro_batch_work():
+    # Issue 48: under sim:R a token micro-batch takes its tokens' cost over R, not its rows over R
+    from stallfree.stage_runtime.config.train_config import TrainConfig
+
+    config = TrainConfig.from_flags(model="gpt_tiny", seq_len=32, schedule="2bw", stages=2, batch_size=8,
+                                    microbatches=4, accelerator="sim:200")
+    layer = {"forward_s": 1e-3, "backward_s": 2e-3, "weight_s": 1e-3, "param_bytes": 100, "activation_bytes": 10}
+    summary = {"balance": [1, 1], "layer_costs": {"layers": [layer, layer], "optimizer_s": 0.0},
+               "micro_batch_work": 80.0}  # 2 rows of 32 tokens with their attention: 80 tokens of work
+    predicted = predict_simulated_job(config, summary)
+    # equal stages of 80 / 200 = 0.4 s each per micro-batch: 2BW's step is M x 0.4 s
+    assert predicted["2bw"]["step_s"] == pytest.approx(4 * 0.4)

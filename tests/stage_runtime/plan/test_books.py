@@ -14,7 +14,7 @@ import pytest
 from stallfree.stage_runtime.config.train_config import TrainConfig
 from stallfree.stage_runtime.jobs import train_many
 from stallfree.stage_runtime.models.layer_times import LayerTimes
-from stallfree.stage_runtime.plan.books import PARTS, predicted_books
+from stallfree.stage_runtime.plan.books import PARTS, StepLoad, measured_books, predicted_books
 from stallfree.stage_runtime.plan.costs import FREE_LINK, HostOverhead, Link, StageCost, stage_costs
 from stallfree.stage_runtime.plan.orders import placement, torch_order
 from stallfree.stage_runtime.plan.simulate import simulate
@@ -64,6 +64,67 @@ def test_only_the_faster_rank_loses_to_imbalance() -> None:
     assert books.slowest == 0 and books.parts[0]["imbalance"] == pytest.approx(0.0)
     assert books.parts[1]["imbalance"] > 0.3
     assert books.to_dict()["job"]["rank"] == 0
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved-1f1b"])
+def test_slack_absorbs_a_late_message_instead_of_booking_negative_communication(schedule: str) -> None:
+    # Known: rank 0's stages twice as slow as rank 1's. Measured: rank 1's every action 1 s longer (host runtime), so
+    # its outputs reach rank 0 inside the slack rank 0 had in the known schedule. There is no link and no message
+    # cost: the whole delay is host runtime. The books used to book the slack's shrinking as negative communication
+    # (1f1b: "communication -3.3%", as `--schedule zbv` under sim:400 printed "communication -3.2%").
+    stages = 2 if schedule in ("gpipe", "1f1b") else 4
+    owner = placement(schedule, 2, stages)
+    known = [StageCost(*((2.0, 4.0, 2.0) if owner[s] == 0 else (1.0, 2.0, 1.0)), 10, 10, 0, 0.0) for s in range(stages)]
+    late = [c if owner[s] == 0 else StageCost(c.forward_s + 1, c.backward_s + 2, c.weight_s + 1, 10, 10, 0, 0.0)
+            for s, c in enumerate(known)]
+    result, order, owner = _sim(schedule, late)
+    spans = [s for s in result.spans if s.op.kind != "O"]
+    books = measured_books([spans], [(0.0, max(s.end for s in spans))], order, owner, known, images=8)
+    for r in range(2):
+        parts = books.parts[r]
+        assert min(parts.values()) >= 0.0, parts
+        assert sum(parts.values()) == pytest.approx(books.loss[r], abs=1e-12)
+        assert parts["communication"] == pytest.approx(0.0, abs=1e-12) and parts["runtime"] > 0.05
+
+
+def _step(costs: list[StageCost], scale: float) -> tuple[list, float]:
+    """One 1F1B step of 2 ranks run with ``costs`` times ``scale`` (replica 0's work that step): its spans, its end."""
+    result, _, _ = _sim("1f1b", [StageCost(c.forward_s * scale, c.backward_s * scale, c.weight_s * scale, 10, 10, 0,
+                                           0.0) for c in costs])
+    spans = [s for s in result.spans if s.op.kind != "O"]
+    return spans, max(s.end for s in spans)
+
+
+def test_the_wait_for_the_slowest_replica_and_the_padding_are_parts_that_add_up() -> None:
+    # Issue 48: replica 0's pipeline ran 1.5x the known work in step 1 (the replicas' mean: 1.25x, so it is the
+    # slowest and waits for none) and 0.5x in step 2 (the mean: 0.8x), then waited 1 s for the slowest replica.
+    # A tenth of the mean work was padding. Known: equal stages, one step of 12 s on each rank's 4 x 3 s of compute.
+    costs = [StageCost(1.0, 2.0, 1.0, 10, 10, 0, 0.0)] * 2
+    order, owner = torch_order("1f1b", 2, 4), placement("1f1b", 2, 2)
+    (heavy, t1), (light, t2) = _step(costs, 1.5), _step(costs, 0.5)
+    loads = [StepLoad(0.0, 1.5, 1.25, 0.1, 900.0), StepLoad(1.0, 0.5, 0.8, 0.1, 900.0)]
+    books = measured_books([heavy, light], [(0.0, t1), (0.0, t2)], order, owner, costs, 1000, "tokens", loads,
+                           replicas=2)
+    step = t1 + t2 + 1.0
+    for r in range(2):
+        parts = books.parts[r]
+        assert set(parts) == {*PARTS, "dp_imbalance", "padding"}
+        assert sum(parts.values()) == pytest.approx(books.loss[r], abs=1e-12) and min(parts.values()) >= 0
+        # the wait, and replica 0's compute beyond the mean: 12 s x (0.25 - 0.3) over both steps
+        assert parts["dp_imbalance"] == pytest.approx((1.0 - 12 * 0.05) / step)
+        assert parts["padding"] == pytest.approx(12 * (1.25 + 0.8) * 0.1 / step)
+        assert parts["runtime"] == pytest.approx(0.0, abs=1e-12)  # each step ran as its work says
+        assert books.loss[r] == pytest.approx(1 - 12 * (1.25 + 0.8) * 0.9 / step)
+    assert books.images_per_s == pytest.approx(1800 / step)  # the real tokens the steps trained
+    assert books.loss[0] == pytest.approx(1 - books.images_per_s / books.could_do[0])
+
+
+def test_one_replica_and_images_keep_the_five_parts() -> None:
+    costs = [StageCost(1.0, 2.0, 1.0, 10, 10, 0, 0.0)] * 2
+    result, order, owner = _sim("1f1b", costs)
+    spans = [s for s in result.spans if s.op.kind != "O"]
+    books = measured_books([spans], [(0.0, max(s.end for s in spans))], order, owner, costs, 8)
+    assert all(set(parts) == set(PARTS) for parts in books.parts)
 
 
 @pytest.fixture(scope="module")

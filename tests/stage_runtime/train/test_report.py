@@ -41,3 +41,19 @@ def test_steps_the_pipeline_overlaps_are_not_counted_twice(tmp_path: Path) -> No
     assert [row["step"] for row in _rows(tmp_path)] == [1, 2, 3, 4]
     # the summary leaves the first step out: steps 2-4 took 2 + 3 + 1 s for 24 images
     assert report.fractions()["images_per_s"] == pytest.approx(24 / 6.0)
+
+
+def test_with_replicas_the_step_runs_on_to_the_slowest_replicas_end(tmp_path: Path) -> None:
+    # Issue 48: replica 0's pipeline ends at 12.0, the slowest replica's at 12.5; the all-reduce waits for it.
+    report = Report(tmp_path, ranks=1, replicas=2, progress=False, unit="tokens")
+    report.step(1, 0, loss=1.0, wait_s=0.5, t0=10.0, start=10.5, end=12.0, busy_s=1.5, images=64,
+                replicas_end=12.5, work=(90.0, 80.0, 4.0))
+    # the next batch is read after the all-reduce, from 12.5: no time between the two steps is left out
+    report.step(2, 0, loss=1.0, wait_s=0.5, t0=12.5, start=13.0, end=14.0, busy_s=1.0, images=64,
+                replicas_end=14.0, work=(70.0, 80.0, 2.0))
+    report.close()
+    assert report.step_times == [(0.5, 1.5), (0.5, 1.0)]  # replica 0's wait and pipeline, as before
+    assert report.step_loads == [(0.5, 90.0, 80.0, 4.0), (0.0, 70.0, 80.0, 2.0)]
+    rows = _rows(tmp_path)
+    assert rows[0]["step_s"] == 2.5 and rows[0]["dp_wait_s"] == 0.5 and rows[0]["tokens_per_s"] == 128 / 2.5
+    assert report.fractions()["tokens_per_s"] == pytest.approx(128 / 1.5) and report.mean_work() == 70.0

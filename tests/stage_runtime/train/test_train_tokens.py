@@ -143,7 +143,11 @@ def test_a_token_jobs_flags_come_back_from_its_summary() -> None:
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--model", "gpt_tiny", "--feed", "torch"], r"^--feed torch does not apply to --model gpt_tiny, a token model"),
-    (["--model", "gpt_tiny", "--accelerator", "sim:100"], r"^--accelerator does not apply to --model gpt_tiny"),
+    # (issue 48: `--accelerator sim:R` trains a token model now, tests/stage_runtime/train/test_train_balance.py)
+    (["--model", "gpt_tiny", "--balance-batches", "compute"], r"^--balance-batches compute balances the Loader's "
+                                                              r"packs of a token source, but --synthetic generates"),
+    (["--model", "gpt_tiny", "--attention-span", "0"], r"^--attention-span must be >= 1, got 0$"),
+    (["--model", "mlp", "--balance-batches", "tokens"], r"^--balance-batches balances a token model's packs"),
     (["--model", "gpt_tiny", "--classes", "5"], r"^--classes counts an image model's classes; gpt_tiny's outputs are "
                                                 r"its vocabulary: give --vocab-size$"),
     (["--model", "gpt_tiny", "--seq-len", "1"], r"^--seq-len must be >= 2, got 1$"),
