@@ -205,8 +205,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     if sim:
         c = sim["causes"]
         lines.append(f"  simulated      {sim['bubble']:10.1%}  bubble predicted for this split and schedule (warm-up/"
-                     f"cool-down {c['warmup_cooldown']:.1%}, imbalance {c['imbalance']:.1%}, communication "
-                     f"{c['communication']:.1%} over {sim['link']}, runtime {c.get('runtime', 0.0):.1%}); "
+                     f"cool-down {_pct(c['warmup_cooldown'])}, imbalance {_pct(c['imbalance'])}, communication "
+                     f"{_pct(c['communication'])} over {sim['link']}, runtime {_pct(c.get('runtime', 0.0))}); "
                      f"{sim[f'{unit}_per_s']:.1f} {unit}/s predicted")
     if sim and sim.get("books"):
         lines.append(f"  predicted      {_parts(sim['books']['job']['parts'])}  (the simulator's books, no input)")
@@ -247,3 +247,8 @@ def _books_lines(summary: dict[str, Any], books: dict[str, Any]) -> list[str]:
         lines.append(f"  rank {r['rank']}: could do {r[f'could_do_{unit}_per_s']:.0f} {short}/s, lost "
                      f"{r['loss']:.1%}: {_parts(r['parts'])}")
     return lines
+
+
+def _pct(share: float) -> str:
+    """``share`` as a percentage to one decimal, a share that rounds to zero as 0.0% (never -0.0%)."""
+    return f"{round(share, 3) + 0.0:.1%}"

@@ -57,3 +57,10 @@ def test_with_replicas_the_step_runs_on_to_the_slowest_replicas_end(tmp_path: Pa
     rows = _rows(tmp_path)
     assert rows[0]["step_s"] == 2.5 and rows[0]["dp_wait_s"] == 0.5 and rows[0]["tokens_per_s"] == 128 / 2.5
     assert report.fractions()["tokens_per_s"] == pytest.approx(128 / 1.5) and report.mean_work() == 70.0
+
+
+def test_a_predicted_cause_that_rounds_to_nothing_prints_as_zero_not_minus_zero() -> None:
+    """The summary's "simulated" line printed "communication -0.0%" for a cause of -1e-5 (the simulator's rounding)."""
+    from stallfree.stage_runtime.train.report import _pct
+
+    assert _pct(-0.00001) == "0.0%" and _pct(0.1234) == "12.3%" and _pct(-0.012) == "-1.2%"
