@@ -191,16 +191,21 @@ def _step(todo: list[Piece], units: int, per_unit: int, seq_len: int, linear: fl
         if u < 0:
             left.append(piece)
             continue
-        at = bisect.bisect_left(room[u], (size, -1))  # the fullest row of the unit that holds it
-        free, j = room[u].pop(at)
-        rows[u][j].append(piece)
-        if free > size:
-            bisect.insort(room[u], (free - size, j))
+        _place(rows[u], room[u], piece, size)
         spent[u] += paid
         if k == units - 1:  # the pace: the costliest unit, its rows filled with the cheapest work there is
             pace = max(floor, max(spent[v] + linear * sum(free for free, _ in room[v]) for v in range(units)))
             pace *= 1 + SLACK
     return rows, spent, left
+
+
+def _place(rows: list[list[Piece]], room: list[tuple[int, int]], piece: Piece, size: int) -> None:
+    """``piece`` into the fullest of a unit's ``rows`` that holds it; ``room``: (free slots, row), sorted."""
+    at = bisect.bisect_left(room, (size, -1))
+    free, j = room.pop(at)
+    rows[j].append(piece)
+    if free > size:
+        bisect.insort(room, (free - size, j))
 
 
 def _spread(todo: list[Piece], units: int, per_unit: int, seq_len: int, price: Callable[[Piece], float],
@@ -231,11 +236,7 @@ def _spread(todo: list[Piece], units: int, per_unit: int, seq_len: int, price: C
         if u < 0:
             left.append(piece)
             continue
-        at = bisect.bisect_left(room[u], (size, -1))  # the fullest row of the unit that holds it
-        free, j = room[u].pop(at)
-        rows[u][j].append(piece)
-        if free > size:
-            bisect.insort(room[u], (free - size, j))
+        _place(rows[u], room[u], piece, size)
         spent[u] += paid
         empty[u] -= size
     return (rows, spent), left
