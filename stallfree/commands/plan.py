@@ -28,6 +28,7 @@ EXAMPLES = """examples:
   stallfree plan --model mlp --image-size 16 --devices 4 --device cpu --cores 2   # 4 stage processes, 2 cores
   stallfree train --synthetic 512 --model mlp --image-size 16 --schedule gpipe --microbatches 2 --max-steps 8 --out p/g2
   stallfree plan --model mlp --image-size 16 --devices 2 --device cpu --calibration bench-plan.json --pilots p/*
+  stallfree plan --tokens ./tokens --seq-len 2048 --attention-span 2048 --batch-size 8 --microbatches 2 --dp 4
 """
 
 
@@ -100,6 +101,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="leave out the asynchronous schedules")
     p.add_argument("--out", type=Path, default=Path("stallfree-plan"), help="output folder (default ./stallfree-plan)")
     p.add_argument("--json", action="store_true", help="print plan.json alone on stdout (the table goes to stderr)")
+    p.add_argument("--tokens", metavar="DATA", default=None,
+                   help="plan the data side of a token job on DATA (what stallfree train DATA --model gpt_tiny "
+                   "reads) instead: what each --balance-batches choice costs its steps, the replicas' wait for the "
+                   "slowest at the all-reduce (the books' data-parallel imbalance) and the padding, from the "
+                   "epoch's batches as the job's Loaders make them (no model runs), under the simulated device's "
+                   "cost, l + l^2/A per document of l tokens and a padding slot its linear part (docs/plan.md); "
+                   "--batch-size is then rows per replica's step and --microbatches one count")
+    p.add_argument("--seq-len", type=int, default=2048, help="with --tokens: the packed row's length (default 2048)")
+    p.add_argument("--attention-span", type=int, default=None,
+                   help="with --tokens: A in l + l^2/A, as stallfree train's (default --seq-len)")
+    p.add_argument("--dp", type=int, default=2, help="with --tokens: data-parallel replicas (default 2)")
+    p.add_argument("--seed", type=int, default=0, help="with --tokens: the job's --seed (default 0)")
     add_progress_argument(p)
     p.set_defaults(func=run)
 
@@ -108,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
     """Plan (:func:`stallfree.plan`), print the table, write plan.json and timeline.png; returns the exit code."""
     from stallfree.stage_runtime.plan.plan import plan  # imports torch: `stallfree --help` stays without it
 
+    if args.tokens is not None:
+        return _run_tokens(args)
     if args.costs is None:  # measured here: a GPU this machine lacks fails in one line, before any measurement
         check_device(args.device, instead="--costs FILE with the per-layer costs measured on a GPU")
     result = plan(args.model, costs=args.costs, image_size=args.image_size, classes=args.classes,
@@ -124,6 +139,38 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {path} and {png}", file=out)
     if args.json:
         print(json.dumps(result.to_dict(), indent=1))
+    return 0
+
+
+def _run_tokens(args: argparse.Namespace) -> int:
+    """``--tokens DATA``: each balance's predicted data-parallel imbalance and padding; returns the exit code."""
+    from stallfree.stage_runtime.plan.data_balance import predict_data_balance  # torch, the Loader: imported late
+
+    if len(args.microbatches) != 1:
+        raise ValueError("--tokens plans one job: give --microbatches one count (e.g. --microbatches 2)")
+    for flag, value in (("--seq-len", args.seq_len), ("--dp", args.dp), ("--batch-size", args.batch_size),
+                        ("--attention-span", args.attention_span or 1)):
+        if value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    if args.progress:
+        print(f"reading the epoch's batches of {args.tokens} as {args.dp} replicas' Loaders make them...",
+              file=sys.stderr)
+    results = predict_data_balance(args.tokens, seq_len=args.seq_len, batch_size=args.batch_size, dp=args.dp,
+                                   microbatches=args.microbatches[0], attention_span=args.attention_span,
+                                   seed=args.seed)
+    out = sys.stderr if args.json else sys.stdout
+    span = args.attention_span or args.seq_len
+    print(f"{args.tokens}: --dp {args.dp}, --batch-size {args.batch_size} rows of --seq-len {args.seq_len}, "
+          f"--microbatches {args.microbatches[0]}, cost l + l^2/{span} per document", file=out)
+    print(f"{'--balance-batches':<18}{'steps':>7}{'data-parallel imbalance':>25}{'padding':>9}"
+          f"{'real tokens per work unit':>27}", file=out)
+    for r in results:
+        print(f"{r.balance:<18}{r.steps:>7}{r.dp_imbalance:>25.1%}{r.padding:>9.1%}"
+              f"{r.real_tokens / r.work if r.work else 0.0:>27.3f}", file=out)
+    print("shares of the step before host runtime and input (the measured books add those); real tokens per work "
+          "unit times the device's rate (sim:R) is the job's real tokens/s at best", file=out)
+    if args.json:
+        print(json.dumps([r.to_dict() for r in results], indent=1))
     return 0
 
 

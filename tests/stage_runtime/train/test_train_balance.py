@@ -110,3 +110,20 @@ def test_the_new_flags_bad_values_are_refused_in_one_line(argv: list[str], messa
     assert len(err.splitlines()) == 1 and err.startswith("stallfree train: error: "), err
     assert re.search(message, err[len("stallfree train: error: "):]), err
     assert not (tmp_path / "run").exists()
+
+
+def test_stallfree_plan_predicts_the_data_parallel_imbalance_the_runs_measured(
+        runs: dict[str, dict[str, Any]], tokens: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 48, item 5: the planner takes the length mix (the token source) and predicts each balance's
+    data-parallel imbalance from the Loaders' batches alone. The measured part is the prediction times the share the
+    host and input leave, plus the host's noise (replicas whose host runtime differs wait for each other too: 1-5
+    points on this loaded 2-core machine): within 6 points, and the same steps."""
+    assert main(["plan", "--tokens", str(tokens), "--seq-len", str(S), "--attention-span", str(SPAN),
+                 "--batch-size", str(JOB["batch_size"]), "--microbatches", str(JOB["microbatches"]), "--dp", "2",
+                 "--json", "--no-progress"]) == 0
+    predicted = {p["balance"]: p for p in json.loads(capsys.readouterr().out)}
+    assert list(predicted) == ["none", "tokens", "compute"]
+    for name in ("none", "tokens", "compute"):
+        assert predicted[name]["steps"] == runs[name]["steps"], name
+        assert predicted[name]["dp_imbalance"] == pytest.approx(_dp(runs[name]), abs=0.06), name
+    assert predicted["tokens"]["dp_imbalance"] > 4 * predicted["compute"]["dp_imbalance"]
