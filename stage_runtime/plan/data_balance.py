@@ -17,9 +17,11 @@ the epoch's steps and divided by ``sum max w``: the shares the books show, befor
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -27,9 +29,10 @@ import torch
 
 from stallfree.core.cost import Cost
 from stallfree.pipeline.packing import Packing
+from stallfree.stage_runtime.models.gpt import boundary_documents, document_lengths
 from stallfree.stage_runtime.models.tasks import LanguageModeling
 
-__all__ = ["BALANCES", "DataBalance", "predict_data_balance"]
+__all__ = ["BALANCES", "DataBalance", "fit_cost", "predict_data_balance", "replica_steps"]
 
 BALANCES = ("none", "tokens", "compute")
 
@@ -98,11 +101,7 @@ def _predict(data: str, task: LanguageModeling, balance: str, *, seq_len: int, b
     from stallfree.pipeline.loader import Loader  # DALI is an extra: `stallfree plan` of image models runs without it
 
     began = time.perf_counter()
-    if balance == "none":
-        packing = Packing(seq_len=seq_len)
-    else:
-        by: Literal["tokens", "compute"] = "tokens" if balance == "tokens" else "compute"
-        packing = Packing(seq_len=seq_len, balance=by, cost=task.cost, microbatches=microbatches)
+    packing = _packing(seq_len, balance, task.cost or Cost(), microbatches)
     work: list[list[float]] = []  # [replica][step]
     padding: list[list[float]] = []
     real = 0
@@ -135,3 +134,75 @@ def _step(task: LanguageModeling, batch: dict[str, torch.Tensor], microbatches: 
     real = int((batch["document_index"] >= 0).sum())
     pad = inputs.shape[0] * task.seq_len - real
     return work, (task.cost or Cost()).linear * pad, real
+
+
+def replica_steps(data: str, *, seq_len: int, batch_size: int, balance: str, cost: Cost, microbatches: int, dp: int,
+                  replica: int = 0, seed: int = 0, epoch: int = 0) -> list[list[int]]:
+    """Each step's documents on ``replica``, as the job's Loader makes them.
+
+    A document is its length; a split document's piece counts as a document of its own, and a padding slot as a
+    document of one token (a device charges it its linear part).
+    """
+    from stallfree.pipeline.loader import Loader  # DALI is an extra: `stallfree plan` of image models runs without it
+
+    loader = Loader(data, batch_size, packing=_packing(seq_len, balance, cost, microbatches), shuffle=True, seed=seed,
+                    drop_last=True, rank=replica, world_size=dp)
+    loader.set_epoch(epoch)
+    steps = []
+    for batch in loader:
+        inputs = torch.stack([batch["input_ids"], batch["position_ids"], batch["document_index"]], dim=1)
+        lengths = document_lengths(boundary_documents(inputs)).tolist()
+        steps.append(lengths + [1] * (inputs.shape[0] * seq_len - sum(lengths)))
+    return steps
+
+
+def fit_cost(run_dir: str | Path, data: str) -> tuple[Cost, int]:
+    """The :class:`~stallfree.core.cost.Cost` that best explains a finished token job's measured steps.
+
+    Reads the job's settings from ``run_dir/summary.json`` and pairs each step of ``run_dir/train.jsonl`` (its
+    ``compute_step_s``: replica 0's own step, its wait for the other replicas left out) with replica 0's documents
+    of that step, made again from ``data`` as the job's Loader made them; then fits by non-negative least squares
+    (:meth:`Cost.fit`). Returns the cost (seconds per token, per token squared) and the number of steps fitted.
+    The host's fixed cost per step has no term of its own: it lands in the linear one.
+
+    Raises:
+        FileNotFoundError: ``run_dir`` lacks ``summary.json`` or ``train.jsonl`` (not a finished job's folder).
+        ValueError: not a token job, too few steps, or times that do not grow with the documents.
+    """
+    folder = Path(run_dir)
+    for name in ("summary.json", "train.jsonl"):
+        if not (folder / name).is_file():
+            raise FileNotFoundError(f"{folder / name} does not exist: give the --out folder of a finished "
+                                    "stallfree train job")
+    config = json.loads((folder / "summary.json").read_text()).get("config", {})
+    if config.get("model") != "gpt_tiny":
+        raise ValueError(f"{folder} is a job of --model {config.get('model')}: a cost is fitted to a token job's "
+                         "steps (--model gpt_tiny)")
+    seq_len = int(config["seq_len"])
+    planned = Cost.attention(int(config.get("attention_span") or seq_len))  # the cost the job's balance planned by
+
+    def steps_of(epoch: int) -> list[list[int]]:
+        return replica_steps(data, seq_len=seq_len, batch_size=int(config["batch_size"]), dp=int(config["dp"]),
+                             balance=str(config.get("balance_batches") or "none"), cost=planned,
+                             microbatches=int(config["microbatches"]), seed=int(config.get("seed") or 0), epoch=epoch)
+    rows = [json.loads(line) for line in (folder / "train.jsonl").read_text().splitlines() if line.strip()]
+    by_epoch: dict[int, list[list[int]]] = {}
+    documents, seconds = [], []
+    for row in rows:
+        if "compute_step_s" not in row:
+            continue
+        epoch = int(row.get("epoch", 0))
+        steps = by_epoch.get(epoch)
+        if steps is None:
+            steps = by_epoch[epoch] = steps_of(epoch)
+        if steps:
+            documents.append(steps[(int(row["step"]) - 1) % len(steps)])
+            seconds.append(float(row["compute_step_s"]))
+    return Cost.fit(documents, seconds), len(seconds)
+
+
+def _packing(seq_len: int, balance: str, cost: Cost, microbatches: int) -> Packing:
+    if balance == "none":
+        return Packing(seq_len=seq_len)
+    by: Literal["tokens", "compute"] = "tokens" if balance == "tokens" else "compute"
+    return Packing(seq_len=seq_len, balance=by, cost=cost, microbatches=microbatches)

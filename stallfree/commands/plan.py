@@ -29,6 +29,7 @@ EXAMPLES = """examples:
   stallfree train --synthetic 512 --model mlp --image-size 16 --schedule gpipe --microbatches 2 --max-steps 8 --out p/g2
   stallfree plan --model mlp --image-size 16 --devices 2 --device cpu --calibration bench-plan.json --pilots p/*
   stallfree plan --tokens ./tokens --seq-len 2048 --attention-span 2048 --batch-size 8 --microbatches 2 --dp 4
+  stallfree plan --tokens ./tokens --fit ./stallfree-train       # the cost a finished token job's steps measured
 """
 
 
@@ -113,6 +114,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with --tokens: A in l + l^2/A, as stallfree train's (default --seq-len)")
     p.add_argument("--dp", type=int, default=2, help="with --tokens: data-parallel replicas (default 2)")
     p.add_argument("--seed", type=int, default=0, help="with --tokens: the job's --seed (default 0)")
+    p.add_argument("--fit", type=Path, default=None, metavar="RUN_DIR",
+                   help="with --tokens: fit the cost of a document (l + l^2/A, in seconds) to the measured steps of "
+                   "the finished token job RUN_DIR (its --out) on DATA, and print it with the --attention-span it "
+                   "implies")
     add_progress_argument(p)
     p.set_defaults(func=run)
 
@@ -121,8 +126,10 @@ def run(args: argparse.Namespace) -> int:
     """Plan (:func:`stallfree.plan`), print the table, write plan.json and timeline.png; returns the exit code."""
     from stallfree.stage_runtime.plan.plan import plan  # imports torch: `stallfree --help` stays without it
 
+    if args.fit is not None and args.tokens is None:
+        raise ValueError("--fit RUN_DIR fits a token job's cost: give --tokens DATA too (the job's token source)")
     if args.tokens is not None:
-        return _run_tokens(args)
+        return _fit_tokens(args) if args.fit is not None else _run_tokens(args)
     if args.costs is None:  # measured here: a GPU this machine lacks fails in one line, before any measurement
         check_device(args.device, instead="--costs FILE with the per-layer costs measured on a GPU")
     result = plan(args.model, costs=args.costs, image_size=args.image_size, classes=args.classes,
@@ -171,6 +178,30 @@ def _run_tokens(args: argparse.Namespace) -> int:
           "unit times the device's rate (sim:R) is the job's real tokens/s at best", file=out)
     if args.json:
         print(json.dumps([r.to_dict() for r in results], indent=1))
+    return 0
+
+
+def _fit_tokens(args: argparse.Namespace) -> int:
+    """``--tokens DATA --fit RUN_DIR``: the cost the job's measured steps fit; returns the exit code."""
+    from stallfree.stage_runtime.plan.data_balance import fit_cost  # torch, the Loader: imported late
+
+    if args.progress:
+        print(f"reading {args.fit}'s steps and making their batches of {args.tokens} again...", file=sys.stderr)
+    cost, steps = fit_cost(args.fit, args.tokens)
+    span = cost.linear / cost.quadratic if cost.quadratic > 0 else None
+    fitted = {"linear_s": cost.linear, "quadratic_s": cost.quadratic, "steps": steps,
+              "attention_span": round(span) if span is not None else None}
+    out = sys.stderr if args.json else sys.stdout
+    print(f"{args.fit}: {steps} steps fitted: a document of l tokens costs {cost.linear:.3g} s * l + "
+          f"{cost.quadratic:.3g} s * l^2 (replica 0's step, its host's fixed cost in the linear term)", file=out)
+    if span is not None:
+        print(f"as stallfree train's cost model: --attention-span {round(span)} "
+              f"(stallfree.Cost.attention({round(span)})), {1 / cost.linear:,.0f} tokens/s at the linear rate",
+              file=out)
+    else:
+        print("no quadratic term fitted: attention cost nothing measurable at these lengths", file=out)
+    if args.json:
+        print(json.dumps(fitted, indent=1))
     return 0
 
 

@@ -127,3 +127,17 @@ def test_stallfree_plan_predicts_the_data_parallel_imbalance_the_runs_measured(
         assert predicted[name]["steps"] == runs[name]["steps"], name
         assert predicted[name]["dp_imbalance"] == pytest.approx(_dp(runs[name]), abs=0.06), name
     assert predicted["tokens"]["dp_imbalance"] > 4 * predicted["compute"]["dp_imbalance"]
+
+
+def test_the_cost_fitted_to_a_jobs_steps_is_the_devices(runs: dict[str, dict[str, Any]], tokens: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 48, item 1: Cost fitted from the trainer's own steps. The simulated device charges l + l^2/16 tokens of
+    work per document at 8,000 a second: the fit finds that cost (the host's fixed cost per step lands in the
+    linear term, so it reads a little dearer)."""
+    for name in ("tokens", "compute"):
+        run_dir = runs[name]["config"]["out_dir"]
+        assert main(["plan", "--tokens", str(tokens), "--fit", run_dir, "--json", "--no-progress"]) == 0
+        fitted = json.loads(capsys.readouterr().out)
+        assert fitted["steps"] == runs[name]["steps"]
+        assert 1 / 8000 * 0.9 < fitted["linear_s"] < 1 / 8000 * 2, fitted
+        assert 10 <= fitted["attention_span"] <= 32, fitted  # 16 exactly without the host's cost
