@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, get_args
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
 
 from stallfree.core.accelerator import SimAccelerator, parse_accelerator
-from stallfree.core.cost import Cost
 from stallfree.stage_runtime.link_delay import LinkDelay, parse_link_delay
 from stallfree.stage_runtime.schedules import ScheduleSpec, schedule_spec
+
+if TYPE_CHECKING:
+    from stallfree.core.cost import Cost
 
 __all__ = ["BALANCE_BATCHES", "BUNDLED_MODELS", "DEFAULT_SEQ_LEN", "LR_SCHEDULES", "MAX_TIMEOUT_S", "OPTIMIZERS",
            "TOKEN_MODELS", "VERIFY_MODES", "BalanceBatches", "CheckpointConfig", "FeedConfig", "LrSchedule",
@@ -107,6 +109,8 @@ class ModelConfig:
     @property
     def cost(self) -> Cost:
         """A token model's cost of a document: ``Cost.attention(attention_span or packed_len)``, in tokens."""
+        from stallfree.core.cost import Cost  # NumPy: `stallfree --help` builds these parts without importing it
+
         return Cost.attention(self.attention_span or self.packed_len)
 
     def factory_kwargs(self) -> dict[str, Any]:
