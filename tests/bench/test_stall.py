@@ -67,9 +67,10 @@ def test_the_loop_times_its_python_beside_every_feed(image_folder: Path, tmp_pat
         else:  # the work ran in the loop and alone, and the slowdown compares the two
             assert cell["work_units"] >= 1 and cell["work_alone_ms"] > 0 and cell["work_run_ms"] > 0
             assert cell["slowdown"] == pytest.approx(cell["work_run_ms"] / cell["work_alone_ms"] - 1)
+            assert cell["work_alone_cpu_ms"] > 0 and cell["work_run_cpu_ms"] > 0  # the share of it the core ran
     rows = result["loop"]["summary"]
     assert len(rows) == 6 and all(row["runs"] == 1 for row in rows)
-    assert "| torch DataLoader | 30% |" in out and "the loop's Python slowed by < 5%" in out
+    assert "| torch DataLoader | 30% (" in out and "the loop's Python slowed by < 5%" in out
 
 
 @pytest.mark.parametrize(
