@@ -26,6 +26,11 @@ pass's reader finished, and a loop at full speed leaves it no time), the epochs 
 the one before was trained on), a fresh Loader's first (cold or started). The goal (issue 36): under 2% stall and
 at least 97% of ``R`` at 80% load, in one epoch as in many.
 
+Then the loop (:mod:`stallfree.bench.stall_loop`): a training loop whose own Python work is a stated share of each
+step (``--shares``, default 0%, 30% and 60%) beside the device's sleep, fed by the Loader, by torch's DataLoader with
+workers and by plain DALI, each at ``--load`` times the rate it sustains beside that loop: the stall, and how much
+longer the loop's Python took than the same work with no feed running (its slowdown), measured in the same run.
+
 Data: ``--synthetic N`` (default 2,000: 31 batches of 64) writes, into an empty DATA, the bench generator's
 ImageNet-sized JPEGs (as ``bench e2e``: 375x500 +-25% a side, about 73 KiB, photographs' spectrum; not photos).
 """
@@ -41,6 +46,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from stallfree.bench.loader import MEAN, STD, bench_files
+from stallfree.bench.stall_loop import FEEDS, SHARES, print_loop, run_loop, steps_per_cell, summary
 from stallfree.core.accelerator import SimAccelerator
 
 __all__ = ["add_arguments", "parts", "run"]
@@ -48,6 +54,7 @@ __all__ = ["add_arguments", "parts", "run"]
 EXAMPLES = """examples:
   stallfree bench stall ./bench-stall                  # 2,000 synthetic JPEGs there first, 4 epochs at 80% load
   stallfree bench stall ./bench-stall --epochs 1 --runs 5 --json | jq .summary
+  stallfree bench stall ./bench-stall --shares 0.3 --feeds stallfree torch --json | jq .loop.summary
   stallfree bench stall ~/imagenet/val --load 0.9 --prefetch 4 --json-file stall.json
 """
 GOAL = {"stall_share": 0.02, "of_r": 0.97}  # issue 36, item 1, at 80% load
@@ -74,10 +81,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--build-s", type=float, default=1.0,
                         help="seconds between a fresh Loader's construction and its first batch: the job building "
                         "its model (default 1)")
+    parser.add_argument("--shares", type=float, nargs="*", default=list(SHARES), metavar="SHARE",
+                        help="then a loop whose own Python work is each SHARE of the step, beside each --feeds feed: "
+                        "its stall and its Python's slowdown (default: 0 0.3 0.6; none given: no loop)")
+    parser.add_argument("--feeds", nargs="+", choices=FEEDS, default=list(FEEDS),
+                        help="the loop's feeds: stallfree (the Loader), torch (DataLoader with --threads workers), "
+                        "dali (plain pipeline); default: all")
+    parser.add_argument("--loop-epochs", type=int, default=3, help="epochs the loop trains at R per cell (default 3)")
 
 
 def _check(args: argparse.Namespace) -> None:
-    for flag in ("epochs", "runs", "batch_size", "threads"):
+    for flag in ("epochs", "runs", "batch_size", "threads", "loop_epochs"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     if not 0 < args.load <= 1:
@@ -86,6 +100,9 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"--prefetch must be positive, got {args.prefetch}")
     if args.switch_interval_ms is not None and not args.switch_interval_ms > 0:
         raise ValueError(f"--switch-interval-ms must be positive, got {args.switch_interval_ms}")
+    bad = [share for share in args.shares if not 0 <= share < 1]
+    if bad:
+        raise ValueError(f"--shares must be in [0, 1), each a share of the step spent in the loop's Python, got {bad}")
     if args.build_s < 0:
         raise ValueError(f"--build-s must be >= 0, got {args.build_s}")
 
@@ -196,6 +213,11 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
         with tqdm(total=args.runs * (args.epochs + 4), desc="epochs", unit="epoch", file=sys.stderr,
                   disable=not getattr(args, "progress", True)) as bar:
             runs = [_one_run(args, bar) for _ in range(args.runs)]
+        per_epoch = len(files) // args.batch_size
+        steps = args.runs * len(args.feeds) * sum(steps_per_cell(args, per_epoch, s) for s in args.shares)
+        with tqdm(total=steps, desc="loop", unit="batch", file=sys.stderr, mininterval=1.0,
+                  disable=not getattr(args, "progress", True)) as bar:
+            cells = run_loop(args, per_epoch, lambda: _loader(args), bar)
     finally:
         sys.setswitchinterval(interval)
     for r in runs:
@@ -204,8 +226,11 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
     result = {"images": len(files), "batch_size": args.batch_size, "batches": len(files) // args.batch_size,
               "threads": args.threads, "load": args.load, "prefetch": args.prefetch,
               "switch_interval_ms": (args.switch_interval_ms or interval * 1e3), "load_average": os.getloadavg(),
-              "build_s": args.build_s, "runs": runs, "summary": {key: _summary(runs, key) for key in KINDS}}
+              "build_s": args.build_s, "runs": runs, "summary": {key: _summary(runs, key) for key in KINDS},
+              "loop": {"shares": args.shares, "epochs": args.loop_epochs, "cells": cells, "summary": summary(cells)}}
     _print(result, out)
+    if cells:
+        print_loop(result["loop"]["summary"], args.load, out)
     return result
 
 

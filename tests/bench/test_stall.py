@@ -27,7 +27,7 @@ def test_a_tiny_run_writes_every_epoch_and_its_waits(image_folder: Path, tmp_pat
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     result_path = tmp_path / "stall.json"
     code = main(["bench", "stall", str(image_folder), "--synthetic", "0", "--epochs", "2", "--runs", "1",
-                 "--batch-size", "4", "--threads", "1", "--build-s", "0.2", "--no-progress",
+                 "--batch-size", "4", "--threads", "1", "--build-s", "0.2", "--no-progress", "--shares",
                  "--json-file", str(result_path)])
     out = capsys.readouterr().out
     assert code == 0
@@ -43,6 +43,34 @@ def test_a_tiny_run_writes_every_epoch_and_its_waits(image_folder: Path, tmp_pat
     assert len(run["epochs"]) == 2 and set(run["fresh"]) == {"cold", "started"}
     assert set(result["summary"]) == {"first", "rest", "cold", "started"}
     assert "a fresh Loader's first epoch, start()ed (median)" in out
+    assert result["loop"]["cells"] == []  # --shares with none: no loop
+
+
+def test_the_loop_times_its_python_beside_every_feed(image_folder: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    result_path = tmp_path / "stall.json"
+    code = main(["bench", "stall", str(image_folder), "--synthetic", "0", "--epochs", "1", "--runs", "1",
+                 "--batch-size", "4", "--threads", "1", "--build-s", "0", "--no-progress", "--shares", "0", "0.3",
+                 "--loop-epochs", "2", "--json-file", str(result_path)])
+    out = capsys.readouterr().out
+    assert code == 0
+    result = json.loads(result_path.read_text())
+    cells = result["loop"]["cells"]
+    assert [(c["feed"], c["share"]) for c in cells] == [
+        (feed, share) for share in (0.0, 0.3) for feed in ("stallfree", "torch DataLoader", "plain DALI")]
+    for cell in cells:
+        assert len(cell["waits_ms"]) == 2 * result["batches"]  # every step of --loop-epochs epochs timed
+        assert 0 <= cell["stall"] <= 1 and cell["speed"] == pytest.approx(0.8 * cell["beside_loop"])
+        if cell["share"] == 0:
+            assert cell["work_units"] is None and cell["slowdown"] is None
+            assert cell["beside_loop"] == cell["standalone"]
+        else:  # the work ran in the loop and alone, and the slowdown compares the two
+            assert cell["work_units"] >= 1 and cell["work_alone_ms"] > 0 and cell["work_run_ms"] > 0
+            assert cell["slowdown"] == pytest.approx(cell["work_run_ms"] / cell["work_alone_ms"] - 1)
+            assert cell["work_alone_cpu_ms"] > 0 and cell["work_run_cpu_ms"] > 0  # the share of it the core ran
+    rows = result["loop"]["summary"]
+    assert len(rows) == 6 and all(row["runs"] == 1 for row in rows)
+    assert "| torch DataLoader | 30% (" in out and "the loop's Python slowed by < 5%" in out
 
 
 @pytest.mark.parametrize(
@@ -52,6 +80,9 @@ def test_a_tiny_run_writes_every_epoch_and_its_waits(image_folder: Path, tmp_pat
         (["--epochs", "0"], "--epochs must be positive, got 0"),
         (["--switch-interval-ms", "0"], "--switch-interval-ms must be positive, got 0.0"),
         (["--batch-size", "1000"], "fewer than one batch of 1000"),
+        (["--shares", "0.3", "1"], "--shares must be in [0, 1), each a share of the step spent in the loop's Python, "
+                                   "got [1.0]"),
+        (["--loop-epochs", "0"], "--loop-epochs must be positive, got 0"),
     ],
 )
 def test_bad_arguments_are_one_line_and_exit_2(image_folder: Path, extra: list[str], message: str,
