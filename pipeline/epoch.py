@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from stallfree.pipeline.graph_stage import GraphStage
+from stallfree.pipeline.priority import lowered, run_at
 from stallfree.pipeline.read_stage import ReadStage
 from stallfree.pipeline.samples import Batch
 from stallfree.pipeline.skips import SkipPolicy
@@ -83,12 +84,14 @@ class EpochRun:
         # A remote reader's read-ahead takes the coming rows.
         parts.reader.follow(parts.sampler.rows(self.order[position % len(self.order) :]))
         reader, assembler = ReadStage(self), GraphStage(self, position)
+        self._nice = lowered()
         self._threads = [
             threading.Thread(target=self._guard, args=(reader.loop, self.read_q, position, number), daemon=True),
             threading.Thread(target=self._guard, args=(assembler.loop, self.out_q, number), daemon=True),
         ]
         for thread in self._threads:
             thread.start()
+            run_at(self._nice, thread.native_id)
         _RUNNING.add(self)
 
     def stop(self) -> None:
@@ -134,6 +137,7 @@ class EpochRun:
 
     def _guard(self, loop: Any, out: queue.Queue[Any], *args: Any) -> None:
         try:
+            run_at(self._nice)  # the training loop gets a core when it wants one (priority.py); the reads inherit it
             loop(*args)
         except BaseException as err:  # noqa: BLE001 - every failure reaches the training loop, none is lost
             self.put(out, _Failure(err))

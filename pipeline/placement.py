@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from stallfree.pipeline.epoch import EpochRun
 from stallfree.pipeline.graph import Graph
 from stallfree.pipeline.next_pass import NextPass
+from stallfree.pipeline.priority import on_lowered_thread
 from stallfree.pipeline.ray_run import RayRun
 from stallfree.pipeline.ray_transfer import worker_spec
 from stallfree.pipeline.ray_workers import RayWorkers, run_key
@@ -62,8 +63,8 @@ class LocalGraph:
 
     def graph(self) -> Graph:
         """The DALI graph every run shares, built on first use (so that building a Loader stays cheap)."""
-        if self._graph is None:
-            self._graph = Graph(**self._keywords)
+        if self._graph is None:  # built on a thread of lowered priority, which DALI's workers inherit (priority.py)
+            self._graph = on_lowered_thread(lambda: Graph(**self._keywords))
         return self._graph
 
     def run(self, parts: RunParts, epoch: int, split: int, position: int, number: int,

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from stallfree.ingest.fetch import exiting
+from stallfree.pipeline.priority import lowered, run_at
 
 if TYPE_CHECKING:
     from stallfree.pipeline.shard_cache import ShardCache
@@ -75,9 +76,11 @@ class ReadAhead:
             self._looked, self._until, self._position = 0, 0, 0
             self._stream += 1
             if self._thread is None:
-                self._thread = threading.Thread(target=_loop, args=(weakref.ref(self), self._wake),
+                nice = lowered()
+                self._thread = threading.Thread(target=_loop, args=(weakref.ref(self), self._wake, nice),
                                                 name="stallfree-read-ahead", daemon=True)
                 self._thread.start()
+                run_at(nice, self._thread.native_id)
         self._wake.set()
 
     def wake(self) -> None:
@@ -165,12 +168,14 @@ def _index(shards: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
     return again, first
 
 
-def _loop(ref: weakref.ref[ReadAhead] | weakref.ref[RangeReadAhead], wake: threading.Event) -> None:
+def _loop(ref: weakref.ref[ReadAhead] | weakref.ref[RangeReadAhead], wake: threading.Event, nice: int | None) -> None:
     """The read-ahead thread: it holds its ReadAhead (or RangeReadAhead) only while it works.
 
     Never while it waits, so a reader (and the Loader that held it) dropped without ``close()`` is collected, and
-    the thread then ends.
+    the thread then ends. It runs, and its downloads' threads with it, at the lowered priority of the Loader's threads
+    (priority.py).
     """
+    run_at(nice)
     while True:
         wake.wait(timeout=0.5)
         wake.clear()
@@ -237,9 +242,11 @@ class RangeReadAhead:
             self._generation += 1
             self._arrived.notify_all()
             if self._thread is None:
-                self._thread = threading.Thread(target=_loop, args=(weakref.ref(self), self._wake),
+                nice = lowered()
+                self._thread = threading.Thread(target=_loop, args=(weakref.ref(self), self._wake, nice),
                                                 name="stallfree-range-read-ahead", daemon=True)
                 self._thread.start()
+                run_at(nice, self._thread.native_id)
         first = self._window()  # taken now, so the first reads find their rows in flight and wait for them
         with self._lock:
             self._ready = first

@@ -23,6 +23,7 @@ import torch
 
 from stallfree.ingest.fields import TOKENS
 from stallfree.pipeline.packing import EMPTY, PackOrder, PackPlan
+from stallfree.pipeline.priority import lowered, run_at
 from stallfree.pipeline.reader_base import sample_of
 from stallfree.pipeline.samples import Batch
 
@@ -170,13 +171,16 @@ class TokenRun:
         self._clock: Clock | None = None
         self._held: list[tuple[str, str, float, float, int]] | None = []
         self._lock = threading.Lock()
+        self._nice = lowered()
         self._thread = threading.Thread(target=self._loop, args=(number,), daemon=True, name="stallfree-tokens")
         _RUNNING.add(self)
         self._thread.start()
+        run_at(self._nice, self._thread.native_id)
 
     def _loop(self, number: int) -> None:
         batcher, per_rank = self.parts.batcher, len(self.ids)
         try:
+            run_at(self._nice)  # the training loop gets a core when it wants one (priority.py)
             self.parts.build.follow(self.ids[number * batcher.largest :], self.epoch)
             for k in range(number, batcher.batches(per_rank)):
                 if self._stop.is_set():
