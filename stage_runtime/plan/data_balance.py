@@ -98,17 +98,13 @@ def predict_data_balance(data: str, *, seq_len: int, batch_size: int, dp: int, m
 
 def _predict(data: str, task: LanguageModeling, balance: str, *, seq_len: int, batch_size: int, dp: int,
              microbatches: int, seed: int, epoch: int) -> DataBalance:
-    from stallfree.pipeline.loader import Loader  # DALI is an extra: `stallfree plan` of image models runs without it
-
     began = time.perf_counter()
     packing = _packing(seq_len, balance, task.cost or Cost(), microbatches)
     work: list[list[float]] = []  # [replica][step]
     padding: list[list[float]] = []
     real = 0
     for replica in range(dp):
-        loader = Loader(data, batch_size, packing=packing, shuffle=True, seed=seed, drop_last=True, rank=replica,
-                        world_size=dp)
-        loader.set_epoch(epoch)
+        loader = _job_loader(data, batch_size, packing, seed=seed, replica=replica, dp=dp, epoch=epoch)
         steps_work, steps_padding = [], []
         for batch in loader:
             w, p, r = _step(task, batch, microbatches)
@@ -128,10 +124,10 @@ def _predict(data: str, task: LanguageModeling, balance: str, *, seq_len: int, b
 
 def _step(task: LanguageModeling, batch: dict[str, torch.Tensor], microbatches: int) -> tuple[float, float, int]:
     """A replica's step: its micro-batches' work, the padding slots' part of it, and its real tokens."""
-    inputs = torch.stack([batch["input_ids"], batch["position_ids"], batch["document_index"]], dim=1)
+    made = task.batch(batch)  # stage 0's input, as the trainer makes it
+    inputs, real = made.inputs, made.samples
     rows = inputs.shape[0] // microbatches
     work = sum(task.work(inputs[m * rows:(m + 1) * rows]) for m in range(microbatches))
-    real = int((batch["document_index"] >= 0).sum())
     pad = inputs.shape[0] * task.seq_len - real
     return work, (task.cost or Cost()).linear * pad, real
 
@@ -143,14 +139,12 @@ def replica_steps(data: str, *, seq_len: int, batch_size: int, balance: str, cos
     A document is its length; a split document's piece counts as a document of its own, and a padding slot as a
     document of one token (a device charges it its linear part).
     """
-    from stallfree.pipeline.loader import Loader  # DALI is an extra: `stallfree plan` of image models runs without it
-
-    loader = Loader(data, batch_size, packing=_packing(seq_len, balance, cost, microbatches), shuffle=True, seed=seed,
-                    drop_last=True, rank=replica, world_size=dp)
-    loader.set_epoch(epoch)
+    task = LanguageModeling(seq_len, 2, cost)
+    loader = _job_loader(data, batch_size, _packing(seq_len, balance, cost, microbatches), seed=seed, replica=replica,
+                         dp=dp, epoch=epoch)
     steps = []
     for batch in loader:
-        inputs = torch.stack([batch["input_ids"], batch["position_ids"], batch["document_index"]], dim=1)
+        inputs = task.batch(batch).inputs
         lengths = document_lengths(boundary_documents(inputs)).tolist()
         steps.append(lengths + [1] * (inputs.shape[0] * seq_len - sum(lengths)))
     return steps
@@ -199,6 +193,16 @@ def fit_cost(run_dir: str | Path, data: str) -> tuple[Cost, int]:
             documents.append(steps[(int(row["step"]) - 1) % len(steps)])
             seconds.append(float(row["compute_step_s"]))
     return Cost.fit(documents, seconds), len(seconds)
+
+
+def _job_loader(data: str, batch_size: int, packing: Packing, *, seed: int, replica: int, dp: int, epoch: int) -> Any:
+    """A replica's Loader as a token job's training feed builds it (shuffled, full batches), at ``epoch``."""
+    from stallfree.pipeline.loader import Loader  # DALI is an extra: `stallfree plan` of image models runs without it
+
+    loader = Loader(data, batch_size, packing=packing, shuffle=True, seed=seed, drop_last=True, rank=replica,
+                    world_size=dp)
+    loader.set_epoch(epoch)
+    return loader
 
 
 def _packing(seq_len: int, balance: str, cost: Cost, microbatches: int) -> Packing:
