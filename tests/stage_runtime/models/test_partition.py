@@ -56,7 +56,8 @@ def test_too_few_layers() -> None:
 
 def test_measure_layers_sees_the_heavy_layer_and_split_shares_modules() -> None:
     layers = [nn.Linear(16, 16), nn.Linear(16, 512), nn.Linear(512, 512), nn.Linear(512, 16)]
-    costs = measure_layers(layers, torch.randn(64, 16), repeats=2)
+    # Best of 6: under a loaded machine (CI runs tests in parallel) one preempted repeat must not rank the layers.
+    costs = measure_layers(layers, torch.randn(64, 16), repeats=5)
     assert costs[2].param_bytes == (512 * 512 + 512) * 4
     assert costs[1].activation_bytes == 64 * 512 * 4
     assert costs[2].time_s > costs[0].time_s
