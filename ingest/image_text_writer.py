@@ -45,7 +45,7 @@ from stallfree.ingest.writer import BATCH_ROWS, RECORDS, record_path
 
 __all__ = [
     "DEFAULT_PLACEHOLDER", "IMAGE_COUNTS", "LAYOUTS", "ImageTextDocument", "Layout", "document_inconsistency",
-    "image_text_manifest", "image_text_schema", "write_image_counts", "write_image_text_shard",
+    "image_text_manifest", "image_text_schema", "shard_image_counts", "write_image_counts", "write_image_text_shard",
     "write_image_text_shards",
 ]
 
@@ -170,18 +170,23 @@ def write_image_text_shard(out: Path, name: str, documents: list[ImageTextDocume
 
 def write_image_counts(out: Path, shard_files: list[str]) -> dict[str, Any]:
     """Write ``out/image_counts.npy`` (int32) from the ``images`` columns of ``shard_files``; returns its entry."""
+    pieces = [shard_image_counts(out / name) for name in shard_files]
+    counts = np.concatenate(pieces).astype(np.int32) if pieces else np.empty(0, np.int32)
+    return save_labels(out, counts, IMAGE_COUNTS)
+
+
+def shard_image_counts(path: Path) -> np.ndarray:
+    """The images per row (int32) of the image-text shard at ``path``, from its ``images`` column's offsets."""
     import pyarrow as pa
     import pyarrow.ipc as ipc
 
-    pieces = []
-    for name in shard_files:
-        with pa.memory_map(str(out / name)) as source:
-            reader = ipc.open_file(source)
-            for i in range(reader.num_record_batches):
-                column = reader.get_batch(i).column("images")
-                pieces.append(np.diff(column.offsets.to_numpy()).astype(np.int32))
-    counts = np.concatenate(pieces).astype(np.int32) if pieces else np.empty(0, np.int32)
-    return save_labels(out, counts, IMAGE_COUNTS)
+    pieces = [np.empty(0, np.int32)]
+    with pa.memory_map(str(path)) as source:
+        reader = ipc.open_file(source)
+        for i in range(reader.num_record_batches):
+            column = reader.get_batch(i).column("images")
+            pieces.append(np.diff(column.offsets.to_numpy()).astype(np.int32))
+    return np.concatenate(pieces)
 
 
 def _tokenizer_entry(tokenizer: TextTokenizer | None, bos: int | None, eos: int | None) -> dict[str, Any] | None:

@@ -4,7 +4,8 @@ The token ingest reads one field of a row (:mod:`.text_sources`); an image-text 
 text or conversation), so rows come here as dicts of the fields asked for (a field the row lacks is absent from its
 dict). The files are listed as :func:`~stallfree.ingest.text_sources.list_text_files` lists them (a file, or a
 folder's files in name order) and rows are numbered as there (from 0 in each file; a JSON Lines file's blank lines
-are no rows). A CSV file holds no images nor conversations, and is refused.
+are no rows). A ``.json`` file that is one JSON array (LLaVA's ``llava_v1_5_mix665k.json``, as LLaVA's scripts read
+it) is parsed whole, its elements the rows. A CSV file holds no images nor conversations, and is refused.
 
 A Hugging Face ``datasets.Dataset`` is one "file" named ``dataset`` (its rows numbered in the dataset's order,
 after any ``select`` or ``shuffle``), read as Arrow (``with_format("arrow")``), so an ``Image()`` column comes as its
@@ -33,13 +34,17 @@ Record = tuple[int, dict[str, Any] | Bad]
 
 @dataclass(frozen=True)
 class RecordFile:
-    """One file of rows (or a dataset): ``name`` names its rows in messages and shards; ``rows`` counts them."""
+    """One file of rows (or a dataset): ``name`` names its rows in messages and shards; ``rows`` counts them.
+
+    ``array``: a ``.json`` file holding one JSON array of rows (row R is its element R), not JSON Lines.
+    """
 
     name: str
     rows: int
     size: int
     text: TextFile | None = None
     dataset: Any = None
+    array: bool = False
 
 
 def is_dataset(source: Any) -> bool:
@@ -66,7 +71,33 @@ def list_record_files(source: Any) -> list[RecordFile]:
         if file.format == "csv":
             raise ValueError(f"{file.path}: a CSV file holds no images nor conversations; write the rows as JSON "
                              "Lines or Parquet")
-    return [RecordFile(f.name, count_rows(f, ""), f.size, text=f) for f in files]
+    return [RecordFile(f.name, len(_json_array(f.path)) if _is_array(f) else count_rows(f, ""), f.size, text=f,
+                       array=_is_array(f)) for f in files]
+
+
+def _is_array(file: TextFile) -> bool:
+    """Whether a ``.json`` file is one JSON array (LLaVA's ``llava_v1_5_mix665k.json``), not JSON Lines."""
+    if file.format != "jsonl" or file.path.suffix.lower() != ".json":
+        return False
+    with open(file.path, "rb") as f:
+        while chunk := f.read(4096):
+            head = chunk.lstrip()
+            if head:
+                return head[:1] == b"["
+    return False
+
+
+def _json_array(path: Path) -> list[Any]:
+    """A ``.json`` file's array, parsed whole (as LLaVA's scripts load it)."""
+    with open(path, "rb") as f:
+        try:
+            value = json.load(f)
+        except ValueError as err:
+            raise ValueError(f"{path} starts as a JSON array but is not valid JSON ({err}); write one object a "
+                             "line (JSON Lines), or fix the file") from None
+    if not isinstance(value, list):  # pragma: no cover - it starts with "["
+        raise ValueError(f"{path} is not a JSON array")
+    return value
 
 
 def read_records(file: RecordFile, fields: list[str], start: int = 0) -> Iterator[list[Record]]:
@@ -92,6 +123,12 @@ def read_records(file: RecordFile, fields: list[str], start: int = 0) -> Iterato
         names = [f for f in fields if f in parquet.schema_arrow.names]
         for row, batch in parquet_batches(parquet, names, start):
             yield [(row + i, values) for i, values in enumerate(batch.to_pylist())]
+        return
+    if file.array:
+        rows = _json_array(text.path)
+        for first in range(start, len(rows), BATCH):
+            yield [(first + i, row if isinstance(row, dict) else Bad(f"not a JSON object (a {type(row).__name__})"))
+                   for i, row in enumerate(rows[first : first + BATCH])]
         return
     yield from _jsonl_records(text.path, start)
 

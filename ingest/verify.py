@@ -96,7 +96,8 @@ def verify(out: str | os.PathLike[str], *, decode: bool = False, storage_options
     manifest's schema and row count; with ``decode``, decodes every image (of token shards: checks every document
     with the one token check, ``ingest.token_check``). ``labels.npy`` (when the manifest lists it: not in datasets of
     older stallfree) has the manifest's size, SHA-256, dtype and length, and equals the shards' label columns; a token
-    folder's ``lengths.npy`` likewise equals the shards' ``length`` columns.
+    folder's ``lengths.npy`` likewise equals the shards' ``length`` columns, and a local image-text folder's
+    ``image_counts.npy`` the images of each shard's rows (``--decode``: every image decoded too).
 
     Args:
         out: an ingested folder, or its URL (a ``str``); a remote shard is named with its URL.
@@ -132,6 +133,37 @@ def verify(out: str | os.PathLike[str], *, decode: bool = False, storage_options
                                 f"{shard['file']}'s {column} column (ingest or --merge again)")
             first += rows
             bar.update(int(shard["bytes"]))
+    if manifest.get("kind") == "image_text" and not remote:
+        problems.extend(_image_counts(Path(out), manifest))
+    return problems
+
+
+def _image_counts(out: Path, manifest: dict[str, Any]) -> list[str]:
+    """How a local image-text folder's ``image_counts.npy`` differs from its file entry or its shards' images."""
+    import pyarrow as pa
+
+    from stallfree.ingest.image_text_writer import shard_image_counts
+
+    entry = manifest["image_counts"]
+    try:
+        counts = load_labels(out, entry, int(manifest["rows"]))
+        if file_sha256(out / entry["file"]) != entry["sha256"]:
+            return [f"{entry['file']}: SHA-256 differs from the manifest's (the file was altered)"]
+    except FileNotFoundError:
+        return [f"{entry['file']}: missing"]
+    except (OSError, ValueError) as err:
+        return [str(err)]
+    problems, first = [], 0
+    for shard in manifest["shards"]:
+        rows = int(shard["rows"])
+        try:
+            ours = shard_image_counts(out / shard["file"])
+        except (pa.ArrowException, OSError, KeyError):  # a shard already reported above
+            ours = None
+        if ours is not None and len(ours) == rows and not np.array_equal(ours, counts[first : first + rows]):
+            problems.append(f"{entry['file']}: rows {first}..{first + rows - 1} differ from {shard['file']}'s "
+                            "image counts (ingest again)")
+        first += rows
     return problems
 
 

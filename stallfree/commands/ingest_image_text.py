@@ -78,6 +78,12 @@ def ingest_image_text_command(args: argparse.Namespace) -> int:
         one = len(given) == 1
         raise CliError(f"{', '.join(given)} do{'es' if one else ''} not apply to an image-text ingest (--layout; "
                        f"docs/ingest.md, Image-text samples); drop {'it' if one else 'them'}")
+    other = ({"--conversations-field": args.conversations_field, "--image-placeholder": args.image_placeholder}
+             if args.layout == "caption" else {"--text-field": args.text_field})
+    given = [flag for flag, value in other.items() if value is not None]
+    if given:
+        raise CliError(f"{', '.join(given)} do{'es' if len(given) == 1 else ''} not apply to --layout {args.layout}; "
+                       "drop it (docs/ingest.md, Image-text samples)")
     if len(args.paths) != 2:
         raise CliError(f"ingest takes SRC and OUT, got {len(args.paths)} paths")
     if args.tokenizer is None:

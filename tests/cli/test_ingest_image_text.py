@@ -48,6 +48,8 @@ def test_captions_are_ingested_summarised_shown_and_verified(captions, bpe_token
                             "conversations too"),
     (["--layout", "caption", "--tokenizer", "t.json", "--raw", "8x8", "--workers", "2"],
      "--raw, --workers do not apply to an image-text ingest"),
+    (["--layout", "conversations", "--tokenizer", "t.json", "--text-field", "caption"],
+     "--text-field does not apply to --layout conversations; drop it"),
 ])
 def test_a_wrong_flag_is_one_line_and_exit_2(flags, message, captions, tmp_path, capsys):
     assert main(["ingest", str(captions), str(tmp_path / "out"), *flags]) == 2

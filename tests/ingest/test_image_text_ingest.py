@@ -123,6 +123,29 @@ def test_parquet_bytes_and_a_datasets_dataset_give_the_shards_of_the_same_rows_a
         assert [r["source"] for r in got] == [f"{file}:{i}" for i in range(3)]
 
 
+def test_llavas_json_array_and_trls_images_and_messages_dataset_are_read_as_rows(images, bpe_tokenizer,
+                                                                                 shard_rows, tmp_path):
+    import datasets
+
+    turns = [{"from": "human", "value": "<image>\nWhat is it?"}, {"from": "gpt", "value": "A circle."}]
+    (tmp_path / "llava.json").write_text(json.dumps([{"id": "a", "image": "img/0.png", "conversations": turns},
+                                                     {"id": "b", "image": "img/1.png", "conversations": turns}],
+                                                    indent=1))
+    options = ImageTextOptions(layout="conversations", tokenizer=str(bpe_tokenizer))
+    assert ingest_image_text(tmp_path / "llava.json", tmp_path / "a", options)["documents"] == 2
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "\nWhat is it?"}]},
+                {"role": "assistant", "content": [{"type": "text", "text": "A circle."}]}]
+    dataset = datasets.Dataset.from_dict({"images": [[str(images[0])], [str(images[1])]],
+                                          "messages": [messages, messages]})
+    dataset = dataset.cast_column("images", datasets.Sequence(datasets.Image()))
+    ingest_image_text(dataset, tmp_path / "b", ImageTextOptions(layout="conversations", tokenizer=str(bpe_tokenizer),
+                                                                conversations_field="messages"))
+    from_json, from_dataset = shard_rows(tmp_path / "a"), shard_rows(tmp_path / "b")
+    assert [r["source"] for r in from_json] == ["llava.json:0", "llava.json:1"]
+    assert [{**r, "source": ""} for r in from_json] == [{**r, "source": ""} for r in from_dataset]
+    assert from_json[1]["images"] == [images[1].read_bytes()]
+
+
 def test_a_transformers_tokenizers_bos_goes_before_the_image(images, bpe_tokenizer, tokenizer, shard_rows, tmp_path):
     from tokenizers import Tokenizer, processors
 

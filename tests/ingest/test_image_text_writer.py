@@ -74,3 +74,17 @@ def test_a_damaged_image_text_manifest_is_refused_by_field(encode, tmp_path):
     path.write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match="image_counts must be an object"):
         read_manifest(tmp_path / "out")
+
+
+def test_verify_finds_image_counts_that_disagree_with_the_shards(encode, tmp_path):
+    from stallfree.ingest.labels import save_labels
+    from stallfree.ingest.manifest import write_manifest
+    from stallfree.ingest.verify import verify
+
+    write_image_text_shards(tmp_path / "out", [_document(encode, s, 4, s % 3) for s in range(4)])
+    assert verify(tmp_path / "out", decode=True) == []
+    manifest = read_manifest(tmp_path / "out")
+    manifest["image_counts"] = save_labels(tmp_path / "out", np.array([0, 1, 2, 2], np.int32), "image_counts.npy")
+    write_manifest(tmp_path / "out" / "manifest.json", manifest)  # listed, but wrong in its last row
+    assert verify(tmp_path / "out") == ["image_counts.npy: rows 0..3 differ from shard-00000.arrow's image counts "
+                                        "(ingest again)"]
