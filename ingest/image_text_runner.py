@@ -54,6 +54,8 @@ from stallfree.ingest.tokenizer import Specials, TextTokenizer
 
 __all__ = ["ImageTextOptions", "ImageTextPlan", "ingest_image_text", "plan_image_text"]
 
+#: How a lock, a manifest and a message name a ``datasets.Dataset`` source.
+DATASET_NAME = "datasets.Dataset"
 #: The end token of each assistant reply in LLaVA v1's template, where the tokenizer names no EOS of its own.
 _END = "</s>"
 
@@ -149,7 +151,7 @@ def plan_image_text(source: Any, options: ImageTextOptions) -> ImageTextPlan:
             missing.append(" or ".join(images))
         if missing:
             flags = "--image-field/--text-field" if options.layout == "caption" else "--conversations-field"
-            raise ValueError(f"{_where(source, file)} has no column {' nor '.join(map(repr, missing))} for --layout "
+            raise ValueError(f"{_where(file)} has no column {' nor '.join(map(repr, missing))} for --layout "
                              f"{options.layout}; its columns are {held}: name them with {flags}")
     if options.image_root is not None and not Path(options.image_root).is_dir():
         raise FileNotFoundError(f"--image-root {options.image_root} is not a folder")
@@ -173,12 +175,8 @@ def plan_image_text(source: Any, options: ImageTextOptions) -> ImageTextPlan:
     return ImageTextPlan(where, files, roots, [*images, text], tokenizer, specials, end, vocab, dtype, job)
 
 
-#: How a lock and a manifest name a ``datasets.Dataset`` source.
-DATASET_NAME = "datasets.Dataset"
-
-
-def _where(source: Any, file: RecordFile) -> str:
-    return file.text.path.as_posix() if file.text is not None else f"the {DATASET_NAME} {source!r}"[:200]
+def _where(file: RecordFile) -> str:
+    return file.text.path.as_posix() if file.text is not None else f"the {DATASET_NAME}"
 
 
 def ingest_image_text(source: Any, out: str | os.PathLike[str], options: ImageTextOptions, *,

@@ -139,11 +139,14 @@ def choose_field(files: list[TextFile], text_field: str | None, tokens_field: st
     found = next((name for name in TOKEN_COLUMNS if name in columns), None)
     if found is not None and first.format != "csv":
         return "tokens", found
+    images = ("; rows with images and a caption or a conversation: add --layout caption or --layout conversations"
+              if {"image", "images", "conversations"} & set(columns) else "")
     if "text" in columns:
         raise ValueError(f"{first.path} holds text (its field 'text'): pass --tokenizer PATH (a tokenizer.json, or a "
-                         "transformers tokenizer folder) to tokenize it")
+                         f"transformers tokenizer folder) to tokenize it{images}")
     raise ValueError(f"{first.path} has neither token ids ({' or '.join(TOKEN_COLUMNS)}) nor text; its fields are "
-                     f"{columns}: name one with --tokens-field NAME, or --text-field NAME with --tokenizer PATH")
+                     f"{columns}: name one with --tokens-field NAME, or --text-field NAME with --tokenizer "
+                     f"PATH{images}")
 
 
 def count_rows(file: TextFile, field: str) -> int:

@@ -61,3 +61,9 @@ def test_every_row_rejected_is_exit_1(captions, bpe_tokenizer, tmp_path, capsys)
     assert main(["ingest", str(captions), str(tmp_path / "out"), "--tokenizer", str(bpe_tokenizer), "--layout",
                  "caption"]) == 1  # no row has an 'image' field
     assert "nothing was ingested: all 5 rows were rejected" in capsys.readouterr().err
+
+
+def test_rows_with_images_and_no_flag_point_at_layout(tmp_path, capsys):
+    (tmp_path / "chat.jsonl").write_text(json.dumps({"image": "a.png", "conversations": []}) + "\n")
+    assert main(["ingest", str(tmp_path / "chat.jsonl"), str(tmp_path / "out")]) == 2
+    assert "add --layout caption or --layout conversations" in capsys.readouterr().err
