@@ -243,7 +243,9 @@ def write_image_text_shards(out: str | os.PathLike[str], documents: Iterable[Ima
                             image_placeholder: str = DEFAULT_PLACEHOLDER) -> dict[str, Any]:
     """Write ``documents`` as image-text shards into the folder ``out`` (created); returns the manifest.
 
-    Shards are cut when their token ids and image bytes reach ``shard_mb`` MB. The token type is uint16 when
+    Shards are cut when their token ids and image bytes reach ``shard_mb`` MB. The images are written as given, not
+    through the image check (``stallfree ingest`` checks them; the Loader checks each again as it reads it), so a
+    test can write a broken one on purpose. The token type is uint16 when
     ``vocab_size`` (default: the tokenizer's vocabulary, else the largest id + 1) is at most 65,536, else int32.
 
     Raises:
