@@ -160,6 +160,28 @@ def test_a_transformers_tokenizers_bos_goes_before_the_image(images, bpe_tokeniz
     assert row["assistant"] == [1] * row["length"]
 
 
+def test_a_transformers_folders_bos_starts_a_conversation_and_its_eos_ends_each_reply(images, bpe_tokenizer,
+                                                                                      tokenizer, shard_rows, tmp_path):
+    from tokenizers import Tokenizer, processors
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer.from_file(str(bpe_tokenizer))
+    backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="<pad>",  # an EOS of its own
+                            pad_token="<pad>").save_pretrained(tmp_path / "tok")
+    turns = [{"from": "human", "value": "Hi <image>"}, {"from": "gpt", "value": "Hello."}]
+    source = write_jsonl(tmp_path / "chat.jsonl", [{"image": "img/0.png", "conversations": turns}])
+    options = ImageTextOptions(layout="conversations", tokenizer=str(tmp_path / "tok"))
+    ingest_image_text(source, tmp_path / "out", options)
+    (row,) = shard_rows(tmp_path / "out")
+    ids, (at,) = row["tokens"], row["image_at"]
+    assert ids[0] == 1 and decode(tokenizer, ids[1:at]) == f"{LLAVA_SYSTEM} USER: Hi "
+    assert decode(tokenizer, ids[at:]) == " ASSISTANT: Hello.<pad>" and ids[-1] == 0
+    targets = [i for i, a in zip(ids, row["assistant"], strict=True) if a]
+    assert decode(tokenizer, targets) == "Hello.<pad>"
+    assert read_manifest(tmp_path / "out")["tokenizer"]["reply_end"] == "<pad>"
+
+
 def test_a_missing_column_of_a_parquet_file_is_an_error_naming_it_and_the_flag(bpe_tokenizer, tmp_path):
     pq.write_table(pa.table({"picture": [b"x"], "caption": ["a"]}), tmp_path / "caps.parquet")
     with pytest.raises(ValueError, match=r"caps\.parquet has no column 'text' nor 'image or images' for --layout "
