@@ -1,0 +1,244 @@
+"""Image-text samples in the Loader (issue 47, items 2 and 4): packs with each image's tokens, pixels from the graph."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from stallfree import Loader, Packing
+from stallfree.pipeline.image_text_reader import ImageTextShardReader
+from stallfree.pipeline.samples import BadSampleError
+from stallfree.transforms import Normalize, RandomHorizontalFlip, Resize
+from tests.conftest import image_text_documents
+
+N, ID = 4, 999  # tokens per image, the image token id (no text id: those are 1000 * i + t)
+SPEC = [Resize((8, 8)), RandomHorizontalFlip(), Normalize()]
+
+
+def loader(folder: Path, batch: int = 2, seq: int = 40, **kw: Any) -> Loader:
+    packing = kw.pop("packing", None) or Packing(seq_len=seq, window=kw.pop("window", 8), image_tokens=N,
+                                                 image_token_id=ID, train_on=kw.pop("train_on", "all"))
+    return Loader(folder, batch, transform=kw.pop("transform", SPEC), packing=packing, shuffle=True, seed=3,
+                  num_threads=1, **kw)
+
+
+def expected_row(doc: Any, train_on: str = "all") -> tuple[np.ndarray, np.ndarray]:
+    """A document's positions (ids) and targets, built here from its fields alone."""
+    ids: list[int] = []
+    targets: list[bool] = []
+    at = list(doc.image_at)
+    for t in range(len(doc.tokens) + 1):
+        while at and at[0] == t:
+            ids += [ID] * N
+            targets += [False] * N
+            at.pop(0)
+        if t < len(doc.tokens):
+            ids.append(int(doc.tokens[t]))
+            targets.append(train_on == "all" or bool(doc.assistant[t]))
+    return np.asarray(ids), np.asarray(targets)
+
+
+def check_batch(batch: dict[str, Any], docs: list[Any], train_on: str = "all") -> list[tuple[int, int]]:
+    """Every field agrees with the documents; returns the batch's images as (document, image) in pixel order."""
+    ids, labels, docs_at = batch["input_ids"].numpy(), batch["labels"].numpy(), batch["document_index"].numpy()
+    positions = batch["position_ids"].numpy()
+    images: list[tuple[int, int]] = []
+    for r in range(ids.shape[0]):
+        col = 0
+        while col < ids.shape[1]:
+            row = int(docs_at[r, col])
+            if row < 0:  # padding (or a skipped document's positions)
+                assert labels[r, col] == -100
+                col += 1
+                continue
+            want, targets = expected_row(docs[row], train_on)
+            span = slice(col, col + len(want))
+            assert (ids[r, span] == want).all(), f"row {r}: document {row}'s positions"
+            assert (positions[r, span] == np.arange(len(want))).all()
+            assert labels[r, col] == -100, "a document's first position is not predicted"
+            got = labels[r, col + 1 : span.stop]
+            assert (got == np.where(targets[1:], want[1:], -100)).all(), f"row {r}: document {row}'s labels"
+            images += [(row, j) for j in range(len(docs[row].images))]
+            col = span.stop
+    assert batch["image_document_index"].tolist() == [row for row, _ in images]
+    assert batch["pixel_values"].shape == (len(images), 3, 8, 8)
+    assert int((batch["input_ids"] == ID).sum()) == N * len(images)
+    return images
+
+
+def pixels_by_image(loaders: list[Loader]) -> dict[tuple[int, int], torch.Tensor]:
+    out: dict[tuple[int, int], torch.Tensor] = {}
+    docs = None
+    for each in loaders:
+        for batch in each:
+            docs = docs or image_text_documents(len(each.reader))
+            for key, px in zip(check_batch(batch, docs), batch["pixel_values"], strict=True):
+                assert key not in out, f"image {key} delivered twice in an epoch"
+                out[key] = px
+    return out
+
+
+def test_a_batch_holds_each_images_tokens_where_it_goes_and_its_pixels(image_text_shards: Callable[..., Path]) -> None:
+    folder = image_text_shards(30)
+    docs = image_text_documents(30)
+    each = loader(folder)
+    batches = list(each)
+    assert len(batches) == len(each) >= 3
+    seen = Counter(row for b in batches for row in set(b["document_index"].flatten().tolist()) if row >= 0)
+    assert set(seen) == set(range(30)) and set(seen.values()) == {1}, "every document once in an epoch"
+    for batch in batches:
+        check_batch(batch, docs)
+        assert batch["cu_seqlens"][-1] == batch["input_ids"].numel()
+    assert sum(len(b["pixel_values"]) for b in batches) == sum(len(d.images) for d in docs)
+
+
+def test_train_on_assistant_labels_only_the_marked_tokens(image_text_shards: Callable[..., Path]) -> None:
+    folder = image_text_shards(12)
+    docs = image_text_documents(12)
+    for batch in loader(folder, train_on="assistant"):
+        check_batch(batch, docs, "assistant")
+
+
+def test_an_images_pixels_are_the_same_whichever_rank_pack_or_position(image_text_shards: Callable[..., Path]) -> None:
+    folder = image_text_shards(24)
+    one = pixels_by_image([loader(folder)])
+    two = pixels_by_image([loader(folder, batch=1, seq=48, window=3, rank=r, world_size=2) for r in range(2)])
+    every = {(i, j) for i, d in enumerate(image_text_documents(24)) for j in range(len(d.images))}
+    assert set(one) == set(two) == every
+    assert all(torch.equal(one[key], two[key]) for key in one)
+    flipped = [key for key in one if not torch.equal(one[key], one[key].flip(-1))]
+    assert flipped, "the images are not symmetric: a flip would show"
+
+
+def test_pixels_are_the_image_transforms_output(image_text_shards: Callable[..., Path], tmp_path: Path) -> None:
+    folder = image_text_shards(10)
+    docs = image_text_documents(10)
+    spec = [Resize((8, 8)), Normalize()]
+    got = pixels_by_image([loader(folder, transform=spec)])
+    files = []
+    for (i, j) in sorted(got):
+        path = tmp_path / "c" / f"{i}_{j}.png"
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(docs[i].images[j])
+        files.append(path)
+    listing = tmp_path / "list.csv"
+    listing.write_text("path,label\n" + "".join(f"{p.relative_to(tmp_path)},0\n" for p in files))
+    images = torch.cat([x for x, _ in Loader(listing, 4, transform=spec, num_threads=1)])
+    assert torch.equal(torch.stack([got[key] for key in sorted(got)]), images), "the image samples' graph and spec"
+
+
+def test_ranks_get_equal_batch_counts_and_every_document_once(image_text_shards: Callable[..., Path]) -> None:
+    folder = image_text_shards(31)
+    per_rank = [list(loader(folder, batch=2, rank=r, world_size=3)) for r in range(3)]
+    assert len({len(b) for b in per_rank}) == 1
+    rows = Counter(row for batches in per_rank for b in batches for row in set(b["document_index"].flatten().tolist())
+                   if row >= 0)
+    assert set(rows) == set(range(31)) and set(rows.values()) == {1}
+
+
+def test_an_elastic_resume_delivers_the_rest_once(image_text_shards: Callable[..., Path]) -> None:
+    folder = image_text_shards(40)
+    before: list[int] = []
+    states = []
+    for r in range(2):
+        each = loader(folder, batch=1, rank=r, world_size=2)
+        it = iter(each)
+        for _ in range(3):
+            before += [row for row in set(next(it)["document_index"].flatten().tolist()) if row >= 0]
+        states.append(json.loads(json.dumps(each.state_dict())))
+    after: list[int] = []
+    for r in range(3):
+        each = loader(folder, batch=1, rank=r, world_size=3)
+        each.load_state_dict(states[0])
+        after += [row for b in each for row in set(b["document_index"].flatten().tolist()) if row >= 0]
+    assert sorted(before + after) == list(range(40))
+
+
+def test_reader_reads_the_shard_fields_without_a_copy(image_text_shards: Callable[..., Path]) -> None:
+    folder = image_text_shards(6, shard_mb=0.0001)
+    reader = ImageTextShardReader(folder)
+    docs = image_text_documents(6)
+    assert reader.image_counts().tolist() == [len(d.images) for d in docs]
+    assert reader.lengths().tolist() == [len(d.tokens) for d in docs]
+    for i, doc in enumerate(docs):
+        sample = reader.read(i)
+        assert sample["tokens"].tolist() == doc.tokens.tolist()
+        assert [bytes(b) for b in sample["images"]] == doc.images
+        assert sample["image_at"].tolist() == list(doc.image_at)
+        assert sample["assistant"].tolist() == doc.assistant.tolist()
+    assert len(reader.shard_rows()) > 1
+
+
+BROKEN = b"\x89PNG\r\n\x1a\n not an image at all"
+
+
+def _truncated_png() -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (30, 30, 3), np.uint8)).save(out, "PNG")
+    return out.getvalue()[:200]  # the header reads; decoding fails in the graph
+
+
+@pytest.mark.parametrize("bad", [BROKEN, _truncated_png()], ids=["header", "graph"])
+def test_a_document_whose_image_fails_is_skipped_whole(image_text_shards: Callable[..., Path], bad: bytes) -> None:
+    docs = image_text_documents(20)
+    broken = next(i for i, d in enumerate(docs) if d.images)
+    folder = image_text_shards(20, broken={broken: bad})
+    with pytest.raises(BadSampleError, match=rf"row {broken} \(generated.jsonl:{broken}\)"):
+        list(loader(folder))
+    clean = loader(image_text_shards(20))
+    each = loader(folder, on_error="skip")
+    batches = list(each)
+    assert len(batches) == len(clean)
+    rows = {row for b in batches for row in b["document_index"].flatten().tolist() if row >= 0}
+    assert rows == set(range(20)) - {broken}, "the document is left out whole, its text too"
+    for batch in batches:
+        assert broken not in batch["image_document_index"].tolist()
+        check_batch(batch, docs)
+    assert [(s["index"], s["document"]) for s in each.skipped] == [(broken, True)]
+    # its pack was delivered without it: a state taken after it resumes exactly, on these ranks or on others
+    at = each.skipped[0]["position"] // 2  # the batch holding its pack
+    reference = [b["input_ids"] for b in loader(folder, on_error="skip")]
+    first = loader(folder, on_error="skip")
+    it = iter(first)
+    for _ in range(at + 1):
+        next(it)
+    state = json.loads(json.dumps(first.state_dict()))
+    assert [(s["index"], s["document"]) for s in state["skipped"]] == [(broken, True)]
+    resumed = loader(folder, on_error="skip")
+    resumed.load_state_dict(state)
+    rest = [b["input_ids"] for b in resumed]
+    assert len(rest) == len(reference) - at - 1
+    assert all(torch.equal(a, b) for a, b in zip(rest, reference[at + 1 :], strict=True))
+    elastic = loader(folder, on_error="skip", rank=0, world_size=2)
+    elastic.load_state_dict(state)  # not refused: no position was passed over
+    list(elastic)
+
+
+def test_refusals_name_what_is_wrong(image_text_shards: Callable[..., Path]) -> None:
+    folder = image_text_shards(8)
+    with pytest.raises(ValueError, match="image_tokens=N, image_token_id=ID"):
+        Loader(folder, 2, transform=SPEC, packing=Packing(seq_len=40))
+    with pytest.raises(ValueError, match="are packed: pass packing="):
+        Loader(folder, 2, transform=SPEC)
+    with pytest.raises(ValueError, match="must give every sample the same size"):
+        Loader(folder, 2, transform=[Normalize()], packing=Packing(seq_len=40, image_tokens=N, image_token_id=ID))
+    with pytest.raises(ValueError, match=r"row \d+\) takes \d+ positions .* more than seq_len=12"):
+        Loader(folder, 2, transform=SPEC, packing=Packing(seq_len=12, image_tokens=N, image_token_id=ID))
+    with pytest.raises(ValueError, match="image_tokens and image_token_id go together"):
+        Packing(seq_len=12, image_tokens=N)
+
+
+def test_image_tokens_may_be_a_function_of_the_transformed_size(image_text_shards: Callable[..., Path]) -> None:
+    folder = image_text_shards(8)
+    packing = Packing(seq_len=40, window=8, image_tokens=lambda h, w: (h // 4) * (w // 4), image_token_id=ID)
+    for batch in loader(folder, packing=packing):
+        assert int((batch["input_ids"] == ID).sum()) == N * len(batch["pixel_values"])  # (8 / 4) * (8 / 4) = 4
