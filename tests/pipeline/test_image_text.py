@@ -242,3 +242,45 @@ def test_image_tokens_may_be_a_function_of_the_transformed_size(image_text_shard
     packing = Packing(seq_len=40, window=8, image_tokens=lambda h, w: (h // 4) * (w // 4), image_token_id=ID)
     for batch in loader(folder, packing=packing):
         assert int((batch["input_ids"] == ID).sum()) == N * len(batch["pixel_values"])  # (8 / 4) * (8 / 4) = 4
+
+
+def test_a_mix_packs_image_text_and_text_documents_together(image_text_shards: Callable[..., Path],
+                                                            token_docs: Callable[..., Any]) -> None:
+    from stallfree import Mix
+
+    folder = image_text_shards(20)
+    docs = image_text_documents(20)
+    text = token_docs(np.random.default_rng(4).integers(1, 20, 20))
+    each = loader(Mix({"text": text, "vl": folder}, weights={"text": 1, "vl": 1}), seq=48)
+    shared = images = 0
+    for batch in each:
+        dataset, rows = batch["dataset"], batch["document_index"]
+        shared += sum(1 for r in range(len(dataset)) if {0, 1} <= set(dataset[r].tolist()))
+        at_images = (batch["input_ids"] == ID) & (dataset == 1)
+        owners = rows[at_images].reshape(-1, N)[:, 0]  # each image's N positions, row-major: its document
+        assert batch["image_document_index"].tolist() == owners.tolist(), "the image-text source's own rows"
+        vl_rows = {int(r) for r in rows[dataset == 1].unique()}
+        assert len(batch["pixel_values"]) == sum(len(docs[r].images) for r in vl_rows)
+        images += len(batch["pixel_values"])
+    assert shared, "image and text-only documents share packs"
+    assert images == sum(len(d.images) for d in docs), "every image of the epoch's image-text documents"
+
+
+def test_a_compute_balance_counts_each_image_at_cost_image(image_text_shards: Callable[..., Path]) -> None:
+    from stallfree import Cost
+
+    folder = image_text_shards(30)
+    docs = image_text_documents(30)
+    cost = Cost(1.0, image=50.0)
+    each = loader(folder, packing=Packing(seq_len=40, window=8, image_tokens=N, image_token_id=ID, balance="compute",
+                                          cost=cost, microbatches=2))
+    planned = each.sampler.plan(0).balance.costs
+    delivered = []
+    for batch in each:
+        units = []
+        for r in range(len(batch["input_ids"])):
+            rows = batch["document_index"][r]
+            units.append(sum(cost.document(int((rows == d).sum()), len(docs[d].images))
+                             for d in set(rows.tolist()) - {-1}))
+        delivered.append(units)
+    assert np.allclose(planned, np.asarray(delivered)), "the plan's costs are the batches' with their images"
