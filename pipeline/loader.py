@@ -85,8 +85,8 @@ class Loader:
 
     Args:
         source: an ImageFolder tree, a CSV or Parquet file list (``path``, ``label``), an ingested shard folder
-            (or its URL: ``s3://``, ``gs://``, ``https://``, ``file://``; docs/remote.md), an image-text shard folder
-            (packed, with ``pixel_values``), a ``Mix`` of token and image-text sources (docs/sequences.md), WebDataset tars read in place (a path or URL ending in ``.tar`` or with
+            (or its URL: ``s3://``, ``gs://``, ``https://``, ``file://``; docs/remote.md), a ``Mix`` of token sources
+            (docs/sequences.md), WebDataset tars read in place (a path or URL ending in ``.tar`` or with
             ``{first..last}`` ranges; docs/remote.md), a map-style torch ``Dataset`` of ``(image, label)`` items
             (see :class:`DatasetReader`), or a :class:`Reader`. A torchvision dataset (``ImageFolder(root,
             transform=...)``) brings its transforms (:func:`~stallfree.pipeline.readers.unwrap_torchvision_dataset`),
