@@ -284,3 +284,24 @@ def test_a_compute_balance_counts_each_image_at_cost_image(image_text_shards: Ca
                              for d in set(rows.tolist()) - {-1}))
         delivered.append(units)
     assert np.allclose(planned, np.asarray(delivered)), "the plan's costs are the batches' with their images"
+
+
+def test_train_on_assistant_is_refused_for_tokens_that_mark_none(token_docs: Callable[..., Any]) -> None:
+    with pytest.raises(ValueError, match="train_on='assistant'.* marks none"):
+        Loader(token_docs([5, 6, 7]), 2, packing=Packing(seq_len=16, train_on="assistant"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("placement", ["gpu", "cpu"])
+def test_pixels_on_cuda_match_the_cpu_graph(image_text_shards: Callable[..., Path], placement: str) -> None:
+    folder = image_text_shards(16)
+    spec = [Resize((8, 8)), RandomHorizontalFlip()]
+    cpu = list(loader(folder, transform=spec, dtype="uint8"))
+    cuda = list(loader(folder, transform=spec, dtype="uint8", device="cuda", placement=placement))
+    assert len(cpu) == len(cuda)
+    for a, b in zip(cpu, cuda, strict=True):
+        assert b["pixel_values"].device.type == "cuda" and b["input_ids"].device.type == "cuda"
+        assert torch.equal(a["input_ids"], b["input_ids"].cpu())
+        assert torch.equal(a["image_document_index"], b["image_document_index"].cpu())
+        if len(a["pixel_values"]):  # the same flips; resizing on the GPU may round otherwise
+            assert (a["pixel_values"].int() - b["pixel_values"].cpu().int()).abs().float().mean() < 2.0
