@@ -351,7 +351,7 @@ def open_source(source: str | os.PathLike[str] | Reader | Any, *, exif: Exif = "
         return WebDatasetReader(source, **(remote or {}))
     if is_url(source):
         remote_reader = open_remote(str(source), **(remote or {}))
-        return remote_reader if remote_reader.holds == "tokens" else _check_raw(remote_reader, exif)
+        return remote_reader if remote_reader.holds in ("tokens", "image_text") else _check_raw(remote_reader, exif)
     path = Path(source)
     if is_shard_folder(path):
         if is_image_text_folder(path):

@@ -305,3 +305,28 @@ def test_pixels_on_cuda_match_the_cpu_graph(image_text_shards: Callable[..., Pat
         assert torch.equal(a["image_document_index"], b["image_document_index"].cpu())
         if len(a["pixel_values"]):  # the same flips; resizing on the GPU may round otherwise
             assert (a["pixel_values"].int() - b["pixel_values"].cpu().int()).abs().float().mean() < 2.0
+
+
+def test_image_text_shards_at_a_url_give_the_local_batches(image_text_shards: Callable[..., Path],
+                                                            tmp_path: Path) -> None:
+    from stallfree.bench.servers import RangeServer
+
+    folder = image_text_shards(20, shard_mb=0.002)
+    local = list(loader(folder))
+    with RangeServer(folder) as server:
+        remote = loader(server.url, cache_dir=tmp_path / "cache")
+        assert type(remote.reader).__name__ == "RemoteImageTextShardReader"
+        assert remote.reader.image_counts().tolist() == ImageTextShardReader(folder).image_counts().tolist()
+        batches = list(remote)
+        again = loader(server.url, cache_dir=tmp_path / "cache")
+        it = iter(again)
+        next(it)
+        state = json.loads(json.dumps(again.state_dict()))
+    assert len(batches) == len(local)
+    for a, b in zip(local, batches, strict=True):
+        assert [k for k in a if not torch.equal(torch.as_tensor(a[k]), torch.as_tensor(b[k]))] == []
+    resumed = loader(folder)
+    resumed.load_state_dict(state)  # a state moves between the URL and the folder
+    rest = list(resumed)
+    assert len(rest) == len(local) - 1
+    assert all(torch.equal(a["pixel_values"], b["pixel_values"]) for a, b in zip(rest, local[1:], strict=True))
