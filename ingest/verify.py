@@ -31,6 +31,9 @@ from stallfree.ingest.validate import Rejected, check_image
 
 __all__ = ["info", "verify"]
 
+#: The kinds whose shards hold token ids (and ``lengths.npy``).
+_TEXT_KINDS = ("tokens", "image_text")
+
 
 def _decode_all(path: Path, raw_shape: list[int] | None) -> list[str]:
     import pyarrow as pa
@@ -64,6 +67,25 @@ def _check_ids(path: Path, vocab_size: int | None) -> list[str]:
     sources = table.column("source")
     return [f"{path.name} row {row} ({sources[row].as_py()}): {reason}"
             for row, reason in list_problems(tokens, vocab_size).items()]
+
+
+def _decode_images(path: Path) -> list[str]:
+    """Every image of an image-text shard that fails to decode (``--decode``); its sample named by its source."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+    from PIL import Image
+
+    problems = []
+    with pa.memory_map(str(path)) as source:
+        table = ipc.open_file(source).read_all()
+    sources = table.column("source").to_pylist()
+    for row, images in enumerate(table.column("images").to_pylist()):
+        for i, value in enumerate(images):
+            try:
+                check_image(value, max_pixels=Image.MAX_IMAGE_PIXELS or 1 << 62, validate=True)
+            except Rejected as bad:
+                problems.append(f"{path.name} row {row} ({sources[row]}) image {i}: {bad.reason}")
+    return problems
 
 
 def verify(out: str | os.PathLike[str], *, decode: bool = False, storage_options: dict[str, Any] | None = None,
@@ -115,7 +137,7 @@ def verify(out: str | os.PathLike[str], *, decode: bool = False, storage_options
 
 def _column_of(manifest: dict[str, Any]) -> tuple[str, str]:
     """The shard column kept again in an array file beside the manifest, and the manifest's entry for that file."""
-    return ("length", "lengths") if manifest.get("kind") == "tokens" else ("label", "labels")
+    return ("length", "lengths") if manifest.get("kind") in _TEXT_KINDS else ("label", "labels")
 
 
 def _labels(out: Path, manifest: dict[str, Any], fetch: _Fetcher | None, problems: list[str]) -> np.ndarray | None:
@@ -216,8 +238,10 @@ def _check(path: Path, shard: dict[str, Any], manifest: dict[str, Any], decode: 
         pass
     elif rows != shard["rows"]:
         problems.append(f"{where}: {rows} rows, the manifest says {shard['rows']}")
-    elif decode and manifest.get("kind") == "tokens":
+    elif decode and manifest.get("kind") in _TEXT_KINDS:
         problems.extend(_check_ids(path, manifest["vocab_size"]))
+        if manifest.get("kind") == "image_text":
+            problems.extend(_decode_images(path))
     elif decode:
         problems.extend(_decode_all(path, manifest["image"]["shape"]))
     return problems
@@ -226,9 +250,10 @@ def _check(path: Path, shard: dict[str, Any], manifest: dict[str, Any], decode: 
 def info(out: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """A summary of ``out`` (a folder or URL): rows, shards, size, classes with their counts, image kind, source."""
     manifest = read_manifest(out, storage_options)
-    if manifest.get("kind") == "tokens":
-        return {key: manifest.get(key) for key in ("kind", "rows", "documents", "tokens", "vocab_size", "token_dtype",
-                                                   "source", "tokenizer", "options")} | {
+    if manifest.get("kind") in _TEXT_KINDS:
+        keys = ("kind", "rows", "documents", "tokens", "vocab_size", "token_dtype", "source", "tokenizer", "options")
+        extra = ("layout", "images", "image_placeholder") if manifest["kind"] == "image_text" else ()
+        return {key: manifest.get(key) for key in (*keys, *extra)} | {
             "shards": len(manifest["shards"]),
             "bytes": sum(s["bytes"] for s in manifest["shards"]),
             "rejected": manifest.get("rejected", 0),
