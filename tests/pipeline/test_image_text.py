@@ -330,3 +330,35 @@ def test_image_text_shards_at_a_url_give_the_local_batches(image_text_shards: Ca
     rest = list(resumed)
     assert len(rest) == len(local) - 1
     assert all(torch.equal(a["pixel_values"], b["pixel_values"]) for a, b in zip(rest, local[1:], strict=True))
+
+
+def test_an_ingested_llava_conversation_trains_on_the_replies_with_its_image_at_the_placeholder(
+        bpe_tokenizer: Path, tmp_path: Path) -> None:
+    from tokenizers import Tokenizer
+
+    from stallfree.ingest.image_text_runner import ImageTextOptions, ingest_image_text
+
+    Image.fromarray(np.full((12, 16, 3), 200, np.uint8)).save(tmp_path / "a.png")
+    rows = [{"image": "a.png", "conversations": [{"from": "human", "value": f"What is here? <image> ({i})"},
+                                                 {"from": "gpt", "value": "a grey square" * (1 + i % 2)}]}
+            for i in range(6)]
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ingest_image_text(tmp_path / "chat.jsonl", tmp_path / "vl",
+                      ImageTextOptions(layout="conversations", tokenizer=str(bpe_tokenizer)))
+    reader = ImageTextShardReader(tmp_path / "vl")
+    vocab = Tokenizer.from_file(str(bpe_tokenizer))
+    image_id = vocab.get_vocab_size()  # an id past the text's
+    each = Loader(tmp_path / "vl", 2, transform=[Resize((8, 8)), Normalize()], seed=0, num_threads=1,
+                  packing=Packing(seq_len=256, image_tokens=N, image_token_id=image_id, train_on="assistant"))
+    for batch in each:
+        ids, labels = batch["input_ids"], batch["labels"]
+        for r in range(len(ids)):
+            for row in set(batch["document_index"][r].tolist()) - {-1}:
+                mine = batch["document_index"][r] == row
+                doc = reader.read(row)
+                cut = int(doc["image_at"][0])  # the placeholder's token position
+                row_ids = ids[r][mine]
+                assert row_ids[cut : cut + N].tolist() == [image_id] * N
+                targets = vocab.decode(labels[r][mine][labels[r][mine] != -100].tolist())
+                assert "grey square" in targets and "What is here" not in targets
+        assert len(batch["pixel_values"]) == int((ids == image_id).sum()) // N
