@@ -362,3 +362,16 @@ def test_an_ingested_llava_conversation_trains_on_the_replies_with_its_image_at_
                 targets = vocab.decode(labels[r][mine][labels[r][mine] != -100].tolist())
                 assert "grey square" in targets and "What is here" not in targets
         assert len(batch["pixel_values"]) == int((ids == image_id).sum()) // N
+
+
+def test_a_state_is_refused_where_image_tokens_gives_another_count(image_text_shards: Callable[..., Path]) -> None:
+    folder = image_text_shards(8)
+
+    def make(per: int) -> Loader:
+        return loader(folder, packing=Packing(seq_len=60, window=8, image_tokens=lambda h, w: per,
+                                              image_token_id=ID))
+
+    state = make(4).state_dict()
+    make(4).load_state_dict(state)
+    with pytest.raises(ValueError, match="image_tokens"):
+        make(5).load_state_dict(state)
