@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 __all__ = ["IMAGE_CHUNK", "ImageGraph", "ImageTextBatches", "ImageTextPlacement", "Pixels", "pixels_of"]
 
 #: Images the graph takes at once (a batch's images run in chunks of this many; the pixels do not depend on it).
-IMAGE_CHUNK = 32
+IMAGE_CHUNK = 64
 
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "uint8": torch.uint8}
 
@@ -153,9 +153,13 @@ class ImageTextBatches:
         return bad, skipped, sizes
 
     def _run(self, docs: dict[int, Any], sizes: dict[tuple[int, int], tuple[int, int]], todo: list[tuple[int, int]],
-             bad: set[int], skipped: list[dict[str, Any]], epoch: int) -> list[tuple[tuple[int, int], torch.Tensor]]:
-        """Each good image's pixels, in order; a document whose image fails in the graph joins ``bad``."""
-        done: list[tuple[tuple[int, int], torch.Tensor]] = []
+             bad: set[int], skipped: list[dict[str, Any]], epoch: int) -> tuple[list[tuple[int, int]], torch.Tensor]:
+        """The good images, in order, and their pixels; a document whose image fails in the graph joins ``bad``.
+
+        The graph's output is the batch's ``pixel_values`` as it is where one chunk holds every image (no copy: a
+        copy of 12 MB of float pixels costs tens of ms on a busy host); chunks are joined otherwise.
+        """
+        done: list[tuple[list[tuple[int, int]], torch.Tensor]] = []
         while todo:
             chunk, todo = todo[:IMAGE_CHUNK], todo[IMAGE_CHUNK:]
             ordinals = [int(self.first_image[row]) + j for row, j in chunk]
@@ -169,14 +173,18 @@ class ImageTextBatches:
                 for i, reason in zip(failure.bad, failure.reasons, strict=True):
                     row, j = chunk[i]
                     self._skip(row, f"image {j}: decoding failed: {reason}", epoch, bad, skipped)
-                done = [(key, px) for key, px in done if key[0] not in bad]
+                done = [_without(keys, px, bad) for keys, px in done]  # a failed document's earlier images too
                 todo = [key for key in chunk + todo if key[0] not in bad]
                 continue
-            done.extend(zip(chunk, out, strict=True))
-        return done
+            done.append((chunk, out))
+        done = [(keys, px) for keys, px in done if keys]
+        if not done:
+            return [], self.pixels.empty()
+        keys = [key for part, _ in done for key in part]
+        return keys, done[0][1] if len(done) == 1 else torch.cat([px for _, px in done])
 
     def _rows(self, ids: np.ndarray, pieces: list[tuple[int, int, int, int]], docs: dict[int, Any], bad: set[int],
-              pixels: list[tuple[tuple[int, int], torch.Tensor]], skipped: list[dict[str, Any]],
+              pixels: tuple[list[tuple[int, int]], torch.Tensor], skipped: list[dict[str, Any]],
               ) -> tuple[np.ndarray, dict[str, Any]]:
         packing = self.order.packing
         seq = int(packing.seq_len)
@@ -205,16 +213,25 @@ class ImageTextBatches:
         segments = _by_row(pieces, cols, seq)
         cu = np.zeros(len(segments) + 1, np.int32)
         np.cumsum(segments, out=cu[1:])
-        values = torch.stack([px for _, px in pixels]) if pixels else self.pixels.empty()
+        keys, values = pixels
         fields = {"input_ids": input_ids, "labels": labels, "position_ids": positions, "document_index": documents,
                   "cu_seqlens": cu, "max_seqlen": int(max(segments)), "pixel_values": values,
-                  "image_document_index": np.asarray([key[0] for key, _ in pixels], np.int64), SKIPPED: skipped}
+                  "image_document_index": np.asarray([row for row, _ in keys], np.int64), SKIPPED: skipped}
         return np.asarray(rows, np.int64), fields
 
     def follow(self, ids: np.ndarray, epoch: int) -> None:
         plan = self.order.plan(epoch)
         rows = [row for _, row, _, _ in self._pieces(plan, ids)]
         self.reader.follow(np.asarray(rows, np.int64))
+
+
+def _without(keys: list[tuple[int, int]], pixels: torch.Tensor, bad: set[int],
+             ) -> tuple[list[tuple[int, int]], torch.Tensor]:
+    """A chunk's images and pixels without those of the ``bad`` documents."""
+    keep = [i for i, key in enumerate(keys) if key[0] not in bad]
+    if len(keep) == len(keys):
+        return keys, pixels
+    return [keys[i] for i in keep], pixels[torch.as_tensor(keep, dtype=torch.long, device=pixels.device)]
 
 
 def _by_row(pieces: list[tuple[int, int, int, int]], cols: list[int], seq: int) -> list[int]:

@@ -173,7 +173,7 @@ def bpe_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def image_text_documents(count: int, seed: int = 0, broken: dict[int, bytes] | None = None) -> list[Any]:
     """``count`` generated image-text documents: document ``i``'s text ids are ``1000 * i + 1, ...`` (they name it),
     0 to 2 small PNG images (a left-to-right gradient, so a flip shows, tinted by the document) placed anywhere in the
-    text, and ``assistant`` marks on its second half. ``broken`` puts those bytes in place of a document's first
+    text, and ``assistant`` marks on its second half. ``broken`` puts those bytes in place of a document's last
     image (given one)."""
     from stallfree.ingest.image_text_writer import ImageTextDocument
 
@@ -192,7 +192,7 @@ def image_text_documents(count: int, seed: int = 0, broken: dict[int, bytes] | N
             images.append(out.getvalue())
         sizes = [Image.open(io.BytesIO(b)).size[::-1] for b in images]
         if broken and i in broken and images:
-            images[0] = broken[i]
+            images[-1] = broken[i]
         assistant = (np.arange(n) >= n // 2).astype(np.uint8)
         at = sorted(int(a) for a in rng.integers(0, n + 1, k))
         documents.append(ImageTextDocument(np.arange(1, n + 1) + 1000 * i, images, at, sizes, assistant,

@@ -181,16 +181,23 @@ def test_reader_reads_the_shard_fields_without_a_copy(image_text_shards: Callabl
 BROKEN = b"\x89PNG\r\n\x1a\n not an image at all"
 
 
-def _truncated_png() -> bytes:
+def _corrupt_png() -> bytes:
     out = io.BytesIO()
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (30, 30, 3), np.uint8)).save(out, "PNG")
-    return out.getvalue()[:200]  # the header reads; decoding fails in the graph
+    data = bytearray(out.getvalue())
+    at = data.index(b"IDAT") + 14
+    data[at : at + 50] = bytes(b ^ 0x5A for b in data[at : at + 50])  # the header reads; decoding fails in the graph
+    return bytes(data)
 
 
-@pytest.mark.parametrize("bad", [BROKEN, _truncated_png()], ids=["header", "graph"])
-def test_a_document_whose_image_fails_is_skipped_whole(image_text_shards: Callable[..., Path], bad: bytes) -> None:
+@pytest.mark.parametrize("chunk", [64, 1], ids=["one-chunk", "image-by-image"])
+@pytest.mark.parametrize("bad", [BROKEN, _corrupt_png()], ids=["header", "graph"])
+def test_a_document_whose_image_fails_is_skipped_whole(image_text_shards: Callable[..., Path], bad: bytes,
+                                                       chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # image by image, the document's first image has passed the graph when its second fails: it is taken out again
+    monkeypatch.setattr("stallfree.pipeline.image_text_run.IMAGE_CHUNK", chunk)
     docs = image_text_documents(20)
-    broken = next(i for i, d in enumerate(docs) if d.images)
+    broken = next(i for i, d in enumerate(docs) if len(d.images) == 2)
     folder = image_text_shards(20, broken={broken: bad})
     with pytest.raises(BadSampleError, match=rf"row {broken} \(generated.jsonl:{broken}\)"):
         list(loader(folder))
@@ -204,6 +211,7 @@ def test_a_document_whose_image_fails_is_skipped_whole(image_text_shards: Callab
         assert broken not in batch["image_document_index"].tolist()
         check_batch(batch, docs)
     assert [(s["index"], s["document"]) for s in each.skipped] == [(broken, True)]
+    assert ("decoding failed" in each.skipped[0]["reason"]) == (bad != BROKEN), "where it failed: header or graph"
     # its pack was delivered without it: a state taken after it resumes exactly, on these ranks or on others
     at = each.skipped[0]["position"] // 2  # the batch holding its pack
     reference = [b["input_ids"] for b in loader(folder, on_error="skip")]
@@ -375,3 +383,13 @@ def test_a_state_is_refused_where_image_tokens_gives_another_count(image_text_sh
     make(4).load_state_dict(state)
     with pytest.raises(ValueError, match="image_tokens"):
         make(5).load_state_dict(state)
+
+
+def test_pixels_do_not_depend_on_the_graphs_chunk(image_text_shards: Callable[..., Path],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = image_text_shards(16)
+    whole = list(loader(folder, batch=4))
+    monkeypatch.setattr("stallfree.pipeline.image_text_run.IMAGE_CHUNK", 3)  # a batch's images in several runs
+    chunked = list(loader(folder, batch=4))
+    assert any(len(b["pixel_values"]) > 3 for b in whole)
+    assert all(torch.equal(a["pixel_values"], b["pixel_values"]) for a, b in zip(whole, chunked, strict=True))
