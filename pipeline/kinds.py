@@ -174,6 +174,9 @@ class ImageText(Tokens):
 
     name = "image-text samples"
 
+    def __init__(self, reader: Reader):
+        self._reader = reader  # the placement's image counts: each image's ordinal over the dataset
+
     def check(self, options: LoaderOptions, reader: Reader) -> None:
         refused = [name for name, given in (("target_transform=", options.output.target_transform is not None),
                                             ("workers=", options.run.workers is not None),
@@ -215,7 +218,7 @@ class ImageText(Tokens):
 
     def placement(self, options: LoaderOptions, encoded: bool) -> Callable[[], Placement]:
         packing = options.order.packing
-        assert packing is not None and self._reader is not None
+        assert packing is not None  # check() refused packing=None
         counts = self.counts(self._reader)
         first = np.zeros(len(counts) + 1, np.int64)
         np.cumsum(counts, out=first[1:])
@@ -225,11 +228,6 @@ class ImageText(Tokens):
     def wrap(self) -> Callable[[Any], Any] | None:
         """What adds a batch's further fields (a Mix's ``dataset``), or ``None``."""
         return None
-
-    _reader: Reader | None = None
-
-    def __init__(self, reader: Reader | None = None):
-        self._reader = reader
 
 
 class MixedImageText(ImageText):
