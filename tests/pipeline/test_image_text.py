@@ -393,3 +393,14 @@ def test_pixels_do_not_depend_on_the_graphs_chunk(image_text_shards: Callable[..
     chunked = list(loader(folder, batch=4))
     assert any(len(b["pixel_values"]) > 3 for b in whole)
     assert all(torch.equal(a["pixel_values"], b["pixel_values"]) for a, b in zip(whole, chunked, strict=True))
+
+
+def test_columns_name_each_document_of_a_batch(image_text_shards: Callable[..., Path]) -> None:
+    folder = image_text_shards(10)
+    docs = image_text_documents(10)
+    for batch in loader(folder, columns=["source", "image_count", "index"]):
+        rows = batch["columns"]["index"].tolist()
+        starts = (batch["position_ids"] == 0) & (batch["document_index"] >= 0)
+        assert rows == batch["document_index"][starts].tolist(), "one entry per document, in the order of its segment"
+        assert batch["columns"]["source"] == [docs[r].source for r in rows]
+        assert batch["columns"]["image_count"].tolist() == [len(docs[r].images) for r in rows]
