@@ -42,6 +42,11 @@ __all__ = ["IMAGE_CHUNK", "ImageGraph", "ImageTextBatches", "ImageTextPlacement"
 #: Images the graph takes at once (a batch's images run in chunks of this many; the pixels do not depend on it).
 IMAGE_CHUNK = 64
 
+#: A piece of a batch: its row of the batch, its document's row, its span, the document's repeat in the epoch.
+Piece = tuple[int, int, int, int, int]
+#: An image of a batch: its document's row, its place in the document, the document's repeat in the epoch.
+Key = tuple[int, int, int]
+
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "uint8": torch.uint8}
 
 
@@ -97,7 +102,9 @@ class ImageTextBatches:
         order: the packs.
         reader: the documents.
         per_image: positions each image takes (``Packing.tokens_per_image`` of the transforms' output size).
-        first_image: each row's first image ordinal (the image counts' running sum; ``len`` rows + 1).
+        first_image: each row's first image ordinal (the image counts' running sum; ``len`` rows + 1). An image's
+            parameters are keyed by ``(seed, epoch, ordinal)``, its document's ``k``-th repeat in an epoch by
+            ``ordinal + k * images``.
         pixels: how the images are decoded and transformed.
     """
 
@@ -107,27 +114,38 @@ class ImageTextBatches:
     first_image: np.ndarray
     pixels: Pixels
 
+    @property
+    def images(self) -> int:
+        """The dataset's images: a repeat's ordinals follow the first time's (ordinal + repeat * images)."""
+        return int(self.first_image[-1])
+
     def __call__(self, ids: np.ndarray, epoch: int) -> tuple[np.ndarray, dict[str, Any]]:
         plan, packing = self.order.plan(epoch), self.order.packing
         image_id = int(packing.image_token_id or 0)
         pieces = list(self._pieces(plan, ids))
         docs = {row: expand(self.reader.read(row), self.per_image, image_id, packing.train_on)
-                for row in dict.fromkeys(row for _, row, _, _ in pieces)}
-        order = [(row, j) for _, row, _, _ in pieces for j in range(len(docs[row].images))]
+                for row in dict.fromkeys(row for _, row, _, _, _ in pieces)}
+        order = [(row, j, seen) for _, row, _, _, seen in pieces for j in range(len(docs[row].images))]
         bad, skipped, sizes = self._bad_headers(docs, order, epoch)
-        pixels = self._run(docs, sizes, [(row, j) for row, j in order if row not in bad], bad, skipped, epoch)
-        pack_of = {row: r for r, row, _, _ in pieces}  # a document with images is one piece: it fits its row
+        pixels = self._run(docs, sizes, [key for key in order if key[0] not in bad], bad, skipped, epoch)
+        pack_of = {row: r for r, row, _, _, _ in pieces}  # a document with images is one piece: it fits its row
         for record in skipped:
             record["pack"] = pack_of[record["index"]]  # the run turns it into the pack's stream position
         return self._rows(ids, pieces, docs, bad, pixels, skipped)
 
     def _pieces(self, plan: PackPlan, ids: np.ndarray) -> Any:
-        """``(row of the batch, document row, begin, end)`` of every piece, row-major."""
+        """``(row of the batch, document row, begin, end, repeat)`` of every piece, row-major.
+
+        ``repeat``: the document's earlier times in the epoch's order (example ``echo``, or a Mix's source read again
+        within an epoch): each time its images are drawn afresh.
+        """
+        rows = self.order.num_rows
         for r, pack in enumerate(ids.tolist()):
             if pack == EMPTY:
                 continue
             for i in range(int(plan.starts[pack]), int(plan.starts[pack + 1])):
-                yield r, int(plan.virtual[i]) % self.order.num_rows, int(plan.begin[i]), int(plan.end[i])
+                virtual = int(plan.virtual[i])
+                yield r, virtual % rows, int(plan.begin[i]), int(plan.end[i]), virtual // rows
 
     def _skip(self, row: int, reason: str, epoch: int, bad: set[int], skipped: list[dict[str, Any]]) -> None:
         source = self.reader.describe(row)
@@ -137,13 +155,13 @@ class ImageTextBatches:
             bad.add(row)
             skipped.append({"index": row, "source": source, "reason": reason, "epoch": epoch, "document": True})
 
-    def _bad_headers(self, docs: dict[int, Any], order: list[tuple[int, int]], epoch: int,
+    def _bad_headers(self, docs: dict[int, Any], order: list[Key], epoch: int,
                      ) -> tuple[set[int], list[dict[str, Any]], dict[tuple[int, int], tuple[int, int]]]:
         """The documents whose image fails its header check, their records, and every other image's size."""
         bad: set[int] = set()
         skipped: list[dict[str, Any]] = []
         sizes: dict[tuple[int, int], tuple[int, int]] = {}
-        for row, j in order:
+        for row, j, _ in order:
             try:
                 header = read_header(docs[row].images[j], self.pixels.max_pixels, exif=self.pixels.exif)
             except BadImage as err:
@@ -152,26 +170,26 @@ class ImageTextBatches:
             sizes[(row, j)] = (header.height, header.width)
         return bad, skipped, sizes
 
-    def _run(self, docs: dict[int, Any], sizes: dict[tuple[int, int], tuple[int, int]], todo: list[tuple[int, int]],
-             bad: set[int], skipped: list[dict[str, Any]], epoch: int) -> tuple[list[tuple[int, int]], torch.Tensor]:
+    def _run(self, docs: dict[int, Any], sizes: dict[tuple[int, int], tuple[int, int]], todo: list[Key],
+             bad: set[int], skipped: list[dict[str, Any]], epoch: int) -> tuple[list[Key], torch.Tensor]:
         """The good images, in order, and their pixels; a document whose image fails in the graph joins ``bad``.
 
         The graph's output is the batch's ``pixel_values`` as it is where one chunk holds every image (no copy: a
         copy of 12 MB of float pixels costs tens of ms on a busy host); chunks are joined otherwise.
         """
-        done: list[tuple[list[tuple[int, int]], torch.Tensor]] = []
+        done: list[tuple[list[Key], torch.Tensor]] = []
         while todo:
             chunk, todo = todo[:IMAGE_CHUNK], todo[IMAGE_CHUNK:]
-            ordinals = [int(self.first_image[row]) + j for row, j in chunk]
+            ordinals = [int(self.first_image[row]) + j + seen * self.images for row, j, seen in chunk]
             params = self.pixels.compiled.draw(batch_random(self.pixels.seed, epoch, ordinals),
-                                               [sizes[key] for key in chunk])
+                                               [sizes[(row, j)] for row, j, _ in chunk])
             try:
-                out = self.pixels.graph.run([docs[row].images[j] for row, j in chunk], params)
+                out = self.pixels.graph.run([docs[row].images[j] for row, j, _ in chunk], params)
             except GraphError as failure:
                 if not failure.bad:
                     raise
                 for i, reason in zip(failure.bad, failure.reasons, strict=True):
-                    row, j = chunk[i]
+                    row, j, _ = chunk[i]
                     self._skip(row, f"image {j}: decoding failed: {reason}", epoch, bad, skipped)
                 done = [_without(keys, px, bad) for keys, px in done]  # a failed document's earlier images too
                 todo = [key for key in chunk + todo if key[0] not in bad]
@@ -183,8 +201,8 @@ class ImageTextBatches:
         keys = [key for part, _ in done for key in part]
         return keys, done[0][1] if len(done) == 1 else torch.cat([px for _, px in done])
 
-    def _rows(self, ids: np.ndarray, pieces: list[tuple[int, int, int, int]], docs: dict[int, Any], bad: set[int],
-              pixels: tuple[list[tuple[int, int]], torch.Tensor], skipped: list[dict[str, Any]],
+    def _rows(self, ids: np.ndarray, pieces: list[Piece], docs: dict[int, Any], bad: set[int],
+              pixels: tuple[list[Key], torch.Tensor], skipped: list[dict[str, Any]],
               ) -> tuple[np.ndarray, dict[str, Any]]:
         packing = self.order.packing
         seq = int(packing.seq_len)
@@ -195,7 +213,7 @@ class ImageTextBatches:
         documents = np.full(shape, -1, np.int64)
         rows: list[int] = []
         cols = [0] * len(ids)
-        for r, row, begin, end in pieces:
+        for r, row, begin, end, _ in pieces:
             col = cols[r]
             stop = col + end - begin
             positions[r, col:stop] = np.arange(begin, end) if row not in bad else np.arange(end - begin)
@@ -216,17 +234,17 @@ class ImageTextBatches:
         keys, values = pixels
         fields = {"input_ids": input_ids, "labels": labels, "position_ids": positions, "document_index": documents,
                   "cu_seqlens": cu, "max_seqlen": int(max(segments)), "pixel_values": values,
-                  "image_document_index": np.asarray([row for row, _ in keys], np.int64), SKIPPED: skipped}
+                  "image_document_index": np.asarray([key[0] for key in keys], np.int64), SKIPPED: skipped}
         return np.asarray(rows, np.int64), fields
 
     def follow(self, ids: np.ndarray, epoch: int) -> None:
         plan = self.order.plan(epoch)
-        rows = [row for _, row, _, _ in self._pieces(plan, ids)]
+        rows = [row for _, row, _, _, _ in self._pieces(plan, ids)]
         self.reader.follow(np.asarray(rows, np.int64))
 
 
-def _without(keys: list[tuple[int, int]], pixels: torch.Tensor, bad: set[int],
-             ) -> tuple[list[tuple[int, int]], torch.Tensor]:
+def _without(keys: list[Key], pixels: torch.Tensor, bad: set[int],
+             ) -> tuple[list[Key], torch.Tensor]:
     """A chunk's images and pixels without those of the ``bad`` documents."""
     keep = [i for i, key in enumerate(keys) if key[0] not in bad]
     if len(keep) == len(keys):
@@ -234,10 +252,10 @@ def _without(keys: list[tuple[int, int]], pixels: torch.Tensor, bad: set[int],
     return [keys[i] for i in keep], pixels[torch.as_tensor(keep, dtype=torch.long, device=pixels.device)]
 
 
-def _by_row(pieces: list[tuple[int, int, int, int]], cols: list[int], seq: int) -> list[int]:
+def _by_row(pieces: list[Piece], cols: list[int], seq: int) -> list[int]:
     """The segments' lengths in row order: each row's pieces, then its padding (as token packs number them)."""
     per_row: list[list[int]] = [[] for _ in cols]
-    for r, _, begin, end in pieces:
+    for r, _, begin, end, _ in pieces:
         per_row[r].append(end - begin)
     return [n for r, parts in enumerate(per_row) for n in (*parts, *([seq - cols[r]] if cols[r] < seq else []))]
 

@@ -404,3 +404,25 @@ def test_columns_name_each_document_of_a_batch(image_text_shards: Callable[..., 
         assert rows == batch["document_index"][starts].tolist(), "one entry per document, in the order of its segment"
         assert batch["columns"]["source"] == [docs[r].source for r in rows]
         assert batch["columns"]["image_count"].tolist() == [len(docs[r].images) for r in rows]
+
+
+def test_an_echoed_document_has_its_images_drawn_afresh(image_text_shards: Callable[..., Path]) -> None:
+    folder = image_text_shards(12)
+    docs = image_text_documents(12)
+    once = pixels_by_image([loader(folder)])
+    seen: dict[tuple[int, int], list[torch.Tensor]] = {}
+    for batch in loader(folder, echo=2):
+        for key, px in zip(_keys(batch, docs), batch["pixel_values"], strict=True):
+            seen.setdefault(key, []).append(px)
+    assert set(seen) == set(once) and all(len(v) == 2 for v in seen.values()), "each image twice"
+    assert all(any(torch.equal(once[key], px) for px in seen[key]) for key in once), "its first time's pixels"
+    assert any(not torch.equal(a, b) for a, b in seen.values()), "the repeat is augmented afresh"
+
+
+def _keys(batch: dict[str, Any], docs: list[Any]) -> list[tuple[int, int]]:
+    """Each image of a batch as (document, image), in pixel order (a document's images are consecutive)."""
+    keys: list[tuple[int, int]] = []
+    for row in batch["image_document_index"].tolist():
+        j = 0 if not keys or keys[-1][0] != row or keys[-1][1] + 1 >= len(docs[row].images) else keys[-1][1] + 1
+        keys.append((row, j))
+    return keys
