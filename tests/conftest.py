@@ -201,6 +201,12 @@ def image_text_documents(count: int, seed: int = 0, broken: dict[int, bytes] | N
 
 
 @pytest.fixture(scope="session")
+def image_text_docs() -> Callable[..., list[Any]]:
+    """:func:`image_text_documents`, for the tests that check a batch against the documents written."""
+    return image_text_documents
+
+
+@pytest.fixture(scope="session")
 def image_text_shards(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     """Writes :func:`image_text_documents` as an image-text shard folder (``count``, ``seed``, ``broken``,
     ``shard_mb``)."""

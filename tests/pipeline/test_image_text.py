@@ -18,7 +18,6 @@ from stallfree import Loader, Packing
 from stallfree.pipeline.image_text_reader import ImageTextShardReader
 from stallfree.pipeline.samples import BadSampleError
 from stallfree.transforms import Normalize, RandomHorizontalFlip, Resize
-from tests.conftest import image_text_documents
 
 N, ID = 4, 999  # tokens per image, the image token id (no text id: those are 1000 * i + t)
 SPEC = [Resize((8, 8)), RandomHorizontalFlip(), Normalize()]
@@ -75,21 +74,22 @@ def check_batch(batch: dict[str, Any], docs: list[Any], train_on: str = "all") -
     return images
 
 
-def pixels_by_image(loaders: list[Loader]) -> dict[tuple[int, int], torch.Tensor]:
+def pixels_by_image(loaders: list[Loader], docs_of: Callable[..., list[Any]]) -> dict[tuple[int, int], torch.Tensor]:
     out: dict[tuple[int, int], torch.Tensor] = {}
     docs = None
     for each in loaders:
         for batch in each:
-            docs = docs or image_text_documents(len(each.reader))
+            docs = docs or docs_of(len(each.reader))
             for key, px in zip(check_batch(batch, docs), batch["pixel_values"], strict=True):
                 assert key not in out, f"image {key} delivered twice in an epoch"
                 out[key] = px
     return out
 
 
-def test_a_batch_holds_each_images_tokens_where_it_goes_and_its_pixels(image_text_shards: Callable[..., Path]) -> None:
+def test_a_batch_holds_each_images_tokens_where_it_goes_and_its_pixels(
+        image_text_docs: Callable[..., list[Any]], image_text_shards: Callable[..., Path]) -> None:
     folder = image_text_shards(30)
-    docs = image_text_documents(30)
+    docs = image_text_docs(30)
     each = loader(folder)
     batches = list(each)
     assert len(batches) == len(each) >= 3
@@ -101,29 +101,33 @@ def test_a_batch_holds_each_images_tokens_where_it_goes_and_its_pixels(image_tex
     assert sum(len(b["pixel_values"]) for b in batches) == sum(len(d.images) for d in docs)
 
 
-def test_train_on_assistant_labels_only_the_marked_tokens(image_text_shards: Callable[..., Path]) -> None:
+def test_train_on_assistant_labels_only_the_marked_tokens(
+        image_text_docs: Callable[..., list[Any]], image_text_shards: Callable[..., Path]) -> None:
     folder = image_text_shards(12)
-    docs = image_text_documents(12)
+    docs = image_text_docs(12)
     for batch in loader(folder, train_on="assistant"):
         check_batch(batch, docs, "assistant")
 
 
-def test_an_images_pixels_are_the_same_whichever_rank_pack_or_position(image_text_shards: Callable[..., Path]) -> None:
+def test_an_images_pixels_are_the_same_whichever_rank_pack_or_position(
+        image_text_docs: Callable[..., list[Any]], image_text_shards: Callable[..., Path]) -> None:
     folder = image_text_shards(24)
-    one = pixels_by_image([loader(folder)])
-    two = pixels_by_image([loader(folder, batch=1, seq=48, window=3, rank=r, world_size=2) for r in range(2)])
-    every = {(i, j) for i, d in enumerate(image_text_documents(24)) for j in range(len(d.images))}
+    one = pixels_by_image([loader(folder)], image_text_docs)
+    ranks = [loader(folder, batch=1, seq=48, window=3, rank=r, world_size=2) for r in range(2)]
+    two = pixels_by_image(ranks, image_text_docs)
+    every = {(i, j) for i, d in enumerate(image_text_docs(24)) for j in range(len(d.images))}
     assert set(one) == set(two) == every
     assert all(torch.equal(one[key], two[key]) for key in one)
     flipped = [key for key in one if not torch.equal(one[key], one[key].flip(-1))]
     assert flipped, "the images are not symmetric: a flip would show"
 
 
-def test_pixels_are_the_image_transforms_output(image_text_shards: Callable[..., Path], tmp_path: Path) -> None:
+def test_pixels_are_the_image_transforms_output(
+        image_text_docs: Callable[..., list[Any]], image_text_shards: Callable[..., Path], tmp_path: Path) -> None:
     folder = image_text_shards(10)
-    docs = image_text_documents(10)
+    docs = image_text_docs(10)
     spec = [Resize((8, 8)), Normalize()]
-    got = pixels_by_image([loader(folder, transform=spec)])
+    got = pixels_by_image([loader(folder, transform=spec)], image_text_docs)
     files = []
     for (i, j) in sorted(got):
         path = tmp_path / "c" / f"{i}_{j}.png"
@@ -163,10 +167,11 @@ def test_an_elastic_resume_delivers_the_rest_once(image_text_shards: Callable[..
     assert sorted(before + after) == list(range(40))
 
 
-def test_reader_reads_the_shard_fields_without_a_copy(image_text_shards: Callable[..., Path]) -> None:
+def test_reader_reads_the_shard_fields_without_a_copy(
+        image_text_docs: Callable[..., list[Any]], image_text_shards: Callable[..., Path]) -> None:
     folder = image_text_shards(6, shard_mb=0.0001)
     reader = ImageTextShardReader(folder)
-    docs = image_text_documents(6)
+    docs = image_text_docs(6)
     assert reader.image_counts().tolist() == [len(d.images) for d in docs]
     assert reader.lengths().tolist() == [len(d.tokens) for d in docs]
     for i, doc in enumerate(docs):
@@ -192,11 +197,12 @@ def _corrupt_png() -> bytes:
 
 @pytest.mark.parametrize("chunk", [64, 1], ids=["one-chunk", "image-by-image"])
 @pytest.mark.parametrize("bad", [BROKEN, _corrupt_png()], ids=["header", "graph"])
-def test_a_document_whose_image_fails_is_skipped_whole(image_text_shards: Callable[..., Path], bad: bytes,
+def test_a_document_whose_image_fails_is_skipped_whole(
+        image_text_docs: Callable[..., list[Any]], image_text_shards: Callable[..., Path], bad: bytes,
                                                        chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
     # image by image, the document's first image has passed the graph when its second fails: it is taken out again
     monkeypatch.setattr("stallfree.pipeline.image_text_run.IMAGE_CHUNK", chunk)
-    docs = image_text_documents(20)
+    docs = image_text_docs(20)
     broken = next(i for i, d in enumerate(docs) if len(d.images) == 2)
     folder = image_text_shards(20, broken={broken: bad})
     with pytest.raises(BadSampleError, match=rf"row {broken} \(generated.jsonl:{broken}\)"):
@@ -252,12 +258,13 @@ def test_image_tokens_may_be_a_function_of_the_transformed_size(image_text_shard
         assert int((batch["input_ids"] == ID).sum()) == N * len(batch["pixel_values"])  # (8 / 4) * (8 / 4) = 4
 
 
-def test_a_mix_packs_image_text_and_text_documents_together(image_text_shards: Callable[..., Path],
+def test_a_mix_packs_image_text_and_text_documents_together(
+        image_text_docs: Callable[..., list[Any]], image_text_shards: Callable[..., Path],
                                                             token_docs: Callable[..., Any]) -> None:
     from stallfree import Mix
 
     folder = image_text_shards(20)
-    docs = image_text_documents(20)
+    docs = image_text_docs(20)
     text = token_docs(np.random.default_rng(4).integers(1, 20, 20))
     each = loader(Mix({"text": text, "vl": folder}, weights={"text": 1, "vl": 1}), seq=48)
     shared = images = 0
@@ -274,11 +281,12 @@ def test_a_mix_packs_image_text_and_text_documents_together(image_text_shards: C
     assert images == sum(len(d.images) for d in docs), "every image of the epoch's image-text documents"
 
 
-def test_a_compute_balance_counts_each_image_at_cost_image(image_text_shards: Callable[..., Path]) -> None:
+def test_a_compute_balance_counts_each_image_at_cost_image(
+        image_text_docs: Callable[..., list[Any]], image_text_shards: Callable[..., Path]) -> None:
     from stallfree import Cost
 
     folder = image_text_shards(30)
-    docs = image_text_documents(30)
+    docs = image_text_docs(30)
     cost = Cost(1.0, image=50.0)
     each = loader(folder, packing=Packing(seq_len=40, window=8, image_tokens=N, image_token_id=ID, balance="compute",
                                           cost=cost, microbatches=2))
@@ -395,9 +403,10 @@ def test_pixels_do_not_depend_on_the_graphs_chunk(image_text_shards: Callable[..
     assert all(torch.equal(a["pixel_values"], b["pixel_values"]) for a, b in zip(whole, chunked, strict=True))
 
 
-def test_columns_name_each_document_of_a_batch(image_text_shards: Callable[..., Path]) -> None:
+def test_columns_name_each_document_of_a_batch(
+        image_text_docs: Callable[..., list[Any]], image_text_shards: Callable[..., Path]) -> None:
     folder = image_text_shards(10)
-    docs = image_text_documents(10)
+    docs = image_text_docs(10)
     for batch in loader(folder, columns=["source", "image_count", "index"]):
         rows = batch["columns"]["index"].tolist()
         starts = (batch["position_ids"] == 0) & (batch["document_index"] >= 0)
@@ -406,10 +415,11 @@ def test_columns_name_each_document_of_a_batch(image_text_shards: Callable[..., 
         assert batch["columns"]["image_count"].tolist() == [len(docs[r].images) for r in rows]
 
 
-def test_an_echoed_document_has_its_images_drawn_afresh(image_text_shards: Callable[..., Path]) -> None:
+def test_an_echoed_document_has_its_images_drawn_afresh(
+        image_text_docs: Callable[..., list[Any]], image_text_shards: Callable[..., Path]) -> None:
     folder = image_text_shards(12)
-    docs = image_text_documents(12)
-    once = pixels_by_image([loader(folder)])
+    docs = image_text_docs(12)
+    once = pixels_by_image([loader(folder)], image_text_docs)
     seen: dict[tuple[int, int], list[torch.Tensor]] = {}
     for batch in loader(folder, echo=2):
         for key, px in zip(_keys(batch, docs), batch["pixel_values"], strict=True):
