@@ -24,6 +24,7 @@ the reader opened raises, naming the row, when a batch reads it.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from typing import Any, Literal
 
@@ -35,12 +36,12 @@ from stallfree.ingest.image_text_writer import DEFAULT_PLACEHOLDER, ImageTextDoc
 from stallfree.ingest.images import DEFAULT_MAX_PIXELS
 from stallfree.ingest.record_sources import RecordFile, is_dataset, read_records
 from stallfree.ingest.remote import is_url, redact
-from stallfree.ingest.text_sources import Bad
+from stallfree.ingest.text_sources import TOKEN_COLUMNS, Bad, columns_of, list_text_files
 from stallfree.pipeline.image_text_reader import ImageTextKind
 from stallfree.pipeline.reader_base import BaseReader, Sample
 from stallfree.pipeline.token_readers import TokenKind
 
-__all__ = ["ImageTextDatasetReader", "ImageTextFileReader"]
+__all__ = ["ImageTextDatasetReader", "ImageTextFileReader", "refuse_image_text"]
 
 OnError = Literal["raise", "skip"]
 
@@ -291,3 +292,50 @@ class ImageTextDatasetReader(_InPlace):
                          image_placeholder=image_placeholder, special_tokens=special_tokens, add_bos=add_bos,
                          add_eos=add_eos, vocab_size=vocab_size, max_pixels=max_pixels, on_error=on_error)
         self.name = f"datasets.Dataset:{getattr(dataset, '_fingerprint', '')}"
+
+
+#: A row's text field, and the layout it goes with.
+_TEXTS = {"text": "caption", "conversations": "conversations", "messages": "conversations"}
+
+
+def refuse_image_text(source: Any) -> None:
+    """Refuse image-text rows given to the Loader as a bare path or dataset, naming the reader that reads them.
+
+    Raises:
+        ValueError: ``source`` (a dataset, or the first file of a path) holds image-text rows and no token ids: an
+            image or a list of them with a caption or a conversation, or a conversation.
+    """
+    if is_dataset(source):
+        features = getattr(source, "features", None) or {}
+        if any(type(feature).__name__ == "ClassLabel" for feature in features.values()):
+            return  # images with a class: the image kind's
+        names, where, reader = list(source.column_names), "the datasets.Dataset", "ImageTextDatasetReader(dataset"
+    elif isinstance(source, (str, os.PathLike)):
+        names, where, reader = _first_fields(source), str(source), f"ImageTextFileReader({str(source)!r}"
+    else:
+        return
+    text = next((name for name in _TEXTS if name in names), None)
+    images = {"image", "images"} & set(names)
+    if text is None or set(TOKEN_COLUMNS) & set(names) or not (images or text == "conversations"):
+        return
+    layout = _TEXTS[text]
+    field = ", conversations_field='messages'" if text == "messages" else ""
+    raise ValueError(f"{where} holds image-text rows (its fields {names[:8]}): the Loader reads them in place with "
+                     f"stallfree.{reader}, tokenizer='tokenizer.json', layout={layout!r}{field}), or from the shards "
+                     f"`stallfree ingest SRC OUT --tokenizer PATH --layout {layout}` writes (docs/sequences.md, "
+                     "\"Image-text samples\")")
+
+
+def _first_fields(path: str | os.PathLike[str]) -> list[str]:
+    """The fields of the first row of ``path``'s first file (a ``.json`` array's first element); [] where unknown."""
+    files = list_text_files(path)
+    names = columns_of(files[0]) if files else []
+    if names or not files or files[0].path.suffix.lower() != ".json":
+        return names
+    with open(files[0].path, "rb") as f:
+        head = f.read(1 << 20).decode("utf-8", "replace").lstrip()
+    try:
+        first, _ = json.JSONDecoder().raw_decode(head[1:].lstrip()) if head.startswith("[") else ({}, 0)
+    except ValueError:  # an element longer than the head read, or no JSON: no hint
+        return []
+    return list(first) if isinstance(first, dict) else []

@@ -231,3 +231,20 @@ def test_refusals_name_the_other_reader(bpe_tokenizer: Path, tmp_path: Path) -> 
         ImageTextDatasetReader(dataset, bpe_tokenizer, on_error="ignore")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="--layout must be one of"):
         ImageTextDatasetReader(dataset, bpe_tokenizer, layout="pairs")  # type: ignore[arg-type]
+
+
+def test_a_bare_path_or_dataset_of_image_text_rows_names_the_reader_that_reads_them(images: list[str],
+                                                                                   tmp_path: Path) -> None:
+    import datasets
+
+    packing = Packing(seq_len=64, image_tokens=N, image_token_id=ID)
+    source = write_jsonl(tmp_path / "caps.jsonl", caption_rows(images, 2))
+    with pytest.raises(ValueError, match=r"caps\.jsonl holds image-text rows .*stallfree\.ImageTextFileReader\("
+                                         r".*layout='caption'"):
+        Loader(source, 2, packing=packing)
+    (tmp_path / "llava.json").write_text(json.dumps(conversation_rows(images, 2)))
+    with pytest.raises(ValueError, match=r"llava\.json holds image-text rows .*layout='conversations'"):
+        Loader(tmp_path / "llava.json", 2, packing=packing)
+    dataset = datasets.Dataset.from_dict({"images": [[str(tmp_path / images[0])]], "messages": ["hi"]})
+    with pytest.raises(ValueError, match=r"ImageTextDatasetReader\(dataset, .*conversations_field='messages'"):
+        Loader(dataset, 2, packing=packing)
