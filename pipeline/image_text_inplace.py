@@ -132,7 +132,6 @@ class _InPlace(ImageTextKind, TokenKind, BaseReader):
         self.rejected = [{"path": f"{plan.files[index].name}:{row}", "reason": reason} for index, row, reason in bad]
         self._where = np.asarray(where, np.int64).reshape(-1, 2)  # (file, row) of each document
         self._keep(docs)
-        self._job = plan.job
 
     def _keep(self, docs: list[ImageTextDocument]) -> None:
         """The documents' ids, marks and image places, in flat arrays (document ``i`` a span of each)."""
@@ -200,10 +199,14 @@ class _InPlace(ImageTextKind, TokenKind, BaseReader):
         raise KeyError(f"no column {name!r} in {self.name}; its columns are {self.columns}")
 
     def fingerprint(self) -> str:
-        """The ingest plan's identity (files, options, tokenizer) and every document's length and image count."""
-        digest = hashlib.sha256(f"{type(self).__qualname__}:{self._job}:".encode())
-        digest.update(np.ascontiguousarray(self._lengths, np.int64).tobytes())
-        digest.update(np.ascontiguousarray(self._counts, np.int64).tobytes())
+        """What the documents are, wherever the files lie: sources, ids, marks, image places and sizes, hashed.
+
+        A state taken over other rows, another tokenizer or another layout is refused by it.
+        """
+        digest = hashlib.sha256(f"{type(self).__qualname__}:{self.layout}:".encode())
+        digest.update("\0".join(f.name for f in self._files).encode())
+        for part in (self._where, self._lengths, self._counts, self._tokens, self._assistant, self._at, self._sizes):
+            digest.update(np.ascontiguousarray(part).tobytes())
         return digest.hexdigest()
 
 

@@ -84,7 +84,8 @@ def loader(source: Any, **kw: Any) -> Loader:
     packing = Packing(seq_len=kw.pop("seq", 96), window=8, image_tokens=N, image_token_id=ID,
                       train_on=kw.pop("train_on", "all"))
     return Loader(source, 3, transform=[RandomResizedCrop(12), RandomHorizontalFlip(), Normalize()], packing=packing,
-                  shuffle=True, seed=5, num_threads=1, columns=["source", "image_count", "length"], **kw)
+                  shuffle=True, seed=5, num_threads=1,
+                  columns=kw.pop("columns", ["source", "image_count", "length"]), **kw)
 
 
 def assert_same_batches(one: Loader, two: Loader) -> int:
@@ -93,8 +94,8 @@ def assert_same_batches(one: Loader, two: Loader) -> int:
     mine, theirs = list(one), list(two)
     assert len(mine) == len(theirs) == len(one) > 1
     for a, b in zip(mine, theirs, strict=True):
-        assert set(a) == set(b) >= set(FIELDS)
-        for name in FIELDS:
+        assert set(a) == set(b) >= set(FIELDS) - {"columns"}
+        for name in set(FIELDS) & set(a):
             x, y = a[name], b[name]
             if isinstance(x, torch.Tensor):
                 assert x.dtype == y.dtype and torch.equal(x, y), name
@@ -248,3 +249,39 @@ def test_a_bare_path_or_dataset_of_image_text_rows_names_the_reader_that_reads_t
     dataset = datasets.Dataset.from_dict({"images": [[str(tmp_path / images[0])]], "messages": ["hi"]})
     with pytest.raises(ValueError, match=r"ImageTextDatasetReader\(dataset, .*conversations_field='messages'"):
         Loader(dataset, 2, packing=packing)
+
+
+def test_a_state_resumes_mid_epoch_on_a_reopened_reader(images: list[str], bpe_tokenizer: Path,
+                                                        tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "caps.jsonl", caption_rows(images, 20))
+    reader = ImageTextFileReader(source, bpe_tokenizer)
+    whole = list(loader(reader))
+    first = loader(reader)
+    it = iter(first)
+    for _ in range(2):
+        next(it)
+    state = json.loads(json.dumps(first.state_dict()))
+    resumed = loader(ImageTextFileReader(source, bpe_tokenizer))
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    assert len(rest) == len(whole) - 2 >= 1
+    for a, b in zip(rest, whole[2:], strict=True):
+        assert all(torch.equal(torch.as_tensor(a[k]), torch.as_tensor(b[k])) for k in FIELDS if k != "columns")
+    other = loader(ImageTextFileReader(source, bpe_tokenizer, add_eos="</s>"))  # other ids: other documents
+    with pytest.raises(ValueError, match=r"Loader state has source=.* but this Loader has source="):
+        other.load_state_dict(state)
+
+
+def test_an_in_place_reader_mixes_with_text_as_its_shards_do(images: list[str], bpe_tokenizer: Path,
+                                                             token_docs: Any, tmp_path: Path) -> None:
+    from stallfree import Mix
+
+    source = write_jsonl(tmp_path / "caps.jsonl", caption_rows(images, 12))
+    shards = ingested(source, tmp_path, bpe_tokenizer, "caption")
+    text = token_docs(np.random.default_rng(4).integers(1, 20, 12))
+    weights = {"vl": 1, "text": 1}
+    one = loader(Mix({"vl": shards, "text": text}, weights=weights), seq=64, columns=())
+    two = loader(Mix({"vl": ImageTextFileReader(source, bpe_tokenizer), "text": text}, weights=weights), seq=64,
+                 columns=())
+    assert assert_same_batches(one, two) > 0
+    assert all(torch.equal(a["dataset"], b["dataset"]) for a, b in zip(one, two, strict=True))
