@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import replace
 from typing import Any, Literal
 
 import numpy as np
@@ -119,7 +120,7 @@ class _InPlace(ImageTextKind, TokenKind, BaseReader):
                     if isinstance(value, Bad):
                         bad.append((index, row, value.reason))
                         continue
-                    docs.append(value)
+                    docs.append(replace(value, images=[]))  # the bytes go: read again when a batch needs them
                     where.append((index, row))
                     kept = [_kept(ref, cells) for ref in refs]
                     if None in kept and index not in self._cells:
@@ -136,7 +137,7 @@ class _InPlace(ImageTextKind, TokenKind, BaseReader):
     def _keep(self, docs: list[ImageTextDocument]) -> None:
         """The documents' ids, marks and image places, in flat arrays (document ``i`` a span of each)."""
         self._lengths = np.asarray([len(d.tokens) for d in docs], np.int64)
-        self._counts = np.asarray([len(d.images) for d in docs], np.int64)
+        self._counts = np.asarray([len(d.image_sizes) for d in docs], np.int64)
         self._starts = np.concatenate([[0], np.cumsum(self._lengths)]).astype(np.int64)
         self._firsts = np.concatenate([[0], np.cumsum(self._counts)]).astype(np.int64)
         self._tokens = _join([d.tokens for d in docs], self.token_dtype)
