@@ -52,7 +52,8 @@ from stallfree.ingest.token_runner import resumed_records, special_id, with_disk
 from stallfree.ingest.token_writer import LENGTHS
 from stallfree.ingest.tokenizer import Specials, TextTokenizer
 
-__all__ = ["ImageTextOptions", "ImageTextPlan", "ingest_image_text", "plan_image_text"]
+__all__ = ["ImageTextOptions", "ImageTextPlan", "image_field_of", "ingest_image_text", "plan_image_text",
+           "row_documents"]
 
 #: How a lock, a manifest and a message name a ``datasets.Dataset`` source.
 DATASET_NAME = "datasets.Dataset"
@@ -253,9 +254,14 @@ def _ingest(plan: ImageTextPlan, out: Path, options: ImageTextOptions, progress:
     }
 
 
+def image_field_of(options: ImageTextOptions, record: dict[str, Any]) -> str:
+    """The field of a row's images: ``options.image_field``, else ``image`` where the row has it, else ``images``."""
+    return options.image_field or ("image" if "image" in record else "images")
+
+
 def _pieces(plan: ImageTextPlan, options: ImageTextOptions, record: dict[str, Any]) -> tuple[list[Piece], list[Any]]:
     """A row's rendered pieces and its image references (:mod:`.conversation`, :mod:`.image_refs`)."""
-    field = options.image_field or ("image" if "image" in record else "images")
+    field = image_field_of(options, record)
     if options.layout == "caption":
         for name in (field, options.text_field):
             if name not in record:
@@ -271,40 +277,52 @@ def _pieces(plan: ImageTextPlan, options: ImageTextOptions, record: dict[str, An
                                plan.end), refs
 
 
+def row_documents(plan: ImageTextPlan, options: ImageTextOptions, index: int,
+                  batch: list[tuple[int, dict[str, Any] | Bad]],
+                  ) -> list[tuple[int, ImageTextDocument | Bad, list[Any]]]:
+    """A batch of file ``index``'s rows as ``(row, document or Bad, its image references)``: rendered, read, encoded.
+
+    The references are the row's images as :func:`~stallfree.ingest.image_refs.image_refs` gives them (a path,
+    bytes or ``{"bytes", "path"}``; none for a bad row): what a reader in place reads each image from again.
+    """
+    file = plan.files[index]
+    read: list[tuple[int, Any, list[Any]]] = []
+    for row, record in batch:
+        if isinstance(record, Bad):
+            read.append((row, record, []))
+            continue
+        try:
+            pieces, refs = _pieces(plan, options, record)
+            images = [load_image(ref, plan.roots[index], f"image {i}", options.max_pixels)
+                      for i, ref in enumerate(refs)]
+        except (RowProblem, ImageProblem) as err:
+            read.append((row, Bad(str(err)), []))
+        else:
+            read.append((row, (pieces, images), refs))
+    good = [value for _, value, _ in read if not isinstance(value, Bad)]
+    encoded = iter(encode_samples(plan.tokenizer, [pieces for pieces, _ in good], plan.specials,
+                                  options.layout == "caption"))
+    checked: list[tuple[int, ImageTextDocument | Bad, list[Any]]] = []
+    for row, value, refs in read:
+        if isinstance(value, Bad):
+            checked.append((row, value, refs))
+            continue
+        tokens, at, assistant = next(encoded)
+        problem = document_problem(tokens, plan.vocab_size)
+        images = value[1]
+        checked.append((row, Bad(problem) if problem is not None else ImageTextDocument(
+            tokens, [data for data, _ in images], at, [size for _, size in images], assistant,
+            f"{file.name}:{row}"), refs))
+    return checked
+
+
 def _documents(plan: ImageTextPlan, options: ImageTextOptions,
                start: tuple[int, int]) -> Iterator[list[tuple[int, int, ImageTextDocument | Bad]]]:
     """Batches of ``(file, row, document or Bad)`` from ``start`` on, in order: each row rendered, read, encoded."""
     for index in range(start[0], len(plan.files)):
         file = plan.files[index]
         for batch in read_records(file, plan.fields, start[1] if index == start[0] else 0):
-            read: list[tuple[int, Any]] = []
-            for row, record in batch:
-                if isinstance(record, Bad):
-                    read.append((row, record))
-                    continue
-                try:
-                    pieces, refs = _pieces(plan, options, record)
-                    images = [load_image(ref, plan.roots[index], f"image {i}", options.max_pixels)
-                              for i, ref in enumerate(refs)]
-                except (RowProblem, ImageProblem) as err:
-                    read.append((row, Bad(str(err))))
-                else:
-                    read.append((row, (pieces, images)))
-            good = [value for _, value in read if not isinstance(value, Bad)]
-            encoded = iter(encode_samples(plan.tokenizer, [pieces for pieces, _ in good], plan.specials,
-                                          options.layout == "caption"))
-            checked: list[tuple[int, int, ImageTextDocument | Bad]] = []
-            for row, value in read:
-                if isinstance(value, Bad):
-                    checked.append((index, row, value))
-                    continue
-                tokens, at, assistant = next(encoded)
-                problem = document_problem(tokens, plan.vocab_size)
-                images = value[1]
-                checked.append((index, row, Bad(problem) if problem is not None else ImageTextDocument(
-                    tokens, [data for data, _ in images], at, [size for _, size in images], assistant,
-                    f"{file.name}:{row}")))
-            yield checked
+            yield [(index, row, value) for row, value, _ in row_documents(plan, options, index, batch)]
 
 
 def _write(plan: ImageTextPlan, out: Path, options: ImageTextOptions, records: dict[int, dict[str, Any]],

@@ -22,6 +22,7 @@ from stallfree.ingest.labels import class_numbers, label_array, label_column
 from stallfree.ingest.remote import is_url
 from stallfree.ingest.text_sources import is_token_source
 from stallfree.pipeline.hf_reader import HuggingFaceReader, is_hf_dataset
+from stallfree.pipeline.image_text_inplace import refuse_image_text
 from stallfree.pipeline.image_text_reader import ImageTextShardReader, is_image_text_folder
 from stallfree.pipeline.reader_base import BaseReader, Reader, Sample, as_reader
 from stallfree.pipeline.remote_tokens import open_remote
@@ -341,6 +342,8 @@ def open_source(source: str | os.PathLike[str] | Reader | Any, *, exif: Exif = "
     if reader is not None:
         return _check_raw(reader, exif)
     if is_hf_dataset(source):
+        if not is_token_dataset(source):
+            refuse_image_text(source)  # rows of images and text need a tokenizer: named with their reader
         return HuggingFaceTokenReader(source, on_error=on_error) if is_token_dataset(source) else \
             HuggingFaceReader(source)
     if not isinstance(source, (str, os.PathLike)):
@@ -360,6 +363,7 @@ def open_source(source: str | os.PathLike[str] | Reader | Any, *, exif: Exif = "
             return TokenShardReader(path, verify=verify)
         return _check_raw(ShardReader(path, verify=verify), exif)
     if is_token_source(path):
+        refuse_image_text(path)
         return TokenFileReader(path, on_error=on_error)
     if path.suffix.lower() in (".csv", ".parquet"):
         return FileListReader(path)

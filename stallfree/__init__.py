@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from stallfree.ingest.remote import RemoteStoreError
     from stallfree.ingest.writer import IngestOptions
     from stallfree.pipeline.hf_reader import HuggingFaceReader
+    from stallfree.pipeline.image_text_inplace import ImageTextDatasetReader, ImageTextFileReader
     from stallfree.pipeline.image_text_reader import ImageTextShardReader
     from stallfree.pipeline.loader import Loader
     from stallfree.pipeline.mix import Mix
@@ -41,7 +42,9 @@ __all__ = [
     "DatasetReader",
     "HuggingFaceReader",
     "HuggingFaceTokenReader",
+    "ImageTextDatasetReader",
     "ImageTextDocument",
+    "ImageTextFileReader",
     "ImageTextShardReader",
     "IngestOptions",
     "Loader",
@@ -72,7 +75,9 @@ _HOMES = {
     "DatasetReader": "stallfree.pipeline.readers",
     "HuggingFaceReader": "stallfree.pipeline.hf_reader",
     "HuggingFaceTokenReader": "stallfree.pipeline.token_readers",
+    "ImageTextDatasetReader": "stallfree.pipeline.image_text_inplace",
     "ImageTextDocument": "stallfree.ingest.image_text_writer",
+    "ImageTextFileReader": "stallfree.pipeline.image_text_inplace",
     "ImageTextShardReader": "stallfree.pipeline.image_text_reader",
     "IngestOptions": "stallfree.ingest.writer",
     "Loader": "stallfree.pipeline.loader",
