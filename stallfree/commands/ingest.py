@@ -16,6 +16,7 @@ from stallfree.commands.ingest_image_text import (
     ingest_image_text_command,
     is_image_text_run,
 )
+from stallfree.commands.ingest_outcome import nothing_ingested, run_ingest
 from stallfree.commands.ingest_tokens import (
     add_token_arguments,
     ingest_tokens_command,
@@ -170,7 +171,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _ingest(args: argparse.Namespace) -> int:
     from stallfree.ingest.merge import merge
     from stallfree.ingest.remote import is_url
-    from stallfree.ingest.runner import DiskFull, ingest, parse_part
+    from stallfree.ingest.runner import ingest, parse_part
     from stallfree.ingest.sources import DEFAULT_MAX_SAMPLE_BYTES
     from stallfree.ingest.validate import DEFAULT_MAX_PIXELS
     from stallfree.ingest.writer import IngestOptions
@@ -200,7 +201,7 @@ def _ingest(args: argparse.Namespace) -> int:
         print(f"merged {summary['parts']} parts: {summary['images']} images in {summary['shards']} shards, "
               f"{summary['rejected']} rejected", file=human(args))
         emit(args, summary)
-        return _nothing_ingested(summary, f"{_shown(target).rstrip('/')}/rejected.jsonl")
+        return nothing_ingested(summary["images"], summary["rejected"], f"{_shown(target).rstrip('/')}/rejected.jsonl")
     if len(args.paths) != 2:
         raise ValueError(f"ingest takes SRC and OUT, got {len(args.paths)} paths")
     options = IngestOptions(
@@ -218,13 +219,13 @@ def _ingest(args: argparse.Namespace) -> int:
     extra = {"staging": args.staging, "storage_options": args.storage_options} if remote else {}
     if args.ray is not None:
         return _ingest_on_ray(args, src, out, options, extra)
-    try:
-        summary = ingest(Path(src), out if remote else Path(out), options,
-                         workers=len(os.sched_getaffinity(0)) if args.workers is None else args.workers,
-                         part=parse_part(args.part), progress=args.progress and sys.stderr.isatty(), **extra)
-    except DiskFull as err:  # not a usage error (exit 2): the same command succeeds once there is room
-        print(f"stallfree ingest: error: {err}", file=sys.stderr)
-        return 1
+    outcome = run_ingest(lambda: ingest(
+        Path(src), out if remote else Path(out), options,
+        workers=len(os.sched_getaffinity(0)) if args.workers is None else args.workers,
+        part=parse_part(args.part), progress=args.progress and sys.stderr.isatty(), **extra))
+    if isinstance(outcome, int):
+        return outcome
+    summary = outcome
     index, count = parse_part(args.part)
     name = "rejected.jsonl" if count == 1 else f"manifest.part-{index}-of-{count}.json"
     record = f"{_shown(out).rstrip('/')}/{name}"
@@ -239,7 +240,7 @@ def _ingest(args: argparse.Namespace) -> int:
         file=human(args),
     )
     emit(args, summary)
-    return _nothing_ingested(summary, record)
+    return nothing_ingested(summary["images"], summary["rejected"], record)
 
 
 def _ingest_on_ray(args: argparse.Namespace, src: str, out: str, options: Any, extra: dict[str, Any]) -> int:
@@ -267,16 +268,7 @@ def _ingest_on_ray(args: argparse.Namespace, src: str, out: str, options: Any, e
         file=human(args),
     )
     emit(args, summary)
-    return _nothing_ingested(summary, record)
-
-
-def _nothing_ingested(summary: dict[str, Any], record: str) -> int:
-    """Exit code 1 and one line when every sample was rejected: a dataset of no images is not a success."""
-    if summary["images"] or not summary["rejected"]:
-        return 0
-    print(f"stallfree ingest: error: nothing was ingested: all {summary['rejected']} samples were rejected; "
-          f"the reasons are in {record}", file=sys.stderr)
-    return 1
+    return nothing_ingested(summary["images"], summary["rejected"], record)
 
 
 def _verify(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from stallfree.commands import CliError
+from stallfree.commands.ingest_outcome import nothing_ingested, run_ingest
 from stallfree.commands.output import emit, human, require_writable
 
 __all__ = ["add_image_text_arguments", "image_text_info_lines", "ingest_image_text_command", "is_image_text_run"]
@@ -71,7 +72,6 @@ def ingest_image_text_command(args: argparse.Namespace) -> int:
     """``stallfree ingest SRC OUT --layout L``: image-text shards, a summary line, ``--json``."""
     from stallfree.ingest.image_text_runner import ImageTextOptions, ingest_image_text
     from stallfree.ingest.images import DEFAULT_MAX_PIXELS
-    from stallfree.ingest.runner import DiskFull
 
     given = [flag for dest, flag, unset in _REFUSED if getattr(args, dest) != unset]
     if given:
@@ -97,13 +97,11 @@ def ingest_image_text_command(args: argparse.Namespace) -> int:
         shard_mb=args.shard_size, max_pixels=args.max_pixels or DEFAULT_MAX_PIXELS,
         on_error=args.on_error or "skip", **named)
     require_writable(out, "OUT")
-    try:
-        summary = ingest_image_text(Path(src), Path(out), options, progress=args.progress and sys.stderr.isatty())
-    except ImportError as err:  # tokenizers (or transformers) is not installed: the message says what to install
-        raise CliError(str(err)) from None
-    except DiskFull as err:  # not a usage error (exit 2): the same command succeeds once there is room
-        print(f"stallfree ingest: error: {err}", file=sys.stderr)
-        return 1
+    outcome = run_ingest(lambda: ingest_image_text(Path(src), Path(out), options,
+                                                   progress=args.progress and sys.stderr.isatty()))
+    if isinstance(outcome, int):
+        return outcome
+    summary = outcome
     record = f"{out.rstrip('/')}/rejected.jsonl"
     print(
         f"{summary['documents']} {_NOUNS[args.layout]} with {summary['images']} images and {summary['tokens']} text "
@@ -115,11 +113,7 @@ def ingest_image_text_command(args: argparse.Namespace) -> int:
         file=human(args),
     )
     emit(args, summary)
-    if summary["documents"] or not summary["rejected"]:
-        return 0
-    print(f"stallfree ingest: error: nothing was ingested: all {summary['rejected']} rows were rejected; the reasons "
-          f"are in {record}", file=sys.stderr)
-    return 1
+    return nothing_ingested(summary["documents"], summary["rejected"], record, "rows")
 
 
 def image_text_info_lines(where: str, summary: dict[str, Any]) -> list[str]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from stallfree.commands import CliError
+from stallfree.commands.ingest_outcome import nothing_ingested, run_ingest
 from stallfree.commands.output import emit, human, require_writable
 
 __all__ = ["add_token_arguments", "ingest_tokens_command", "is_token_run", "token_info_lines"]
@@ -70,7 +71,6 @@ def is_token_run(args: argparse.Namespace) -> bool:
 
 def ingest_tokens_command(args: argparse.Namespace) -> int:
     """``stallfree ingest SRC OUT`` of documents: shards of token ids, a summary line, ``--json``."""
-    from stallfree.ingest.runner import DiskFull
     from stallfree.ingest.token_runner import ingest_tokens
     from stallfree.ingest.token_writer import TokenOptions
 
@@ -91,13 +91,11 @@ def ingest_tokens_command(args: argparse.Namespace) -> int:
         shard_mb=args.shard_size, on_error=args.on_error or "skip",
     )
     require_writable(out, "OUT")
-    try:
-        summary = ingest_tokens(Path(src), Path(out), options, progress=args.progress and sys.stderr.isatty())
-    except ImportError as err:  # tokenizers (or transformers) is not installed: the message says what to install
-        raise CliError(str(err)) from None
-    except DiskFull as err:  # not a usage error (exit 2): the same command succeeds once there is room
-        print(f"stallfree ingest: error: {err}", file=sys.stderr)
-        return 1
+    outcome = run_ingest(lambda: ingest_tokens(Path(src), Path(out), options,
+                                               progress=args.progress and sys.stderr.isatty()))
+    if isinstance(outcome, int):
+        return outcome
+    summary = outcome
     record = f"{out.rstrip('/')}/rejected.jsonl"
     vocab = summary["vocab_size"] if summary["vocab_size"] is not None else "unknown"
     print(
@@ -110,11 +108,7 @@ def ingest_tokens_command(args: argparse.Namespace) -> int:
         file=human(args),
     )
     emit(args, summary)
-    if summary["documents"] or not summary["rejected"]:
-        return 0
-    print(f"stallfree ingest: error: nothing was ingested: all {summary['rejected']} rows were rejected; the reasons "
-          f"are in {record}", file=sys.stderr)
-    return 1
+    return nothing_ingested(summary["documents"], summary["rejected"], record, "rows")
 
 
 def token_info_lines(where: str, summary: dict[str, Any]) -> list[str]:
