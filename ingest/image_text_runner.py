@@ -48,7 +48,7 @@ from stallfree.ingest.record_sources import RecordFile, columns, is_dataset, lis
 from stallfree.ingest.remote import is_url, redact
 from stallfree.ingest.text_sources import Bad
 from stallfree.ingest.token_check import document_problem, token_dtype
-from stallfree.ingest.token_runner import resumed_records, special_id, with_disk_full
+from stallfree.ingest.token_runner import resumed_records, run_summary, special_id, with_disk_full
 from stallfree.ingest.token_writer import LENGTHS
 from stallfree.ingest.tokenizer import Specials, TextTokenizer
 
@@ -232,26 +232,9 @@ def _ingest(plan: ImageTextPlan, out: Path, options: ImageTextOptions, progress:
         job=plan.job, options=options.to_json(),
         source={"kind": options.layout, "path": plan.where, "fields": plan.fields,
                 "files": [f.name for f in plan.files]})
-    seconds = time.perf_counter() - started
-    fresh = [records[i] for i in sorted(records) if i >= done]
-    return {
-        "kind": "image_text",
-        "layout": options.layout,
-        "documents": manifest["documents"],
-        "images": manifest["images"],
-        "tokens": manifest["tokens"],
-        "rejected": len(rejected),
-        "shards": len(records),
-        "written_shards": len(fresh),
-        "resumed_shards": done,
-        "token_dtype": manifest["token_dtype"],
-        "vocab_size": plan.vocab_size,
-        "source_mb": sum(f.size for f in plan.files) / 1e6,
-        "shard_mb": sum(r["bytes"] for r in records.values()) / 1e6,
-        "seconds": seconds,
-        "documents_per_s": sum(r["rows"] for r in fresh) / seconds if seconds else 0.0,
-        "tokens_per_s": sum(r["tokens"] for r in fresh) / seconds if seconds else 0.0,
-    }
+    summary = run_summary(manifest, records, done, len(rejected), plan.vocab_size,
+                          sum(f.size for f in plan.files) / 1e6, time.perf_counter() - started)
+    return {"kind": "image_text", "layout": options.layout, "images": manifest["images"], **summary}
 
 
 def image_field_of(options: ImageTextOptions, record: dict[str, Any]) -> str:

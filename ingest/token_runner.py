@@ -42,7 +42,8 @@ from stallfree.ingest.token_writer import LENGTHS, TokenOptions, token_schema, w
 from stallfree.ingest.tokenizer import Specials, TextTokenizer
 from stallfree.ingest.writer import RECORDS
 
-__all__ = ["TokenPlan", "ingest_tokens", "plan_tokens", "resumed_records", "special_id", "with_disk_full"]
+__all__ = ["TokenPlan", "ingest_tokens", "plan_tokens", "resumed_records", "run_summary", "special_id",
+           "with_disk_full"]
 
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
@@ -205,18 +206,27 @@ def _ingest(plan: TokenPlan, out: Path, options: TokenOptions, progress: bool,
     write_rejected(out, rejected)
     manifest = _manifest(plan, options, records, lengths, len(rejected))
     write_manifest(out / MANIFEST, manifest)
-    seconds = time.perf_counter() - started
+    return run_summary(manifest, records, done, len(rejected), plan.vocab_size,
+                       sum(f.size for f in plan.files) / 1e6, time.perf_counter() - started)
+
+
+def run_summary(manifest: dict[str, Any], records: dict[int, dict[str, Any]], done: int, rejected: int,
+                vocab_size: int | None, source_mb: float, seconds: float) -> dict[str, Any]:
+    """What a token or image-text ingest returns (and prints): its documents, tokens, shards and rates.
+
+    ``done`` shards were there before this run (resumed); ``source_mb`` is the size of the source's files.
+    """
     fresh = [records[i] for i in sorted(records) if i >= done]
     return {
         "documents": manifest["documents"],
         "tokens": manifest["tokens"],
-        "rejected": len(rejected),
+        "rejected": rejected,
         "shards": len(records),
         "written_shards": len(fresh),
         "resumed_shards": done,
         "token_dtype": manifest["token_dtype"],
-        "vocab_size": plan.vocab_size,
-        "source_mb": sum(f.size for f in plan.files) / 1e6,
+        "vocab_size": vocab_size,
+        "source_mb": source_mb,
         "shard_mb": sum(r["bytes"] for r in records.values()) / 1e6,
         "seconds": seconds,
         "documents_per_s": sum(r["rows"] for r in fresh) / seconds if seconds else 0.0,
