@@ -35,13 +35,13 @@ from typing import Any, Literal
 
 import numpy as np
 
-from stallfree.core.atomic import atomic_path, atomic_write
+from stallfree.core.atomic import atomic_path
 from stallfree.ingest.labels import save_labels
-from stallfree.ingest.manifest import FORMAT, MANIFEST, VERSION, file_sha256, shard_name, write_manifest, write_rejected
+from stallfree.ingest.manifest import FORMAT, MANIFEST, VERSION, shard_name, write_manifest, write_rejected
 from stallfree.ingest.token_check import document_problem, token_dtype
-from stallfree.ingest.token_writer import write_lengths
+from stallfree.ingest.token_writer import write_lengths, write_record
 from stallfree.ingest.tokenizer import TextTokenizer
-from stallfree.ingest.writer import BATCH_ROWS, RECORDS, record_path
+from stallfree.ingest.writer import BATCH_ROWS, RECORDS
 
 __all__ = [
     "DEFAULT_PLACEHOLDER", "IMAGE_COUNTS", "LAYOUTS", "ImageTextDocument", "Layout", "document_inconsistency",
@@ -152,20 +152,9 @@ def write_image_text_shard(out: Path, name: str, documents: list[ImageTextDocume
                 _list([np.asarray(d.assistant, np.uint8) for d in part], np.uint8),
                 pa.array([d.source for d in part], pa.string()),
             ], schema=schema))
-    record = {
-        "file": name,
-        "rows": len(documents),
-        "bytes": path.stat().st_size,
-        "sha256": file_sha256(path),
-        "tokens": int(sum(len(d.tokens) for d in documents)),
-        "images": int(sum(len(d.images) for d in documents)),
-        "rejected": rejected,
-        "end": list(end),
-    }
-    record_file = record_path(out, name)
-    record_file.parent.mkdir(exist_ok=True)
-    atomic_write(record_file, json.dumps(record, sort_keys=True).encode())
-    return record
+    counts = {"tokens": int(sum(len(d.tokens) for d in documents)),
+              "images": int(sum(len(d.images) for d in documents))}
+    return write_record(out, name, len(documents), counts, rejected, end)
 
 
 def write_image_counts(out: Path, shard_files: list[str]) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from stallfree.ingest.labels import save_labels
 from stallfree.ingest.manifest import file_sha256
 from stallfree.ingest.writer import BATCH_ROWS, record_path
 
-__all__ = ["LENGTHS", "TokenOptions", "token_schema", "write_lengths", "write_token_shard"]
+__all__ = ["LENGTHS", "TokenOptions", "token_schema", "write_lengths", "write_record", "write_token_shard"]
 
 #: Every document's length, beside the manifest (listed under its ``"lengths"``).
 LENGTHS = "lengths.npy"
@@ -112,15 +112,19 @@ def write_token_shard(out: Path, name: str, documents: list[np.ndarray], sources
             writer.write_batch(pa.record_batch(
                 [tokens, pa.array(sizes.astype(np.int32)), pa.array(sources[start : start + BATCH_ROWS], pa.string())],
                 schema=schema))
-    record = {
-        "file": name,
-        "rows": len(documents),
-        "bytes": path.stat().st_size,
-        "sha256": file_sha256(path),
-        "tokens": int(lengths.sum()),
-        "rejected": rejected,
-        "end": list(end),
-    }
+    return write_record(out, name, len(documents), {"tokens": int(lengths.sum())}, rejected, end)
+
+
+def write_record(out: Path, name: str, rows: int, counts: dict[str, int], rejected: list[dict[str, str]],
+                 end: tuple[int, int]) -> dict[str, Any]:
+    """Write the record of the complete shard file ``name`` (token or image-text) into ``out/.ingest/``.
+
+    The record is ``{"file", "rows", "bytes", "sha256", **counts, "rejected", "end"}``: ``counts`` what the shard
+    holds (``tokens``, ``images``), ``end`` where the next shard's rows start, ``(file, row)``.
+    """
+    path = out / name
+    record = {"file": name, "rows": rows, "bytes": path.stat().st_size, "sha256": file_sha256(path), **counts,
+              "rejected": rejected, "end": list(end)}
     record_file = record_path(out, name)
     record_file.parent.mkdir(exist_ok=True)
     atomic_write(record_file, json.dumps(record, sort_keys=True).encode())
