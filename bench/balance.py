@@ -5,9 +5,9 @@ downloaded) are fed through the Loader packed with ``balance=None``, ``"tokens"`
 ``dp4`` (4 data-parallel ranks, 1 micro-batch) and ``dp2-pp2`` (2 data-parallel ranks, each a pipeline of 2 stages,
 ``--microbatches`` M per step). Every batch of an epoch is delivered on every rank and read back: each micro-batch's
 documents from ``document_index`` and ``position_ids`` (so the figures are what the Loader delivers, every document
-checked once). The image-text mix's documents carry images, which the Loader cannot be told yet (it has no
-image-text samples): its ``"compute"`` balances their tokens' cost only, and a fourth contender, the balance's
-planner given each document's images, shows what balancing them gives.
+checked once). The image-text mix is written as image-text shards (its documents' text and images, in a
+temporary folder) and read as the Loader reads any image-text source, ``Packing(image_tokens=, image_token_id=)``:
+its balance knows each document's images and charges them ``Cost.image``, as in training.
 
 The simulated accelerator (what ``--accelerator sim:...`` charges a token micro-batch, padding free)::
 
@@ -38,7 +38,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from stallfree.bench.balance_mixes import IMAGE_TOKENS, MIXES
+from stallfree.bench.balance_mixes import IMAGE_TOKENS, MIXES, image_tokens
 
 __all__ = ["EXAMPLES", "LAYOUTS", "TARGET", "add_arguments", "run"]
 
@@ -69,8 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the simulated accelerator: cost units per second per rank (a unit: one token's linear "
                         "work; 50,000 is about one H100 training a 1B-parameter model)")
     parser.add_argument("--image-cost", type=float, default=512.0,
-                        help=f"Cost.image: an image's vision-encoder work in cost units (its {IMAGE_TOKENS} tokens "
-                        "are in its document's length besides)")
+                        help=f"Cost.image: an image's vision-encoder work in cost units (its {IMAGE_TOKENS} positions, "
+                        "S/16 below S = 4096, are in its document's length besides)")
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -82,12 +82,15 @@ def _check(args: argparse.Namespace) -> None:
     if "dp2-pp2" in args.layouts and args.batch_size % args.microbatches:
         raise ValueError(f"--batch-size {args.batch_size} does not split into --microbatches {args.microbatches} "
                          "micro-batches of equal rows: give a batch size that M divides")
+    if "image-text" in args.mixes and args.seq_len < 32:
+        raise ValueError(f"--seq-len {args.seq_len} is too short for the image-text mix, whose documents of 12 "
+                         "images must fit a row: give --seq-len >= 32, or --mixes chat")
     if not args.rate > 0 or args.image_cost < 0:
         raise ValueError(f"--rate must be > 0 and --image-cost >= 0, got {args.rate} and {args.image_cost}")
 
 
 def _contenders(mix: str) -> list[str]:
-    return ["none", "tokens", "compute", "compute+images"] if MIXES[mix].images else ["none", "tokens", "compute"]
+    return ["none", "tokens", "compute"]
 
 
 def _one(fed: Any, lengths: Any, images: Any, cost: Any, world: int, slots: int, rate: float,
@@ -118,9 +121,13 @@ def _one(fed: Any, lengths: Any, images: Any, cost: Any, world: int, slots: int,
 
 def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
     """Run the benchmark, print its table to ``out`` and return the results (JSON-able)."""
+    import tempfile
+    from pathlib import Path
+
     from tqdm import tqdm
 
-    from stallfree.bench.balance_feeds import CONTENDERS, feed
+    from stallfree.bench.balance_feeds import CONTENDERS, GeneratedDocuments, feed
+    from stallfree.bench.balance_images import write_mix
     from stallfree.bench.balance_mixes import draw
     from stallfree.core.cost import Cost
 
@@ -130,24 +137,25 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
         (m, lay, c): [] for m in args.mixes for lay in args.layouts for c in _contenders(m)}
     stats: dict[str, Any] = {}
     with tqdm(total=len(runs) * args.seeds, desc="bench balance", unit="epoch", file=sys.stderr,
-              disable=not args.progress) as bar:
+              disable=not args.progress) as bar, tempfile.TemporaryDirectory(prefix="bench-balance-") as tmp:
         for mix in args.mixes:
             for seed in range(args.seeds):
                 drawn = draw(mix, args.tokens, args.seq_len, seed)
                 if seed == 0:
                     stats[mix] = _stats(mix, drawn, args.seq_len)
                 images = drawn.images if MIXES[mix].images else None
+                source = (write_mix(drawn, Path(tmp) / f"{mix}-{seed}") if images is not None else
+                          GeneratedDocuments(drawn.lengths, f"{mix}-{seed}"))
                 for layout in args.layouts:
                     world, stages = LAYOUTS[layout]
                     m = 1 if stages == 1 else args.microbatches
                     for contender in _contenders(mix):
                         bar.set_postfix_str(f"{mix}, {layout}, {contender}, seed {seed}")
-                        fed = feed(contender, drawn, f"{mix}-{seed}", seq_len=args.seq_len,
-                                   batch_size=args.batch_size, world_size=world, microbatches=m, cost=cost, seed=seed)
-                        comparable = contender == "compute+images" or (contender == "compute" and images is None)
+                        fed = feed(contender, drawn, source, seq_len=args.seq_len, batch_size=args.batch_size,
+                                   world_size=world, microbatches=m, cost=cost, seed=seed)
                         runs[mix, layout, contender].append(
                             _one(fed, drawn.lengths, images, cost, world, args.batch_size // m * args.seq_len,
-                                 args.rate, comparable))
+                                 args.rate, contender == "compute"))
                         bar.update()
                     _gains(runs, mix, layout)
     results = [{"mix": mix, "layout": layout, "contender": c, "label": CONTENDERS[c], **_median(r), "seeds": r}
@@ -157,8 +165,8 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
               "seq_len": args.seq_len, "batch_size": args.batch_size, "microbatches": args.microbatches,
               "tokens_per_mix": args.tokens, "seeds": args.seeds, "rate": args.rate,
               "cost": {"linear": cost.linear, "quadratic": cost.quadratic, "image": cost.image},
-              "image_tokens": IMAGE_TOKENS, "layouts": {k: LAYOUTS[k] for k in args.layouts}, "mixes": stats,
-              "results": results, "targets": _targets(results)}
+              "image_tokens": image_tokens(args.seq_len), "layouts": {k: LAYOUTS[k] for k in args.layouts},
+              "mixes": stats, "results": results, "targets": _targets(results)}
     _print(result, out)
     return result
 
@@ -196,7 +204,7 @@ def _stats(name: str, drawn: Any, seq_len: int) -> dict[str, Any]:
 def _targets(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Each balance by compute against the issue's targets, mix by mix (``"compute on chat"``)."""
     out: dict[str, Any] = {}
-    for c in ("compute", "compute+images"):
+    for c in ("compute",):
         for mix in dict.fromkeys(r["mix"] for r in results):
             rows = [r for r in results if r["contender"] == c and r["mix"] == mix]
             if not rows:
@@ -219,6 +227,8 @@ def _layout(name: str, microbatches: int) -> str:
 
 
 def _print(result: dict[str, Any], out: TextIO) -> None:
+    from stallfree.bench.balance_images import IMAGE_TOKEN_ID, SIDE
+
     s, b, m = result["seq_len"], result["batch_size"], result["microbatches"]
     c = result["cost"]
     print(f"S = {s}, B = {b} rows per rank's batch; {result['tokens_per_mix']:,} tokens per mix; medians of "
@@ -233,10 +243,10 @@ def _print(result: dict[str, Any], out: TextIO) -> None:
               f"{x['mean']:.0f}, median {x['p50']:,}, p95 {x['p95']:,}, max {x['max']:,}; "
               f"{x['near_or_past_seq_len']:.1%} at 0.75 S or longer{imgs}", file=out)
     if any(MIXES[name].images for name in result["mixes"]):
-        print("  The Loader has no image-text samples yet: it delivers the image-text mix's documents as token "
-              "sequences of their length and balances their tokens' cost (images unknown to it); the simulated "
-              "accelerator charges the images; 'images known (planner)' is the balance's planner given them.",
-              file=out)
+        print(f"  The image-text mix is written as image-text shards (each document's text, and its k images, "
+              f"{SIDE}x{SIDE} PNGs, before it) and read by the Loader with Packing(image_tokens="
+              f"{result['image_tokens']}, image_token_id={IMAGE_TOKEN_ID}): its balance knows every document's "
+              "images (Cost.image each), as in training.", file=out)
     print("\n| mix | layout | balance | steps | step s | useful ktok/s | slowest/ideal | gain over tokens (share of "
           "ideal's) | padding | slowest/ideal, padding charged | planning CPU ms/step (% of step) | planning wall "
           "ms/step | planned = delivered |",

@@ -1,16 +1,16 @@
-"""``bench balance``'s contenders: the Loader packing a mix with each balance, and the planner knowing images.
+"""``bench balance``'s contenders: the Loader packing a mix with each balance.
 
 Each contender's epoch is read back into units (:mod:`.balance_units`).
 
-- ``none``, ``tokens``, ``compute``: one ``stallfree.Loader`` per rank over :class:`GeneratedDocuments` with
-  ``Packing(seq_len=S, balance=..., cost=..., microbatches=M)``, shuffled with the run's seed, every batch of the
-  epoch delivered and its units read from ``document_index``/``position_ids``. Its planning time: the plan's
-  ``balance.seconds`` (``loader.sampler.plan(epoch).balance``; for ``none`` the plain packing of the same order,
-  :func:`~stallfree.pipeline.packing.pack`, timed here), and the same plan made again here in this thread's CPU
-  seconds (on a shared machine the wall time counts other jobs' turns too).
-- ``compute+images``: the balance's planner (:func:`~stallfree.pipeline.balance.balanced_packs`, what the Loader's
-  ``"compute"`` runs) over the same order with every document's image count, which the Loader cannot pass yet (it
-  has no image-text samples); its packs are placed in units as the Loader deals them.
+``none``, ``tokens``, ``compute``: one ``stallfree.Loader`` per rank with ``Packing(seq_len=S, balance=...,
+cost=..., microbatches=M)``, shuffled with the run's seed, every batch of the epoch delivered and its units read from
+``document_index``/``position_ids``. The chat mix comes from :class:`GeneratedDocuments`; the image-text mix from
+image-text shards (:mod:`.balance_images`), with ``Packing(image_tokens=, image_token_id=)``, so the Loader knows
+each document's images and its ``"compute"`` charges them ``Cost.image`` (as in training). Its planning time: the
+plan's ``balance.seconds`` (``loader.sampler.plan(epoch).balance``; for ``none`` the plain packing of the same order,
+:func:`~stallfree.pipeline.packing.pack`, timed here), and the same plan made again here, by the function the
+Loader's plan calls with the lengths and image counts its sampler holds, in this thread's CPU seconds (on a shared
+machine the wall time counts other jobs' turns too).
 """
 
 from __future__ import annotations
@@ -18,17 +18,17 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
+from stallfree.bench.balance_images import IMAGE_TOKEN_ID, image_text_loader_options
 from stallfree.bench.balance_mixes import MixDraw
-from stallfree.bench.balance_units import Units, delivered_pieces, delivered_units, planned_units
+from stallfree.bench.balance_units import Units, delivered_pieces, delivered_units
 from stallfree.core.cost import Cost
 from stallfree.ingest.fields import TOKEN_FIELDS, Field
-from stallfree.pipeline.balance import Balance, balanced_packs
 from stallfree.pipeline.loader_sampler import LoaderPacks
-from stallfree.pipeline.packing import pack
+from stallfree.pipeline.packing import balanced_plan, pack
 from stallfree.pipeline.reader_base import BaseReader
 
 __all__ = ["CONTENDERS", "Fed", "GeneratedDocuments", "feed"]
@@ -38,7 +38,6 @@ CONTENDERS = {
     "none": "balance=None (plain packing)",
     "tokens": 'balance="tokens"',
     "compute": 'balance="compute"',
-    "compute+images": 'balance="compute", images known (planner)',
 }
 
 
@@ -85,9 +84,12 @@ class Fed:
     planned: np.ndarray | None  # [steps, W*M] (loader.sampler.plan(epoch).balance.costs), or None
 
 
-def feed(name: str, mix: MixDraw, label: str, *, seq_len: int, batch_size: int, world_size: int,
+def feed(name: str, mix: MixDraw, source: Any, *, seq_len: int, batch_size: int, world_size: int,
          microbatches: int, cost: Cost, seed: int) -> Fed:
-    """Contender ``name`` over ``mix`` (epoch 0 of the Loader's order of ``seed``).
+    """Contender ``name`` over ``mix`` read from ``source`` (epoch 0 of the Loader's order of ``seed``).
+
+    ``source``: what the Loader reads, a :class:`GeneratedDocuments` of the mix's lengths, or (a mix with images)
+    the image-text shard folder :func:`~.balance_images.write_mix` wrote.
 
     Raises:
         ValueError: no contender ``name``.
@@ -98,13 +100,15 @@ def feed(name: str, mix: MixDraw, label: str, *, seq_len: int, batch_size: int, 
         raise ValueError(f"no contender {name!r}; the contenders are {', '.join(CONTENDERS)}")
     balance: Literal["tokens", "compute"] | None = (None if name == "none" else "tokens" if name == "tokens" else
                                                     "compute")
+    images = mix.image_tokens > 0
     packing = stallfree.Packing(seq_len=seq_len, balance=balance, cost=cost if balance == "compute" else None,
-                                microbatches=microbatches)
-    source = GeneratedDocuments(mix.lengths, label)
+                                microbatches=microbatches, image_tokens=mix.image_tokens if images else None,
+                                image_token_id=IMAGE_TOKEN_ID if images else None)
+    options = image_text_loader_options() if images else {}
 
     def loader(rank: int) -> stallfree.Loader:
         return stallfree.Loader(source, batch_size, packing=packing, shuffle=True, seed=seed, rank=rank,
-                                world_size=world_size)
+                                world_size=world_size, **options)
 
     with loader(0) as first:
         sampler = first.sampler
@@ -112,23 +116,14 @@ def feed(name: str, mix: MixDraw, label: str, *, seq_len: int, batch_size: int, 
             raise TypeError(f"a packed Loader's sampler is a LoaderPacks, got {type(sampler).__name__}")
         order = sampler.documents.virtual_order(0)
         plan = sampler.plan(0)
-    images = mix.images if name == "compute+images" else None
 
-    def replan() -> tuple[list[list[tuple[int, int, int]]], Balance | None]:
-        """What the Loader's plan runs (the planner, or plain packing), with the images where they are known."""
-        if balance is None:
-            pack(order, mix.lengths, packing, len(mix.lengths))
-            return [], None
-        return balanced_packs(order, mix.lengths, len(mix.lengths), seq_len=seq_len, batch_size=batch_size,
-                              microbatches=microbatches, world_size=world_size, cost=packing.unit_cost,
-                              window=packing.window, group=balance == "compute", images=images)
-
+    rows = sampler.num_rows
     started, cpu = time.perf_counter(), time.thread_time()
-    packs, planned = replan()  # timed here in CPU seconds too: a shared machine's wall time is other jobs' as well
+    if balance is None:  # what the Loader's plan runs: its lengths (image positions counted) and image counts
+        pack(order, sampler.lengths, packing, rows)
+    else:
+        balanced_plan(order, sampler.lengths, packing, rows, batch_size, world_size, sampler.images)
     wall, cpu = time.perf_counter() - started, time.thread_time() - cpu
-    if name == "compute+images" and planned is not None:
-        units = planned_units(packs, len(mix.lengths), world_size, batch_size, microbatches)
-        return Fed(units, planned.seconds, cpu, planned.costs)
     ranks = []
     for rank in range(world_size):
         with loader(rank) as each:

@@ -12,8 +12,10 @@ so each rank computes the same balanced plan, with no communication::
                  with room, into its fullest such row;
                - ahead:  the same, counting what a unit's empty room will cost once filled at the mean rate left;
                - paced:  step by step, like with like, each unit held to the step's pace (see _step);
-               then each step's costliest unit moves or swaps a document with a cheaper unit while that evens them
-               (_refine). What no step holds goes first into the next window; the last window makes every step.
+               then each step's costliest unit moves or swaps a document with a cheaper unit while that evens them,
+               and in the way kept also swaps one document for two of one row (:mod:`.balance_refine`); with
+               micro-batches, a step's units are dealt to the slots like with like (each slot's ranks wait least).
+               What no step holds goes first into the next window; the last window makes every step.
     "tokens":  a step's worth of the epoch's order at a time, its units evened by tokens (paced).
 
 ``"compute"`` evens :class:`~stallfree.core.cost.Cost` (with each document's images where the caller gives them);
@@ -30,24 +32,19 @@ Rank ``r``'s batch of step ``s`` is its rows in micro-batch order: rows ``[m*B/M
 from __future__ import annotations
 
 import bisect
-import functools
-import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from stallfree.core.cost import Cost
+from stallfree.pipeline.balance_refine import deal_slots, refine
 
 __all__ = ["FULL", "SLACK", "Balance", "balanced_packs"]
 
 #: How far over the step's pace (its costliest unit's first piece) a unit may go for one more piece.
 SLACK = 0.02
-#: Swaps tried per piece of the costliest unit, nearest the best first, when evening a step's units (_refine).
-TRIES = 32
-#: Units within this share of the costliest one's cost are even enough (_refine stops).
-EVEN = 0.001
 #: A step holding less than this share of its token slots waits for the next window's documents (but the last).
 FULL = 0.5
 
@@ -121,6 +118,9 @@ def balanced_packs(order: np.ndarray, lengths: np.ndarray, rows: int, *, seq_len
                     break
                 steps = [(step, spent)]
             for step, spent in steps:
+                if group and microbatches > 1:  # like with like in each micro-batch slot
+                    dealt = deal_slots(spent, world_size, microbatches)
+                    step, spent = [step[u] for u in dealt], [spent[u] for u in dealt]
                 positions: list[list[Piece]] = [[] for _ in range(world_size * batch_size)]
                 for u, unit in enumerate(step):
                     r, m = divmod(u, microbatches)
@@ -139,10 +139,11 @@ def _best_steps(todo: list[Piece], n: int, units: int, per_unit: int, seq_len: i
                 price: Callable[[Piece], float], step_tokens: int) -> tuple[list[Step], list[Piece]]:
     """``n`` steps of ``todo`` (costliest first), and what they left: the best of three ways.
 
-    Each way's steps are evened by :func:`_refine`; the way whose units wait least (the sum over steps of the
-    costliest unit's excess over the mean) wins, ties to the first. The ways: :func:`_spread` over all ``n`` steps'
-    units at once, the same looking ahead, and :func:`_step` step by step (like documents together); no one of them
-    is best on every mix.
+    Each way's steps are evened by :func:`~.balance_refine.refine` (one for one); the way whose units wait least
+    (the sum over steps of the costliest unit's excess over the mean) wins, ties to the first. The ways:
+    :func:`_spread` over all ``n`` steps' units at once, the same looking ahead, and :func:`_step` step by step
+    (like documents together); no one of them is best on every mix. The way kept is evened further, one document
+    for two as well.
     """
     tries = []
     for how in ("spread", "ahead", "paced"):
@@ -155,10 +156,12 @@ def _best_steps(todo: list[Piece], n: int, units: int, per_unit: int, seq_len: i
             (made, costs), rest = _spread(todo, n * units, per_unit, seq_len, price, how == "ahead")
             steps = [(made[k : k + units], costs[k : k + units]) for k in range(0, n * units, units)]
         for step, spent in steps:
-            _refine(step, spent, seq_len, price, 4 * units)
+            refine(step, spent, seq_len, price, 4 * units, pairs=False)
         waste = sum(max(spent) - sum(spent) / units for _, spent in steps)  # the units' wait
         tries.append((waste, len(rest), steps, rest))
     _, _, steps, rest = min(tries, key=lambda t: t[:2])
+    for step, spent in steps:  # the way kept: its costliest units also exchange one document for two
+        refine(step, spent, seq_len, price, 8 * units)
     return steps, rest
 
 
@@ -240,85 +243,6 @@ def _spread(todo: list[Piece], units: int, per_unit: int, seq_len: int, price: C
         spent[u] += paid
         empty[u] -= size
     return (rows, spent), left
-
-
-def _refine(rows: list[list[list[Piece]]], spent: list[float], seq_len: int, price: Callable[[Piece], float],
-            rounds: int) -> None:
-    """Even a step's units further, in place, up to ``rounds`` exchanges.
-
-    From the costliest unit, a piece moves to a cheaper unit or swaps with a cheaper piece there (the rows' room
-    kept), with the cheapest unit that has such an exchange, the exchange moving the cost nearest half their gap.
-    """
-    for _ in range(rounds):
-        s = max(range(len(spent)), key=spent.__getitem__)
-        for f in sorted(range(len(spent)), key=spent.__getitem__):
-            gap = spent[s] - spent[f]
-            if gap <= EVEN * spent[s]:
-                return
-            best = _exchange(rows[s], rows[f], gap, seq_len, price)
-            if best is not None:
-                break
-        else:
-            return
-        moved, js, ia, jf, ib = best
-        a = rows[s][js].pop(ia)
-        if ib >= 0:
-            rows[s][js].append(rows[f][jf].pop(ib))
-        rows[f][jf].append(a)
-        spent[s] -= moved
-        spent[f] += moved
-
-
-def _exchange(costly: list[list[Piece]], cheap: list[list[Piece]], gap: float, seq_len: int,
-              price: Callable[[Piece], float]) -> tuple[float, int, int, int, int] | None:
-    """The move or swap from ``costly`` to ``cheap`` whose cost moved is in (0, gap) and nearest gap/2.
-
-    Returns ``(moved, row in costly, at, row in cheap, at or -1 for a move)``, or None.
-    """
-    free_s = [seq_len - sum(p[2] - p[1] for p in row) for row in costly]
-    free_f = [seq_len - sum(p[2] - p[1] for p in row) for row in cheap]
-    theirs = sorted((price(b), jf, ib) for jf, row in enumerate(cheap) for ib, b in enumerate(row))
-    prices = [t[0] for t in theirs]
-    best: tuple[float, int, int, int, int] | None = None
-    for js, row in enumerate(costly):
-        for ia, a in enumerate(row):
-            pa, la = price(a), a[2] - a[1]
-            if pa < gap and (best is None or abs(pa - gap / 2) < abs(best[0] - gap / 2)):  # a move
-                jf = next((j for j, free in enumerate(free_f) if free >= la), -1)
-                if jf >= 0:
-                    best = (pa, js, ia, jf, -1)
-            lo, hi = bisect.bisect_right(prices, pa - gap), bisect.bisect_left(prices, pa)
-            mid = bisect.bisect_left(prices, pa - gap / 2, lo, hi)
-            # outward from the swap that moves gap/2, while nearer than the best so far
-            far = functools.partial(_distance, prices, pa - gap / 2)
-            for k in itertools.islice(_outward(mid, lo, hi, far, abs(best[0] - gap / 2) if best else float("inf")),
-                                      TRIES):
-                pb, jf, ib = theirs[k]
-                lb = cheap[jf][ib][2] - cheap[jf][ib][1]
-                if free_f[jf] + lb >= la and free_s[js] + la >= lb:
-                    best = (pa - pb, js, ia, jf, ib)
-                    break
-    return best
-
-
-def _distance(prices: list[float], target: float, k: int) -> float:
-    return abs(target - prices[k])
-
-
-def _outward(mid: int, lo: int, hi: int, far: Callable[[int], float], within: float) -> Iterator[int]:
-    """Indices of ``[lo, hi)``, nearest ``mid`` first by ``far`` (which grows away from it), while below ``within``."""
-    left, right = mid - 1, mid
-    a = far(left) if left >= lo else float("inf")
-    b = far(right) if right < hi else float("inf")
-    while min(a, b) < within:
-        if a <= b:
-            yield left
-            left -= 1
-            a = far(left) if left >= lo else float("inf")
-        else:
-            yield right
-            right += 1
-            b = far(right) if right < hi else float("inf")
 
 
 def _unit(spent: list[float], room: list[list[tuple[int, int]]], size: int, price: float, pace: float) -> int:

@@ -9,12 +9,15 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from stallfree import Cost, Loader, Packing
 from stallfree.bench.balance_feeds import CONTENDERS
+from stallfree.bench.balance_images import IMAGE_TOKEN_ID, image_text_loader_options, write_mix
 from stallfree.bench.balance_mixes import MIXES, draw
 from stallfree.bench.balance_units import Units, delivered_pieces
 from stallfree.cli import main
@@ -36,8 +39,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
 def test_every_mix_layout_and_contender_has_a_row_and_no_unit_beats_the_ideal(tiny_run: tuple[dict, str]) -> None:
     result, table = tiny_run
     rows = {(r["mix"], r["layout"], r["contender"]): r for r in result["results"]}
-    expected = {(m, lay, c) for m in MIXES for lay in ("dp4", "dp2-pp2") for c in CONTENDERS
-                if c != "compute+images" or MIXES[m].images}
+    expected = {(m, lay, c) for m in MIXES for lay in ("dp4", "dp2-pp2") for c in CONTENDERS}
     assert set(rows) == expected
     for key, r in rows.items():
         assert len(r["seeds"]) == 2, key
@@ -50,7 +52,8 @@ def test_every_mix_layout_and_contender_has_a_row_and_no_unit_beats_the_ideal(ti
         ideals = [r["ideal_s"] for (m, layout, _), r in rows.items() if m == mix and layout == "dp4"]
         assert max(ideals) == pytest.approx(min(ideals)), mix
     assert "| chat | DP 4 | balance=\"compute\" |" in table and "2 DP x 2 stages, M = 2" in table
-    assert "The Loader has no image-text samples yet" in table and "Targets, compute on chat:" in table
+    assert "read by the Loader with Packing(image_tokens=16, image_token_id=2)" in table
+    assert "Targets, compute on chat:" in table and "Targets, compute on image-text:" in table
 
 
 def test_the_loaders_delivered_micro_batches_cost_what_its_plan_said(tiny_run: tuple[dict, str]) -> None:
@@ -58,8 +61,8 @@ def test_the_loaders_delivered_micro_batches_cost_what_its_plan_said(tiny_run: t
     rows = {(r["mix"], r["layout"], r["contender"]): r for r in result["results"]}
     for layout in ("dp4", "dp2-pp2"):
         assert rows["chat", layout, "compute"]["planned_matches"] is True  # cost = the simulator's: read back equal
-        assert rows["image-text", layout, "compute+images"]["planned_matches"] is True
-        assert rows["image-text", layout, "compute"]["planned_matches"] is None  # images unknown to its plan
+        # the Loader's image-text documents: its plan charged each image Cost.image, as the simulator does
+        assert rows["image-text", layout, "compute"]["planned_matches"] is True
 
 
 def test_delivered_pieces_reads_documents_and_pieces_back_from_a_batch() -> None:
@@ -73,6 +76,22 @@ def test_delivered_pieces_reads_documents_and_pieces_back_from_a_batch() -> None
     # twice: doc 0 has as many tokens as a length of 8 would, but two starts; doc 1 too many tokens
     with pytest.raises(RuntimeError, match=r"document 0 \(8 tokens\) came as 8 tokens in 2 starts \(2 documents"):
         Units([[[first, second, first, second]]]).check_once(np.array([8, 5]))
+
+
+def test_the_image_text_mix_is_read_as_image_text_documents_with_their_images(tmp_path: Path) -> None:
+    """Written as image-text shards, the mix's documents come out of the Loader with their images: every position
+    once (images' counted), and as many images in ``pixel_values`` as the mix drew."""
+    mix = draw("image-text", 20_000, 512, 0)
+    folder = write_mix(mix, tmp_path / "shards")
+    packing = Packing(seq_len=512, image_tokens=mix.image_tokens, image_token_id=IMAGE_TOKEN_ID, balance="compute",
+                      cost=Cost(1.0, 1 / 512, 512.0))
+    with Loader(folder, 4, packing=packing, shuffle=True, seed=0, **image_text_loader_options()) as loader:
+        batches = list(loader)
+        assert np.array_equal(loader.sampler.images, mix.images)
+    pieces = [u for batch in batches for u in delivered_pieces(batch, 1)]
+    Units([[pieces]]).check_once(mix.lengths)
+    assert sum(int(b["pixel_values"].shape[0]) for b in batches) == int(mix.images.sum()) > 0
+    assert (mix.image_tokens == 32) and int((mix.lengths - 32 * mix.images).min()) >= 1
 
 
 def test_a_mix_is_the_same_for_the_same_seed_and_carries_images_where_it_says() -> None:
@@ -98,6 +117,7 @@ def test_help_states_the_cost_model_and_gives_examples(capsys: pytest.CaptureFix
         (["--seeds", "0"], "--seeds must be positive, got 0"),
         (["--batch-size", "8", "--microbatches", "3"], "--batch-size 8 does not split into --microbatches 3"),
         (["--rate", "0"], "--rate must be > 0"),
+        (["--seq-len", "16"], "--seq-len 16 is too short for the image-text mix"),
     ],
 )
 def test_bad_arguments_are_one_line_and_exit_2(extra: list[str], message: str,
