@@ -83,7 +83,8 @@ def test_the_books_add_up_with_the_new_parts_and_none_negative(runs: dict[str, d
 def test_the_data_parallel_imbalance_shrinks_when_the_packs_are_balanced_by_compute(
         runs: dict[str, dict[str, Any]]) -> None:
     # Evening the tokens leaves a replica with the long documents' attention: the other waits at the all-reduce.
-    # Measured on 2 cores (2026-12-06): none 0.9%, tokens 16.1%, compute 0.7% of the step. Plain packing is near
+    # Measured on 2 cores at sim:8000 (docs/records/train-balance.md, 2026-12-06, medians of 3): none 0.9%, tokens
+    # 16.5%, compute 0.9% of the step (this module runs at sim:2000). Plain packing is near
     # balance on its own: best-fit decreasing deals the rows of a window largest first, alike to both replicas.
     assert _dp(runs["tokens"]) > 0.08
     assert _dp(runs["compute"]) < _dp(runs["tokens"]) / 4
