@@ -22,6 +22,12 @@ from PIL import Image
 # gcs_server sets it when it starts, too late once another test has imported gcsfs (Lightning's Trainer does).
 os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
 
+# In the README's parallel run (pytest-xdist, 3 test processes on 2 cores) each process's torch computes on one
+# thread: torch's default of one thread a core puts 6 threads on 2 cores, whose waits for each other at every op turned
+# a 16x16 Linear's forward into 20 ms (tests/stage_runtime/models/test_partition.py). Spawned jobs set their own.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
