@@ -89,7 +89,7 @@ class CaptionBatches(TokenBatches):
             docs.append((index * self.seq_len + at, ids, (pixels - mean) / std))
             at += n
 
-    def _batch(self, rows: list[Any]) -> dict[str, Any]:
+    def _make_batch(self, rows: list[Any]) -> dict[str, Any]:
         shape = (len(rows), self.seq_len)
         ids, positions = torch.zeros(shape, dtype=torch.int64), torch.zeros(shape, dtype=torch.int64)
         labels = torch.full(shape, IGNORE_INDEX, dtype=torch.int64)

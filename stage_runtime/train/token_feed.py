@@ -91,10 +91,10 @@ class TokenBatches:
             first = (b * self.world_size + self.rank) * self.batch_size
             rows = [self._row(int(i)) for i in order[first:first + self.batch_size]]
             self._position = b + 1
-            yield self._batch(rows)
+            yield self._make_batch(rows)
         self.epoch, self._position = self.epoch + 1, 0
 
-    def _batch(self, rows: list[Any]) -> dict[str, Any]:
+    def _make_batch(self, rows: list[Any]) -> dict[str, Any]:
         """The packed batch of ``rows`` (each :meth:`_row`'s)."""
         return _batch(rows, self.seq_len)
 
