@@ -21,9 +21,10 @@ if TYPE_CHECKING:
     from stallfree.core.cost import Cost
 
 __all__ = ["BALANCE_BATCHES", "BUNDLED_MODELS", "DEFAULT_PATCH", "DEFAULT_SEQ_LEN", "LR_SCHEDULES", "MAX_TIMEOUT_S",
-           "OPTIMIZERS", "TEXT_MODELS", "TOKEN_MODELS", "VERIFY_MODES", "VISION_MODELS", "BalanceBatches",
+           "OPTIMIZERS", "TEXT_MODELS", "TOKEN_MODELS", "TRAIN_ON", "VERIFY_MODES", "VISION_MODELS", "BalanceBatches",
            "CheckpointConfig", "FeedConfig", "LrSchedule", "ModelConfig", "Optimizer", "OptimizerConfig",
-           "PipelineConfig", "ProcessConfig", "ReportConfig", "SimulationConfig", "StepsConfig", "Verify", "flag"]
+           "PipelineConfig", "ProcessConfig", "ReportConfig", "SimulationConfig", "StepsConfig", "TrainOn", "Verify",
+           "flag"]
 
 # The names of stallfree.stage_runtime.models.zoo.MODELS, listed here because that module needs torch to define
 # them; tests/cli/test_imports.py keeps the two equal.
@@ -44,6 +45,9 @@ Optimizer = Literal["sgd", "adamw"]
 LrSchedule = Literal["constant", "cosine"]
 OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
 LR_SCHEDULES: tuple[str, ...] = get_args(LrSchedule)
+# --train-on: Packing(train_on=) of a vision job's Loader: every text token a target, or the assistant's replies only
+TrainOn = Literal["all", "assistant"]
+TRAIN_ON: tuple[str, ...] = get_args(TrainOn)
 # --balance-batches: Packing(balance=) of a token job's Loader ("none": Packing's balance=None, plain packing)
 BalanceBatches = Literal["none", "tokens", "compute"]
 BALANCE_BATCHES: tuple[str, ...] = get_args(BalanceBatches)
@@ -169,8 +173,12 @@ class FeedConfig:
     # a token source's packs balanced across the replicas and micro-batches of each step (Packing(balance=)): "none",
     # "tokens" or "compute" (by the model's cost, ModelConfig.cost)
     balance_batches: BalanceBatches = "none"
+    # an image-text source's labels (Packing(train_on=)): "all" text tokens, or "assistant": a conversation's replies
+    train_on: TrainOn = "all"
 
     def __post_init__(self) -> None:
+        if self.train_on not in TRAIN_ON:
+            raise ValueError(f"--train-on must be one of {', '.join(TRAIN_ON)}, got {self.train_on!r}")
         if self.balance_batches not in BALANCE_BATCHES:
             raise ValueError(f"--balance-batches must be one of {', '.join(BALANCE_BATCHES)}, got "
                              f"{self.balance_batches!r}")

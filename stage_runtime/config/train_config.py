@@ -24,6 +24,7 @@ from .parts import (
     OPTIMIZERS,
     TEXT_MODELS,
     TOKEN_MODELS,
+    TRAIN_ON,
     VERIFY_MODES,
     VISION_MODELS,
     BalanceBatches,
@@ -38,15 +39,16 @@ from .parts import (
     ReportConfig,
     SimulationConfig,
     StepsConfig,
+    TrainOn,
     Verify,
     flag,
 )
 
 __all__ = ["BALANCE_BATCHES", "BUNDLED_MODELS", "DEFAULT_PATCH", "DEFAULT_SEQ_LEN", "LR_SCHEDULES", "MAX_TIMEOUT_S",
-           "OPTIMIZERS", "TEXT_MODELS", "TOKEN_MODELS", "VERIFY_MODES", "VISION_MODELS", "BalanceBatches",
+           "OPTIMIZERS", "TEXT_MODELS", "TOKEN_MODELS", "TRAIN_ON", "VERIFY_MODES", "VISION_MODELS", "BalanceBatches",
            "CheckpointConfig", "FeedConfig", "LrSchedule", "ModelConfig", "Optimizer", "OptimizerConfig",
            "PipelineConfig", "ProcessConfig", "ReportConfig", "SimulationConfig", "StepsConfig", "TrainConfig",
-           "Verify", "flag"]
+           "TrainOn", "Verify", "flag"]
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,11 @@ class TrainConfig:
         if feed.data is None and feed.samples < p.batch_size * p.dp:
             raise ValueError(f"--synthetic {feed.samples} is less than one batch per replica (--batch-size "
                              f"{p.batch_size} x --dp {p.dp}); generate at least {p.batch_size * p.dp}")
+        if feed.train_on != "all" and (self.model.vision is None or feed.data is None):
+            what = (f"{self.model.name} is not a vision model ({', '.join(VISION_MODELS)})" if self.model.vision is None
+                    else "--synthetic's captions are all targets")
+            raise ValueError(f"--train-on {feed.train_on} applies to a vision model's image-text source, but {what}: "
+                             "drop --train-on")
         if self.model.kind == "tokens":
             self._check_token_job()
         elif feed.balance_batches != "none":

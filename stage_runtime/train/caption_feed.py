@@ -125,10 +125,11 @@ def image_text_packing(config: TrainConfig, vocab: int) -> Any:
     """The Loader's ``Packing`` of a vision job over an image-text source of vocabulary ``vocab``.
 
     Each image is ``(image_size / patch)**2`` tokens of id ``vocab`` (one past the text's ids), counted in
-    ``--seq-len``.
+    ``--seq-len``; the labels are every text token's, or a conversation's replies only (``--train-on assistant``).
     """
     from stallfree.pipeline.packing import Packing  # DALI is an extra: --synthetic trains without it
 
     m = config.model
-    vision: dict[str, Any] = {"image_tokens": m.image_tokens, "image_token_id": vocab}
+    vision: dict[str, Any] = {"image_tokens": m.image_tokens, "image_token_id": vocab,
+                              "train_on": config.feed.train_on}
     return Packing(seq_len=m.packed_len, **vision)

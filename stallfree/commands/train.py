@@ -15,6 +15,7 @@ from stallfree.stage_runtime.config.train_config import (
     DEFAULT_SEQ_LEN,
     LR_SCHEDULES,
     OPTIMIZERS,
+    TRAIN_ON,
     VERIFY_MODES,
     TrainConfig,
 )
@@ -93,6 +94,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--patch", type=int, metavar="P", help=f"a vision model's (vlm_tiny) patch side: its images are "
                    f"resized to --image-size square and each is (image-size / P)^2 tokens of its rows (default "
                    f"{DEFAULT_PATCH})")
+    p.add_argument("--train-on", choices=TRAIN_ON, default=d["train_on"],
+                   help="a vision model's image-text source: which text tokens are targets, all (default) or a "
+                   "conversation's assistant replies (stallfree.Packing(train_on=); the prompt's and user turns' "
+                   "labels are then -100)")
     p.add_argument("--stages", type=int, default=d["stages"], help="pipeline ranks (processes) per replica")
     p.add_argument("--schedule", choices=SCHEDULES, default=d["schedule"], help="pipeline schedule")
     p.add_argument("--virtual-stages", type=int, default=d["virtual_stages"],
