@@ -31,10 +31,11 @@ def _batch() -> dict[str, torch.Tensor]:
             "image_document_index": torch.tensor([3, 1, 6])}
 
 
-def test_image_positions_take_the_patch_embedding_of_their_image_in_order() -> None:
-    batch = _batch()
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_image_positions_take_the_patch_embedding_of_their_image_in_order(device: str) -> None:
+    batch = {k: v.to(device) for k, v in _batch().items()}  # the Loader's device="cuda" batches: built there
     torch.manual_seed(0)
-    stem = VisionTokenEmbedding(VOCAB, 16, 64, P)
+    stem = VisionTokenEmbedding(VOCAB, 16, 64, P).to(device)
     x = image_text_input(batch["input_ids"], batch["position_ids"], batch["document_index"], batch["pixel_values"],
                          ID, P)
     out = stem(x)  # (B, S, D + 1)
