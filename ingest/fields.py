@@ -17,15 +17,20 @@ from dataclasses import dataclass
 from typing import Literal
 
 __all__ = [
-    "COLUMN_KINDS", "IMAGE", "IMAGE_FIELDS", "LABEL", "LENGTH", "TOKENS", "TOKEN_FIELDS", "Field", "FieldKind",
+    "ASSISTANT", "COLUMN_KINDS", "IMAGE", "IMAGES", "IMAGE_AT", "IMAGE_COUNT", "IMAGE_FIELDS", "IMAGE_SIZES",
+    "IMAGE_TEXT_FIELDS", "LABEL", "LENGTH", "TOKENS", "TOKEN_FIELDS", "Field", "FieldKind",
 ]
 
 #: ``image``: encoded bytes (or HWC uint8 pixels) decoded in the graph; ``label``: an int64 class per row;
-#: ``tokens``: a document's token ids (1-D integers); ``length``: its length in tokens, per row.
-FieldKind = Literal["image", "label", "tokens", "length"]
+#: ``tokens``: a document's token ids (1-D integers); ``length``: its length in tokens, per row; ``images``: a
+#: document's encoded images (a list of bytes); ``image_at``: per image, the token index it goes before;
+#: ``image_sizes``: per image, height then width; ``assistant``: per token, 1 for a target token (uint8);
+#: ``image_count``: a document's number of images, per row.
+FieldKind = Literal["image", "label", "tokens", "length", "images", "image_at", "image_sizes", "assistant",
+                    "image_count"]
 
 #: The kinds read as whole columns, never with a sample.
-COLUMN_KINDS: tuple[FieldKind, ...] = ("label", "length")
+COLUMN_KINDS: tuple[FieldKind, ...] = ("label", "length", "image_count")
 
 
 @dataclass(frozen=True)
@@ -52,3 +57,14 @@ LENGTH = Field("length", "length")
 
 #: The token-sequence kind: a document's tokens and its length (known for every row before an epoch starts).
 TOKEN_FIELDS: tuple[Field, ...] = (TOKENS, LENGTH)
+
+IMAGES = Field("images", "images")
+IMAGE_AT = Field("image_at", "image_at")
+IMAGE_SIZES = Field("image_sizes", "image_sizes")
+ASSISTANT = Field("assistant", "assistant")
+IMAGE_COUNT = Field("image_count", "image_count")
+
+#: The image-text kind (``stallfree.ingest.image_text_writer``'s shards): a document's text tokens and length, its
+#: encoded images, where each goes in the tokens and its size, which tokens are targets, and its image count (known
+#: for every row before an epoch starts, as its length is).
+IMAGE_TEXT_FIELDS: tuple[Field, ...] = (TOKENS, LENGTH, IMAGES, IMAGE_AT, IMAGE_SIZES, ASSISTANT, IMAGE_COUNT)

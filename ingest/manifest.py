@@ -9,7 +9,9 @@ bytes as an uninterrupted one.
 
 A manifest of token shards (:mod:`~stallfree.ingest.token_writer`) says ``"kind": "tokens"`` (an image manifest has
 no kind), and holds ``vocab_size``, ``token_dtype``, ``documents``, ``tokens`` and ``lengths`` (``lengths.npy``'s
-entry) in place of the image entry; :func:`parse_manifest` checks each kind's own fields.
+entry) in place of the image entry; one of image-text shards (:mod:`~stallfree.ingest.image_text_writer`) says
+``"kind": "image_text"`` and holds a token manifest's fields plus ``layout``, ``images``, ``image_placeholder`` and
+``image_counts`` (``image_counts.npy``'s entry). :func:`parse_manifest` checks each kind's own fields.
 
 A manifest read is not trusted, wherever it comes from (a folder, a URL, a part of a split ingest, ``stallfree
 verify``): :func:`parse_manifest` is the one place that checks it. It reads at most :data:`MANIFEST_LIMIT` bytes
@@ -52,8 +54,9 @@ __all__ = [
 FORMAT = "stallfree-shards"
 VERSION = 1
 MANIFEST = "manifest.json"
-#: What the shards hold: images (a manifest without ``"kind"``), or token sequences (:mod:`.token_writer`).
-KINDS = ("images", "tokens")
+#: What the shards hold: images (a manifest without ``"kind"``), token sequences (:mod:`.token_writer`), or
+#: image-text samples (:mod:`.image_text_writer`).
+KINDS = ("images", "tokens", "image_text")
 REJECTED = "rejected.jsonl"  # one JSON record per sample the ingest rejected, beside the manifest
 LABELS = "labels.npy"  # every row's label, one array (stallfree.ingest.labels); listed under the manifest's "labels"
 #: The most bytes of a manifest read: about 200,000 shards' entries (ImageNet's 1.28 million images are 640 shards of
@@ -201,6 +204,10 @@ def _check_fields(manifest: dict[str, Any], where: str) -> None:
     if kind == "tokens":
         _check_tokens(manifest, need)
         return
+    if kind == "image_text":
+        _check_tokens(manifest, need)
+        _check_image_text(manifest, need)
+        return
     image = manifest["image"]
     need(isinstance(image, dict) and image.get("kind") in ("encoded", "raw"), "image.kind", "'encoded' or 'raw'",
          image.get("kind") if isinstance(image, dict) else image)
@@ -226,6 +233,18 @@ def _check_tokens(manifest: dict[str, Any], need: Any) -> None:
     lengths = manifest["lengths"]
     _check_file(lengths, "lengths", need)
     need(lengths.get("dtype") == "int32", "lengths.dtype", "'int32'", lengths.get("dtype"))
+
+
+def _check_image_text(manifest: dict[str, Any], need: Any) -> None:
+    """An image-text manifest's own fields beyond a token manifest's (:mod:`~stallfree.ingest.image_text_writer`)."""
+    need(manifest.get("layout") in ("caption", "conversations"), "layout", "'caption' or 'conversations'",
+         manifest.get("layout"))
+    need(_is_count(manifest.get("images")), "images", "a count (an int >= 0)", manifest.get("images"))
+    need(isinstance(manifest.get("image_placeholder"), str), "image_placeholder", "a string",
+         manifest.get("image_placeholder"))
+    counts: Any = manifest.get("image_counts")
+    _check_file(counts, "image_counts", need)
+    need(counts.get("dtype") == "int32", "image_counts.dtype", "'int32'", counts.get("dtype"))
 
 
 def _check_file(entry: Any, field: str, need: Any) -> None:

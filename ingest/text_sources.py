@@ -33,7 +33,7 @@ from stallfree.ingest.folders import outside_root
 from stallfree.ingest.token_check import ids_of, list_problems, text_problem
 
 __all__ = ["BATCH", "FORMATS", "TOKEN_COLUMNS", "Bad", "Mode", "Row", "TextFile", "choose_field", "columns_of",
-           "count_rows", "is_int_list", "is_token_source", "list_text_files", "read_rows"]
+           "count_rows", "is_int_list", "is_token_source", "list_text_files", "parquet_batches", "read_rows"]
 
 #: File endings a source's files are taken by, and their format.
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".csv": "csv"}
@@ -139,11 +139,14 @@ def choose_field(files: list[TextFile], text_field: str | None, tokens_field: st
     found = next((name for name in TOKEN_COLUMNS if name in columns), None)
     if found is not None and first.format != "csv":
         return "tokens", found
+    images = ("; rows with images and a caption or a conversation: add --layout caption or --layout conversations"
+              if {"image", "images", "conversations"} & set(columns) else "")
     if "text" in columns:
         raise ValueError(f"{first.path} holds text (its field 'text'): pass --tokenizer PATH (a tokenizer.json, or a "
-                         "transformers tokenizer folder) to tokenize it")
+                         f"transformers tokenizer folder) to tokenize it{images}")
     raise ValueError(f"{first.path} has neither token ids ({' or '.join(TOKEN_COLUMNS)}) nor text; its fields are "
-                     f"{columns}: name one with --tokens-field NAME, or --text-field NAME with --tokenizer PATH")
+                     f"{columns}: name one with --tokens-field NAME, or --text-field NAME with --tokenizer "
+                     f"PATH{images}")
 
 
 def count_rows(file: TextFile, field: str) -> int:
@@ -229,6 +232,16 @@ def _parquet_rows(file: TextFile, field: str, mode: Mode, start: int) -> Iterato
         raise ValueError(f"{file.path}: column {field!r} is {kind}, not text")
     if mode == "tokens" and not is_int_list(kind):
         raise ValueError(f"{file.path}: column {field!r} is {kind}, not a list of integer token ids")
+    for row, batch in parquet_batches(parquet, [field], start):
+        column = batch.column(0)
+        yield list(zip(range(row, row + len(column)), _parquet_values(column, mode), strict=True))
+
+
+def parquet_batches(parquet: Any, columns: list[str], start: int) -> Iterator[tuple[int, Any]]:
+    """A ``pyarrow.parquet.ParquetFile``'s ``columns`` from row ``start`` on: ``(first row, record batch)`` pairs.
+
+    Row groups wholly before ``start`` are not read.
+    """
     groups, first = [], 0
     for g in range(parquet.num_row_groups):
         rows_in = parquet.metadata.row_group(g).num_rows
@@ -237,18 +250,16 @@ def _parquet_rows(file: TextFile, field: str, mode: Mode, start: int) -> Iterato
         elif not groups:
             first += rows_in
     row = first
-    for batch in parquet.iter_batches(batch_size=BATCH, row_groups=groups, columns=[field]) if groups else []:
-        column = batch.column(0)
+    for batch in parquet.iter_batches(batch_size=BATCH, row_groups=groups, columns=columns) if groups else []:
         skip = max(0, start - row)
-        if skip < len(column):
-            yield list(zip(range(row + skip, row + len(column)), _parquet_values(column, mode, skip), strict=True))
-        row += len(column)
+        if skip < batch.num_rows:
+            yield row + skip, batch.slice(skip)
+        row += batch.num_rows
 
 
-def _parquet_values(column: Any, mode: Mode, skip: int) -> list[str | np.ndarray | Bad]:
+def _parquet_values(column: Any, mode: Mode) -> list[str | np.ndarray | Bad]:
     if mode == "text":
-        return [_text(v) for v in column.slice(skip).to_pylist()]
-    column = column.slice(skip)
+        return [_text(v) for v in column.to_pylist()]
     bad = list_problems(column, None)
     offsets = column.offsets.to_numpy()
     child = column.values.fill_null(0) if column.values.null_count else column.values  # null rows are Bad

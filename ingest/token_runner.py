@@ -24,10 +24,10 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -42,7 +42,7 @@ from stallfree.ingest.token_writer import LENGTHS, TokenOptions, token_schema, w
 from stallfree.ingest.tokenizer import Specials, TextTokenizer
 from stallfree.ingest.writer import RECORDS
 
-__all__ = ["TokenPlan", "ingest_tokens", "plan_tokens"]
+__all__ = ["TokenPlan", "ingest_tokens", "plan_tokens", "resumed_records", "special_id", "with_disk_full"]
 
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
@@ -80,8 +80,8 @@ def plan_tokens(source: str | os.PathLike[str], options: TokenOptions) -> TokenP
     specials = Specials()
     vocab = options.vocab_size
     if tokenizer is not None:
-        specials = Specials(bos=_special(tokenizer, options.add_bos, "--add-bos", tokenizer.bos_token),
-                            eos=_special(tokenizer, options.add_eos, "--add-eos", tokenizer.eos_token))
+        specials = Specials(bos=special_id(tokenizer, options.add_bos, "--add-bos", tokenizer.bos_token),
+                            eos=special_id(tokenizer, options.add_eos, "--add-eos", tokenizer.eos_token))
         if vocab is not None and vocab < tokenizer.vocab_size:
             raise ValueError(f"--vocab-size {vocab} is below {options.tokenizer}'s vocabulary of "
                              f"{tokenizer.vocab_size}: its ids would be refused; drop --vocab-size")
@@ -98,7 +98,7 @@ def plan_tokens(source: str | os.PathLike[str], options: TokenOptions) -> TokenP
     return TokenPlan(path, files, rows, mode, field, tokenizer, specials, vocab, dtype, job)
 
 
-def _special(tokenizer: TextTokenizer, token: str | None, flag: str, default: str | None) -> int | None:
+def special_id(tokenizer: TextTokenizer, token: str | None, flag: str, default: str | None) -> int | None:
     """The id of the token ``flag`` names; ``""`` names the tokenizer's own (a ``transformers`` tokenizer's)."""
     if token is None:
         return None
@@ -149,9 +149,21 @@ def ingest_tokens(source: str | os.PathLike[str], out: str | os.PathLike[str],
     plan = plan_tokens(source, options)
     folder = Path(out)
     written: dict[int, dict[str, Any]] = {}
+    return with_disk_full(folder, os.path.abspath(source), written,
+                          lambda: _ingest(plan, folder, options, progress, written))
+
+
+_T = TypeVar("_T")
+
+
+def with_disk_full(folder: Path, source: str, written: dict[int, dict[str, Any]], run: Callable[[], _T]) -> _T:
+    """``run()`` holding ``folder``'s ingest lock, a full disk turned into :class:`DiskFull`.
+
+    ``source`` names this run to another that is refused; ``written`` (filled by ``run``) counts the shards kept.
+    """
     try:
-        with ingest_lock(folder, folder / RECORDS, os.path.abspath(source), (0, 1)):
-            return _ingest(plan, folder, options, progress, written)
+        with ingest_lock(folder, folder / RECORDS, source, (0, 1)):
+            return run()
     except OSError as err:
         if isinstance(err, DiskFull) or err.errno not in _DISK_FULL:
             raise
@@ -159,15 +171,24 @@ def ingest_tokens(source: str | os.PathLike[str], out: str | os.PathLike[str],
                        f"again, which keeps the {len(written)} shard(s) written") from err
 
 
+def resumed_records(out: Path, job: str, records: dict[int, dict[str, Any]],
+                    last: tuple[str, ...] = (LENGTHS, REJECTED, MANIFEST)) -> int:
+    """Record the plan ``job`` in ``out`` (refusing another's), and the shards already complete in ``records``.
+
+    Returns how many there are. ``last`` are the files written after the shards (their temporaries are removed).
+    """
+    check_plan(out, job, job, (0, 1))
+    known = len(list((out / RECORDS).glob("shard-*.json")))
+    found = resume(out, [shard_name(i) for i in range(known + 1)], list(last), (0, 1))
+    while len(records) in found:  # shards are written in order: the done ones are a prefix
+        records[len(records)] = found[len(records)]
+    return len(records)
+
+
 def _ingest(plan: TokenPlan, out: Path, options: TokenOptions, progress: bool,
             records: dict[int, dict[str, Any]]) -> dict[str, Any]:
     started = time.perf_counter()
-    check_plan(out, plan.job, plan.job, (0, 1))
-    known = len(list((out / RECORDS).glob("shard-*.json")))
-    found = resume(out, [shard_name(i) for i in range(known + 1)], [LENGTHS, REJECTED, MANIFEST], (0, 1))
-    while len(records) in found:  # shards are written in order: the done ones are a prefix
-        records[len(records)] = found[len(records)]
-    done = len(records)
+    done = resumed_records(out, plan.job, records)
     end = tuple(records[done - 1]["end"]) if done else (0, 0)
     from tqdm import tqdm
 

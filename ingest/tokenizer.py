@@ -129,3 +129,23 @@ class TextTokenizer:
         """Each text's ids (int64), encoded in parallel by the library's threads."""
         encodings = self.backend.encode_batch(texts, add_special_tokens=self.special_tokens)
         return [np.asarray(encoding.ids, np.int64) for encoding in encodings]
+
+    def encode_pieces(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each text's ids (int64) and each id's end in characters, without the special tokens (parts of a document).
+
+        The parts of one document (the text between two images) are encoded apart, as LLaVA's
+        ``tokenizer_image_token`` does; :meth:`wrapping` gives the special tokens that go around the whole.
+        """
+        encodings = self.backend.encode_batch(texts, add_special_tokens=False)
+        return [(np.asarray(e.ids, np.int64), np.asarray([end for _, end in e.offsets], np.int64).reshape(-1))
+                for e in encodings]
+
+    def wrapping(self) -> tuple[list[int], list[int]]:
+        """The special tokens the post-processor puts before and after one text (none without ``special_tokens``)."""
+        if not self.special_tokens:
+            return [], []
+        encoding = self.backend.encode("a", add_special_tokens=True)
+        ids, special = list(encoding.ids), list(encoding.special_tokens_mask)
+        first = special.index(0) if 0 in special else len(ids)
+        last = len(ids) - special[::-1].index(0) if 0 in special else len(ids)
+        return ids[:first], ids[last:]

@@ -31,6 +31,9 @@ from stallfree.ingest.validate import Rejected, check_image
 
 __all__ = ["info", "verify"]
 
+#: The kinds whose shards hold token ids (and ``lengths.npy``).
+_TEXT_KINDS = ("tokens", "image_text")
+
 
 def _decode_all(path: Path, raw_shape: list[int] | None) -> list[str]:
     import pyarrow as pa
@@ -66,6 +69,25 @@ def _check_ids(path: Path, vocab_size: int | None) -> list[str]:
             for row, reason in list_problems(tokens, vocab_size).items()]
 
 
+def _decode_images(path: Path) -> list[str]:
+    """Every image of an image-text shard that fails to decode (``--decode``); its sample named by its source."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+    from PIL import Image
+
+    problems = []
+    with pa.memory_map(str(path)) as source:
+        table = ipc.open_file(source).read_all()
+    sources = table.column("source").to_pylist()
+    for row, images in enumerate(table.column("images").to_pylist()):
+        for i, value in enumerate(images):
+            try:
+                check_image(value, max_pixels=Image.MAX_IMAGE_PIXELS or 1 << 62, validate=True)
+            except Rejected as bad:
+                problems.append(f"{path.name} row {row} ({sources[row]}) image {i}: {bad.reason}")
+    return problems
+
+
 def verify(out: str | os.PathLike[str], *, decode: bool = False, storage_options: dict[str, Any] | None = None,
            retry: Retry | None = None, progress: bool = False) -> list[str]:
     """Every problem found in ``out``'s shards (empty when all is well).
@@ -74,7 +96,8 @@ def verify(out: str | os.PathLike[str], *, decode: bool = False, storage_options
     manifest's schema and row count; with ``decode``, decodes every image (of token shards: checks every document
     with the one token check, ``ingest.token_check``). ``labels.npy`` (when the manifest lists it: not in datasets of
     older stallfree) has the manifest's size, SHA-256, dtype and length, and equals the shards' label columns; a token
-    folder's ``lengths.npy`` likewise equals the shards' ``length`` columns.
+    folder's ``lengths.npy`` likewise equals the shards' ``length`` columns, and a local image-text folder's
+    ``image_counts.npy`` the images of each shard's rows (``--decode``: every image decoded too).
 
     Args:
         out: an ingested folder, or its URL (a ``str``); a remote shard is named with its URL.
@@ -110,12 +133,43 @@ def verify(out: str | os.PathLike[str], *, decode: bool = False, storage_options
                                 f"{shard['file']}'s {column} column (ingest or --merge again)")
             first += rows
             bar.update(int(shard["bytes"]))
+    if manifest.get("kind") == "image_text" and not remote:
+        problems.extend(_image_counts(Path(out), manifest))
+    return problems
+
+
+def _image_counts(out: Path, manifest: dict[str, Any]) -> list[str]:
+    """How a local image-text folder's ``image_counts.npy`` differs from its file entry or its shards' images."""
+    import pyarrow as pa
+
+    from stallfree.ingest.image_text_writer import shard_image_counts
+
+    entry = manifest["image_counts"]
+    try:
+        counts = load_labels(out, entry, int(manifest["rows"]))
+        if file_sha256(out / entry["file"]) != entry["sha256"]:
+            return [f"{entry['file']}: SHA-256 differs from the manifest's (the file was altered)"]
+    except FileNotFoundError:
+        return [f"{entry['file']}: missing"]
+    except (OSError, ValueError) as err:
+        return [str(err)]
+    problems, first = [], 0
+    for shard in manifest["shards"]:
+        rows = int(shard["rows"])
+        try:
+            ours = shard_image_counts(out / shard["file"])
+        except (pa.ArrowException, OSError, KeyError):  # a shard already reported above
+            ours = None
+        if ours is not None and len(ours) == rows and not np.array_equal(ours, counts[first : first + rows]):
+            problems.append(f"{entry['file']}: rows {first}..{first + rows - 1} differ from {shard['file']}'s "
+                            "image counts (ingest again)")
+        first += rows
     return problems
 
 
 def _column_of(manifest: dict[str, Any]) -> tuple[str, str]:
     """The shard column kept again in an array file beside the manifest, and the manifest's entry for that file."""
-    return ("length", "lengths") if manifest.get("kind") == "tokens" else ("label", "labels")
+    return ("length", "lengths") if manifest.get("kind") in _TEXT_KINDS else ("label", "labels")
 
 
 def _labels(out: Path, manifest: dict[str, Any], fetch: _Fetcher | None, problems: list[str]) -> np.ndarray | None:
@@ -216,8 +270,10 @@ def _check(path: Path, shard: dict[str, Any], manifest: dict[str, Any], decode: 
         pass
     elif rows != shard["rows"]:
         problems.append(f"{where}: {rows} rows, the manifest says {shard['rows']}")
-    elif decode and manifest.get("kind") == "tokens":
+    elif decode and manifest.get("kind") in _TEXT_KINDS:
         problems.extend(_check_ids(path, manifest["vocab_size"]))
+        if manifest.get("kind") == "image_text":
+            problems.extend(_decode_images(path))
     elif decode:
         problems.extend(_decode_all(path, manifest["image"]["shape"]))
     return problems
@@ -226,9 +282,10 @@ def _check(path: Path, shard: dict[str, Any], manifest: dict[str, Any], decode: 
 def info(out: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """A summary of ``out`` (a folder or URL): rows, shards, size, classes with their counts, image kind, source."""
     manifest = read_manifest(out, storage_options)
-    if manifest.get("kind") == "tokens":
-        return {key: manifest.get(key) for key in ("kind", "rows", "documents", "tokens", "vocab_size", "token_dtype",
-                                                   "source", "tokenizer", "options")} | {
+    if manifest.get("kind") in _TEXT_KINDS:
+        keys = ("kind", "rows", "documents", "tokens", "vocab_size", "token_dtype", "source", "tokenizer", "options")
+        extra = ("layout", "images", "image_placeholder") if manifest["kind"] == "image_text" else ()
+        return {key: manifest.get(key) for key in (*keys, *extra)} | {
             "shards": len(manifest["shards"]),
             "bytes": sum(s["bytes"] for s in manifest["shards"]),
             "rejected": manifest.get("rejected", 0),

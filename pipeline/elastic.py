@@ -30,9 +30,10 @@ def elastic_split(state: Mapping[str, Any], world_size: int) -> int:
         ValueError: the state has skipped samples, or stands between the repeats of an echoed batch.
     """
     theirs = int(state["fingerprint"]["world_size"])
-    if state["skipped"]:
+    passed = [s for s in state["skipped"] if not s.get("document")]  # a skipped document's pack was delivered
+    if passed:
         raise ValueError(
-            f"this Loader state (world_size={theirs}) lists {len(state['skipped'])} skipped sample(s), so its ranks "
+            f"this Loader state (world_size={theirs}) lists {len(passed)} skipped sample(s), so its ranks "
             f"stand at different positions and it cannot be continued on world_size={world_size}; resume on "
             f"{theirs} ranks, or start the next epoch (set_epoch) on {world_size}"
         )

@@ -48,6 +48,9 @@ __all__ = ["LoaderState", "read_state"]
 _OWNER = "Loader"
 # What each entry of ``skipped`` holds (``EpochRun.skip`` writes them): ints but for the two strings.
 _SKIPPED_FIELDS = ("index", "source", "reason", "epoch", "position")
+#: A skipped image-text document (:mod:`.image_text_run`) says so: its pack was delivered, without it, so its position
+#: was not passed over.
+_DOCUMENT = "document"
 
 
 @dataclass(frozen=True)
@@ -182,7 +185,7 @@ def _skipped(state: Mapping[str, Any], epoch: int, position: int, per_rank: int,
         name = f"skipped[{i}]"
         if not isinstance(entry, Mapping):
             raise ValueError(f"Loader state has {name}={entry!r}: expected a dict with keys {list(_SKIPPED_FIELDS)}")
-        if set(entry) != set(_SKIPPED_FIELDS):
+        if set(entry) - {_DOCUMENT} != set(_SKIPPED_FIELDS) or entry.get(_DOCUMENT, True) is not True:
             raise ValueError(f"Loader state has {name} with keys {sorted(entry)}: expected {list(_SKIPPED_FIELDS)}")
         for key in ("source", "reason"):
             if not isinstance(entry[key], str):
@@ -194,6 +197,8 @@ def _skipped(state: Mapping[str, Any], epoch: int, position: int, per_rank: int,
                              "samples skipped in its own epoch only")
         at = state_int(_OWNER, entry, "position", high=position - 1, name=f"{name}[{'position'!r}]",
                        why=f" (before the state's position {position})")
+        if entry.get(_DOCUMENT):  # a document left out of a delivered pack: several may share its position
+            continue
         if at % max(per_rank, 1) in seen:
             raise ValueError(f"Loader state has {name}['position']={at} twice: a skipped sample is listed once")
         seen.add(at % max(per_rank, 1))
@@ -203,7 +208,8 @@ def _skipped(state: Mapping[str, Any], epoch: int, position: int, per_rank: int,
 def _check_position(batcher: Batcher, start: Cursor, skipped: list[dict[str, Any]], per_rank: int) -> None:
     """Refuse a position other than the one the batches delivered and the positions passed over lead to."""
     samples = batcher.samples_before(start, per_rank)
-    expected = _stream_position(samples, np.array([s["position"] for s in skipped], np.int64), per_rank)
+    passed = [s["position"] for s in skipped if not s.get(_DOCUMENT)]  # positions passed over, not delivered
+    expected = _stream_position(samples, np.array(passed, np.int64), per_rank)
     if start.position != expected:
         skips = f" and its {len(skipped)} skipped sample(s)" if skipped else " with no skipped samples"
         raise ValueError(f"Loader state has batcher.position={start.position} but batcher.batches={start.delivered} "

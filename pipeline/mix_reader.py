@@ -78,6 +78,17 @@ class MixReader(BaseReader):
         parts = [np.asarray(getattr(r, "lengths")(), np.int64) for r in self.readers.values()]  # noqa: B009
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
+    @property
+    def has_images(self) -> bool:
+        """Whether a source holds image-text documents (their images are decoded in the Loader's graph)."""
+        return any(callable(getattr(r, "image_counts", None)) for r in self.readers.values())
+
+    def image_counts(self) -> np.ndarray:
+        """Every document's image count (int64; 0 for a text-only source's), the sources' one after another."""
+        parts = [np.asarray(r.image_counts(), np.int64) if callable(getattr(r, "image_counts", None))  # type: ignore
+                 else np.zeros(len(r), np.int64) for r in self.readers.values()]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
     def labels(self) -> np.ndarray:
         """Zeros, one per row: a token sample has no class (the Reader protocol asks)."""
         return np.broadcast_to(np.zeros(1, np.int64), (len(self),))
@@ -130,6 +141,10 @@ class MixBatches:
         if "attention_mask" in fields:  # padded batches: a document a row, its tokens where the mask is 1
             source = np.where(fields["attention_mask"] == 1, source[:, None], -1)
         fields["dataset"] = source
+        if "image_document_index" in fields:  # an image's document: the row in its own source, as document_index
+            images = fields["image_document_index"]
+            owner = np.searchsorted(self.offsets[1:], images, side="right")
+            fields["image_document_index"] = images - self.offsets[owner]
         return rows, fields
 
     def follow(self, ids: np.ndarray, epoch: int) -> None:

@@ -284,5 +284,8 @@ def _pin(pin_memory: bool) -> bool:
 
 def fingerprint_of(reader: Reader, options: LoaderOptions) -> dict[str, Any]:
     """What decides a Loader's order and pixels: its source and the parts that say so (not the world size)."""
-    return {"source": source_identity(reader), "num_rows": len(reader), **options.order.fingerprint(),
-            **options.decode.fingerprint()}
+    order = options.order.fingerprint()
+    packing, compiled = options.order.packing, options.decode.compiled
+    if packing is not None and callable(packing.image_tokens) and compiled.steps:  # what the function gives
+        order["packing"] = {**order["packing"], "image_tokens": packing.tokens_per_image(compiled.output_size)}
+    return {"source": source_identity(reader), "num_rows": len(reader), **order, **options.decode.fingerprint()}

@@ -33,6 +33,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -50,6 +51,9 @@ EMPTY = -1
 
 Long = Literal["split", "truncate", "error"]
 
+#: Tokens an image stands for: a count, or a function of its ``(height, width)`` after the transforms.
+ImageTokens = int | Callable[[int, int], int] | None
+
 
 @dataclass(frozen=True)
 class Packing:
@@ -65,6 +69,12 @@ class Packing:
             that its ranks x micro-batches hold even tokens, or even ``cost`` (:mod:`.balance`).
         cost: what a document costs (:class:`~stallfree.core.cost.Cost`), for ``balance="compute"``.
         microbatches: micro-batches per rank's batch that the balance evens too (a pipeline's ``--microbatches``).
+        image_tokens: for image-text samples, the tokens each image stands for in the row: an int, or a function of
+            the image's ``(height, width)`` after the transforms (e.g. ``lambda h, w: (h // 14) * (w // 14)``),
+            evaluated once on the transforms' fixed output size. Counted in ``seq_len`` (docs/sequences.md).
+        image_token_id: the token id at each image's positions in ``input_ids``.
+        train_on: ``"all"`` (every text token is a target) or ``"assistant"`` (only the tokens an image-text shard
+            marks as the assistant's: prompts and user turns get label -100).
     """
 
     seq_len: int
@@ -74,8 +84,22 @@ class Packing:
     balance: Literal["tokens", "compute"] | None = None
     cost: Cost | None = None
     microbatches: int = 1
+    image_tokens: ImageTokens = None
+    image_token_id: int | None = None
+    train_on: Literal["all", "assistant"] = "all"
 
     def __post_init__(self) -> None:
+        if self.image_tokens is not None and not callable(self.image_tokens) and (
+                not is_int(self.image_tokens) or int(self.image_tokens) < 1):
+            raise ValueError(f"Packing image_tokens must be an int >= 1 or a function (height, width) -> int, got "
+                             f"{self.image_tokens!r}")
+        if self.image_token_id is not None and (not is_int(self.image_token_id) or self.image_token_id < 0):
+            raise ValueError(f"Packing image_token_id must be a token id >= 0, got {self.image_token_id!r}")
+        if (self.image_tokens is None) != (self.image_token_id is None):
+            raise ValueError("Packing image_tokens and image_token_id go together: each image stands for "
+                             "image_tokens positions of image_token_id; give both (or neither, for text alone)")
+        if self.train_on not in ("all", "assistant"):
+            raise ValueError(f"Packing train_on must be 'all' or 'assistant', got {self.train_on!r}")
         if self.balance not in (None, "tokens", "compute"):
             raise ValueError(f"Packing balance must be None, 'tokens' or 'compute', got {self.balance!r}")
         if self.cost is not None and not isinstance(self.cost, Cost):
@@ -100,7 +124,30 @@ class Packing:
         cost = None if self.cost is None else [self.cost.linear, self.cost.quadratic, self.cost.image]
         return {"seq_len": int(self.seq_len), "window": int(self.window), "long": self.long,
                 "pad_id": int(self.pad_id), "balance": self.balance, "cost": cost,
-                "microbatches": int(self.microbatches)}
+                "microbatches": int(self.microbatches), **self._vision_fingerprint()}
+
+    def _vision_fingerprint(self) -> dict[str, object]:
+        """The image fields, where set (a text packing's fingerprint stays as it was)."""
+        if self.image_tokens is None and self.train_on == "all":
+            return {}
+        tokens = self.image_tokens
+        named = tokens if tokens is None or is_int(tokens) else getattr(tokens, "__qualname__", repr(tokens))
+        return {"image_tokens": named, "image_token_id": self.image_token_id, "train_on": self.train_on}
+
+    def tokens_per_image(self, size: tuple[int, int]) -> int:
+        """What ``image_tokens`` gives for an image of ``size`` (height, width) after the transforms.
+
+        Raises:
+            ValueError: no ``image_tokens`` (named), or a function that gives no int >= 1.
+        """
+        tokens = self.image_tokens
+        if tokens is None:
+            raise ValueError("an image-text source needs Packing(image_tokens=N, image_token_id=ID): each image stands "
+                             "for N tokens of ID in the row (docs/sequences.md, \"Image-text samples\")")
+        count: object = tokens(int(size[0]), int(size[1])) if callable(tokens) else tokens
+        if not isinstance(count, (int, np.integer)) or isinstance(count, bool) or int(count) < 1:
+            raise ValueError(f"Packing image_tokens({size[0]}, {size[1]}) gave {count!r}: expected an int >= 1")
+        return int(count)
 
     @property
     def unit_cost(self) -> Cost:
@@ -183,8 +230,11 @@ def pack(order: np.ndarray, lengths: np.ndarray, packing: Packing, rows: int) ->
 
 
 def balanced_plan(order: np.ndarray, lengths: np.ndarray, packing: Packing, rows: int, batch_size: int,
-                  world_size: int) -> PackPlan:
-    """The packs of documents ``order`` with ``packing.balance`` over ``world_size`` ranks (:mod:`.balance`)."""
+                  world_size: int, images: np.ndarray | None = None) -> PackPlan:
+    """The packs of documents ``order`` with ``packing.balance`` over ``world_size`` ranks (:mod:`.balance`).
+
+    ``images``: each row's image count, charged ``Cost.image`` each (``None``: no images).
+    """
     seq = int(packing.seq_len)
     effective = np.asarray(lengths, np.int64)
     long = effective > seq
@@ -202,7 +252,7 @@ def balanced_plan(order: np.ndarray, lengths: np.ndarray, packing: Packing, rows
         effective = np.minimum(effective, seq)
     packs, balance = balanced_packs(order, effective, rows, seq_len=seq, batch_size=batch_size,
                                     microbatches=packing.microbatches, world_size=world_size, cost=packing.unit_cost,
-                                    window=int(packing.window), group=packing.balance == "compute")
+                                    window=int(packing.window), group=packing.balance == "compute", images=images)
     while packs and not packs[-1]:  # the last step's empty rows: filled (or dropped) as a plain plan's are
         packs.pop()
     total = int(effective[order % rows].sum())
@@ -230,6 +280,7 @@ class PackOrder:
         batch_size: packs per batch: the last global step is filled with empty packs to whole batches.
         rank, world_size: this process's share.
         drop_last: drop the last incomplete global step instead of filling it.
+        images: every row's image count (image-text documents; ``None``: none), for a balance's ``Cost.image``.
     """
 
     documents: Order
@@ -240,6 +291,7 @@ class PackOrder:
     world_size: int = 1
     drop_last: bool = False
     planned_world: int | None = None  # the world size the balance plans for (None: world_size)
+    images: np.ndarray | None = field(default=None, compare=False, repr=False)
     _plans: dict[int, PackPlan] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -271,7 +323,7 @@ class PackOrder:
                 plan = pack(order, self.lengths, self.packing, self.num_rows)
             else:
                 plan = balanced_plan(order, self.lengths, self.packing, self.num_rows, self.batch_size,
-                                     self.planned_world or self.world_size)
+                                     self.planned_world or self.world_size, self.images)
             if plan.truncated:  # counted and said, never silent
                 warnings.warn(f"Packing(long='truncate') left out {plan.truncated} tokens of {plan.cut} document(s) "
                               f"longer than seq_len={self.packing.seq_len} in epoch {epoch} (loader.sampler."

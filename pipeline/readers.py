@@ -22,6 +22,7 @@ from stallfree.ingest.labels import class_numbers, label_array, label_column
 from stallfree.ingest.remote import is_url
 from stallfree.ingest.text_sources import is_token_source
 from stallfree.pipeline.hf_reader import HuggingFaceReader, is_hf_dataset
+from stallfree.pipeline.image_text_reader import ImageTextShardReader, is_image_text_folder
 from stallfree.pipeline.reader_base import BaseReader, Reader, Sample, as_reader
 from stallfree.pipeline.remote_tokens import open_remote
 from stallfree.pipeline.shards import ShardReader, Verify, is_shard_folder
@@ -318,7 +319,8 @@ def open_source(source: str | os.PathLike[str] | Reader | Any, *, exif: Exif = "
     :class:`~stallfree.pipeline.remote_tokens.RemoteTokenShardReader`, given the keywords ``remote``), a CSV/Parquet
     list, an image folder,
     token sequences (:mod:`~stallfree.pipeline.token_readers`: a token shard folder, a JSON Lines or Parquet file of
-    ``input_ids``/``tokens`` or a folder of them, a ``datasets.Dataset`` with ``input_ids``), a map-style torch
+    ``input_ids``/``tokens`` or a folder of them, a ``datasets.Dataset`` with ``input_ids``), an image-text shard folder
+    (:class:`~stallfree.pipeline.image_text_reader.ImageTextShardReader`), a map-style torch
     Dataset (see :class:`DatasetReader`), or a torch ``Subset`` of any of these (a
     :class:`~stallfree.pipeline.subset.SubsetReader` of its rows).
 
@@ -349,9 +351,11 @@ def open_source(source: str | os.PathLike[str] | Reader | Any, *, exif: Exif = "
         return WebDatasetReader(source, **(remote or {}))
     if is_url(source):
         remote_reader = open_remote(str(source), **(remote or {}))
-        return remote_reader if remote_reader.holds == "tokens" else _check_raw(remote_reader, exif)
+        return remote_reader if remote_reader.holds in ("tokens", "image_text") else _check_raw(remote_reader, exif)
     path = Path(source)
     if is_shard_folder(path):
+        if is_image_text_folder(path):
+            return ImageTextShardReader(path, verify=verify)
         if is_token_folder(path):
             return TokenShardReader(path, verify=verify)
         return _check_raw(ShardReader(path, verify=verify), exif)

@@ -13,10 +13,12 @@ import numpy as np
 
 from stallfree.ingest.manifest import MANIFEST, read_manifest
 from stallfree.ingest.remote import Retry
+from stallfree.pipeline.image_text_reader import ImageTextKind, document_fields
+from stallfree.pipeline.reader_base import Sample
 from stallfree.pipeline.remote_shards import RemoteShardReader
 from stallfree.pipeline.token_readers import TokenKind
 
-__all__ = ["RemoteTokenShardReader", "open_remote"]
+__all__ = ["RemoteImageTextShardReader", "RemoteTokenShardReader", "open_remote"]
 
 
 class RemoteTokenShardReader(TokenKind, RemoteShardReader):
@@ -58,12 +60,45 @@ class RemoteTokenShardReader(TokenKind, RemoteShardReader):
         return super().column(name, rows)
 
 
+class RemoteImageTextShardReader(ImageTextKind, RemoteTokenShardReader):
+    """Rows of an image-text shard dataset at a URL, as :class:`~.image_text_reader.ImageTextShardReader` reads them.
+
+    ``image_counts.npy`` comes with ``lengths.npy`` on construction; each shard whole into the cache when a pass
+    reaches it, as token shards do.
+    """
+
+    def __init__(self, url: str, **keywords: Any):
+        super().__init__(url, **keywords)
+        self.columns = [*self.columns, "image_count"]
+
+    def _read_labels(self, storage_options: dict[str, Any]) -> np.ndarray:
+        labels = super()._read_labels(storage_options)
+        self._counts = np.asarray(self._column_file(self.manifest["image_counts"]), np.int64)
+        return labels
+
+    def read(self, index: int) -> Sample:
+        """Row ``index``'s fields (``tokens``, ``images``, ``image_at``, ``assistant``), its shard fetched first."""
+        shard, row = self._locate(index)
+        sha256 = self._entries[shard]["sha256"]
+        mapped = self._acquire(shard)
+        try:
+            return document_fields(mapped, row)  # views into the mapping: valid after an eviction unlinks the file
+        finally:
+            self.cache.release(sha256)
+            self.read_ahead.advance()
+
+    def column(self, name: str, rows: np.ndarray) -> np.ndarray | list[Any]:
+        """Column ``name`` at ``rows``; ``length`` and ``image_count`` from their files, no shard fetched."""
+        return self._image_count_column(rows) if name == "image_count" else super().column(name, rows)
+
+
 def open_remote(url: str, **keywords: Any) -> RemoteShardReader:
-    """The reader of the dataset at ``url``, by its manifest's kind (read once): images or token shards.
+    """The reader of the dataset at ``url``, by its manifest's kind (read once): images, token or image-text shards.
 
     ``keywords``: :class:`~stallfree.pipeline.remote_shards.RemoteShardReader`'s.
     """
     base = (url[: -len(MANIFEST)] if url.endswith("/" + MANIFEST) else url).rstrip("/")
     manifest = read_manifest(base, keywords.get("storage_options"), keywords.get("retry") or Retry())
-    kind = RemoteTokenShardReader if manifest.get("kind") == "tokens" else RemoteShardReader
+    kind = {"tokens": RemoteTokenShardReader, "image_text": RemoteImageTextShardReader}.get(
+        manifest.get("kind", "images"), RemoteShardReader)
     return kind(url, manifest=manifest, **keywords)

@@ -34,9 +34,12 @@ if TYPE_CHECKING:
     from stallfree.pipeline.run_config import RunParts
     from stallfree.pipeline.sampler import Order
 
-__all__ = ["PackedBatches", "PaddedBatches", "TokenParts", "TokenPlacement", "TokenRun"]
+__all__ = ["SKIPPED", "PackedBatches", "PaddedBatches", "TokenParts", "TokenPlacement", "TokenRun"]
 
 IGNORE = -100  # Hugging Face's label for a position that is not predicted
+#: The key under which a builder hands its batch's skip records to the run (an image-text document whose image
+#: fails, :mod:`.image_text_run`); the run takes it out of the batch's fields.
+SKIPPED = "_skipped"
 
 
 class Builder(Protocol):
@@ -189,11 +192,14 @@ class TokenRun:
                 lo = k * batcher.largest
                 ids = self.ids[lo : lo + batcher.size(k, per_rank)]
                 rows, arrays = self.parts.build(ids, self.epoch)
+                skipped = arrays.pop(SKIPPED, [])
+                for record in skipped:  # where the pack stands in the rank's stream
+                    record["position"] = lo + int(record.pop("pack"))
                 fields = {name: torch.from_numpy(a) if isinstance(a, np.ndarray) else a for name, a in arrays.items()}
                 self._record("read", start_time, k)
                 if k == batcher.batches(per_rank) - 1:
                     self.may_start_next.set()
-                if not self._put(Batch(k, lo, lo + len(ids), rows, fields=fields)):
+                if not self._put(Batch(k, lo, lo + len(ids), rows, skipped, fields)):
                     return
         except BaseException as err:  # noqa: BLE001 - every failure reaches the training loop, none is lost
             self._put(err)

@@ -12,10 +12,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from stallfree.core.cost import Cost
     from stallfree.core.resume import Resumable
+    from stallfree.ingest.image_text_writer import ImageTextDocument, write_image_text_shards
     from stallfree.ingest.ray_ingest import ingest_on_ray
     from stallfree.ingest.remote import RemoteStoreError
     from stallfree.ingest.writer import IngestOptions
     from stallfree.pipeline.hf_reader import HuggingFaceReader
+    from stallfree.pipeline.image_text_reader import ImageTextShardReader
     from stallfree.pipeline.loader import Loader
     from stallfree.pipeline.mix import Mix
     from stallfree.pipeline.packing import Packing
@@ -39,6 +41,8 @@ __all__ = [
     "DatasetReader",
     "HuggingFaceReader",
     "HuggingFaceTokenReader",
+    "ImageTextDocument",
+    "ImageTextShardReader",
     "IngestOptions",
     "Loader",
     "Mix",
@@ -56,6 +60,7 @@ __all__ = [
     "profile",
     "profile_dataset",
     "train",
+    "write_image_text_shards",
 ]
 
 __version__ = "0.1.0"
@@ -67,6 +72,8 @@ _HOMES = {
     "DatasetReader": "stallfree.pipeline.readers",
     "HuggingFaceReader": "stallfree.pipeline.hf_reader",
     "HuggingFaceTokenReader": "stallfree.pipeline.token_readers",
+    "ImageTextDocument": "stallfree.ingest.image_text_writer",
+    "ImageTextShardReader": "stallfree.pipeline.image_text_reader",
     "IngestOptions": "stallfree.ingest.writer",
     "Loader": "stallfree.pipeline.loader",
     "Mix": "stallfree.pipeline.mix",
@@ -84,6 +91,7 @@ _HOMES = {
     "profile": "stallfree.stage_runtime.profile.loop",
     "profile_dataset": "stallfree.stage_runtime.profile.dataset",
     "train": "stallfree.stage_runtime.jobs",
+    "write_image_text_shards": "stallfree.ingest.image_text_writer",
 }
 
 

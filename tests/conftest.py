@@ -168,3 +168,47 @@ def bpe_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"
     tokenizer.save(str(path))
     return path
+
+
+def image_text_documents(count: int, seed: int = 0, broken: dict[int, bytes] | None = None) -> list[Any]:
+    """``count`` generated image-text documents: document ``i``'s text ids are ``1000 * i + 1, ...`` (they name it),
+    0 to 2 small PNG images (a left-to-right gradient, so a flip shows, tinted by the document) placed anywhere in the
+    text, and ``assistant`` marks on its second half. ``broken`` puts those bytes in place of a document's last
+    image (given one)."""
+    from stallfree.ingest.image_text_writer import ImageTextDocument
+
+    rng = np.random.default_rng(seed)
+    documents = []
+    for i in range(count):
+        n, k = int(rng.integers(2, 14)), int(rng.integers(0, 3))
+        images = []
+        for j in range(k):
+            h, w = int(rng.integers(6, 20)), int(rng.integers(6, 20))
+            pixels = np.zeros((h, w, 3), np.uint8)
+            pixels[..., 0] = np.linspace(0, 255, w, dtype=np.uint8)[None, :]
+            pixels[..., 1], pixels[..., 2] = (37 * i) % 256, (91 * j + 11 * i) % 256
+            out = io.BytesIO()
+            Image.fromarray(pixels).save(out, "PNG")
+            images.append(out.getvalue())
+        sizes = [Image.open(io.BytesIO(b)).size[::-1] for b in images]
+        if broken and i in broken and images:
+            images[-1] = broken[i]
+        assistant = (np.arange(n) >= n // 2).astype(np.uint8)
+        at = sorted(int(a) for a in rng.integers(0, n + 1, k))
+        documents.append(ImageTextDocument(np.arange(1, n + 1) + 1000 * i, images, at, sizes, assistant,
+                                           f"generated.jsonl:{i}"))
+    return documents
+
+
+@pytest.fixture(scope="session")
+def image_text_shards(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """Writes :func:`image_text_documents` as an image-text shard folder (``count``, ``seed``, ``broken``,
+    ``shard_mb``)."""
+    from stallfree.ingest.image_text_writer import write_image_text_shards
+
+    def make(count: int, seed: int = 0, broken: dict[int, bytes] | None = None, shard_mb: float = 256.0) -> Path:
+        out = tmp_path_factory.mktemp("image-text") / "shards"
+        write_image_text_shards(out, image_text_documents(count, seed, broken), shard_mb=shard_mb)
+        return out
+
+    return make

@@ -27,7 +27,7 @@ from stallfree.ingest.runner import ingest
 from stallfree.ingest.writer import IngestOptions
 from stallfree.stage_runtime.train.feed import TensorBatches, TorchFeed
 from stallfree.stage_runtime.train.token_feed import TokenBatches
-from stallfree.transforms import CutMix, MixUp, Normalize, RandomHorizontalFlip, RandomResizedCrop
+from stallfree.transforms import CutMix, MixUp, Normalize, RandomHorizontalFlip, RandomResizedCrop, Resize
 
 SPEC = [RandomResizedCrop(12), RandomHorizontalFlip(), Normalize()]
 Batch = tuple[torch.Tensor, ...]
@@ -115,8 +115,17 @@ def webdataset(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     return str(out / "part-{00..02}.tar")
 
 
+def _image_text(source: Any, batch: int, **packing: Any) -> Factory:
+    """A Loader of image-text packs (each image 3 positions of id 999), its images flipped at random."""
+    def make(variant: int, seed: int) -> Loader:
+        return Loader(source, batch, transform=[Resize((6, 6)), RandomHorizontalFlip(), Normalize()],
+                      packing=Packing(seq_len=32, window=8, image_tokens=3, image_token_id=999, **packing),
+                      shuffle=True, seed=seed, num_threads=1 + variant, prefetch=1 + 2 * variant)
+    return make
+
+
 def _factories(image_folder: Path, indexed_list: Path, shards: Path, url: str, cache: Path,
-               webdataset: str, token_docs: Callable[..., Any]) -> dict[str, Factory]:
+               webdataset: str, token_docs: Callable[..., Any], image_text: Path) -> dict[str, Factory]:
     gen = torch.Generator().manual_seed(1)
     tokens = token_docs(np.random.default_rng(2).integers(1, 40, 30))
     # a mixture: 30 and 12 documents, 2:1, so the small source starts its next pass within an epoch
@@ -143,6 +152,13 @@ def _factories(image_folder: Path, indexed_list: Path, shards: Path, url: str, c
         "loader-tokens-mix": lambda v, seed: Loader(mix, 3, packing=Packing(seq_len=24, window=8), shuffle=True,
                                                     seed=seed, prefetch=1 + 2 * v),
         "loader-tokens-mix-padded": lambda v, seed: Loader(mix, 4, shuffle=True, seed=seed, prefetch=1 + 2 * v),
+        # image-text samples: packs with each image's positions and its pixels; balanced with a cost per image; and
+        # mixed with text-only documents in one pack
+        "loader-image-text": _image_text(image_text, 2),
+        "loader-image-text-balanced": _image_text(image_text, 2, balance="compute", cost=Cost(1.0, image=20.0),
+                                                  microbatches=2),
+        "loader-image-text-mix": _image_text(Mix({"vl": image_text, "text": tokens}, weights={"vl": 1, "text": 1},
+                                                 epoch_size=40), 2),
         "tensor-batches": lambda v, seed: TensorBatches(40, 6, 8, 3, seed=seed),
         "token-batches": lambda v, seed: TokenBatches(40, 6, 16, 20, seed=seed),  # a token model's generated packs
         "torch-feed": lambda v, seed: TorchFeed(str(image_folder), 5, 12, train=True, seed=seed, replica=0,
@@ -154,15 +170,18 @@ def _factories(image_folder: Path, indexed_list: Path, shards: Path, url: str, c
 
 PARTS = ["loader-folder", "loader-file-list", "loader-dataset", "loader-shards", "loader-shards-block",
          "loader-http-block", "loader-webdataset-block", "loader-tokens-packed", "loader-tokens-padded",
-         "loader-tokens-balanced", "loader-tokens-mix", "loader-tokens-mix-padded",
-         "tensor-batches", "token-batches", "torch-feed", "mixup", "cutmix"]
+         "loader-tokens-balanced", "loader-tokens-mix", "loader-tokens-mix-padded", "loader-image-text",
+         "loader-image-text-balanced", "loader-image-text-mix", "tensor-batches", "token-batches", "torch-feed",
+         "mixup", "cutmix"]
 
 
 @pytest.fixture
 def factory(request: pytest.FixtureRequest, image_folder: Path, indexed_list: Path, shards: Path, shards_url: str,
-            remote_cache: Path, webdataset: str, token_docs: Callable[..., Any]) -> Factory:
+            remote_cache: Path, webdataset: str, token_docs: Callable[..., Any],
+            image_text_shards: Callable[..., Path]) -> Factory:
+    image_text = image_text_shards(24, shard_mb=0.002) if request.param.startswith("loader-image-text") else Path()
     return _factories(image_folder, indexed_list, shards, shards_url, remote_cache, webdataset,
-                      token_docs)[request.param]
+                      token_docs, image_text)[request.param]
 
 
 def _fields(batch: Any) -> Batch:

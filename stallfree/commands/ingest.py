@@ -10,6 +10,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from stallfree.commands.ingest_image_text import (
+    add_image_text_arguments,
+    image_text_info_lines,
+    ingest_image_text_command,
+    is_image_text_run,
+)
 from stallfree.commands.ingest_tokens import (
     add_token_arguments,
     ingest_tokens_command,
@@ -67,8 +73,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(s3://, gs://, file://): shards are written to a local staging folder and each is uploaded once complete, "
         "the manifest last, so a reader never finds a manifest whose shards are missing; a rerun uploads only what "
         "is missing. SRC may also be documents (a .jsonl, .parquet or .csv file or a folder of them): text tokenized "
-        "once with --tokenizer, or token ids, written as token shards (docs/ingest.md, Token sequences). Docs: "
-        "docs/ingest.md, docs/remote.md.",
+        "once with --tokenizer, or token ids, written as token shards (docs/ingest.md, Token sequences); with "
+        "--layout, image-text samples (caption pairs, LLaVA conversations) as image-text shards (docs/ingest.md, "
+        "Image-text samples). Docs: docs/ingest.md, docs/remote.md.",
         usage="%(prog)s [options] SRC OUT\n       %(prog)s --merge [options] OUT",
         epilog="examples:\n"
         "  stallfree ingest ~/imagenet/train ./shards/train --workers 8 --max-side 256\n"
@@ -81,7 +88,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "  stallfree ingest /nfs/imagenet/train /nfs/shards/train --ray 10.0.0.5:6379   # parts as Ray tasks, merged\n"
         "  stallfree ingest ./cifar-folder ./shards/cifar --ray --parts 8   # RAY_ADDRESS's cluster, or a local one\n"
         "  stallfree ingest corpus.jsonl ./shards/text --tokenizer tokenizer.json --add-eos '</s>'   # token shards\n"
-        "  stallfree ingest ./parquet-folder ./shards/ids --tokens-field input_ids --vocab-size 50257",
+        "  stallfree ingest ./parquet-folder ./shards/ids --tokens-field input_ids --vocab-size 50257\n"
+        "  stallfree ingest captions.jsonl ./shards/vl --tokenizer tokenizer.json --layout caption\n"
+        "  stallfree ingest llava.json ./shards/chat --tokenizer ./tok --layout conversations --image-root ./images",
         formatter_class=_FORMAT,
     )
     parser.add_argument("paths", nargs="+", metavar="SRC OUT",
@@ -120,6 +129,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "removed once the manifest is uploaded)")
     _add_storage_options(parser)
     add_token_arguments(parser)
+    add_image_text_arguments(parser)
     add_json_arguments(parser)
     add_progress_argument(parser, quiet=True)
     parser.set_defaults(func=_ingest)
@@ -165,6 +175,8 @@ def _ingest(args: argparse.Namespace) -> int:
     from stallfree.ingest.validate import DEFAULT_MAX_PIXELS
     from stallfree.ingest.writer import IngestOptions
 
+    if is_image_text_run(args):
+        return ingest_image_text_command(args)
     if is_token_run(args):
         return ingest_tokens_command(args)
     if args.parts is not None and args.ray is None:
@@ -291,6 +303,9 @@ def _info(args: argparse.Namespace) -> int:
         return 0  # the JSON holds everything the text would say
     if summary.get("kind") == "tokens":
         print("\n".join(token_info_lines(_shown(args.out), summary)))
+        return 0
+    if summary.get("kind") == "image_text":
+        print("\n".join(image_text_info_lines(_shown(args.out), summary)))
         return 0
     kind = summary["image"]["kind"] + (f" {summary['image']['shape']}" if summary["image"]["shape"] else "")
     print(f"{_shown(args.out)}: {summary['rows']} rows in {summary['shards']} shards, {summary['bytes'] / 1e6:.1f} MB, "
