@@ -130,6 +130,5 @@ def image_text_packing(config: TrainConfig, vocab: int) -> Any:
     from stallfree.pipeline.packing import Packing  # DALI is an extra: --synthetic trains without it
 
     m = config.model
-    vision: dict[str, Any] = {"image_tokens": m.image_tokens, "image_token_id": vocab,
-                              "train_on": config.feed.train_on}
-    return Packing(seq_len=m.packed_len, **vision)
+    return Packing(seq_len=m.packed_len, image_tokens=m.image_tokens, image_token_id=vocab,
+                   train_on=config.feed.train_on)

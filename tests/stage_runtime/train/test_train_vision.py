@@ -11,6 +11,7 @@ import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -108,6 +109,10 @@ def test_a_vision_job_trains_end_to_end_in_two_stages_and_its_loss_falls(tmp_pat
                                                                        r"\(patches of 8\), which leaves no room for "
                                                                        r"text in a row of --seq-len 64"),
     (["--model", "vlm_tiny", "--vocab-size", "99"], r"^--vocab-size does not apply to --synthetic's captions"),
+    (["--model", "gpt_tiny", "--train-on", "assistant"], r"^--train-on assistant applies to a vision model's "
+                                                         r"image-text source, but gpt_tiny is not a vision model"),
+    (["--model", "vlm_tiny", "--train-on", "assistant"], r"^--train-on assistant applies to a vision model's "
+                                                         r"image-text source, but --synthetic's captions are all"),
 ])
 def test_a_vision_jobs_bad_flags_are_refused_in_one_line(argv: list[str], message: str, tmp_path: Path,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
@@ -118,3 +123,29 @@ def test_a_vision_jobs_bad_flags_are_refused_in_one_line(argv: list[str], messag
     assert re.search(message, err[len("stallfree train: error: "):]), err
     assert not (tmp_path / "run").exists()
 
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("layout", "seq_len", "train_on"), [("caption", 32, "all"), ("conversations", 64,
+                                                                                      "assistant")])
+def test_a_vision_job_trains_on_ingested_shards_through_the_loader(layout: Any, seq_len: int, train_on: str,
+                                                                    tmp_path: Path) -> None:
+    # The real path: the generated captions written as JSON Lines + JPEGs (a caption pair, or LLaVA's conversation
+    # with its template and system prompt, trained on the reply alone), ingested as image-text shards, packed by the
+    # Loader with each image's (16 / 8)**2 = 4 tokens, its images resized in the DALI graph, trained in 2 stages.
+    from stallfree.ingest.image_text_runner import ImageTextOptions, ingest_image_text
+    from stallfree.ingest.synthetic_captions import make_caption_dataset
+
+    source = make_caption_dataset(tmp_path / "captions", count=192, size=(40, 48), vary_size=True, layout=layout)
+    ingest_image_text(source, tmp_path / "shards", ImageTextOptions(
+        layout=layout, tokenizer=str(tmp_path / "captions" / "tokenizer.json"), add_eos="</s>"))
+    out = tmp_path / "run"
+    assert main(["train", str(tmp_path / "shards"), "--model", "vlm_tiny", "--seq-len", str(seq_len),
+                 "--image-size", "16", "--patch", "8", "--stages", "2", "--batch-size", "8", "--microbatches", "2",
+                 "--optimizer", "adamw", "--lr", "3e-3", "--epochs", "2", "--train-on", train_on, "--out", str(out),
+                 "--no-progress"]) == 0
+    losses = [json.loads(line)["loss"] for line in (out / "train.jsonl").read_text().splitlines()]
+    # from log(54) = 4.0: the caption's template first, then its words from the image
+    assert len(losses) >= 16 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 1.5, losses
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["unit"] == "tokens" and summary["config"]["vocab_size"] is None  # the shards' own (54)
