@@ -23,6 +23,10 @@ passes of one whole epoch each (or ``--batches`` batches), one contender after a
   (:func:`stallfree.core.cpu.cpu_seconds`);
 - **tokens lost**: the mix's tokens an epoch never delivered (TRL's ``bfd`` truncates documents longer than S).
 
+``--mixes image-text`` (not by default) adds captioned images, each 576 vision tokens counted in S, decoded and
+resized to 336x336 by the packed Loader and by a DataLoader with PIL and a padding collator
+(:mod:`.packing_vision`); its rows add samples/s.
+
 The table shows medians over the passes. Targets (issue 46): stallfree packed >= 0.95 efficiency on every mix,
 and >= 1M useful tokens/s at S = 2048 on the machine's cores.
 """
@@ -40,6 +44,13 @@ from typing import Any, TextIO
 
 from stallfree.bench.packing_feeds import CONTENDERS, Feed, feed, padded_batch_size, skip_reason
 from stallfree.bench.packing_mixes import MIXES, MixData, prepare
+from stallfree.bench.packing_vision import (
+    IMAGE_TEXT,
+    VISION_CONTENDERS,
+    prepare_image_text,
+    print_vision,
+    vision_feed,
+)
 from stallfree.core.cpu import cpu_seconds
 
 __all__ = ["GPU_SCALE", "TARGET", "add_arguments", "run"]
@@ -48,6 +59,7 @@ EXAMPLES = """examples:
   stallfree bench packing ./bench-packing --seq-len 2048                 # 20M tokens per mix written there first
   stallfree bench packing ./bench-packing --seq-len 2048 --repeats 3 --json-file packing.json
   stallfree bench packing ./small --seq-len 512 --tokens 500000 --contenders packed padded --json | jq .results
+  stallfree bench packing ./bench-vl --mixes image-text --images 1000 --seq-len 2048   # images decoded + resized
 """
 TARGET = {"efficiency": 0.95, "tokens_per_s": 1e6, "seq_len": 2048}  # issue 46, item 4
 # What one GPU consumes, for scale: an estimate, not a measurement (see _scale()).
@@ -64,7 +76,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=8, help="B: packed rows per batch")
     parser.add_argument("--tokens", type=int, default=20_000_000,
                         help="tokens per mix: documents are drawn until their lengths reach it")
-    parser.add_argument("--mixes", nargs="+", choices=list(MIXES), default=list(MIXES), help=f"the mixes: {laws}")
+    parser.add_argument("--mixes", nargs="+", choices=[*MIXES, IMAGE_TEXT.name], default=list(MIXES),
+                        help=f"the mixes: {laws}; and {IMAGE_TEXT.name} (not by default): "
+                        f"{IMAGE_TEXT.lengths.replace('%', '%%')}, decoded and resized to 336x336 (its contenders: "
+                        f"{', '.join(VISION_CONTENDERS)})")
+    parser.add_argument("--images", type=int, default=1000,
+                        help="the image-text mix's captioned images (one per document)")
     parser.add_argument("--contenders", nargs="+", choices=list(CONTENDERS), default=list(CONTENDERS),
                         help="; ".join(f"{k}: {v}" for k, v in CONTENDERS.items()))
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per contender and mix (the median shows)")
@@ -85,6 +102,8 @@ def _check(args: argparse.Namespace) -> None:
             raise ValueError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     if args.batches is not None and args.batches < 1:
         raise ValueError(f"--batches must be positive (or left out: a whole epoch), got {args.batches}")
+    if args.images < 1:
+        raise ValueError(f"--images must be positive, got {args.images}")
     if args.warmup < 0 or args.workers < 0:
         raise ValueError(f"--warmup and --workers must be >= 0, got {args.warmup} and {args.workers}")
     if not 2 <= args.vocab_size <= 1 << 31:
@@ -93,13 +112,14 @@ def _check(args: argparse.Namespace) -> None:
 
 def _pass(made: Feed, limit: int | None, bar: Any) -> dict[str, Any]:
     """One pass (an epoch, or ``limit`` batches): what it delivered, how fast, at what CPU cost."""
-    real = slots = batches = largest = 0
+    real = slots = batches = largest = images = 0
     low: list[int] = []
     high: list[int] = []
     start, cpu = time.perf_counter(), cpu_seconds()
     for batch in made.epoch():
         n, s, shape = made.count(batch)
         real, slots, batches, largest = real + n, slots + s, batches + 1, max(largest, s)
+        images += made.images(batch) if made.images is not None else 0
         low = list(shape) if not low else [min(a, b) for a, b in zip(low, shape, strict=True)]
         high = list(shape) if not high else [max(a, b) for a, b in zip(high, shape, strict=True)]
         bar.update()
@@ -110,7 +130,7 @@ def _pass(made: Feed, limit: int | None, bar: Any) -> dict[str, Any]:
     return {"batches": batches, "real_tokens": real, "slots": slots, "wall_s": wall, "tokens_per_s": real / wall,
             "cores": cores, "efficiency": real / slots if slots else 0.0,
             "static_efficiency": real / (batches * largest) if batches else 0.0, "shape_min": low, "shape_max": high,
-            "whole_epoch": limit is None or batches < limit}
+            "whole_epoch": limit is None or batches < limit, "images": images, "samples_per_s": images / wall}
 
 
 def _measure(name: str, mix: MixData, args: argparse.Namespace) -> dict[str, Any]:
@@ -119,7 +139,7 @@ def _measure(name: str, mix: MixData, args: argparse.Namespace) -> dict[str, Any
     reason = skip_reason(name)
     if reason is not None:
         return {"skipped": reason}
-    with (feed(name, mix, args) as made,
+    with ((vision_feed if mix.mix is IMAGE_TEXT else feed)(name, mix, args) as made,
           tqdm(desc=f"{mix.mix.name}: {CONTENDERS[name]}", unit="batch", file=sys.stderr, mininterval=1.0,
                leave=False, disable=not args.progress) as bar):
         if args.warmup:
@@ -128,8 +148,9 @@ def _measure(name: str, mix: MixData, args: argparse.Namespace) -> dict[str, Any
     whole = [p for p in passes if p["whole_epoch"]]
     lost = int(mix.lengths.sum()) - whole[0]["real_tokens"] if whole else made.dropped
     median = {key: statistics.median(p[key] for p in passes)
-              for key in ("tokens_per_s", "cores", "efficiency", "static_efficiency")}
+              for key in ("tokens_per_s", "cores", "efficiency", "static_efficiency", "samples_per_s")}
     return {**median, "tokens_per_s_per_core": median["tokens_per_s"] / median["cores"] if median["cores"] else None,
+            **({"note": made.note} if made.note else {}),
             "lost_tokens": lost, "prep_s": made.prep_s, "passes": passes,
             "shape_min": [min(p["shape_min"][i] for p in passes) for i in range(len(passes[0]["shape_min"]))],
             "shape_max": [max(p["shape_max"][i] for p in passes) for i in range(len(passes[0]["shape_max"]))]}
@@ -145,14 +166,20 @@ def _scale() -> dict[str, Any]:
 def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
     """Run the benchmark, print its table to ``out`` and return the results (JSON-able)."""
     _check(args)
-    mixes = prepare(args.data, list(args.mixes), tokens=args.tokens, seq_len=args.seq_len, seed=args.seed,
-                    vocab=args.vocab_size, progress=args.progress)
+    mixes = prepare(args.data, [m for m in args.mixes if m in MIXES], tokens=args.tokens, seq_len=args.seq_len,
+                    seed=args.seed, vocab=args.vocab_size, progress=args.progress)
+    if IMAGE_TEXT.name in args.mixes:
+        mixes[IMAGE_TEXT.name] = prepare_image_text(args.data, images=args.images, seed=args.seed,
+                                                    progress=args.progress)
     results = []
     for name, mix in mixes.items():
         for contender in args.contenders:
+            if mix.mix is IMAGE_TEXT and contender not in VISION_CONTENDERS:
+                continue  # a token-only contender: it has no images to decode
             if args.progress:
                 print(f"{name}: {CONTENDERS[contender]} ...", file=sys.stderr)
-            results.append({"mix": name, "contender": contender, "label": CONTENDERS[contender],
+            label = (VISION_CONTENDERS if mix.mix is IMAGE_TEXT else CONTENDERS)[contender]
+            results.append({"mix": name, "contender": contender, "label": label,
                             **_measure(contender, mix, args)})
     stats = {name: {**mix.stats(args.seq_len),
                     "padded_batch_size": padded_batch_size(args.batch_size, args.seq_len, float(mix.lengths.mean()))}
@@ -161,14 +188,15 @@ def run(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
               f"{len(os.sched_getaffinity(0))} cores, load average {os.getloadavg()[0]:.2f} at the end",
               "seq_len": args.seq_len, "batch_size": args.batch_size, "workers": args.workers,
               "repeats": args.repeats, "batches": args.batches, "tokens_per_mix": args.tokens, "seed": args.seed,
-              "vocab_size": args.vocab_size, "mixes": stats, "results": results, "gpu_scale": _scale(),
+              "vocab_size": args.vocab_size, "images": args.images if IMAGE_TEXT.name in mixes else None,
+              "mixes": stats, "results": results, "gpu_scale": _scale(),
               "targets": _targets(results, args.seq_len)}
     _print(result, out)
     return result
 
 
 def _targets(results: list[dict[str, Any]], seq_len: int) -> dict[str, Any]:
-    packed = [r for r in results if r["contender"] == "packed" and "skipped" not in r]
+    packed = [r for r in results if r["contender"] == "packed" and "skipped" not in r and r["mix"] in MIXES]
     if not packed:
         return {}
     efficiency = min(r["efficiency"] for r in packed)
@@ -204,6 +232,7 @@ def _print(result: dict[str, Any], out: TextIO) -> None:
         per_core = "" if r["tokens_per_s_per_core"] is None else f"{r['tokens_per_s_per_core'] / 1e6:.2f}"
         print(f"| {r['mix']} | {r['label']} | {_shape(r)} | {r['efficiency']:.3f} | {r['static_efficiency']:.3f} | "
               f"{r['tokens_per_s'] / 1e6:.2f} | {r['cores']:.2f} | {per_core} | {r['lost_tokens']:,} |", file=out)
+    print_vision(result, out)
     print("\nThe flattened contenders' efficiency is 1.0 by construction (no padding slot), but their batch shape "
           "varies; the static-shape column pads every batch to the largest.", file=out)
     trl = [f"{r['mix']} {r['prep_s']:.1f} s" for r in result["results"] if r["contender"] == "trl-bfd"

@@ -50,13 +50,15 @@ class Feed:
     """A contender over one mix: a fresh epoch per ``epoch()``; ``count(batch)`` is its (real tokens, slots, shape).
 
     ``prep_s``: seconds spent before the loop (TRL's packing map); ``dropped``: tokens the feed never delivers
-    (TRL's truncation), known before the loop.
+    (TRL's truncation), known before the loop; ``images``: an image-text feed's count of a batch's images.
     """
 
     epoch: Callable[[], Iterable[Any]]
     count: Callable[[Any], tuple[int, int, tuple[int, ...]]]
     prep_s: float = 0.0
     dropped: int = 0
+    images: Callable[[Any], int] | None = None  # an image-text feed's images in a batch (one per document)
+    note: str = ""  # how it works where that varies by machine (the image-text DataLoader's resize)
 
 
 def padded_batch_size(batch_size: int, seq_len: int, mean_length: float) -> int:

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-__all__ = ["SHAPES", "STYLES", "make_image_folder"]
+__all__ = ["SHAPES", "STYLES", "draw_shape", "make_image_folder"]
 
 SHAPES = ("circle", "square", "triangle", "cross", "ring", "bar", "diamond", "grid")
 STYLES = ("shapes", "natural")
@@ -65,7 +65,8 @@ def _natural_texture(rng: np.random.Generator, fields: list[np.ndarray]) -> np.n
     return rng.uniform(60, 190, 3) + rng.uniform(25, 55) * (lum[..., None] + opponent)
 
 
-def _draw_shape(draw: ImageDraw.ImageDraw, shape: str, cx: float, cy: float, r: float, colour: tuple | int) -> None:
+def draw_shape(draw: ImageDraw.ImageDraw, shape: str, cx: float, cy: float, r: float, colour: tuple | int) -> None:
+    """Draw ``shape`` (one of :data:`SHAPES`) of radius ``r`` centred at ``(cx, cy)`` in ``colour``."""
     box = (cx - r, cy - r, cx + r, cy + r)
     width = max(1, int(r / 3))
     if shape == "circle":
@@ -141,7 +142,7 @@ def make_image_folder(
                 fields = _power_law_fields(rng, h, w, 6)
                 pixels = _natural_texture(rng, fields[:3])
                 mask = Image.new("L", (w, h), 0)
-                _draw_shape(ImageDraw.Draw(mask), shape, cx, cy, r, 255)
+                draw_shape(ImageDraw.Draw(mask), shape, cx, cy, r, 255)
                 inside = np.asarray(mask, dtype=bool)
                 pixels[inside] = _natural_texture(rng, fields[3:])[inside]
                 pixels += rng.normal(0, 1.0, (h, w, 3))
@@ -153,6 +154,6 @@ def make_image_folder(
                 colour = tuple(int(c) for c in (background + 128 + rng.integers(-60, 60, 3)) % 256)
                 r = rng.uniform(0.2, 0.35) * min(h, w)
                 cx, cy = rng.uniform(r, w - r), rng.uniform(r, h - r)
-                _draw_shape(ImageDraw.Draw(image), shape, cx, cy, r, colour)
+                draw_shape(ImageDraw.Draw(image), shape, cx, cy, r, colour)
             image.save(folder / f"{label}_{i:05d}.jpg", "JPEG", quality=quality)
     return root

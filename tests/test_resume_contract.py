@@ -25,6 +25,7 @@ from stallfree.core.resume import Resumable
 from stallfree.ingest.manifest import read_manifest
 from stallfree.ingest.runner import ingest
 from stallfree.ingest.writer import IngestOptions
+from stallfree.stage_runtime.train.caption_feed import CaptionBatches
 from stallfree.stage_runtime.train.feed import TensorBatches, TorchFeed
 from stallfree.stage_runtime.train.token_feed import TokenBatches
 from stallfree.transforms import CutMix, MixUp, Normalize, RandomHorizontalFlip, RandomResizedCrop, Resize
@@ -161,6 +162,8 @@ def _factories(image_folder: Path, indexed_list: Path, shards: Path, url: str, c
                                                  epoch_size=40), 2),
         "tensor-batches": lambda v, seed: TensorBatches(40, 6, 8, 3, seed=seed),
         "token-batches": lambda v, seed: TokenBatches(40, 6, 16, 20, seed=seed),  # a token model's generated packs
+        # a vision model's generated image-text packs (issue 47): images of 8x8 pixels, 4 tokens each
+        "caption-batches": lambda v, seed: CaptionBatches(40, 6, 24, image_size=8, patch=4, seed=seed),
         "torch-feed": lambda v, seed: TorchFeed(str(image_folder), 5, 12, train=True, seed=seed, replica=0,
                                                 replicas=1, workers=v),
         "mixup": lambda v, seed: _Mixing(MixUp(alpha=0.5, num_classes=5, seed=seed), mix_in),
@@ -171,8 +174,8 @@ def _factories(image_folder: Path, indexed_list: Path, shards: Path, url: str, c
 PARTS = ["loader-folder", "loader-file-list", "loader-dataset", "loader-shards", "loader-shards-block",
          "loader-http-block", "loader-webdataset-block", "loader-tokens-packed", "loader-tokens-padded",
          "loader-tokens-balanced", "loader-tokens-mix", "loader-tokens-mix-padded", "loader-image-text",
-         "loader-image-text-balanced", "loader-image-text-mix", "tensor-batches", "token-batches", "torch-feed",
-         "mixup", "cutmix"]
+         "loader-image-text-balanced", "loader-image-text-mix", "tensor-batches", "token-batches", "caption-batches",
+         "torch-feed", "mixup", "cutmix"]
 
 
 @pytest.fixture

@@ -20,16 +20,20 @@ from stallfree.stage_runtime.schedules import ScheduleSpec, schedule_spec
 if TYPE_CHECKING:
     from stallfree.core.cost import Cost
 
-__all__ = ["BALANCE_BATCHES", "BUNDLED_MODELS", "DEFAULT_SEQ_LEN", "LR_SCHEDULES", "MAX_TIMEOUT_S", "OPTIMIZERS",
-           "TOKEN_MODELS", "VERIFY_MODES", "BalanceBatches", "CheckpointConfig", "FeedConfig", "LrSchedule",
-           "ModelConfig", "Optimizer", "OptimizerConfig", "PipelineConfig", "ProcessConfig", "ReportConfig",
-           "SimulationConfig", "StepsConfig", "Verify", "flag"]
+__all__ = ["BALANCE_BATCHES", "BUNDLED_MODELS", "DEFAULT_PATCH", "DEFAULT_SEQ_LEN", "LR_SCHEDULES", "MAX_TIMEOUT_S",
+           "OPTIMIZERS", "TEXT_MODELS", "TOKEN_MODELS", "TRAIN_ON", "VERIFY_MODES", "VISION_MODELS", "BalanceBatches",
+           "CheckpointConfig", "FeedConfig", "LrSchedule", "ModelConfig", "Optimizer", "OptimizerConfig",
+           "PipelineConfig", "ProcessConfig", "ReportConfig", "SimulationConfig", "StepsConfig", "TrainOn", "Verify",
+           "flag"]
 
 # The names of stallfree.stage_runtime.models.zoo.MODELS, listed here because that module needs torch to define
 # them; tests/cli/test_imports.py keeps the two equal.
-BUNDLED_MODELS = ("mlp", "small_cnn", "resnet_cifar", "resnet18", "resnet50", "vit_small", "gpt_tiny")
+BUNDLED_MODELS = ("mlp", "small_cnn", "resnet_cifar", "resnet18", "resnet50", "vit_small", "gpt_tiny", "vlm_tiny")
 # The bundled models that take packed token sequences (stallfree.stage_runtime.models.gpt): a job of one is a token job.
-TOKEN_MODELS = ("gpt_tiny",)
+# Those with a vision stem (stallfree.stage_runtime.models.vision) are fed packed image-text sequences.
+TEXT_MODELS, VISION_MODELS = ("gpt_tiny",), ("vlm_tiny",)
+TOKEN_MODELS = TEXT_MODELS + VISION_MODELS
+DEFAULT_PATCH = 8  # --patch of a vision model when not given
 DEFAULT_SEQ_LEN = 256  # --seq-len of a token job when not given
 
 # Loader(verify=)'s modes, stallfree.pipeline.shards.Verify, spelled here because importing stallfree.pipeline
@@ -41,6 +45,9 @@ Optimizer = Literal["sgd", "adamw"]
 LrSchedule = Literal["constant", "cosine"]
 OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
 LR_SCHEDULES: tuple[str, ...] = get_args(LrSchedule)
+# --train-on: Packing(train_on=) of a vision job's Loader: every text token a target, or the assistant's replies only
+TrainOn = Literal["all", "assistant"]
+TRAIN_ON: tuple[str, ...] = get_args(TrainOn)
 # --balance-batches: Packing(balance=) of a token job's Loader ("none": Packing's balance=None, plain packing)
 BalanceBatches = Literal["none", "tokens", "compute"]
 BALANCE_BATCHES: tuple[str, ...] = get_args(BalanceBatches)
@@ -82,19 +89,47 @@ class ModelConfig:
     # simulated device charges and --balance-batches compute evens; default: the packed length (attention over a full
     # row as costly as the linear part)
     attention_span: int | None = None
+    # A vision model's (VISION_MODELS) patch side: its images are image_size square, each (image_size / patch)**2
+    # tokens of its packed rows (default DEFAULT_PATCH)
+    patch: int | None = None
 
     def __post_init__(self) -> None:
-        _at_least(1, image_size=self.image_size, num_classes=self.num_classes, attention_span=self.attention_span)
+        _at_least(1, image_size=self.image_size, num_classes=self.num_classes, attention_span=self.attention_span,
+                  patch=self.patch)
         _at_least(2, seq_len=self.seq_len, vocab_size=self.vocab_size)
+        if self.patch is not None and self.name not in VISION_MODELS:
+            raise ValueError(f"--patch applies to a vision model ({', '.join(VISION_MODELS)}), not to {self.name}: "
+                             f"drop it or choose --model {VISION_MODELS[0]}")
+        if self.vision is not None:
+            self._check_vision(self.vision)
         tokens = self.name in TOKEN_MODELS
         given = [f for f, v in (("seq_len", self.seq_len), ("vocab_size", self.vocab_size),
                                 ("attention_span", self.attention_span)) if v is not None]
         if not tokens and given:
-            raise ValueError(f"{flag(given[0])} applies to a token model ({', '.join(TOKEN_MODELS)}), not to "
+            raise ValueError(f"{flag(given[0])} applies to a token model ({', '.join(TEXT_MODELS)}), not to "
                              f"{self.name}: drop it or choose --model {TOKEN_MODELS[0]}")
         if tokens and self.num_classes is not None:
             raise ValueError(f"{flag('num_classes')} counts an image model's classes; {self.name}'s outputs are its "
                              "vocabulary: give --vocab-size")
+
+    def _check_vision(self, patch: int) -> None:
+        if self.image_size % patch:
+            raise ValueError(f"--image-size {self.image_size} must be a multiple of --patch {patch} (images are cut "
+                             "into patches of that side)")
+        if self.image_tokens >= self.packed_len:
+            raise ValueError(f"an image of --image-size {self.image_size} is {self.image_tokens} tokens (patches of "
+                             f"{patch}), which leaves no room for text in a row of --seq-len {self.packed_len}: give "
+                             "a longer --seq-len, a smaller --image-size or a larger --patch")
+
+    @property
+    def vision(self) -> int | None:
+        """A vision model's patch side (``patch``, or :data:`DEFAULT_PATCH`); ``None`` for every other model."""
+        return (self.patch or DEFAULT_PATCH) if self.name in VISION_MODELS else None
+
+    @property
+    def image_tokens(self) -> int:
+        """A vision model's tokens per image, ``(image_size / patch)**2`` (meaningless for the others)."""
+        return (self.image_size // (self.vision or DEFAULT_PATCH)) ** 2
 
     @property
     def kind(self) -> Literal["images", "tokens"]:
@@ -115,6 +150,8 @@ class ModelConfig:
 
     def factory_kwargs(self) -> dict[str, Any]:
         """What the factory gets besides the classes and image size: ``kwargs`` (and a token model's packed length)."""
+        if self.vision is not None:
+            return {**self.kwargs, "seq_len": self.packed_len, "patch": self.vision}
         return {**self.kwargs, "seq_len": self.packed_len} if self.kind == "tokens" else dict(self.kwargs)
 
 
@@ -136,8 +173,12 @@ class FeedConfig:
     # a token source's packs balanced across the replicas and micro-batches of each step (Packing(balance=)): "none",
     # "tokens" or "compute" (by the model's cost, ModelConfig.cost)
     balance_batches: BalanceBatches = "none"
+    # an image-text source's labels (Packing(train_on=)): "all" text tokens, or "assistant": a conversation's replies
+    train_on: TrainOn = "all"
 
     def __post_init__(self) -> None:
+        if self.train_on not in TRAIN_ON:
+            raise ValueError(f"--train-on must be one of {', '.join(TRAIN_ON)}, got {self.train_on!r}")
         if self.balance_batches not in BALANCE_BATCHES:
             raise ValueError(f"--balance-batches must be one of {', '.join(BALANCE_BATCHES)}, got "
                              f"{self.balance_batches!r}")

@@ -17,12 +17,16 @@ from typing import Any, Literal, cast
 from .parts import (
     BALANCE_BATCHES,
     BUNDLED_MODELS,
+    DEFAULT_PATCH,
     DEFAULT_SEQ_LEN,
     LR_SCHEDULES,
     MAX_TIMEOUT_S,
     OPTIMIZERS,
+    TEXT_MODELS,
     TOKEN_MODELS,
+    TRAIN_ON,
     VERIFY_MODES,
+    VISION_MODELS,
     BalanceBatches,
     CheckpointConfig,
     FeedConfig,
@@ -35,14 +39,16 @@ from .parts import (
     ReportConfig,
     SimulationConfig,
     StepsConfig,
+    TrainOn,
     Verify,
     flag,
 )
 
-__all__ = ["BALANCE_BATCHES", "BUNDLED_MODELS", "DEFAULT_SEQ_LEN", "LR_SCHEDULES", "MAX_TIMEOUT_S", "OPTIMIZERS",
-           "TOKEN_MODELS", "VERIFY_MODES", "BalanceBatches", "CheckpointConfig", "FeedConfig", "LrSchedule",
-           "ModelConfig", "Optimizer", "OptimizerConfig", "PipelineConfig", "ProcessConfig", "ReportConfig",
-           "SimulationConfig", "StepsConfig", "TrainConfig", "Verify", "flag"]
+__all__ = ["BALANCE_BATCHES", "BUNDLED_MODELS", "DEFAULT_PATCH", "DEFAULT_SEQ_LEN", "LR_SCHEDULES", "MAX_TIMEOUT_S",
+           "OPTIMIZERS", "TEXT_MODELS", "TOKEN_MODELS", "TRAIN_ON", "VERIFY_MODES", "VISION_MODELS", "BalanceBatches",
+           "CheckpointConfig", "FeedConfig", "LrSchedule", "ModelConfig", "Optimizer", "OptimizerConfig",
+           "PipelineConfig", "ProcessConfig", "ReportConfig", "SimulationConfig", "StepsConfig", "TrainConfig",
+           "TrainOn", "Verify", "flag"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,11 @@ class TrainConfig:
         if feed.data is None and feed.samples < p.batch_size * p.dp:
             raise ValueError(f"--synthetic {feed.samples} is less than one batch per replica (--batch-size "
                              f"{p.batch_size} x --dp {p.dp}); generate at least {p.batch_size * p.dp}")
+        if feed.train_on != "all" and (self.model.vision is None or feed.data is None):
+            what = (f"{self.model.name} is not a vision model ({', '.join(VISION_MODELS)})" if self.model.vision is None
+                    else "--synthetic's captions are all targets")
+            raise ValueError(f"--train-on {feed.train_on} applies to a vision model's image-text source, but {what}: "
+                             "drop --train-on")
         if self.model.kind == "tokens":
             self._check_token_job()
         elif feed.balance_batches != "none":
@@ -98,6 +109,12 @@ class TrainConfig:
         for what, why, given in refused:
             if given:
                 raise ValueError(f"{what} does not apply to --model {name}, a token model ({why}): drop it")
+        if self.model.vision is not None and feed.data is None and self.model.vocab_size is not None:
+            raise ValueError(f"--vocab-size does not apply to --synthetic's captions (--model {name}): their words "
+                             "are a fixed vocabulary; drop --vocab-size")
+        if feed.balance_batches != "none" and self.model.vision is not None:
+            raise ValueError(f"--balance-batches {feed.balance_batches} is not run for --model {name}'s image-text "
+                             "packs yet (the trainer packs them without a balance): drop --balance-batches")
         if feed.balance_batches != "none" and feed.data is None:
             raise ValueError(f"--balance-batches {feed.balance_batches} balances the Loader's packs of a token source, "
                              "but --synthetic generates its rows: give a token source, or drop --balance-batches")

@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["IGNORE_INDEX", "Block", "LMHead", "TokenEmbedding", "boundary_documents", "document_lengths",
-           "document_mask", "gpt_tiny", "lm_loss", "row_documents"]
+__all__ = ["IGNORE_INDEX", "Block", "LMHead", "TokenEmbedding", "boundary_documents", "check_range", "decoder",
+           "document_lengths", "document_mask", "gpt_tiny", "lm_loss", "row_documents"]
 
 IGNORE_INDEX = -100  # Hugging Face's: a label that is never predicted (padding, each document's first token)
 
@@ -90,14 +90,15 @@ class TokenEmbedding(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ids, positions, document_index = x.unbind(1)  # each (B, S)
         if not x.is_meta:  # the stage shapes are inferred on meta tensors, which hold no values
-            _check_range("input_ids", ids, self.vocab_size, "vocab_size (--vocab-size)")
-            _check_range("position_ids", positions, self.max_positions,
+            check_range("input_ids", ids, self.vocab_size, "vocab_size (--vocab-size)")
+            check_range("position_ids", positions, self.max_positions,
                          "max_positions (a document's split pieces continue its positions)")
         h = self.tokens(ids) + self.positions(positions)  # (B, S, D)
         return torch.cat([h, row_documents(document_index).unsqueeze(-1).to(h.dtype)], dim=-1)
 
 
-def _check_range(name: str, values: torch.Tensor, high: int, what: str) -> None:
+def check_range(name: str, values: torch.Tensor, high: int, what: str) -> None:
+    """Refuse ``values`` outside ``[0, high)``, naming them and what to raise (``what``)."""
     low, top = int(values.min()), int(values.max())
     if low < 0 or top >= high:
         raise ValueError(f"gpt_tiny: {name} must be in [0, {high}), got values from {low} to {top}; raise {what}")
@@ -151,8 +152,18 @@ def gpt_tiny(vocab_size: int = 256, d_model: int = 64, layers: int = 2, heads: i
                         ("max_positions", max_positions), ("mlp_ratio", mlp_ratio)):
         if value < 1:
             raise ValueError(f"gpt_tiny: {name} must be >= 1, got {value}")
-    model = nn.Sequential(TokenEmbedding(vocab_size, d_model, max_positions),
-                          *(Block(d_model, heads, mlp_ratio) for _ in range(layers)), LMHead(d_model, vocab_size))
+    return decoder(TokenEmbedding(vocab_size, d_model, max_positions), vocab_size, d_model, layers, heads, mlp_ratio)
+
+
+def decoder(embedding: nn.Module, vocab_size: int, d_model: int, layers: int, heads: int,
+            mlp_ratio: int = 4) -> nn.Sequential:
+    """``embedding`` (stage 0's input -> (B, S, D + 1)), ``layers`` blocks and the LM head, GPT-2's initial weights.
+
+    Linear and embedding weights normal with std 0.02, their biases 0; other layers (a vision stem's convolution)
+    keep torch's initialisation.
+    """
+    model = nn.Sequential(embedding, *(Block(d_model, heads, mlp_ratio) for _ in range(layers)),
+                          LMHead(d_model, vocab_size))
     for module in model.modules():
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, std=0.02)

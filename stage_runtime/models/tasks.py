@@ -25,8 +25,9 @@ from torch import nn
 
 from stallfree.core.cost import Cost
 from stallfree.stage_runtime.models.gpt import IGNORE_INDEX, boundary_documents, document_lengths, lm_loss
+from stallfree.stage_runtime.models.vision import image_text_input
 
-__all__ = ["Batch", "ImageClassification", "LanguageModeling", "Task", "TaskKind", "make_task"]
+__all__ = ["Batch", "ImageClassification", "ImageTextModeling", "LanguageModeling", "Task", "TaskKind", "make_task"]
 
 TaskKind = Literal["images", "tokens"]
 
@@ -207,11 +208,61 @@ class LanguageModeling:
         return boundary_documents(x)  # every block builds its mask from them (gpt.py)
 
 
-def make_task(kind: TaskKind, *, image_size: int, seq_len: int, outputs: int, cost: Cost | None = None) -> Task:
+@dataclass(frozen=True)
+class ImageTextModeling(LanguageModeling):
+    """Next-token prediction on packed image-text sequences (:mod:`.vision`): the feed yields the Loader's dicts.
+
+    As :class:`LanguageModeling`, with ``pixel_values`` (N_images, C, H, W) beside the token fields: stage 0 takes
+    :func:`~.vision.image_text_input` of them, (B, S, 3 + C*P*P + 1) float32, each image's ``(image_size /
+    patch)**2`` patches at the positions whose id is ``image_token_id`` (outside the text's vocabulary: the job uses
+    the vocabulary's size). The labels are the Loader's (-100 on image tokens), so only text is scored.
+    """
+
+    image_token_id: int = 0
+    patch: int = 8
+    image_size: int = 32
+    channels: int = 3
+
+    @property
+    def image_tokens(self) -> int:
+        """Tokens per image: ``(image_size / patch)**2`` (the Loader's ``Packing(image_tokens=)``)."""
+        return (self.image_size // self.patch) ** 2
+
+    def batch(self, item: Any) -> Batch:
+        fields: Mapping[str, torch.Tensor] = item
+        documents = fields["document_index"]
+        if documents.shape[-1] != self.seq_len:
+            raise ValueError(f"a packed batch of {documents.shape[-1]} tokens per row reached a job of --seq-len "
+                             f"{self.seq_len}; give the Loader Packing(seq_len={self.seq_len})")
+        if "pixel_values" not in fields:
+            raise ValueError(f"a batch without pixel_values reached a vision model (fields: {sorted(fields)}); "
+                             "train it on image-text samples, or train a text-only source with --model gpt_tiny")
+        inputs = image_text_input(fields["input_ids"], fields["position_ids"], documents, fields["pixel_values"],
+                                  self.image_token_id, self.patch)
+        return Batch(inputs, fields["labels"], int((documents >= 0).sum()))
+
+    def example(self, micro: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        s, width = self.seq_len, 3 + self.channels * self.patch ** 2 + 1
+        if torch.device(device).type == "meta":
+            return torch.empty(micro, s, width, device=device)
+        text = super().example(micro)  # (B, 3, S): ids, positions, four documents a row
+        ids = text[:, 0].clone()
+        ids[:, :self.image_tokens] = self.image_token_id  # each row opens with one image (the job checks it fits)
+        g = torch.Generator().manual_seed(0)
+        pixels = torch.randn(micro, self.channels, self.image_size, self.image_size, generator=g)
+        return image_text_input(ids, text[:, 1], text[:, 2], pixels, self.image_token_id, self.patch).to(device)
+
+
+def make_task(kind: TaskKind, *, image_size: int, seq_len: int, outputs: int, cost: Cost | None = None,
+              patch: int | None = None) -> Task:
     """The task of a model of ``kind``: ``outputs`` is the class count, or the vocabulary of a token model.
 
     ``cost``: a token model's cost of a document on the simulated device (default: ``Cost.attention(seq_len)``).
+    ``patch``: a token model with a vision stem (``vlm_tiny``): its patch side; its images are ``image_size``
+    square and its image token's id is ``outputs`` (one past the text's vocabulary).
     """
+    if kind == "tokens" and patch is not None:
+        return ImageTextModeling(seq_len, outputs, cost, image_token_id=outputs, patch=patch, image_size=image_size)
     if kind == "tokens":
         return LanguageModeling(seq_len, outputs, cost)
     return ImageClassification(image_size)

@@ -1,6 +1,7 @@
 """Bundled models, each a flat ``nn.Sequential`` of layers so that the partitioner can cut it between any two.
 
-The image models are here; ``gpt_tiny``, a token model, is :mod:`.gpt`'s.
+The image models are here; ``gpt_tiny``, a token model, is :mod:`.gpt`'s, and ``vlm_tiny``, the same with a vision
+stem for packed image-text sequences, :mod:`.vision`'s.
 
 A pipeline stage is a contiguous run of these layers, so every layer takes one tensor and returns one tensor.
 ``resolve(name)`` turns a ``--model`` value into a factory: a bundled name (``MODELS``) or a user's
@@ -16,6 +17,7 @@ from torch import nn
 
 from stallfree.stage_runtime.factories import import_factory
 from stallfree.stage_runtime.models.gpt import gpt_tiny
+from stallfree.stage_runtime.models.vision import vlm_tiny
 
 __all__ = ["MODELS", "build_model", "mlp", "resnet18", "resnet50", "resnet_cifar", "resolve", "small_cnn", "vit_small"]
 
@@ -171,9 +173,20 @@ def _gpt_tiny(num_classes: int = 256, image_size: int = 32, seq_len: int = 256, 
     return gpt_tiny(num_classes, max_positions=max_positions or max(2048, seq_len), **kwargs)
 
 
+def _vlm_tiny(num_classes: int = 256, image_size: int = 32, seq_len: int = 256, max_positions: int | None = None,
+              patch: int = 8, **kwargs: int) -> nn.Sequential:
+    """:func:`~.vision.vlm_tiny` as the trainer builds it: ``num_classes`` is the text's vocabulary.
+
+    Its images are ``image_size`` square, ``(image_size / patch)**2`` tokens each.
+    """
+    if image_size % patch:
+        raise ValueError(f"vlm_tiny: --image-size {image_size} must be a multiple of --patch {patch}")
+    return vlm_tiny(num_classes, max_positions=max_positions or max(2048, seq_len), patch=patch, **kwargs)
+
+
 MODELS: dict[str, Factory] = {
     "mlp": mlp, "small_cnn": small_cnn, "resnet_cifar": resnet_cifar, "resnet18": resnet18, "resnet50": resnet50,
-    "vit_small": vit_small, "gpt_tiny": _gpt_tiny,
+    "vit_small": vit_small, "gpt_tiny": _gpt_tiny, "vlm_tiny": _vlm_tiny,
 }
 
 

@@ -87,7 +87,8 @@ def predict_training(config: TrainConfig, balance: tuple[int, ...], num_classes:
         try:
             torch.manual_seed(config.seed)
             model = build_model(m.name, num_classes, m.image_size, **m.factory_kwargs())
-            task = make_task(m.kind, image_size=m.image_size, seq_len=m.packed_len, outputs=num_classes)
+            task = make_task(m.kind, image_size=m.image_size, seq_len=m.packed_len, outputs=num_classes,
+                             patch=m.vision)
             layers, optimizer_s = measure_model(model, m.image_size, p.micro_batch,
                                                 sample=task.example(p.micro_batch))
         finally:

@@ -26,6 +26,12 @@ from stallfree.stage_runtime.baseline import MEAN, STD, BaselineImages, EpochKey
 from stallfree.stage_runtime.clock import StageClock
 from stallfree.stage_runtime.config.train_config import TrainConfig, Verify
 from stallfree.stage_runtime.train.augment import training_transform
+from stallfree.stage_runtime.train.caption_feed import (
+    CAPTION_VOCAB,
+    CaptionBatches,
+    image_text_packing,
+    image_text_transform,
+)
 from stallfree.stage_runtime.train.feed_state import checked_position, next_epoch
 from stallfree.stage_runtime.train.token_feed import (
     GENERATED_VOCAB,
@@ -247,6 +253,8 @@ def _token_feeds(config: TrainConfig, replica: int, device: str, clock: StageClo
     one (another ``split`` of rows, in order) and a token source none.
     """
     f, p, m = config.feed, config.pipeline, config.model
+    if m.vision is not None:
+        return _image_text_feeds(config, replica, device, clock)
     vocab = m.vocab_size or (GENERATED_VOCAB if f.data is None else data_vocab(f.data))
     generated: dict[str, Any] = {"batch_size": p.batch_size, "seq_len": m.packed_len, "vocab_size": vocab,
                                  "seed": config.seed, "rank": replica, "world_size": p.dp}
@@ -262,6 +270,31 @@ def _token_feeds(config: TrainConfig, replica: int, device: str, clock: StageClo
         held_out = TokenBatches(max(p.batch_size * p.dp, f.samples // 4), shuffle=False, split=1, **generated)
         own = len(held_out) * p.batch_size
     return Feeds(train, f.data is not None, held_out, own, vocab)
+
+
+def _image_text_feeds(config: TrainConfig, replica: int, device: str, clock: StageClock) -> Feeds:
+    """A vision model's feeds: the Loader's packs of an image-text source, or the generated caption task's.
+
+    The image token's id is the text's vocabulary size; the Loader resizes the images to ``--image-size`` and
+    normalizes them (:func:`.caption_feed.image_text_transform`).
+    """
+    f, p, m = config.feed, config.pipeline, config.model
+    patch = m.vision or 0
+    if f.data is None:
+        generated: dict[str, Any] = {"batch_size": p.batch_size, "seq_len": m.packed_len, "image_size": m.image_size,
+                                     "patch": patch, "seed": config.seed, "rank": replica, "world_size": p.dp}
+        held_out = CaptionBatches(max(p.batch_size * p.dp, f.samples // 4), shuffle=False, split=1, **generated)
+        return Feeds(CaptionBatches(f.samples, **generated), False, held_out, len(held_out) * p.batch_size,
+                     CAPTION_VOCAB)
+    vocab = m.vocab_size or data_vocab(f.data)
+    common: dict[str, Any] = {"batch_size": p.batch_size, "seed": config.seed, "replica": replica, "replicas": p.dp,
+                              "device": device, "workers": f.loader_threads, "verify": f.verify,
+                              "transform": image_text_transform(m.image_size)}
+    packs = image_text_packing(config, vocab)
+    train = packed_loader(f.data, packs, train=True, clock=clock, **common)
+    evaluation = (None if f.eval_data is None else
+                  packed_loader(f.eval_data, packs, train=False, clock=None, **common))
+    return Feeds(train, True, evaluation, sys.maxsize, vocab)
 
 
 def make_feed(data: str | None, *, train: bool, batch_size: int, image_size: int, num_classes: int, seed: int,

@@ -97,7 +97,7 @@ class Rank:
         self.steps_per_epoch, self.num_classes = int(info[0]), int(info[1])  # classes, or a token model's vocabulary
         m = config.model
         self.task = make_task(m.kind, image_size=m.image_size, seq_len=m.packed_len, outputs=self.num_classes,
-                              cost=m.cost)
+                              cost=m.cost, patch=m.vision)
 
     def build(self) -> None:
         """Plan the split (measured on global rank 0), build this rank's stages, schedule and optimizer."""

@@ -91,10 +91,14 @@ class TokenBatches:
             first = (b * self.world_size + self.rank) * self.batch_size
             rows = [self._row(int(i)) for i in order[first:first + self.batch_size]]
             self._position = b + 1
-            yield _batch(rows, self.seq_len)
+            yield self._make_batch(rows)
         self.epoch, self._position = self.epoch + 1, 0
 
-    def _row(self, index: int) -> list[tuple[int, torch.Tensor]]:
+    def _make_batch(self, rows: list[Any]) -> dict[str, Any]:
+        """The packed batch of ``rows`` (each :meth:`_row`'s)."""
+        return _batch(rows, self.seq_len)
+
+    def _row(self, index: int) -> Any:
         """Row ``index``'s documents: (document index, tokens), in order."""
         g = torch.Generator().manual_seed((self.seed * 7_777_777 + index) * 2 + self.split)
         longest, at, docs = max(4, self.seq_len // 2), 0, []
@@ -152,16 +156,18 @@ def packing(config: TrainConfig, train: bool = True) -> Any:
 
 
 def packed_loader(data: str, packs: Any, *, train: bool, batch_size: int, seed: int, replica: int, replicas: int,
-                  device: str, clock: StageClock | None, workers: int | None, verify: Verify) -> Any:
+                  device: str, clock: StageClock | None, workers: int | None, verify: Verify,
+                  transform: Any = None) -> Any:
     """The Loader over the token source ``data``, its rows packed as ``packs`` says (:func:`packing`): a replica's feed.
 
     Training: shuffled, full batches (``drop_last``), started (its first packs are made while the stages build);
-    evaluation: in order, the last batch kept.
+    evaluation: in order, the last batch kept. ``transform``: an image-text source's images' (``None``: no images).
     """
     from stallfree.pipeline.loader import Loader  # DALI is an extra: --synthetic trains without it
 
+    images: dict[str, Any] = {} if transform is None else {"transform": transform}
     made = Loader(data, batch_size, packing=packs, shuffle=train, seed=seed, drop_last=train, rank=replica,
-                  world_size=replicas, device=device, clock=clock, num_threads=workers, verify=verify)
+                  world_size=replicas, device=device, clock=clock, num_threads=workers, verify=verify, **images)
     return made.start() if train else made
 
 

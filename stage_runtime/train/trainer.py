@@ -46,7 +46,7 @@ from stallfree.stage_runtime.train.rank import Rank
 from stallfree.stage_runtime.train.report import Report
 from stallfree.stage_runtime.train.step_stats import StepStats
 
-__all__ = ["Account", "Fault", "StageFailure", "TrainConfig", "demo_config", "run_jobs"]
+__all__ = ["Account", "Fault", "StageFailure", "TrainConfig", "demo_config", "run_jobs", "vision_demo_config"]
 
 
 class Account(Protocol):
@@ -278,3 +278,16 @@ def demo_config(train_dir: str, eval_dir: str, out_dir: str, *, epochs: int = 6,
     return TrainConfig.from_flags(model="small_cnn", data=train_dir, eval_data=eval_dir, image_size=32, batch_size=32,
                                   microbatches=4, stages=2, schedule="1f1b", epochs=epochs, lr=0.01, out_dir=out_dir,
                                   progress=progress)
+
+
+def vision_demo_config(train_dir: str, eval_dir: str, out_dir: str, *, epochs: int = 6,
+                       progress: bool = True) -> TrainConfig:
+    """``stallfree demo --vision``'s job: ``vlm_tiny`` in 2 stages with 1F1B on image-text shards of the caption task.
+
+    Images resized to 16x16 in patches of 8 (4 tokens each), rows of 32 tokens (two captioned images a row), AdamW:
+    with ``make_caption_dataset(..., count=640)`` ingested (``--layout caption``, ``add_eos="</s>"``) its loss falls
+    from about 4 (the 54 words' log) to under 1 in about a minute on 2 cores.
+    """
+    return TrainConfig.from_flags(model="vlm_tiny", data=train_dir, eval_data=eval_dir, seq_len=32, image_size=16,
+                                  patch=8, batch_size=16, microbatches=4, stages=2, schedule="1f1b", epochs=epochs,
+                                  optimizer="adamw", lr=3e-3, out_dir=out_dir, progress=progress)

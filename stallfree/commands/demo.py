@@ -35,7 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="run stallfree end to end on built-in synthetic data",
         description=__doc__,
         epilog="examples:\n  stallfree demo\n  stallfree demo --out ./demo --images 1280 --epochs 8\n"
-        "  stallfree demo --skip-bench --json | jq .train.eval_top1",
+        "  stallfree demo --skip-bench --json | jq .train.eval_top1\n"
+        "  stallfree demo --vision --keep-data     # captions of generated images: the stem, the packs, the loss",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--out", type=Path, default=Path("stallfree-demo"),
@@ -50,6 +51,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--epochs", type=int,
                         help=f"training epochs (default {DEFAULTS[1]}; {QUICK_DEFAULTS[1]} with {QUICK}=1)")
     parser.add_argument("--skip-bench", action="store_true", help="skip step 1, the end-to-end comparison")
+    parser.add_argument("--vision", action="store_true",
+                        help="the vision-language demo instead: --images captioned images of coloured shapes (\"a red "
+                        "circle on the left\") generated, ingested as image-text shards, and vlm_tiny (a transformer "
+                        "whose patch-embedding stem turns each image into tokens) trained on them in 2 pipeline "
+                        "stages through the Loader's image-text packs (run-vision/ under --out)")
     add_json_arguments(parser)
     add_progress_argument(parser)
     parser.set_defaults(func=_demo)
@@ -77,6 +83,10 @@ def _sizes(args: argparse.Namespace) -> tuple[int, int]:
 def _demo(args: argparse.Namespace) -> int:
     images, epochs = _sizes(args)
     require_writable(args.out, "--out")  # a read-only current folder, where the default --out goes
+    if args.vision:
+        from stallfree.commands.demo_vision import vision_demo
+
+        return vision_demo(args, images, epochs)
     from stallfree.core.atomic import atomic_write
     from stallfree.core.dali import require_dali
 

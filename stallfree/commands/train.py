@@ -11,9 +11,11 @@ from stallfree.commands.output import add_json_arguments, add_progress_argument,
 from stallfree.stage_runtime.config.train_config import (
     BALANCE_BATCHES,
     BUNDLED_MODELS,
+    DEFAULT_PATCH,
     DEFAULT_SEQ_LEN,
     LR_SCHEDULES,
     OPTIMIZERS,
+    TRAIN_ON,
     VERIFY_MODES,
     TrainConfig,
 )
@@ -38,6 +40,9 @@ EXAMPLES = """examples:
   stallfree train --synthetic 256 --model gpt_tiny --seq-len 64 --stages 2 --batch-size 8 --optimizer adamw \\
       --lr 3e-3                        # a small transformer on generated packed sequences, attention within documents
   stallfree train ./tokens --model gpt_tiny --seq-len 256 --dp 2          # a token source packed by the Loader
+  stallfree train --synthetic 512 --model vlm_tiny --seq-len 64 --image-size 32 --patch 8 --optimizer adamw \
+      --lr 3e-3                      # a vision stem + transformer on the generated caption task (image-text packs)
+  stallfree train ./shards/captions --model vlm_tiny --seq-len 128 --image-size 32   # image-text shards
   stallfree train ./tokens --model gpt_tiny --seq-len 256 --dp 4 --accelerator sim:20000 \\
       --balance-batches compute       # packs evened by compute across replicas and micro-batches, on a 20k tok/s device
   torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint host:29500 -m stallfree.cli train ./data/train \\
@@ -86,6 +91,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "tokens is l + l^2 / TOKENS (stallfree.Cost.attention): attention is as costly as the linear part "
                    "for a document of TOKENS tokens; what --accelerator sim:R charges and --balance-batches compute "
                    "evens (default: --seq-len)")
+    p.add_argument("--patch", type=int, metavar="P", help=f"a vision model's (vlm_tiny) patch side: its images are "
+                   f"resized to --image-size square and each is (image-size / P)^2 tokens of its rows (default "
+                   f"{DEFAULT_PATCH})")
+    p.add_argument("--train-on", choices=TRAIN_ON, default=d["train_on"],
+                   help="a vision model's image-text source: which text tokens are targets, all (default) or a "
+                   "conversation's assistant replies (stallfree.Packing(train_on=); the prompt's and user turns' "
+                   "labels are then -100)")
     p.add_argument("--stages", type=int, default=d["stages"], help="pipeline ranks (processes) per replica")
     p.add_argument("--schedule", choices=SCHEDULES, default=d["schedule"], help="pipeline schedule")
     p.add_argument("--virtual-stages", type=int, default=d["virtual_stages"],

@@ -27,6 +27,7 @@ from stallfree.stage_runtime.link_delay import LinkDelay
 FLAGS = {"model": "mlp", "model_kwargs": {"hidden": 8}, "image_size": 16, "num_classes": 4, "seq_len": None,
          "vocab_size": None, "data": "data/train",  # seq_len and vocab_size: a token model's (issue 46)
          "attention_span": None, "balance_batches": "none",  # a token model's too (issue 48)
+         "patch": None, "train_on": "all",  # a vision model's (issue 47)
          "eval_data": "data/val", "samples": 256, "feed": "stallfree", "loader_threads": 3, "verify": "open",
          "transform": "RandomHorizontalFlip()", "schedule": "gpipe", "stages": 3, "virtual_stages": 1,
          "microbatches": 2, "balance": (1, 1, 1), "dp": 2, "batch_size": 8, "optimizer": "adamw", "lr": 0.5,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from stallfree.stage_runtime.config.train_config import TOKEN_MODELS
+from stallfree.stage_runtime.config.train_config import TOKEN_MODELS, VISION_MODELS
 from stallfree.stage_runtime.models.partition import LayerCost, plan, split
 from stallfree.stage_runtime.models.tasks import make_task
 from stallfree.stage_runtime.models.zoo import MODELS, build_model
@@ -20,7 +20,9 @@ def test_bundled_model_split_in_two_computes_the_whole(name: str) -> None:
     size = SIZES.get(name, 16)
     model = build_model(name, num_classes=5, image_size=size).eval()
     # stage 0's input: images, or a token model's packed rows of 16 tokens (issue 46), whose documents cross the cut
-    task = make_task("tokens" if name in TOKEN_MODELS else "images", image_size=size, seq_len=16, outputs=5)
+    # (issue 47: a vision model's rows open with an image of (16 / 8)**2 = 4 patches)
+    task = make_task("tokens" if name in TOKEN_MODELS else "images", image_size=size, seq_len=16, outputs=5,
+                     patch=8 if name in VISION_MODELS else None)
     x = task.example(2)
     partition = plan(list(model), 2, costs=[LayerCost(1.0, 0, 0)] * len(model))  # measuring: test_partition
     first, second = split(list(model), partition.balance)
