@@ -83,7 +83,8 @@ def lateness(spans: Sequence[Span], owner: Sequence[int], known: Mapping[Op, Spa
     ``spans``: the step's compute actions, every rank's, times from the step's first span; ``known``: every action as
     the schedule runs it with the known compute alone; ``step_s``: the pipeline's step as the trainer timed it (the
     spans' extent plus its set-up and finish). ``communication + runtime - ahead`` is ``step_s`` less the known step's
-    last action's end, exactly; none is negative.
+    end (its last action's, optimizer steps aside, on any rank), exactly, whichever action ended the measured step;
+    none is negative.
     """
     last = len(owner) - 1
     by_op = {(s.op.kind, s.op.stage, s.op.mb): s for s in spans}
@@ -94,6 +95,9 @@ def lateness(spans: Sequence[Span], owner: Sequence[int], known: Mapping[Op, Spa
     origin = min(s.start for s in spans)
     cur = max(spans, key=lambda s: s.end)  # the step's last action, on whichever rank
     extent = cur.end - origin
+    # The known step ends at its own last action, which a loaded host can make another than the measured one's: the
+    # known schedule's time after the measured last action's known end is slack there (booked below).
+    tail = known[cur.op].end - max(s.end for op, s in known.items() if op.kind != "O")
     growths: list[tuple[str, float]] = []  # from the step's last action back to the path's first
     while True:
         mine = known[cur.op]
@@ -113,5 +117,6 @@ def lateness(spans: Sequence[Span], owner: Sequence[int], known: Mapping[Op, Spa
     late = Lateness()
     for part, seconds in reversed(growths):  # forward in time: slack absorbs only what reached it
         late.add(part, seconds)
+    late.add("runtime", tail)
     late.add("runtime", step_s - extent)  # the pipeline step's set-up and finish beside the path
     return late.to_dict()

@@ -66,6 +66,8 @@ _CHILD = textwrap.dedent("""
             pass
     except Exception as err:  # the store's error (a missing shard): the program goes on to its end
         print("failed:", type(err).__name__, err, flush=True)
+    if mode == "end":
+        sys.stdin.readline()  # the test's go: the next shard's download is under way (on a loaded machine, later)
     print("end", flush=True)
 """)
 
@@ -73,8 +75,8 @@ _CHILD = textwrap.dedent("""
 def _child(tmp_path: Path, url: str, mode: str) -> subprocess.Popen[str]:
     script = tmp_path / "child.py"
     script.write_text(_CHILD)
-    return subprocess.Popen([sys.executable, str(script), url, str(tmp_path / "cache"), mode], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
+    return subprocess.Popen([sys.executable, str(script), url, str(tmp_path / "cache"), mode], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
 
 def _wait_line(child: subprocess.Popen[str], prefix: str) -> str:
@@ -156,6 +158,12 @@ def test_the_end_of_the_program_ends_a_trickling_download(http_server: RangeServ
         child = _child(tmp_path, proxy.url, "end")
         try:
             assert "shard-00000.arrow" in _wait_line(child, "failed:")
+            deadline = time.monotonic() + 60
+            while not any("shard-00001.arrow" in line for line in proxy.seen) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert child.stdin is not None
+            child.stdin.write("go\n")
+            child.stdin.flush()
             _wait_line(child, "end")
             took = _exit_time(child, time.monotonic())
         finally:
