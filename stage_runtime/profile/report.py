@@ -46,12 +46,14 @@ class Stalls:
 
 def _split(fetch_diff: float, prep_diff: float, measured: float,
            fallback_shares: tuple[float, float]) -> tuple[float, float]:
+    # Each part's fraction of its whole first, then of the wait: a whole as small as a subnormal (5e-324) times the
+    # wait rounds back to itself, and a split of 0.75 came out as 1.0 (hypothesis, tests/stage_runtime/profile).
     if fetch_diff + prep_diff > 0:
-        scale = measured / (fetch_diff + prep_diff)
-        return fetch_diff * scale, prep_diff * scale
+        total = fetch_diff + prep_diff
+        return measured * (fetch_diff / total), measured * (prep_diff / total)
     total = sum(fallback_shares)
     if total > 0:  # the runs showed no difference: the real run's span-based split, scaled likewise
-        return fallback_shares[0] * measured / total, fallback_shares[1] * measured / total
+        return measured * (fallback_shares[0] / total), measured * (fallback_shares[1] / total)
     return 0.0, 0.0
 
 
