@@ -118,7 +118,7 @@ def _epoch(loader: Any, device: SimAccelerator | None, batch: int) -> dict[str, 
     it = iter(loader)
     images = 0
     while True:
-        ready.append(it.run.out_q.qsize() > 0)
+        ready.append(it.run.ready())
         asked = time.perf_counter()
         try:
             next(it)

@@ -3,8 +3,9 @@
 A real training step holds the interpreter's lock (the GIL) for part of its time: launching kernels, the optimizer,
 logging. Here each step takes a batch, runs a fixed amount of pure Python work (:class:`PythonWork`: a share ``s``
 of the step, ``--shares``, default 0%, 30% and 60%) and then lets the simulated device sleep for the rest of the
-step, ``(1 - s) * batch / R`` (no core, no GIL). For each feed (stallfree's Loader as ``bench stall`` builds it,
-torch's DataLoader with workers, plain DALI: ``bench loader``'s contenders) and each share:
+step, ``(1 - s) * batch / R`` (no core, no GIL). For each feed (stallfree's Loader as ``bench stall`` builds it, the
+same Loader with its graph kept in the loop's process as before issue 49 (``stallfree-here``), torch's DataLoader with
+workers, plain DALI: ``bench loader``'s contenders) and each share:
 
 1. the feed warms up over one epoch's batches, then is timed alone over another (no work, no sleep);
 2. with ``s > 0``, timed again with the loop's work (sized at 80% of that rate) and no sleep: the rate it sustains
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -36,7 +38,8 @@ from stallfree.core.accelerator import hold
 __all__ = ["FEEDS", "GOAL", "SHARES", "PythonWork", "calibrate", "print_loop", "run_loop", "steps_per_cell", "summary"]
 
 SHARES = (0.0, 0.3, 0.6)
-FEEDS = {"stallfree": "stallfree", "torch": "torch DataLoader", "dali": "plain DALI"}
+FEEDS = {"stallfree": "stallfree", "stallfree-here": "stallfree, graph in the loop's process",
+         "torch": "torch DataLoader", "dali": "plain DALI"}
 GOAL = {"stall_share": 0.01, "of_r": 0.98, "slowdown": 0.05}  # issue 49, item 3, at 80% load
 
 
@@ -108,7 +111,7 @@ def _steps(stream: Iterator[Any], batches: int, batch: int, work: PythonWork | N
 @contextmanager
 def _stream(feed: str, args: argparse.Namespace, make_loader: Callable[[], Any]) -> Iterator[Iterator[Any]]:
     """An endless stream of ``feed``'s batches: the Loader's epochs one after another, or a contender's stream."""
-    if feed != "stallfree":
+    if not feed.startswith("stallfree"):
         from stallfree.bench.loader import contender_stream
 
         with contender_stream(feed, argparse.Namespace(**{**vars(args), "device": "cpu"})) as stream:
@@ -119,12 +122,34 @@ def _stream(feed: str, args: argparse.Namespace, make_loader: Callable[[], Any])
         while True:
             yield from loader
 
-    with make_loader() as loader:
+    with _graph_here(feed == "stallfree-here"):
+        made = make_loader()
+    with made as loader:
         stream = iter(epochs(loader))
         try:
             yield stream
         finally:
             stream.close()  # type: ignore[attr-defined]
+
+
+@contextmanager
+def _graph_here(here: bool) -> Iterator[None]:
+    """Loaders built inside keep their graph in this process when ``here``: as before issue 49, in the same run.
+
+    pipeline/process_graph.py reads ``STALLFREE_GRAPH_PROCESS`` when a Loader is built.
+    """
+    if not here:
+        yield
+        return
+    before = os.environ.get("STALLFREE_GRAPH_PROCESS")
+    os.environ["STALLFREE_GRAPH_PROCESS"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["STALLFREE_GRAPH_PROCESS"]
+        else:
+            os.environ["STALLFREE_GRAPH_PROCESS"] = before
 
 
 def _cell(feed: str, share: float, args: argparse.Namespace, per_epoch: int, make_loader: Callable[[], Any],

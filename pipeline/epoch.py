@@ -156,6 +156,9 @@ class EpochRun:
         if self._clock is not None:
             self._clock.record(*span)
 
+    def ready(self) -> bool:
+        return self.out_q.qsize() > 0
+
     def taken(self) -> None:
         """The run started ahead is taken: it no longer stops when idle."""
         self._idle_until = None

@@ -1,4 +1,7 @@
-"""Where the Loader's graph runs: in this process (:class:`LocalGraph`) or on Ray actors (:class:`RayGraph`).
+"""Where the Loader's graph runs: in a process of its own, in this process, or on Ray actors.
+
+The placements: :class:`~.process_graph.ProcessGraph` (a graph process), :class:`~.local_graph.LocalGraph` (this
+process) and :class:`RayGraph` (Ray actors).
 
 Both make a pass's :class:`~stallfree.pipeline.run.Run` from the same parts and cursor, so the batches, skips and
 states are the same wherever the work runs (DESIGN.md, "One path, many placements"); the Loader asks its placement
@@ -11,10 +14,8 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from stallfree.pipeline.epoch import EpochRun
-from stallfree.pipeline.graph import Graph
-from stallfree.pipeline.next_pass import NextPass
-from stallfree.pipeline.priority import on_lowered_thread
+from stallfree.pipeline.local_graph import LocalGraph
+from stallfree.pipeline.process_graph import ProcessGraph, in_process
 from stallfree.pipeline.ray_run import RayRun
 from stallfree.pipeline.ray_transfer import worker_spec
 from stallfree.pipeline.ray_workers import RayWorkers, run_key
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from stallfree.pipeline.run import Run
     from stallfree.pipeline.run_config import RunParts
 
-__all__ = ["LocalGraph", "Placement", "RayGraph", "placement_for"]
+__all__ = ["Placement", "RayGraph", "placement_for"]
 
 
 class Placement(Protocol):
@@ -42,41 +43,6 @@ class Placement(Protocol):
     def discard(self) -> None:
         """Stop a run started ahead, if any."""
         ...
-
-
-class LocalGraph:
-    """The graph in this process: one DALI graph, built on first use, shared by every run; runs started ahead.
-
-    Args:
-        graph: the graph's keywords (:class:`~stallfree.pipeline.graph.Graph`).
-    """
-
-    def __init__(self, **graph: Any):
-        self._keywords = graph
-        self._graph: Graph | None = None
-        self._next = NextPass()  # the next epoch's run, started once a pass's reader has read its epoch
-
-    @property
-    def built(self) -> bool:
-        """Whether the graph exists yet (a pass or :meth:`start_ahead` built it)."""
-        return self._graph is not None
-
-    def graph(self) -> Graph:
-        """The DALI graph every run shares, built on first use (so that building a Loader stays cheap)."""
-        if self._graph is None:  # built on a thread of lowered priority, which DALI's workers inherit (priority.py)
-            self._graph = on_lowered_thread(lambda: Graph(**self._keywords))
-        return self._graph
-
-    def run(self, parts: RunParts, epoch: int, split: int, position: int, number: int,
-            skipped: list[dict[str, Any]]) -> Run:
-        ahead = self._next.take(epoch, split, position, number, skipped, parts)
-        return ahead or EpochRun(parts, self.graph(), epoch, split, position, number, skipped)
-
-    def start_ahead(self, parts: RunParts, epoch: int) -> None:
-        self._next.start(parts, self.graph(), epoch)
-
-    def discard(self) -> None:
-        self._next.discard()
 
 
 class RayGraph:
@@ -103,11 +69,14 @@ class RayGraph:
 
 
 def placement_for(options: LoaderOptions, batch_size: int, encoded: bool) -> Callable[[], Placement]:
-    """What makes the graph's placement, in each process anew: this process's graph, or Ray workers."""
+    """What makes the graph's placement, in each process anew: a graph process, this process's graph, or Ray workers."""
     workers = options.run.workers
     if workers is not None:
         return functools.partial(RayGraph, workers, options.decode.compiled, options.output.pin_memory)
-    decode = options.decode
-    return functools.partial(LocalGraph, compiled=decode.compiled, batch_size=batch_size,
-                             num_threads=options.run.threads, device_id=options.graph_device, encoded=encoded,
-                             seed=options.order.seed, exif=decode.exif, pin_memory=options.output.pin_memory)
+    decode, output = options.decode, options.output
+    graph = {"compiled": decode.compiled, "batch_size": batch_size, "num_threads": options.run.threads,
+             "device_id": options.graph_device, "encoded": encoded, "seed": options.order.seed, "exif": decode.exif,
+             "pin_memory": output.pin_memory}
+    if output.device.type == "cpu" and not output.pin_memory and in_process() is None:  # process_graph.py
+        return functools.partial(ProcessGraph, prefetch=options.run.prefetch, **graph)
+    return functools.partial(LocalGraph, **graph)

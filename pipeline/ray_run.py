@@ -95,6 +95,11 @@ class RayRun:
     def stopped(self) -> bool:
         return self._stopped
 
+    def ready(self) -> bool:
+        import ray
+
+        return bool(self._flights) and bool(ray.wait([self._flights[0].ref], timeout=0)[0])
+
     def _drop_flights(self) -> None:
         import ray
 

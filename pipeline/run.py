@@ -51,6 +51,10 @@ class Run(Protocol):
         """Whether the run is stopped."""
         ...
 
+    def ready(self) -> bool:
+        """Whether the next batch is made already, so that ``next`` only takes it (``bench stall`` splits waits so)."""
+        ...
+
     def attach(self, clock: Clock | None) -> None:
         """Report the run's spans to ``clock`` from now on, and those it held until now (none to ``None``).
 

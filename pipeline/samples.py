@@ -17,6 +17,10 @@ class BadSampleError(RuntimeError):
         super().__init__(f"{source} (sample {index}): {reason}; pass on_error='skip' to skip such samples")
         self.source, self.index, self.reason = source, index, reason
 
+    def __reduce__(self) -> tuple[type[BadSampleError], tuple[str, int, str]]:
+        """Pickled with its fields (raised in the training loop when the graph process found it)."""
+        return type(self), (self.source, self.index, self.reason)
+
 
 @dataclass
 class Batch:

@@ -225,6 +225,9 @@ class TokenRun:
         if self._clock is not None:
             self._clock.record(*span)
 
+    def ready(self) -> bool:
+        return self._out.qsize() > 0
+
     def __iter__(self) -> Iterator[Batch]:
         while True:
             start_time = time.perf_counter()

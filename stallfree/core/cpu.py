@@ -1,8 +1,9 @@
 """The one CPU-seconds meter: what the benchmarks divide by wall time to say how many cores a contender kept busy.
 
-A process's user and system seconds, with those of its children: living ones (a DataLoader's workers, a server's
-helpers) are read directly, and those that ended count through the parent's ``children_*`` times, which take them
-over once they are reaped, so a difference taken over a pass counts each child once.
+A process's user and system seconds, with those of its descendants: living ones (a DataLoader's workers, a server's
+helpers, the Loader's graph processes under its fork server) are read directly, and those that ended count through
+their parent's ``children_*`` times, which take them over once they are reaped, so a difference taken over a pass
+counts each process once.
 """
 
 from __future__ import annotations
@@ -26,5 +27,6 @@ def cpu_seconds(pid: int | None = None) -> float:
             child_times = child.cpu_times()
         except psutil.Error:  # it ended between the listing and the reading: counted once reaped
             continue
-        total += child_times.user + child_times.system
+        # with the children it reaped: a Loader's fork server reaps its graph processes (pipeline/forkserver.py)
+        total += child_times.user + child_times.system + child_times.children_user + child_times.children_system
     return float(total)

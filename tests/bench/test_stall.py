@@ -57,7 +57,8 @@ def test_the_loop_times_its_python_beside_every_feed(image_folder: Path, tmp_pat
     result = json.loads(result_path.read_text())
     cells = result["loop"]["cells"]
     assert [(c["feed"], c["share"]) for c in cells] == [
-        (feed, share) for share in (0.0, 0.3) for feed in ("stallfree", "torch DataLoader", "plain DALI")]
+        (feed, share) for share in (0.0, 0.3)
+        for feed in ("stallfree", "stallfree, graph in the loop's process", "torch DataLoader", "plain DALI")]
     for cell in cells:
         assert len(cell["waits_ms"]) == 2 * result["batches"]  # every step of --loop-epochs epochs timed
         assert 0 <= cell["stall"] <= 1 and cell["speed"] == pytest.approx(0.8 * cell["beside_loop"])
@@ -69,7 +70,7 @@ def test_the_loop_times_its_python_beside_every_feed(image_folder: Path, tmp_pat
             assert cell["slowdown"] == pytest.approx(cell["work_run_ms"] / cell["work_alone_ms"] - 1)
             assert cell["work_alone_cpu_ms"] > 0 and cell["work_run_cpu_ms"] > 0  # the share of it the core ran
     rows = result["loop"]["summary"]
-    assert len(rows) == 6 and all(row["runs"] == 1 for row in rows)
+    assert len(rows) == 8 and all(row["runs"] == 1 for row in rows)
     assert "| torch DataLoader | 30% (" in out and "the loop's Python slowed by < 5%" in out
 
 

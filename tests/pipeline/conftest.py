@@ -29,6 +29,14 @@ class _Indexed:
         return np.full((4, 4, 3), i % 256, np.uint8), i
 
 
+@pytest.fixture
+def graph_in_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loaders built in the test keep their graph in the test's process (``LocalGraph``), for the tests of its own
+    mechanics (runs started ahead, its threads, a graph broken from outside), which the graph process runs unchanged
+    (pipeline/process_graph.py)."""
+    monkeypatch.setenv("STALLFREE_GRAPH_PROCESS", "0")
+
+
 @pytest.fixture(scope="session")
 def indexed_reader() -> Callable[[int], DatasetReader]:
     """``indexed_reader(n)``: a reader of n tiny 4x4 images whose label is their index (session-wide, so that

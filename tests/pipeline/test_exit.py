@@ -37,6 +37,7 @@ print("done", flush=True)
 """
 
 
+@pytest.mark.usefixtures("graph_in_this_process")
 def test_a_run_started_ahead_adds_no_thread_but_its_own(indexed_list: Path) -> None:
     before = set(threading.enumerate())
     loader = Loader(indexed_list, batch_size=8, transform=SPEC, num_threads=1)

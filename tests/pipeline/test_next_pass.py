@@ -16,6 +16,10 @@ from stallfree.transforms import RandomHorizontalFlip, RandomResizedCrop
 
 SPEC = [RandomResizedCrop(16, scale=(0.3, 1.0)), RandomHorizontalFlip()]
 
+# The run started ahead is LocalGraph's, here and in the graph process alike: its mechanics are tested in this process
+# (test_process_graph.py checks that the graph process starts the next epoch ahead too).
+pytestmark = pytest.mark.usefixtures("graph_in_this_process")
+
 
 def loader(source: Path) -> Loader:
     return Loader(source, batch_size=8, transform=SPEC, seed=5, dtype="uint8", num_threads=1)

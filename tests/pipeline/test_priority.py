@@ -32,6 +32,7 @@ def _nice(tid: int) -> int | None:
         return None
 
 
+@pytest.mark.usefixtures("graph_in_this_process")
 def test_every_thread_a_pass_starts_runs_below_the_loop_dalis_workers_too(image_folder: Path) -> None:
     mine = _nice(threading.get_native_id())
     assert mine is not None
@@ -74,3 +75,19 @@ def test_a_thread_that_ended_is_passed_over() -> None:
     thread.join()
     assert thread.native_id is not None
     run_at(lowered(), thread.native_id)  # no ProcessLookupError for a thread that is gone
+
+
+def test_the_graph_process_runs_below_the_loop_all_but_its_waiting_main_thread(image_folder: Path) -> None:
+    mine = _nice(threading.get_native_id())
+    assert mine is not None
+    loader = Loader(image_folder, batch_size=4, transform=[RandomResizedCrop(16)], num_threads=2, shuffle=True)
+    try:
+        for _ in loader:  # the whole epoch: the next epoch's run is started ahead too
+            pass
+        pid = loader._epochs.placement._worker.pid
+        threads = {int(tid): _nice(int(tid)) for tid in os.listdir(f"/proc/{pid}/task") if int(tid) != pid}
+        threads = {tid: nice for tid, nice in threads.items() if nice is not None}
+        assert len(threads) >= 4, threads  # its runs' stages and pumps, their reads, DALI's workers
+        assert all(nice == min(19, mine + STEPS) for nice in threads.values()), (mine, threads)
+    finally:
+        loader.close()

@@ -83,6 +83,7 @@ def test_every_sample_failing_is_an_error_naming_one(tmp_path: Path) -> None:
         list(make(source, 2))
 
 
+@pytest.mark.usefixtures("graph_in_this_process")
 def test_a_graph_failing_on_a_sample_it_ran_before_is_an_error(tmp_path: Path) -> None:
     # Enough batches that the patched graph still has work after the first one, however far the stages ran ahead
     # (with 6 rows all three batches could be done before the patch, and nothing raised: CI saw that once).
@@ -157,6 +158,7 @@ def test_batches_hold_what_one_batch_at_a_time_gives_when_the_batch_in_the_graph
     assert sorted(s["index"] for s in loader.skipped) == sorted(in_graph | empty)
 
 
+@pytest.mark.usefixtures("graph_in_this_process")
 def test_a_failure_dali_reports_at_a_good_batch_reruns_it_alone_and_goes_on(tmp_path: Path) -> None:
     # DALI reports a failure at the output it was waiting for, which may belong to the batch fed after it: the
     # batch runs again alone (on a new pipeline), the batches behind it are fed again, and nothing is skipped.
@@ -217,6 +219,7 @@ class _Recorded:
         return getattr(self._pipe, name)
 
 
+@pytest.mark.usefixtures("graph_in_this_process")
 def test_a_failed_pipeline_is_drained_and_shut_down_before_the_next_is_built(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     log: list[tuple[str, int, int]] = []

@@ -1,0 +1,212 @@
+"""The graph process: a Loader's reader and DALI graph, in a process of their own (:mod:`.process_graph`).
+
+It holds a :class:`~stallfree.pipeline.local_graph.LocalGraph` and makes the runs the training process asks for with
+it, exactly as that process would have (the same stages, skip policy and runs started ahead), so the batches are the
+same wherever the graph runs. Each run has a pump thread here that takes its batches in order, copies each batch's
+images into a shared slot (:mod:`.batch_memory`) and sends the batch's description; it runs at most ``prefetch``
+batches ahead of what the training process has taken. The stages' clock spans are sent as they happen, once the
+training process has given the run a clock (``input`` is that process's own: the wait of its loop).
+
+Messages, each a tuple whose first item names it. From the training process: ``("parts", key, pickled RunParts)``,
+``("run", id, key, epoch, split, position, number, skipped)``, ``("ahead", key, epoch)``, ``("discard",)``,
+``("attach", id, on)``, ``("taken", id, number)``, ``("free", slots)``, ``("stop", id)``. To it: ``("ready", pid)`` or
+``("refused", reason)`` after the setup, ``("parts", key, reason or None)``, ``("slot", slot, size)`` then the
+slot's descriptor, ``("batch", id, number, start, end, rows, skipped, layout)``, ``("span", id, stage, state, start,
+end, batch)``, ``("next", id)`` (the run may start the next epoch's), ``("error", id, pickled exception)`` and
+``("done", id)``.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import threading
+import traceback
+from multiprocessing.connection import Connection
+from multiprocessing.reduction import send_handle
+from typing import Any
+
+from stallfree.ingest.fields import IMAGE
+from stallfree.pipeline.batch_memory import Slots
+from stallfree.pipeline.local_graph import LocalGraph
+from stallfree.pipeline.priority import lowered, run_at
+from stallfree.pipeline.run import Run
+from stallfree.pipeline.run_config import RunParts
+
+__all__ = ["pickled_error", "serve"]
+
+
+def pickled_error(err: BaseException) -> bytes:
+    """``err`` pickled so that it unpickles as itself, else as a ``RuntimeError`` naming its type and message."""
+    try:
+        data = pickle.dumps(err)
+        pickle.loads(data)
+        return data
+    except Exception:  # noqa: BLE001 - an exception whose class will not round-trip: its words still do
+        return pickle.dumps(RuntimeError(f"{type(err).__name__}: {err}"))
+
+
+def _reason(err: BaseException) -> str:
+    return f"{type(err).__name__}: {err}"
+
+
+class _Channel:
+    """The connection to the training process; messages from several threads, one at a time."""
+
+    def __init__(self, conn: Connection):
+        self.conn = conn
+        self._lock = threading.Lock()
+
+    def send(self, message: tuple[Any, ...], fd: int | None = None) -> bool:
+        """Send ``message`` (then ``fd``'s descriptor); ``False`` once the training process has gone."""
+        with self._lock:
+            try:
+                self.conn.send(message)
+                if fd is not None:
+                    send_handle(self.conn, fd, 0)
+            except OSError:
+                return False
+        return True
+
+
+class _Clock:
+    """A run's clock here: each span sent to the training process (but ``input``, that process's own wait)."""
+
+    def __init__(self, channel: _Channel, run_id: int):
+        self.channel, self.run_id = channel, run_id
+
+    def record(self, stage: str, state: str, start: float, end: float, batch: int | None = None) -> None:
+        if stage != "input":  # perf_counter is CLOCK_MONOTONIC, the same clock in both processes
+            self.channel.send(("span", self.run_id, stage, state, start, end, batch))
+
+
+class _Served:
+    """One run and its pump thread, which sends its batches at most ``window`` ahead of those taken."""
+
+    def __init__(self, server: _Server, run_id: int, run: Run, number: int, window: int):
+        self.server, self.run_id, self.run, self.window = server, run_id, run, window
+        self._taken = number  # the first batch not yet taken by the training process
+        self._credit = threading.Condition()
+        self._stopped = False
+        self.thread = threading.Thread(target=self._pump, args=(lowered(),), name="stallfree-pump", daemon=True)
+        self.thread.start()
+
+    def taken(self, number: int) -> None:
+        with self._credit:
+            self._taken = max(self._taken, number + 1)
+            self._credit.notify_all()
+
+    def stop(self) -> None:
+        with self._credit:
+            self._stopped = True
+            self._credit.notify_all()
+        self.run.stop()
+
+    def _room(self, number: int) -> bool:
+        """Wait until batch ``number`` may be sent; ``False`` once the run is stopped."""
+        with self._credit:
+            while number >= self._taken + self.window and not self._stopped:
+                self._credit.wait(0.5)
+            return not self._stopped
+
+    def _pump(self, nice: int | None) -> None:
+        run_at(nice)  # below the training loop, as the stages are (priority.py)
+        channel, told = self.server.channel, False
+        try:
+            for batch in self.run:
+                if not told and self.run.may_start_next.is_set():
+                    told = channel.send(("next", self.run_id))
+                if not self._room(batch.number):
+                    return
+                layout, fd = self.server.slots.put(batch.fields[IMAGE.name])
+                del batch.fields[IMAGE.name]
+                if fd is not None:
+                    if not channel.send(("slot", layout.slot, layout.nbytes), fd):
+                        return
+                    self.server.slots.sent(fd)
+                if not channel.send(("batch", self.run_id, batch.number, batch.start, batch.end, batch.rows,
+                                     batch.skipped, layout)):
+                    return
+        except BaseException as err:  # noqa: BLE001 - every failure reaches the training loop, none is lost
+            channel.send(("error", self.run_id, pickled_error(err)))
+            return
+        if not told and self.run.may_start_next.is_set():
+            channel.send(("next", self.run_id))
+        channel.send(("done", self.run_id))
+
+
+class _Server:
+    """The graph process's state: its graph, the run parts it was sent, its runs and their slots."""
+
+    def __init__(self, conn: Connection, graph: LocalGraph, window: int):
+        self.channel, self.graph, self.window = _Channel(conn), graph, window
+        self.parts: dict[str, RunParts] = {}
+        self.runs: dict[int, _Served] = {}
+        self.slots = Slots()
+
+    def handle(self, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == "parts":
+            _, key, data = message
+            try:
+                self.parts[key] = pickle.loads(data)
+                self.channel.send(("parts", key, None))
+            except Exception as err:  # noqa: BLE001 - the training process keeps the graph then (said there)
+                self.channel.send(("parts", key, _reason(err)))
+        elif kind == "run":
+            _, run_id, key, epoch, split, position, number, skipped = message
+            try:
+                run = self.graph.run(self.parts[key], epoch, split, position, number, skipped)
+            except BaseException as err:  # noqa: BLE001 - raised in the training loop
+                self.channel.send(("error", run_id, pickled_error(err)))
+                return
+            self.runs[run_id] = _Served(self, run_id, run, number, self.window)
+        elif kind == "ahead":
+            self.graph.start_ahead(self.parts[message[1]], message[2])
+        elif kind == "discard":
+            self.graph.discard()
+        elif kind == "attach":
+            _, run_id, on = message
+            if run_id in self.runs:
+                self.runs[run_id].run.attach(_Clock(self.channel, run_id) if on else None)
+        elif kind == "taken":
+            if message[1] in self.runs:
+                self.runs[message[1]].taken(message[2])
+        elif kind == "free":
+            self.slots.free(message[1])
+        elif kind == "stop":
+            served = self.runs.pop(message[1], None)
+            if served is not None:
+                served.stop()
+
+    def end(self) -> None:
+        """The training process has gone: stop every run and the one started ahead."""
+        for served in self.runs.values():
+            served.stop()
+        self.graph.discard()
+
+
+def serve(conn: Connection) -> None:
+    """Serve one Loader's runs on ``conn`` until the training process closes it (run in a forked process)."""
+    try:
+        graph_keywords, window, environ = pickle.loads(conn.recv_bytes())
+        os.environ.clear()  # the training process's environment now, not the fork server's at its start
+        os.environ.update(environ)
+        graph = LocalGraph(**graph_keywords)
+    except Exception as err:  # noqa: BLE001 - the training process keeps the graph then, and says why
+        conn.send(("refused", _reason(err)))
+        return
+    conn.send(("ready", os.getpid()))
+    server = _Server(conn, graph, window)
+    try:
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                return
+            server.handle(message)
+    except BaseException:
+        traceback.print_exc()
+        raise
+    finally:
+        server.end()
