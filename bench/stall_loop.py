@@ -10,7 +10,9 @@ workers, plain DALI: ``bench loader``'s contenders) and each share:
 1. the feed warms up over one epoch's batches, then is timed alone over another (no work, no sleep);
 2. with ``s > 0``, timed again with the loop's work (sized at 80% of that rate) and no sleep: the rate it sustains
    beside this loop, whose ``--load`` share sets ``R``;
-3. trained on for ``--loop-epochs`` epochs' batches at ``R``, every ``next()`` and every run of the work timed;
+3. trained on at ``R`` for one epoch's batches untimed (the epochs before ran at full speed, and the first batch after
+   such an epoch is made only once asked for, which a training loop pays only at its start: ``bench stall``'s first
+   part measures that), then for ``--loop-epochs`` epochs' batches, every ``next()`` and every run of the work timed;
 4. the feed shut down, the same work is timed again with no feed running: the loop's own time, measured in this run.
 
 Reported: the stall (time in ``next()`` over wall time), the share of ``R`` delivered, and the loop's **slowdown**:
@@ -169,6 +171,9 @@ def _cell(feed: str, share: float, args: argparse.Namespace, per_epoch: int, mak
         if work is not None:
             work = _work_for(share * batch / speed)
         sleep_s = (1 - share) * batch / speed
+        # One epoch at R first: the epochs above ran at full speed, and the first batch of the epoch after one is made
+        # only once asked for (docs/records/bench-stall.md), which no training loop pays after its first epoch.
+        _steps(stream, per_epoch, batch, work, sleep_s, bar)
         timed = _steps(stream, per_epoch * args.loop_epochs, batch, work, sleep_s, bar)
     time.sleep(0.5)  # the feed's threads and workers see their stop
     own, own_cpu = (None, None) if work is None else _alone(work)
@@ -207,7 +212,7 @@ def run_loop(args: argparse.Namespace, per_epoch: int, make_loader: Callable[[],
 
 def steps_per_cell(args: argparse.Namespace, per_epoch: int, share: float) -> int:
     """The batches one cell takes (for the progress bar)."""
-    return per_epoch * (2 + (share > 0) + args.loop_epochs)
+    return per_epoch * (3 + (share > 0) + args.loop_epochs)
 
 
 def summary(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:

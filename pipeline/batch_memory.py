@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import mmap
 import os
+import threading
 import weakref
 from dataclasses import dataclass
 
@@ -51,8 +52,8 @@ class Slots:
 
     def __init__(self) -> None:
         self._maps: list[mmap.mmap] = []
-        self._fds: list[int] = []
         self._free: set[int] = set()
+        self._lock = threading.Lock()  # the pumps of two runs (one started ahead) take slots at once
 
     def put(self, tensor: torch.Tensor) -> tuple[Layout, int | None]:
         """``tensor`` copied into a free slot (a new one if none is large enough).
@@ -62,18 +63,19 @@ class Slots:
         if not (tensor.is_contiguous() or tensor.is_contiguous(memory_format=torch.channels_last)):
             tensor = tensor.contiguous()
         nbytes = tensor.numel() * tensor.element_size()
-        fitting = [slot for slot in self._free if len(self._maps[slot]) >= nbytes]
         new = None
-        if fitting:
-            slot = min(fitting, key=lambda s: len(self._maps[s]))
-            self._free.discard(slot)
-        else:
-            slot, new = len(self._maps), os.memfd_create(f"stallfree-batch-{len(self._maps)}")
-            os.ftruncate(new, max(nbytes, 1))
-            self._maps.append(mmap.mmap(new, max(nbytes, 1)))
-            self._fds.append(new)
+        with self._lock:
+            fitting = [slot for slot in self._free if len(self._maps[slot]) >= nbytes]
+            if fitting:
+                slot = min(fitting, key=lambda s: len(self._maps[s]))
+                self._free.discard(slot)
+            else:
+                slot, new = len(self._maps), os.memfd_create(f"stallfree-batch-{len(self._maps)}")
+                os.ftruncate(new, max(nbytes, 1))
+                self._maps.append(mmap.mmap(new, max(nbytes, 1)))
+            memory = self._maps[slot]
         layout = Layout(slot, nbytes, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), tensor.stride())
-        _, out = _view(self._maps[slot], layout)
+        _, out = _view(memory, layout)
         out.copy_(tensor)
         return layout, new
 
@@ -82,8 +84,9 @@ class Slots:
         os.close(fd)
 
     def free(self, slots: list[int]) -> None:
-        """The training process freed the batches on ``slots``."""
-        self._free.update(slots)
+        """The batches on ``slots`` were freed by the training process (or never sent to it)."""
+        with self._lock:
+            self._free.update(slots)
 
 
 class Mapped:

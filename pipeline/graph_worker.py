@@ -4,16 +4,18 @@ It holds a :class:`~stallfree.pipeline.local_graph.LocalGraph` and makes the run
 it, exactly as that process would have (the same stages, skip policy and runs started ahead), so the batches are the
 same wherever the graph runs. Each run has a pump thread here that takes its batches in order, copies each batch's
 images into a shared slot (:mod:`.batch_memory`) and sends the batch's description; it runs at most ``prefetch``
-batches ahead of what the training process has taken. The stages' clock spans are sent as they happen, once the
-training process has given the run a clock (``input`` is that process's own: the wait of its loop).
+batches ahead of what the training process has taken. The run started ahead for the next epoch gets its pump at
+once: its first batch is in a slot before the training process asks for the epoch, and goes out as soon as it
+does. The stages' clock spans are sent as they happen, once the training process has given the run a clock
+(``input`` is that process's own: the wait of its loop).
 
-Messages, each a tuple whose first item names it. From the training process: ``("parts", key, pickled RunParts)``,
-``("run", id, key, epoch, split, position, number, skipped)``, ``("ahead", key, epoch)``, ``("discard",)``,
-``("attach", id, on)``, ``("taken", id, number)``, ``("free", slots)``, ``("stop", id)``. To it: ``("ready", pid)`` or
-``("refused", reason)`` after the setup, ``("parts", key, reason or None)``, ``("slot", slot, size)`` then the
-slot's descriptor, ``("batch", id, number, start, end, rows, skipped, layout)``, ``("span", id, stage, state, start,
-end, batch)``, ``("next", id)`` (the run may start the next epoch's), ``("error", id, pickled exception)`` and
-``("done", id)``.
+Messages, each a tuple whose first item names it. From the training process: ``("source", key, pickled (reader,
+transforms, RunConfig))``, ``("run", id, key, sampler, epoch, split, position, number, skipped)``, ``("ahead", key,
+sampler, epoch)``, ``("discard",)``, ``("attach", id, on)``, ``("taken", id, number)``, ``("free", slots)``,
+``("stop", id)``. To it: ``("ready", pid)`` or ``("refused", reason)`` after the setup, ``("source", key, reason or
+None)``, ``("slot", slot, size)`` then the slot's descriptor, ``("batch", id, number, start, end, rows, skipped,
+layout)``, ``("span", id, stage, state, start, end, batch)``, ``("next", id)`` (the run may start the next epoch's),
+``("error", id, pickled exception)`` and ``("done", id)``.
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ from multiprocessing.connection import Connection
 from multiprocessing.reduction import send_handle
 from typing import Any
 
+import torch
+
 from stallfree.ingest.fields import IMAGE
 from stallfree.pipeline.batch_memory import Slots
 from stallfree.pipeline.local_graph import LocalGraph
-from stallfree.pipeline.priority import lowered, run_at
+from stallfree.pipeline.priority import idle_process, lowered, run_at
 from stallfree.pipeline.run import Run
 from stallfree.pipeline.run_config import RunParts
 
@@ -81,15 +85,25 @@ class _Clock:
 
 
 class _Served:
-    """One run and its pump thread, which sends its batches at most ``window`` ahead of those taken."""
+    """One run and its pump thread, which sends its batches at most ``window`` ahead of those taken.
 
-    def __init__(self, server: _Server, run_id: int, run: Run, number: int, window: int):
+    A run started ahead has no id until the training process asks for it (:meth:`bind`): its pump copies its first
+    batch into a slot meanwhile, and sends nothing until then.
+    """
+
+    def __init__(self, server: _Server, run_id: int | None, run: Run, number: int, window: int):
         self.server, self.run_id, self.run, self.window = server, run_id, run, window
         self._taken = number  # the first batch not yet taken by the training process
         self._credit = threading.Condition()
         self._stopped = False
         self.thread = threading.Thread(target=self._pump, args=(lowered(),), name="stallfree-pump", daemon=True)
         self.thread.start()
+
+    def bind(self, run_id: int) -> None:
+        """The training process took this run (started ahead) as its run ``run_id``."""
+        with self._credit:
+            self.run_id = run_id
+            self._credit.notify_all()
 
     def taken(self, number: int) -> None:
         with self._credit:
@@ -109,30 +123,44 @@ class _Served:
                 self._credit.wait(0.5)
             return not self._stopped
 
+    def _taken_by(self) -> int | None:
+        """The run's id once the training process has taken it; ``None`` once it is stopped first."""
+        with self._credit:
+            while self.run_id is None and not self._stopped:
+                self._credit.wait(0.5)
+            return None if self._stopped else self.run_id
+
     def _pump(self, nice: int | None) -> None:
         run_at(nice)  # below the training loop, as the stages are (priority.py)
-        channel, told = self.server.channel, False
+        channel, slots = self.server.channel, self.server.slots
         try:
             for batch in self.run:
-                if not told and self.run.may_start_next.is_set():
-                    told = channel.send(("next", self.run_id))
                 if not self._room(batch.number):
                     return
-                layout, fd = self.server.slots.put(batch.fields[IMAGE.name])
-                del batch.fields[IMAGE.name]
+                layout, fd = slots.put(batch.fields.pop(IMAGE.name))
                 if fd is not None:
                     if not channel.send(("slot", layout.slot, layout.nbytes), fd):
                         return
-                    self.server.slots.sent(fd)
-                if not channel.send(("batch", self.run_id, batch.number, batch.start, batch.end, batch.rows,
+                    slots.sent(fd)
+                run_id = self._taken_by()
+                if run_id is None:
+                    slots.free([layout.slot])
+                    return
+                if self.run.may_start_next.is_set():
+                    channel.send(("next", run_id))  # the training process sets an Event: again is harmless
+                if not channel.send(("batch", run_id, batch.number, batch.start, batch.end, batch.rows,
                                      batch.skipped, layout)):
                     return
         except BaseException as err:  # noqa: BLE001 - every failure reaches the training loop, none is lost
-            channel.send(("error", self.run_id, pickled_error(err)))
+            run_id = self._taken_by()
+            if run_id is not None:
+                channel.send(("error", run_id, pickled_error(err)))
             return
-        if not told and self.run.may_start_next.is_set():
-            channel.send(("next", self.run_id))
-        channel.send(("done", self.run_id))
+        run_id = self._taken_by()
+        if run_id is not None:
+            if self.run.may_start_next.is_set():
+                channel.send(("next", run_id))
+            channel.send(("done", run_id))
 
 
 class _Server:
@@ -140,31 +168,51 @@ class _Server:
 
     def __init__(self, conn: Connection, graph: LocalGraph, window: int):
         self.channel, self.graph, self.window = _Channel(conn), graph, window
-        self.parts: dict[str, RunParts] = {}
+        self.sources: dict[str, tuple[Any, Any, Any]] = {}  # key: (reader, compiled transforms, RunConfig)
         self.runs: dict[int, _Served] = {}
+        self.ahead: _Served | None = None  # the pump of the run started ahead, until it is taken or stopped
         self.slots = Slots()
+
+    def _parts(self, key: str, sampler: Any) -> RunParts:
+        reader, compiled, config = self.sources[key]
+        return RunParts(config, sampler, reader, compiled)
 
     def handle(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
-        if kind == "parts":
+        if kind == "source":
             _, key, data = message
             try:
-                self.parts[key] = pickle.loads(data)
-                self.channel.send(("parts", key, None))
+                self.sources[key] = pickle.loads(data)
+                self.channel.send(("source", key, None))
             except Exception as err:  # noqa: BLE001 - the training process keeps the graph then (said there)
-                self.channel.send(("parts", key, _reason(err)))
+                self.channel.send(("source", key, _reason(err)))
         elif kind == "run":
-            _, run_id, key, epoch, split, position, number, skipped = message
+            _, run_id, key, sampler, epoch, split, position, number, skipped = message
+            ahead, self.ahead = self.ahead, None
             try:
-                run = self.graph.run(self.parts[key], epoch, split, position, number, skipped)
+                run = self.graph.run(self._parts(key, sampler), epoch, split, position, number, skipped)
             except BaseException as err:  # noqa: BLE001 - raised in the training loop
                 self.channel.send(("error", run_id, pickled_error(err)))
                 return
-            self.runs[run_id] = _Served(self, run_id, run, number, self.window)
+            if ahead is not None and ahead.run is run:
+                ahead.bind(run_id)
+                self.runs[run_id] = ahead
+            else:  # the run started ahead, if any, was not the one asked for: the graph stopped it
+                if ahead is not None:
+                    ahead.stop()
+                self.runs[run_id] = _Served(self, run_id, run, number, self.window)
         elif kind == "ahead":
-            self.graph.start_ahead(self.parts[message[1]], message[2])
+            _, key, sampler, epoch = message
+            self.graph.start_ahead(self._parts(key, sampler), epoch)
+            if self.ahead is not None:
+                self.ahead.stop()
+            started = self.graph.ahead()
+            self.ahead = None if started is None else _Served(self, None, started, 0, self.window)
         elif kind == "discard":
             self.graph.discard()
+            if self.ahead is not None:
+                self.ahead.stop()
+                self.ahead = None
         elif kind == "attach":
             _, run_id, on = message
             if run_id in self.runs:
@@ -183,6 +231,8 @@ class _Server:
         """The training process has gone: stop every run and the one started ahead."""
         for served in self.runs.values():
             served.stop()
+        if self.ahead is not None:
+            self.ahead.stop()
         self.graph.discard()
 
 
@@ -196,6 +246,10 @@ def serve(conn: Connection) -> None:
     except Exception as err:  # noqa: BLE001 - the training process keeps the graph then, and says why
         conn.send(("refused", _reason(err)))
         return
+    # The batch's copy into its slot on the pump's own thread: torch's parallel copy woke a pool of threads that spin
+    # between batches, which took 15% of the cores from DALI's workers on 2 cores.
+    torch.set_num_threads(1)
+    idle_process()  # below the training loop, every thread of this process (priority.py)
     conn.send(("ready", os.getpid()))
     server = _Server(conn, graph, window)
     try:

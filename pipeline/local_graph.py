@@ -50,5 +50,9 @@ class LocalGraph:
     def start_ahead(self, parts: RunParts, epoch: int) -> None:
         self._next.start(parts, self.graph(), epoch)
 
+    def ahead(self) -> EpochRun | None:
+        """The run started ahead, if one is waiting to be taken."""
+        return self._next.waiting()
+
     def discard(self) -> None:
         self._next.discard()

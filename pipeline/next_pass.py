@@ -65,6 +65,10 @@ class NextPass:
             return None
         return run
 
+    def waiting(self) -> EpochRun | None:
+        """The run started ahead, not taken yet (``None`` if there is none)."""
+        return self._run
+
     def discard(self) -> None:
         """Stop a run started ahead, if any, and wait until it no longer uses the graph."""
         self.take(-1, -1, -1, -1, [])

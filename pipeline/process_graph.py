@@ -88,7 +88,10 @@ class _Worker:
         self._recv_lock = threading.Lock()
         self._runs: dict[int, weakref.ref[ProcessRun]] = {}
         self._ids = itertools.count()
-        self._parts: dict[str, str | None] = {}  # a RunParts' digest: None once the process has it, else why not
+        # Each source sent, by key (its pickle's digest): what was sent (kept, so that the identities stay valid) and,
+        # once the graph process answered, None (it has it) or why it could not load it.
+        self._sources: dict[str, tuple[Any, Any, Any]] = {}
+        self._loaded: dict[str, str | None] = {}
         weakref.finalize(self, conn.close)  # the graph process ends when its connection closes
 
     @classmethod
@@ -172,8 +175,8 @@ class _Worker:
         if kind == "slot":
             self.mapped.add(message[1], recv_handle(self.conn), message[2])
             return
-        if kind == "parts":
-            self._parts[message[1]] = message[2]
+        if kind == "source":
+            self._loaded[message[1]] = message[2]
             return
         ref = self._runs.get(message[1])
         run = ref() if ref is not None else None
@@ -184,31 +187,37 @@ class _Worker:
 
     # --- runs ---
 
-    def parts(self, parts: RunParts) -> str:
-        """The key the graph process knows ``parts`` by, sent once (and waited for).
+    def source(self, parts: RunParts) -> str:
+        """The key the graph process knows ``parts``' reader, transforms and settings by, sent once (and waited for).
+
+        Each pass makes new parts around the same reader: only their order (small) goes with each run.
 
         Raises:
             _Refused: they do not pickle, or the graph process cannot load them.
         """
-        try:
-            data = pickle.dumps(parts)
-        except Exception as err:  # noqa: BLE001 - the graph stays in this process, said in a warning
-            raise _Refused(f"its source does not pickle ({type(err).__name__}: {err})") from err
-        key = hashlib.sha1(data).hexdigest()
-        if key not in self._parts:
-            self.post(("parts", key, data))
-            self.receive_until(lambda: key in self._parts, lambda: False)
-        reason = self._parts[key]
+        held = (parts.reader, parts.compiled, parts.config)
+        key = next((k for k, (reader, compiled, config) in self._sources.items()
+                    if reader is held[0] and compiled is held[1] and config == held[2]), None)
+        if key is None:
+            try:
+                data = pickle.dumps(held)
+            except Exception as err:  # noqa: BLE001 - the graph stays in this process, said in a warning
+                raise _Refused(f"its source does not pickle ({type(err).__name__}: {err})") from err
+            key = hashlib.sha1(data).hexdigest()
+            self._sources[key] = held
+            self.post(("source", key, data))
+        self.receive_until(lambda: key in self._loaded, lambda: False)
+        reason = self._loaded[key]
         if reason is not None:
             raise _Refused(f"the graph process could not load its source ({reason})")
         return key
 
-    def run(self, key: str, epoch: int, split: int, position: int, number: int,
+    def run(self, key: str, parts: RunParts, epoch: int, split: int, position: int, number: int,
             skipped: list[dict[str, Any]]) -> ProcessRun:
         run_id = next(self._ids)
         run = ProcessRun(self, run_id)
         self._runs[run_id] = weakref.ref(run)
-        self.post(("run", run_id, key, epoch, split, position, number, list(skipped)))
+        self.post(("run", run_id, key, parts.sampler, epoch, split, position, number, list(skipped)))
         return run
 
     def forget(self, run_id: int) -> None:
@@ -307,7 +316,7 @@ class ProcessGraph:
                 raise _Refused("a remote source's downloads and shard cache belong to this process")
             if self._worker is None or self._worker.gone is not None:
                 self._worker = _Worker.start(self._keywords, self._window)
-            return self._worker, self._worker.parts(parts)
+            return self._worker, self._worker.source(parts)
         except _Refused as why:
             if "remote source" not in str(why):
                 warnings.warn(f"the Loader's graph runs in the training process: {why}. Define the source's and "
@@ -323,14 +332,14 @@ class ProcessGraph:
         if isinstance(placed, LocalGraph):
             return placed.run(parts, epoch, split, position, number, skipped)
         worker, key = placed
-        return worker.run(key, epoch, split, position, number, skipped)
+        return worker.run(key, parts, epoch, split, position, number, skipped)
 
     def start_ahead(self, parts: RunParts, epoch: int) -> None:
         placed = self._placed(parts)
         if isinstance(placed, LocalGraph):
             placed.start_ahead(parts, epoch)
         else:
-            placed[0].post(("ahead", placed[1], epoch))
+            placed[0].post(("ahead", placed[1], parts.sampler, epoch))
 
     def discard(self) -> None:
         if self._local is not None:
