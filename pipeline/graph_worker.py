@@ -9,13 +9,15 @@ once: its first batch is in a slot before the training process asks for the epoc
 does. The stages' clock spans are sent as they happen, once the training process has given the run a clock
 (``input`` is that process's own: the wait of its loop).
 
-Messages, each a tuple whose first item names it. From the training process: ``("source", key, pickled (reader,
-transforms, RunConfig))``, ``("run", id, key, sampler, epoch, split, position, number, skipped)``, ``("ahead", key,
-sampler, epoch)``, ``("discard",)``, ``("attach", id, on)``, ``("taken", id, number)``, ``("free", slots)``,
-``("stop", id)``. To it: ``("ready", pid)`` or ``("refused", reason)`` after the setup, ``("source", key, reason or
-None)``, ``("slot", slot, size)`` then the slot's descriptor, ``("batch", id, number, start, end, rows, skipped,
-layout)``, ``("span", id, stage, state, start, end, batch)``, ``("next", id)`` (the run may start the next epoch's),
-``("error", id, pickled exception)`` and ``("done", id)``.
+Messages, each a tuple whose first item names it. From the training process, as a list of those pending at once:
+``("source", key, pickled (reader, transforms, RunConfig))``, ``("run", id, key, sampler, epoch, split, position,
+number, skipped)``, ``("ahead", key, sampler, epoch)``, ``("discard",)``, ``("attach", id, on)``, ``("free",
+slots)`` (slots past the board's) and ``("stop", id)``; what it took and freed goes on the board
+(:class:`~.batch_memory.Board`), not in a message. To it: ``("ready", pid)`` then the board's descriptor, or
+``("refused", reason)``, after the setup; ``("source", key, reason or None)``, ``("slot", slot, size)`` then the
+slot's descriptor, ``("batch", id, number, start, end, rows as int64 bytes, skipped, the Layout's fields)``,
+``("span", id, stage, state, start, end, batch)``, ``("next", id)`` (the run may start the next epoch's), ``("error",
+id, pickled exception)`` and ``("done", id)``.
 """
 
 from __future__ import annotations
@@ -23,17 +25,20 @@ from __future__ import annotations
 import os
 import pickle
 import threading
+import time
 import traceback
+from dataclasses import astuple
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import send_handle
 from typing import Any
 
+import numpy as np
 import torch
 
 from stallfree.ingest.fields import IMAGE
-from stallfree.pipeline.batch_memory import Slots
+from stallfree.pipeline.batch_memory import Board, Slots
 from stallfree.pipeline.local_graph import LocalGraph
-from stallfree.pipeline.priority import idle_process, lowered, run_at
+from stallfree.pipeline.priority import lowered, run_at
 from stallfree.pipeline.run import Run
 from stallfree.pipeline.run_config import RunParts
 
@@ -105,11 +110,6 @@ class _Served:
             self.run_id = run_id
             self._credit.notify_all()
 
-    def taken(self, number: int) -> None:
-        with self._credit:
-            self._taken = max(self._taken, number + 1)
-            self._credit.notify_all()
-
     def stop(self) -> None:
         with self._credit:
             self._stopped = True
@@ -117,11 +117,21 @@ class _Served:
         self.run.stop()
 
     def _room(self, number: int) -> bool:
-        """Wait until batch ``number`` may be sent; ``False`` once the run is stopped."""
-        with self._credit:
-            while number >= self._taken + self.window and not self._stopped:
-                self._credit.wait(0.5)
-            return not self._stopped
+        """Wait until batch ``number`` may be sent; ``False`` once the run is stopped.
+
+        The training process says what it took on the board (no message): read every 0.5-4 ms while waiting, which
+        the ``window`` batches already sent cover many times over.
+        """
+        pause = 0.0005
+        while not self._stopped:
+            taken = None if self.run_id is None else self.server.slots.board.taken(self.run_id)
+            if taken is not None:
+                self._taken = max(self._taken, taken)
+            if number < self._taken + self.window:
+                return True
+            time.sleep(pause)
+            pause = min(2 * pause, 0.004)
+        return False
 
     def _taken_by(self) -> int | None:
         """The run's id once the training process has taken it; ``None`` once it is stopped first."""
@@ -148,8 +158,9 @@ class _Served:
                     return
                 if self.run.may_start_next.is_set():
                     channel.send(("next", run_id))  # the training process sets an Event: again is harmless
-                if not channel.send(("batch", run_id, batch.number, batch.start, batch.end, batch.rows,
-                                     batch.skipped, layout)):
+                rows = np.ascontiguousarray(batch.rows, np.int64).tobytes()
+                if not channel.send(("batch", run_id, batch.number, batch.start, batch.end, rows, batch.skipped,
+                                     astuple(layout))):
                     return
         except BaseException as err:  # noqa: BLE001 - every failure reaches the training loop, none is lost
             run_id = self._taken_by()
@@ -166,12 +177,12 @@ class _Served:
 class _Server:
     """The graph process's state: its graph, the run parts it was sent, its runs and their slots."""
 
-    def __init__(self, conn: Connection, graph: LocalGraph, window: int):
+    def __init__(self, conn: Connection, graph: LocalGraph, window: int, board: Board):
         self.channel, self.graph, self.window = _Channel(conn), graph, window
         self.sources: dict[str, tuple[Any, Any, Any]] = {}  # key: (reader, compiled transforms, RunConfig)
         self.runs: dict[int, _Served] = {}
         self.ahead: _Served | None = None  # the pump of the run started ahead, until it is taken or stopped
-        self.slots = Slots()
+        self.slots = Slots(board)
 
     def _parts(self, key: str, sampler: Any) -> RunParts:
         reader, compiled, config = self.sources[key]
@@ -217,9 +228,6 @@ class _Server:
             _, run_id, on = message
             if run_id in self.runs:
                 self.runs[run_id].run.attach(_Clock(self.channel, run_id) if on else None)
-        elif kind == "taken":
-            if message[1] in self.runs:
-                self.runs[message[1]].taken(message[2])
         elif kind == "free":
             self.slots.free(message[1])
         elif kind == "stop":
@@ -249,16 +257,19 @@ def serve(conn: Connection) -> None:
     # The batch's copy into its slot on the pump's own thread: torch's parallel copy woke a pool of threads that spin
     # between batches, which took 15% of the cores from DALI's workers on 2 cores.
     torch.set_num_threads(1)
-    idle_process()  # below the training loop, every thread of this process (priority.py)
+    board, fd = Board.create()
     conn.send(("ready", os.getpid()))
-    server = _Server(conn, graph, window)
+    send_handle(conn, fd, 0)
+    os.close(fd)
+    server = _Server(conn, graph, window, board)
     try:
         while True:
             try:
-                message = conn.recv()
+                messages = conn.recv()  # what the training process had pending, in order
             except (EOFError, OSError):
                 return
-            server.handle(message)
+            for message in messages:
+                server.handle(message)
     except BaseException:
         traceback.print_exc()
         raise

@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["STEPS", "idle_process", "lowered", "on_lowered_thread", "run_at"]
+__all__ = ["STEPS", "lowered", "on_lowered_thread", "run_at"]
 
 #: How many nice steps below the thread that starts them the Loader's threads run. Each step is about 1.25x less
 #: CPU under contention: 10 steps give the loop about 90% of a core it shares with one of the Loader's threads.
@@ -58,25 +58,6 @@ def run_at(nice: int | None, thread_id: int | None = None) -> None:
         return
     except PermissionError:  # a sandbox that forbids setpriority: the thread keeps its priority (no batch changes)
         return
-
-
-def idle_process() -> bool:
-    """Put the calling thread, and every thread it starts from now on, in Linux's ``SCHED_IDLE`` class.
-
-    The graph process calls it first thing (:mod:`.graph_worker`): its threads then run only on a core that no other
-    thread wants, and the training loop takes a core back from them the moment it wakes (the scheduler preempts an
-    idle-class thread at once; a thread 10 or 19 nice steps down still shares the core for a scheduler slice). In
-    ``stallfree bench stall``'s loop with its Python at 30% of the step, that took the loop's slowdown from +18% (nice
-    +10) and +17% (nice 19) to +9% on 2 cores, with the same stand-alone rate. Returns whether it was done: not off
-    Linux, nor where a sandbox refuses it (the threads then take :func:`lowered`'s nice value, as in-process).
-    """
-    if sys.platform != "linux":
-        return False
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except PermissionError:
-        return False
-    return True
 
 
 def on_lowered_thread(make: Callable[[], T]) -> T:

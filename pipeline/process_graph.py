@@ -21,6 +21,10 @@ It is where the Loader's graph runs when the batches are delivered on the CPU an
   training script's ``__main__``): said in a warning, with what to do.
 - ``STALLFREE_GRAPH_PROCESS=0`` in the environment, for a debugger or profiler that must see the graph's threads.
 
+The graph process's threads run 10 nice steps below the thread that iterates the Loader (:mod:`.priority`), as the
+Loader's threads in this process do; Linux's ``SCHED_IDLE`` class and nice 19 were measured and refused
+(docs/loader.md, "The training loop's cores and its GIL"): they starve the Loader beside any busy process.
+
 The batches, skips, states and clock spans are the same in every case (tests/pipeline/test_process_graph.py).
 If the graph process dies (killed, out of memory), the pass raises a ``RuntimeError`` that says so, and, as after any
 failed pass, ``load_state_dict`` of the last state taken goes on from there; the next pass starts a new graph process.
@@ -33,6 +37,7 @@ import hashlib
 import itertools
 import os
 import pickle
+import select
 import sys
 import threading
 import time
@@ -43,9 +48,11 @@ from multiprocessing.connection import Connection
 from multiprocessing.reduction import recv_handle
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from stallfree.ingest.fields import IMAGE
 from stallfree.pipeline import forkserver
-from stallfree.pipeline.batch_memory import Mapped
+from stallfree.pipeline.batch_memory import Board, Layout, Mapped
 from stallfree.pipeline.local_graph import LocalGraph
 from stallfree.pipeline.samples import Batch
 
@@ -79,15 +86,17 @@ class _Worker:
     finalizer's included, go through :meth:`post`: never two at once, and never one inside another.
     """
 
-    def __init__(self, conn: Connection, pid: int):
+    def __init__(self, conn: Connection, pid: int, board: Board):
         self.conn, self.pid = conn, pid
-        self.mapped = Mapped()
+        self.mapped = Mapped(board)
         self.gone: str | None = None
         self._outbox: collections.deque[tuple[Any, ...]] = collections.deque()
         self._send_lock = threading.Lock()
         self._recv_lock = threading.Lock()
         self._runs: dict[int, weakref.ref[ProcessRun]] = {}
         self._ids = itertools.count()
+        self._readable = select.poll()
+        self._readable.register(conn.fileno(), select.POLLIN)
         # Each source sent, by key (its pickle's digest): what was sent (kept, so that the identities stay valid) and,
         # once the graph process answered, None (it has it) or why it could not load it.
         self._sources: dict[str, tuple[Any, Any, Any]] = {}
@@ -105,12 +114,13 @@ class _Worker:
             conn = forkserver.server().fork()
             conn.send_bytes(setup)
             reply = conn.recv()
+            if reply[0] != "ready":
+                conn.close()
+                raise _Refused(f"the graph process could not load its transforms ({reply[1]})")
+            board = Board.attach(recv_handle(conn))
         except (OSError, EOFError) as err:
             raise _Refused(f"no graph process could be started ({type(err).__name__}: {err})") from err
-        if reply[0] != "ready":
-            conn.close()
-            raise _Refused(f"the graph process could not load its transforms ({reply[1]})")
-        return cls(conn, reply[1])
+        return cls(conn, reply[1], board)
 
     # --- sending ---
 
@@ -120,17 +130,20 @@ class _Worker:
         self.flush()
 
     def flush(self) -> None:
-        """Send the freed slots and the messages posted, unless another send is under way (it sends them)."""
-        while self._outbox or self.mapped.released:
+        """Send the freed slots and the messages posted, unless another send is under way (it sends them).
+
+        What is pending goes as one list, in one write. Taking a batch sends nothing: the board says it.
+        """
+        while self._outbox:  # freed slots past the board's wait for the next message
             if not self._send_lock.acquire(blocking=False):
                 return
             try:
-                released = self.mapped.released
+                released, outbox = self.mapped.released, self._outbox
+                pending: list[tuple[Any, ...]] = []
                 if released:
-                    slots = [released.popleft() for _ in range(len(released))]
-                    self.conn.send(("free", slots))
-                while self._outbox:
-                    self.conn.send(self._outbox.popleft())
+                    pending.append(("free", [released.popleft() for _ in range(len(released))]))
+                pending.extend(outbox.popleft() for _ in range(len(outbox)))
+                self.conn.send(pending)
             except OSError as err:
                 self.gone = self.gone or f"{type(err).__name__}: {err}"
                 self._outbox.clear()
@@ -154,7 +167,7 @@ class _Worker:
                 self.flush()
                 if self.gone is not None:
                     raise self._ended()
-                if not self.conn.poll(0.1):
+                if not self._readable.poll(100):  # Connection.poll builds a selector on every call
                     if stopped():
                         return
                     continue
@@ -183,7 +196,7 @@ class _Worker:
         if run is not None:
             run.receive(message)
         elif kind == "batch":  # a run dropped or stopped: its batch is nobody's
-            self.mapped.released.append(message[-1].slot)
+            self.mapped.free(message[-1][0])
 
     # --- runs ---
 
@@ -244,7 +257,7 @@ class ProcessRun:
         elif kind == "next":
             self.may_start_next.set()
         elif kind == "batch" and self._stopped:
-            self.worker.mapped.released.append(message[-1].slot)
+            self.worker.mapped.free(message[-1][0])
         else:
             self._inbox.append(message)
 
@@ -259,7 +272,7 @@ class ProcessRun:
         while self._inbox:
             message = self._inbox.popleft()
             if message[0] == "batch":
-                self.worker.mapped.released.append(message[-1].slot)
+                self.worker.mapped.free(message[-1][0])
         self.worker.post(("stop", self.run_id))
 
     def join(self, timeout: float) -> None:
@@ -286,10 +299,11 @@ class ProcessRun:
             if message[0] == "error":
                 raise pickle.loads(message[2])
             _, _, number, start, end, rows, skipped, layout = message
-            images = worker.mapped.tensor(layout)
+            rows = np.frombuffer(rows, np.int64).copy()  # sent as bytes: a numpy array unpickles 10x slower
+            images = worker.mapped.tensor(Layout(*layout))
             if self._clock is not None:
                 self._clock.record("input", "waiting", wait_start, time.perf_counter(), number)
-            worker.post(("taken", self.run_id, number))
+            worker.mapped.board.take(self.run_id, number + 1)  # no message: the graph process reads the board
             yield Batch(number, start, end, rows, skipped, {IMAGE.name: images})
 
 
@@ -311,18 +325,18 @@ class ProcessGraph:
         """Where ``parts``' runs are made: the graph process (and their key there), or this process."""
         if self._local is not None:
             return self._local
+        if getattr(parts.reader, "read_ahead", None) is not None:  # its downloads and shard cache are this process's
+            self._local = LocalGraph(**self._keywords)
+            return self._local
         try:
-            if getattr(parts.reader, "read_ahead", None) is not None:
-                raise _Refused("a remote source's downloads and shard cache belong to this process")
             if self._worker is None or self._worker.gone is not None:
                 self._worker = _Worker.start(self._keywords, self._window)
             return self._worker, self._worker.source(parts)
         except _Refused as why:
-            if "remote source" not in str(why):
-                warnings.warn(f"the Loader's graph runs in the training process: {why}. Define the source's and "
-                              "transforms' classes and functions in a module the script imports (not in the script "
-                              "itself) so that they load in a process of their own (docs/loader.md, \"The training "
-                              "loop's cores\")", RuntimeWarning, stacklevel=4)
+            warnings.warn(f"the Loader's graph runs in the training process: {why}. Define the source's and "
+                          "transforms' classes and functions in a module the script imports (not in the script "
+                          "itself) so that they load in a process of their own (docs/loader.md, \"The training "
+                          "loop's cores and its GIL\")", RuntimeWarning, stacklevel=6)  # the user's `for`
             self._local = LocalGraph(**self._keywords)
             return self._local
 

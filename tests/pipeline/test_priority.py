@@ -77,7 +77,7 @@ def test_a_thread_that_ended_is_passed_over() -> None:
     run_at(lowered(), thread.native_id)  # no ProcessLookupError for a thread that is gone
 
 
-def test_the_graph_process_runs_in_the_idle_class_below_the_loop(image_folder: Path) -> None:
+def test_the_graph_process_runs_below_the_loop_all_but_its_waiting_main_thread(image_folder: Path) -> None:
     mine = _nice(threading.get_native_id())
     assert mine is not None
     loader = Loader(image_folder, batch_size=4, transform=[RandomResizedCrop(16)], num_threads=2, shuffle=True)
@@ -87,9 +87,7 @@ def test_the_graph_process_runs_in_the_idle_class_below_the_loop(image_folder: P
         pid = loader._epochs.placement._worker.pid
         tids = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
         assert len(tids) >= 5, tids  # its main thread, its runs' stages and pumps, their reads, DALI's workers
-        assert {os.sched_getscheduler(tid) for tid in tids} == {os.SCHED_IDLE}  # the loop preempts them at once
         threads = {tid: _nice(tid) for tid in tids if tid != pid}  # the main thread only waits for messages
         assert all(nice == min(19, mine + STEPS) for nice in threads.values() if nice is not None), (mine, threads)
-        assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the loop's own thread keeps its class
     finally:
         loader.close()
