@@ -27,8 +27,9 @@ the one before was trained on), a fresh Loader's first (cold or started). The go
 at least 97% of ``R`` at 80% load, in one epoch as in many.
 
 Then the loop (:mod:`stallfree.bench.stall_loop`): a training loop whose own Python work is a stated share of each
-step (``--shares``, default 0%, 30% and 60%) beside the device's sleep, fed by the Loader, by torch's DataLoader with
-workers and by plain DALI, each at ``--load`` times the rate it sustains beside that loop: the stall, and how much
+step (``--shares``, default 0%, 30% and 60%) beside the device's sleep, fed by the Loader, by the Loader with its graph
+kept in the loop's process (``stallfree-here``), by torch's DataLoader with workers and by plain DALI, each at
+``--load`` times the rate it sustains beside that loop: the stall, and how much
 longer the loop's Python took than the same work with no feed running (its slowdown), measured in the same run.
 
 Data: ``--synthetic N`` (default 2,000: 31 batches of 64) writes, into an empty DATA, the bench generator's
