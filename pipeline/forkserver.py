@@ -100,7 +100,9 @@ def _reap(*_: object) -> None:
 def _serve(fd: int) -> None:
     """The server's loop: import the graph process's modules, then fork one per request until the connection closes."""
     conn = Connection(fd)
-    from stallfree.pipeline import graph_worker
+    # The graph process's modules, and the Loader's (every reader's: a source then unpickles without an import, 120
+    # ms of each Loader's first batch otherwise).
+    from stallfree.pipeline import graph_worker, loader  # noqa: F401
 
     signal.signal(signal.SIGCHLD, _reap)
     conn.send("ready")
