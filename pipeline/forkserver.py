@@ -4,7 +4,7 @@ One per training process; each Loader whose graph runs in a process of its own a
 (:mod:`.process_graph`).
 
 Starting a Python process that imports torch and DALI takes 2-3 s on 2 cores; forking one that already has takes
-milliseconds. The server is started with exec (``python -m stallfree.pipeline.forkserver``) as soon as a Loader is
+milliseconds. The server is started with exec (``python -m stallfree.pipeline.fork_main``) as soon as a Loader is
 built, so its imports overlap the job's own start; it is never forked from the training process, so it holds none
 of that process's threads or locks. It runs no user code: the training script is not run again in it, so no
 ``if __name__ == "__main__":`` is needed (multiprocessing's ``spawn`` and ``forkserver`` import the main module again
@@ -15,13 +15,12 @@ and each graph process ends when its Loader's connection closes.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
 import threading
 from multiprocessing.connection import Connection
-from multiprocessing.reduction import recv_handle, send_handle
+from multiprocessing.reduction import send_handle
 
 __all__ = ["ForkServer", "server"]
 
@@ -38,7 +37,7 @@ class ForkServer:
         self._lock = threading.Lock()
         path = [entry or os.getcwd() for entry in sys.path]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}  # stallfree and the user's modules, as here
-        self.process = subprocess.Popen([sys.executable, "-m", "stallfree.pipeline.forkserver", str(theirs.fileno())],
+        self.process = subprocess.Popen([sys.executable, "-m", "stallfree.pipeline.fork_main", str(theirs.fileno())],
                                         pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL)
         theirs.close()
 
@@ -81,48 +80,3 @@ def server() -> ForkServer:
         if _SERVER is None or _SERVER[0] != os.getpid():
             _SERVER = os.getpid(), ForkServer()
         return _SERVER[1]
-
-
-def _reap(*_: object) -> None:
-    """Reap the graph processes that ended: waited for, not ignored, so that their CPU time stays counted.
-
-    A waited-for child's CPU time becomes the server's children's, which ``stallfree.core.cpu.cpu_seconds`` reads.
-    """
-    while True:
-        try:
-            pid, _status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-
-
-def _serve(fd: int) -> None:
-    """The server's loop: import the graph process's modules, then fork one per request until the connection closes."""
-    conn = Connection(fd)
-    # The graph process's modules, and the Loader's (every reader's: a source then unpickles without an import, 120
-    # ms of each Loader's first batch otherwise).
-    from stallfree.pipeline import graph_worker, loader  # noqa: F401
-
-    signal.signal(signal.SIGCHLD, _reap)
-    conn.send("ready")
-    while True:
-        try:
-            conn.recv()
-            child = recv_handle(conn)
-        except (EOFError, OSError):
-            return
-        if os.fork() == 0:
-            conn.close()
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            code = 1
-            try:
-                graph_worker.serve(Connection(child))
-                code = 0
-            finally:
-                os._exit(code)  # no interpreter shutdown: DALI's threads end with the process
-        os.close(child)
-
-
-if __name__ == "__main__":
-    _serve(int(sys.argv[1]))
