@@ -101,8 +101,10 @@ class _Served:
         self._taken = number  # the first batch not yet taken by the training process
         self._credit = threading.Condition()
         self._stopped = False
-        self.thread = threading.Thread(target=self._pump, args=(lowered(),), name="stallfree-pump", daemon=True)
+        nice = lowered()
+        self.thread = threading.Thread(target=self._pump, args=(nice,), name="stallfree-pump", daemon=True)
         self.thread.start()
+        run_at(nice, self.thread.native_id)  # holds once started, as the stages' threads do (priority.py)
 
     def bind(self, run_id: int) -> None:
         """The training process took this run (started ahead) as its run ``run_id``."""
