@@ -4,10 +4,14 @@ The abort it guards against: "terminate called without an active exception", SIG
 script printed "done", in 5 of 13 ``torchrun --nproc_per_node 2`` runs. A timer thread held the run started ahead
 for the next epoch; cancelled at exit, it dropped the run's last queued batch (a torch tensor) while the interpreter
 was shutting down, and a thread that takes the GIL back then is ended by a forced unwind through torch's C++.
+
+Those threads are the in-process graph's (``LocalGraph``: a CUDA Loader's, and any with ``STALLFREE_GRAPH_PROCESS=0``),
+so the scripts here run it; a script whose graph runs in a process of its own is tested in test_process_graph.py.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -57,9 +61,10 @@ def test_scripts_that_end_without_close_exit_0_every_time(indexed_list: Path, tm
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     failures = []
+    env = {**os.environ, "STALLFREE_GRAPH_PROCESS": "0"}  # the in-process graph's threads, where the abort was
     for _ in range(5):  # two at once: the contention of two ranks on one host, where the abort was seen
         runs = [subprocess.Popen([sys.executable, str(script), str(indexed_list)], stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True) for _ in range(2)]
+                                 stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
         for run in runs:
             out, err = run.communicate(timeout=120)
             if run.returncode != 0 or out.strip() != "done":
