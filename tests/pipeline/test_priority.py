@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -85,9 +86,16 @@ def test_the_graph_process_runs_below_the_loop_all_but_its_waiting_main_thread(i
         for _ in loader:  # the whole epoch: the next epoch's run is started ahead too
             pass
         pid = loader._epochs.placement._worker.pid
-        tids = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
-        assert len(tids) >= 5, tids  # its main thread, its runs' stages and pumps, their reads, DALI's workers
-        threads = {tid: _nice(tid) for tid in tids if tid != pid}  # the main thread only waits for messages
-        assert all(nice == min(19, mine + STEPS) for nice in threads.values() if nice is not None), (mine, threads)
+        deadline = time.monotonic() + 5.0
+        while True:
+            tids = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+            assert len(tids) >= 5, tids  # its main thread, its runs' stages and pumps, their reads, DALI's workers
+            threads = {tid: _nice(tid) for tid in tids if tid != pid}  # the main thread only waits for messages
+            if all(nice == min(19, mine + STEPS) for nice in threads.values() if nice is not None):
+                break
+            # A thread the main thread has just started is lowered by its starter right after its start: on a
+            # loaded machine the listing can fall between the two (CI saw it), never for long.
+            assert time.monotonic() < deadline, (mine, threads)
+            time.sleep(0.05)
     finally:
         loader.close()

@@ -57,9 +57,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     with pytest.raises(StageFailure) as failure:
         run_jobs(list(configs.values()), account=account, faults={len(configs) - 1: Fault(rank=1, step=4)})
-    # multiprocessing's resource tracker is the parent's helper, started once and kept: not a stage.
+    # multiprocessing's resource tracker and fork server are the parent's helpers, started once and kept: not stages.
     left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before and p.is_running()
-            and p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline())]
+            and p.status() != psutil.STATUS_ZOMBIE
+            and not any(helper in " ".join(p.cmdline()) for helper in ("resource_tracker", "forkserver"))]
     return {"configs": configs, "failure": failure.value, "orphans": left, "out": out}
 
 
