@@ -51,3 +51,15 @@ def test_every_test_run_of_ci_ends_with_its_25_slowest_tests() -> None:
     runs = [c for c in _block("Run the tests") if "pytest" in c]
     runs += [line for line in (ROOT / ".ci" / "torchvision").read_text().splitlines() if line.startswith("pytest")]
     assert len(runs) == 3 and all("--durations=25" in run for run in runs), runs
+
+
+def test_the_torchvision_command_collects_every_file_with_a_torchvision_test(request: pytest.FixtureRequest) -> None:
+    """.ci/torchvision collects only the files that hold ``pytest.mark.torchvision`` (its venv lacks the integrations
+    that others import): a test marked some other way (a conftest hook, a marker added at run time) would not run."""
+    script = (ROOT / ".ci" / "torchvision").read_text()
+    assert "grep -rl --include='test_*.py' 'pytest.mark.torchvision' tests" in script
+    selected = {path for path in (ROOT / "tests").rglob("test_*.py") if "pytest.mark.torchvision" in path.read_text()}
+    marked = {Path(item.path) for item in request.session.items if item.get_closest_marker("torchvision")}
+    assert marked <= selected, sorted(str(path) for path in marked - selected)
+    if len(request.session.items) > 1000:  # the whole suite was collected here: the torchvision tests are among them
+        assert marked, "no test is marked torchvision"
