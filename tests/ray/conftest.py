@@ -3,7 +3,8 @@
 Ray 2.60 advertises the machine's interface address, not loopback, so these tests run in a network namespace of
 their own with only loopback up, where every address Ray uses is 127.0.0.1: the README's second test command
 (``unshare --net --map-root-user sh -c 'ip link set lo up && pytest -q -m ray'``). Elsewhere they are skipped
-(tests/conftest.py), never pointed at another address. The cluster starts once per session.
+(tests/conftest.py), never pointed at another address. The cluster starts once per test process: the README's
+command runs the files in 2 (``-n 2 --dist loadfile``), each with a cluster of its own, as the tests mostly wait.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -80,10 +82,12 @@ def connect(address: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def ray_cluster() -> Iterator[str]:
     """The address (``127.0.0.1:PORT``) of a two-node cluster: a head of 1 CPU and a second node of 2."""
     port = _free_port()
-    temp = Path(tmp_path_factory.mktemp("ray"))
+    # Short: Ray's socket paths under it must fit in 107 bytes, and pytest's own temporary folders are deeper under
+    # pytest-xdist (popen-gwN).
+    temp = Path(tempfile.mkdtemp(prefix="sf-ray-"))
     env = dict(os.environ)
     address = f"127.0.0.1:{port}"
     _ray_cli("start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
